@@ -1,0 +1,186 @@
+"""Load a local Hugging Face model directory and decide what the engine may do with it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import ScoringInputError
+
+log = logging.getLogger(__name__)
+
+ENCODER_MODEL_TYPES = {
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "modernbert",
+    "deberta",
+    "deberta-v2",
+    "distilbert",
+    "electra",
+    "albert",
+    "camembert",
+    "mpnet",
+    "t5",
+    "bart",
+    "mt5",
+}
+RECURRENT_MODEL_TYPES = {
+    "mamba",
+    "mamba2",
+    "rwkv",
+    "jamba",
+    "falcon_h1",
+    "falcon_mamba",
+    "qwen3_next",
+    "recurrent_gemma",
+    "zamba",
+    "zamba2",
+    "bamba",
+    "lfm2",
+    "granitemoehybrid",
+    "nemotron_h",
+    "minimax",
+    "xlstm",
+}
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about a model directory, read from its config alone."""
+
+    path: Path
+    kind: str  # "causal" or "classifier"
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    head_dim: int
+    num_labels: int
+    mis_refusal: str | None  # why multi-item packing would be wrong for this model, or None
+    isolate_sequences: bool  # recurrent state: every pack must run as its own sequence
+
+
+def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelInfo:
+    """Read and check a model directory's config without loading weights."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ScoringInputError(
+            f"model directory {str(path)!r} does not exist (give a local Hugging Face model directory)"
+        )
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ScoringInputError(f"{str(path)!r} has no config.json; it is not a Hugging Face model directory")
+    raw = json.loads(config_file.read_text())
+    if raw.get("auto_map") and not trust_remote_code:
+        raise ScoringInputError(
+            f"model {str(path)!r} needs custom code (auto_map in config.json); pass --trust-remote-code if you trust it"
+        )
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+    except (ValueError, KeyError, OSError) as error:
+        raise ScoringInputError(f"cannot read the config of {str(path)!r}: {error}") from error
+    architecture = (config.architectures or ["?"])[0]
+    if architecture.endswith("ForCausalLM"):
+        kind = "causal"
+    elif architecture.endswith("ForSequenceClassification"):
+        kind = "classifier"
+    else:
+        raise ScoringInputError(
+            f"model {str(path)!r} is a {architecture}; score-batch scores *ForCausalLM and *ForSequenceClassification models"
+        )
+    model_type = config.model_type
+    if model_type in ENCODER_MODEL_TYPES or getattr(config, "is_encoder_decoder", False):
+        raise ScoringInputError(
+            f"model {str(path)!r} ({model_type}) is an encoder with bidirectional attention, which score-batch does not run"
+        )
+    text_config = config.get_text_config()
+    if getattr(text_config, "attn_logit_softcapping", None):
+        raise ScoringInputError(
+            f"model {str(path)!r} uses attention logit soft-capping, which score-batch does not support yet"
+        )
+    heads = text_config.num_attention_heads
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+    layer_types = set(getattr(text_config, "layer_types", None) or [])
+    recurrent = model_type in RECURRENT_MODEL_TYPES or bool(layer_types - ATTENTION_LAYER_TYPES)
+    refusal = None
+    if recurrent:
+        refusal = (
+            f"model {str(path)!r} ({model_type}) has recurrent or linear-attention layers whose state would leak "
+            "from one packed item into the next; run it with --packing single"
+        )
+    return ModelInfo(
+        path=path,
+        kind=kind,
+        architecture=architecture,
+        model_type=model_type,
+        vocab_size=text_config.vocab_size,
+        hidden_size=text_config.hidden_size,
+        head_dim=head_dim,
+        num_labels=config.num_labels,
+        mis_refusal=refusal,
+        isolate_sequences=recurrent,
+    )
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model split into the parts the engine calls: backbone and score head."""
+
+    info: ModelInfo
+    backbone: torch.nn.Module
+    head: torch.nn.Module
+    final_logit_softcap: float | None
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """Load the tokenizer stored in a model directory (offline)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (ValueError, OSError) as error:
+        raise ScoringInputError(f"cannot load a tokenizer from {str(path)!r}: {error}") from error
+
+
+def load_model(
+    info: ModelInfo, dtype: torch.dtype, device: torch.device, trust_remote_code: bool, allow_pickle: bool
+) -> LoadedModel:
+    """Load weights (safetensors unless allow_pickle) with our attention function plugged in."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from engine.attention import HF_ATTENTION_NAME, register_with_transformers
+
+    has_safetensors = any(info.path.glob("*.safetensors"))
+    if not has_safetensors and not allow_pickle:
+        raise ScoringInputError(
+            f"model {str(info.path)!r} has no .safetensors weights; pickle (.bin) weights can run code when loaded, "
+            "so they are refused unless you pass --allow-pickle"
+        )
+    register_with_transformers()
+    auto = AutoModelForCausalLM if info.kind == "causal" else AutoModelForSequenceClassification
+    model = auto.from_pretrained(
+        info.path,
+        dtype=dtype,
+        attn_implementation=HF_ATTENTION_NAME,
+        trust_remote_code=trust_remote_code,
+        local_files_only=True,
+        use_safetensors=has_safetensors,
+    )
+    model.to(device).eval()
+    backbone = getattr(model, model.base_model_prefix)
+    if info.kind == "causal":
+        head = model.get_output_embeddings()
+    else:
+        head = getattr(model, "score", None) or getattr(model, "classifier", None)
+        if head is None:
+            raise ScoringInputError(f"cannot find the classification head of {info.architecture}")
+    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    return LoadedModel(info=info, backbone=backbone, head=head, final_logit_softcap=softcap)

@@ -1,0 +1,124 @@
+"""Groups → packs: the multi-item sequence layout of SEMANTICS §4–§5 (pure CPU code, no model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+QUERY_SEGMENT = -1
+DELIMITER_SEGMENT = -2
+
+
+@dataclass(frozen=True)
+class ItemRef:
+    """Where a scored item came from: the group's index in the call and the item's index in it."""
+
+    group: int
+    item: int
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One packed sequence: a query and a run of its items (MIS), or one reference sequence (single)."""
+
+    token_ids: np.ndarray  # [length] int64
+    positions: np.ndarray  # [length] int64, the RoPE positions
+    segments: np.ndarray  # [length] int32: -1 query, -2 delimiter, k >= 0 item k of this pack
+    score_rows: np.ndarray  # [num_items] int64, row of each item's score inside the pack
+    item_refs: tuple[ItemRef, ...]
+    prefix_len: int  # query tokens before the first delimiter (the whole sequence when single)
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def mis_pack(query_ids: list[int], items: list[list[int]], refs: list[ItemRef], delimiter: int) -> Pack:
+    """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows."""
+    if not query_ids:
+        raise ValueError("multi-item packing needs a query of at least one token")
+    q = len(query_ids)
+    tokens, positions, segments, score_rows = list(query_ids), list(range(q)), [QUERY_SEGMENT] * q, []
+    tokens.append(delimiter)
+    positions.append(q - 1)
+    segments.append(DELIMITER_SEGMENT)
+    for k, item in enumerate(items):
+        tokens.extend(item)
+        positions.extend(range(q, q + len(item)))
+        segments.extend([k] * len(item))
+        # The score row is the item's last token; for an empty item, the query's last token.
+        score_rows.append(len(tokens) - 1 if item else q - 1)
+        tokens.append(delimiter)
+        positions.append(q - 1)
+        segments.append(DELIMITER_SEGMENT)
+    return Pack(
+        token_ids=np.asarray(tokens, dtype=np.int64),
+        positions=np.asarray(positions, dtype=np.int64),
+        segments=np.asarray(segments, dtype=np.int32),
+        score_rows=np.asarray(score_rows, dtype=np.int64),
+        item_refs=tuple(refs),
+        prefix_len=q,
+    )
+
+
+def single_pack(sequence: list[int], ref: ItemRef) -> Pack:
+    """Pack one reference sequence on its own: plain causal, scored at its last token."""
+    if not sequence:
+        raise ValueError("a reference sequence needs at least one token")
+    length = len(sequence)
+    return Pack(
+        token_ids=np.asarray(sequence, dtype=np.int64),
+        positions=np.arange(length, dtype=np.int64),
+        segments=np.full(length, QUERY_SEGMENT, dtype=np.int32),
+        score_rows=np.asarray([length - 1], dtype=np.int64),
+        item_refs=(ref,),
+        prefix_len=length,
+    )
+
+
+def mis_pack_length(query_len: int, item_lens: list[int]) -> int:
+    """Length of the MIS pack of a query and items: q + sum(items) + one delimiter per item + 1."""
+    return query_len + sum(item_lens) + len(item_lens) + 1
+
+
+def split_items(query_len: int, item_lens: list[int], max_pack_tokens: int) -> list[list[int]]:
+    """Split item indices into consecutive runs whose MIS packs fit max_pack_tokens.
+
+    Every single item must already fit (query_len + item + 2 <= max_pack_tokens).
+    """
+    runs: list[list[int]] = []
+    current: list[int] = []
+    length = query_len + 1
+    for index, item_len in enumerate(item_lens):
+        need = item_len + 1
+        if query_len + 1 + need > max_pack_tokens:
+            raise ValueError(
+                f"item {index} ({item_len} tokens) cannot fit a pack of {max_pack_tokens} tokens"
+            )
+        if current and length + need > max_pack_tokens:
+            runs.append(current)
+            current, length = [], query_len + 1
+        current.append(index)
+        length += need
+    if current:
+        runs.append(current)
+    return runs
+
+
+def attention_mask(
+    segments: np.ndarray, positions: np.ndarray, sliding_window: int | None = None
+) -> np.ndarray:
+    """Dense boolean [length, length] mask of one pack: True where row i may attend to column j.
+
+    Row i sees column j iff j <= i and (j is a query token, or i and j lie in the same item);
+    a sliding window applies to position distance, which equals distance in the reference sequence.
+    """
+    length = segments.shape[0]
+    row = segments[:, None]  # [length, 1]
+    col = segments[None, :]  # [1, length]
+    causal = np.tril(np.ones((length, length), dtype=bool))
+    visible = (col == QUERY_SEGMENT) | ((col == row) & (row >= 0))
+    mask = causal & visible
+    if sliding_window is not None:
+        mask &= (positions[:, None] - positions[None, :]) < sliding_window
+    return mask

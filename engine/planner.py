@@ -1,0 +1,140 @@
+"""Groups → tokenized groups → packs → batches, plus the counts a run report needs (no model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.batching import Batch, make_batches
+from engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
+from engine.errors import ScoringInputError
+from engine.packing import ItemRef, Pack, mis_pack, single_pack, split_items
+from engine.tokenize import TokenizedGroup, tokenize_group
+from engine.types import Group
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    """Token budgets and the delimiter, resolved for one model and device."""
+
+    max_pack_tokens: int
+    max_batch_tokens: int
+    delimiter_token_id: int
+    vocab_size: int
+    isolate_sequences: bool = False
+
+
+@dataclass
+class PlanStats:
+    """Counts of one plan: what will run and what a pairwise run would have cost."""
+
+    groups: int = 0
+    items: int = 0
+    failed_items: int = 0
+    packs: int = 0
+    batches: int = 0
+    packed_tokens: int = 0
+    pairwise_tokens: int = 0
+
+    def add(self, other: PlanStats) -> None:
+        """Accumulate another plan's counts into this one."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class WorkPlan:
+    """Everything decided before the forward passes of one call."""
+
+    tokenized: list[TokenizedGroup]
+    batches: list[Batch]
+    stats: PlanStats = field(default_factory=PlanStats)
+
+
+def plan_work(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLimits) -> WorkPlan:
+    """Tokenize, pack (MIS or single) and batch the groups of one call."""
+    tokenized = [tokenize_group(g, tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size) for g in groups]
+    packs: list[Pack] = []
+    for group_index, group in enumerate(tokenized):
+        packs.extend(_group_packs(group_index, group, cfg, limits))
+    budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
+    batches = make_batches(packs, budget)
+    stats = PlanStats(
+        groups=len(groups),
+        items=sum(len(g.item_ids) for g in tokenized),
+        failed_items=sum(e is not None for g in tokenized for e in g.errors),
+        packs=len(packs),
+        batches=len(batches),
+        packed_tokens=sum(len(p) for p in packs),
+        pairwise_tokens=sum(
+            len(g.reference_sequence(i))
+            for g in tokenized
+            for i, ids in enumerate(g.item_ids)
+            if ids is not None
+        ),
+    )
+    return WorkPlan(tokenized=tokenized, batches=batches, stats=stats)
+
+
+def _group_packs(
+    group_index: int, group: TokenizedGroup, cfg: ScoringConfig, limits: PlanLimits
+) -> list[Pack]:
+    """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit."""
+    valid = [i for i, ids in enumerate(group.item_ids) if ids is not None]
+    if cfg.packing == "single" or group.item_first:
+        return [single_pack(group.reference_sequence(i), ItemRef(group_index, i)) for i in valid]
+    item_lens = [len(group.item_ids[i]) for i in valid]
+    packs = []
+    for run in split_items(len(group.query_ids), item_lens, limits.max_pack_tokens):
+        indices = [valid[k] for k in run]
+        packs.append(
+            mis_pack(
+                group.query_ids,
+                [group.item_ids[i] for i in indices],
+                [ItemRef(group_index, i) for i in indices],
+                limits.delimiter_token_id,
+            )
+        )
+    return packs
+
+
+def resolve_label_ids(cfg: ScoringConfig, tokenizer, kind: str, vocab_size: int) -> tuple[int, ...]:
+    """Turn label tokens or ids into validated ids (CausalLM); classifiers ignore labels."""
+
+    if kind != "causal":
+        return ()
+    ids = list(cfg.label_token_ids)
+    for token in cfg.label_tokens:
+        encoded = tokenizer.encode(token, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ScoringInputError(
+                f"label token {token!r} encodes to {len(encoded)} tokens {encoded}; each label must be exactly one token "
+                "(check the leading space, or pass --label-token-ids)"
+            )
+        ids.append(encoded[0])
+    if not ids:
+        raise ScoringInputError(
+            "a CausalLM model needs label tokens to score: pass --label-tokens (e.g. ' no' ' yes') or --label-token-ids"
+        )
+    if len(set(ids)) != len(ids):
+        raise ScoringInputError(f"label token ids {ids} contain duplicates")
+    for token_id in ids:
+        if not 0 <= token_id < vocab_size:
+            raise ScoringInputError(f"label token id {token_id} is outside the vocabulary [0, {vocab_size})")
+    return tuple(ids)
+
+
+def default_delimiter(requested: int | None, tokenizer, vocab_size: int) -> int:
+    """SGLang's 9999 when it is in the vocabulary, else the pad/eos token (its id never changes a score)."""
+
+    if requested is not None:
+        if not 0 <= requested < vocab_size:
+            raise ScoringInputError(
+                f"--delimiter-token-id {requested} is outside the vocabulary [0, {vocab_size})"
+            )
+        return requested
+    if SGLANG_DEFAULT_DELIMITER < vocab_size:
+        return SGLANG_DEFAULT_DELIMITER
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if candidate is not None and 0 <= candidate < vocab_size:
+            return candidate
+    return 0

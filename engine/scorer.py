@@ -1,0 +1,170 @@
+"""The engine's public entry point: load once, then score groups with prefill-only forwards."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention import PLAN_KWARG, make_backend, resolve_backend_name
+from engine.batching import Batch
+from engine.config import EngineConfig
+from engine.errors import ScoringInputError
+from engine.heads import classifier_scores, label_probabilities, pooled_vectors, soft_cap
+from engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
+from engine.planner import PlanLimits, WorkPlan, default_delimiter, plan_work, resolve_label_ids
+from engine.types import Group, GroupResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_TOKENS = {"cpu": 8192, "cuda": 65536}
+
+
+@dataclass(frozen=True)
+class ResolvedSetup:
+    """Everything resolved from an EngineConfig and a model directory before weights load."""
+
+    info: ModelInfo
+    device: torch.device
+    dtype: torch.dtype
+    backend: str
+    limits: PlanLimits
+    label_ids: tuple[int, ...]
+    num_scores: int
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' → cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ScoringInputError("--device cuda was asked for, but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' → bfloat16 on CUDA, float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def resolve_setup(model_dir, config: EngineConfig, tokenizer) -> ResolvedSetup:
+    """Check the model directory against the config and resolve devices, budgets and labels."""
+    cfg = config.scoring
+    info = read_model_info(model_dir, config.trust_remote_code)
+    if cfg.packing == "mis" and not cfg.item_first and info.mis_refusal:
+        raise ScoringInputError(info.mis_refusal)
+    device = resolve_device(config.device)
+    label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
+    if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
+        log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
+    num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
+    if not -num_scores <= cfg.score_index < num_scores:
+        raise ScoringInputError(
+            f"--score-index {cfg.score_index} is out of range for {num_scores} scores per item"
+        )
+    limits = PlanLimits(
+        max_pack_tokens=config.max_pack_tokens,
+        max_batch_tokens=config.max_batch_tokens or DEFAULT_BATCH_TOKENS[device.type],
+        delimiter_token_id=default_delimiter(cfg.delimiter_token_id, tokenizer, info.vocab_size),
+        vocab_size=info.vocab_size,
+        isolate_sequences=info.isolate_sequences,
+    )
+    backend = resolve_backend_name(config.backend, device, info.head_dim)
+    return ResolvedSetup(
+        info, device, resolve_dtype(config.dtype, device), backend, limits, label_ids, num_scores
+    )
+
+
+class Scorer:
+    """Scores groups of (query, items) with one loaded model; safe to call repeatedly."""
+
+    def __init__(self, model: LoadedModel, tokenizer, config: EngineConfig, setup: ResolvedSetup) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.setup = setup
+        self.backend = make_backend(setup.backend, setup.device, config.compile)
+        self._label_ids = torch.tensor(setup.label_ids, dtype=torch.long, device=setup.device)
+
+    @classmethod
+    def from_pretrained(cls, model_dir, config: EngineConfig | None = None) -> Scorer:
+        """Load a local model directory (and its tokenizer) for scoring."""
+        config = config or EngineConfig()
+        tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
+        setup = resolve_setup(model_dir, config, tokenizer)
+        model = load_model(
+            setup.info, setup.dtype, setup.device, config.trust_remote_code, config.allow_pickle
+        )
+        log.info(
+            "loaded %s on %s (%s, backend %s)",
+            setup.info.architecture,
+            setup.device,
+            setup.dtype,
+            setup.backend,
+        )
+        return cls(model, tokenizer, config, setup)
+
+    def plan(self, groups: Sequence[Group]) -> WorkPlan:
+        """Tokenize, pack and batch groups without running the model."""
+        return plan_work(list(groups), self.tokenizer, self.config.scoring, self.setup.limits)
+
+    def score(
+        self, groups: Sequence[Group], on_items: Callable[[int], None] | None = None
+    ) -> list[GroupResult]:
+        """Score every item of every group; failed items carry NaN scores and an error."""
+        return self.run(self.plan(groups), on_items)
+
+    def run(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
+        """Run a plan's batches and assemble per-group results in input order."""
+        cfg = self.config.scoring
+        hidden = self.setup.info.hidden_size
+        scores = [
+            np.full((len(g.item_ids), self.setup.num_scores), np.nan, np.float32) for g in plan.tokenized
+        ]
+        pooled = [np.full((len(g.item_ids), hidden), np.nan, np.float32) for g in plan.tokenized]
+        with torch.inference_mode():
+            for batch in plan.batches:
+                batch_scores, batch_pooled = self._run_batch(batch)
+                for row, ref in enumerate(batch.item_refs):
+                    scores[ref.group][ref.item] = batch_scores[row]
+                    if batch_pooled is not None:
+                        pooled[ref.group][ref.item] = batch_pooled[row]
+                if on_items is not None:
+                    on_items(len(batch.item_refs))
+        return [
+            GroupResult(
+                scores=s,
+                score=s[:, cfg.score_index].copy() if s.shape[0] else np.zeros(0, np.float32),
+                pooled=p if cfg.pooled_hidden_states else None,
+                errors=list(g.errors),
+            )
+            for s, p, g in zip(scores, pooled, plan.tokenized)
+        ]
+
+    def _run_batch(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None]:
+        """One prefill-only forward over a ragged batch; heads run on the score rows only."""
+        device = self.setup.device
+        input_ids = torch.from_numpy(batch.token_ids).to(device, non_blocking=True)[None]  # [1, num_tokens]
+        position_ids = torch.from_numpy(batch.positions).to(device, non_blocking=True)[
+            None
+        ]  # [1, num_tokens]
+        score_rows = torch.from_numpy(batch.score_rows).to(device, non_blocking=True)  # [num_items]
+        plan = self.backend.plan(batch, device)
+        output = self.model.backbone(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **{PLAN_KWARG: plan}
+        )
+        rows = output.last_hidden_state[0, score_rows]  # [num_items, hidden]
+        logits = self.model.head(rows)  # [num_items, vocab or num_labels]
+        cfg = self.config.scoring
+        if self.setup.info.kind == "causal":
+            logits = soft_cap(logits, self.model.final_logit_softcap)
+            scores = label_probabilities(logits, self._label_ids, cfg.apply_softmax)
+        else:
+            scores = classifier_scores(logits, cfg.apply_softmax)
+        pooled = pooled_vectors(rows, cfg.normalize).cpu().numpy() if cfg.pooled_hidden_states else None
+        return scores.cpu().numpy(), pooled

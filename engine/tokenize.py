@@ -1,0 +1,121 @@
+"""Text or token ids → token ids per query and item, with templates and truncation (SEMANTICS §1, §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import ScoringConfig
+from engine.types import Group
+
+MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
+
+
+@dataclass(frozen=True)
+class TokenizedGroup:
+    """Token ids of one group; a failed item has ids None and an error message."""
+
+    query_ids: list[int]
+    item_ids: list[list[int] | None]
+    errors: list[str | None]
+    item_first: bool = False
+
+    def reference_sequence(self, index: int) -> list[int]:
+        """The sequence a separate forward pass of item `index` would see."""
+        item = self.item_ids[index]
+        assert item is not None
+        return item + self.query_ids if self.item_first else self.query_ids + item
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """Token ids of a templated text and the index range of tokens that come from the content."""
+
+    ids: list[int]
+    content: list[int]  # indices into ids of tokens wholly inside the content
+
+
+def tokenize_group(
+    group: Group, tokenizer, cfg: ScoringConfig, max_pack_tokens: int, vocab_size: int
+) -> TokenizedGroup:
+    """Tokenize one group under the config's templates, limits and truncation policy."""
+    text_input = isinstance(group.query, str)
+    overhead = 0 if cfg.packing == "single" or cfg.item_first else MIS_DELIMITERS_PER_ITEM
+    if any(isinstance(item, str) != text_input for item in group.items):
+        error = "a group must be all text or all token ids (query and items)"
+        return TokenizedGroup([], [None] * len(group.items), [error] * len(group.items), cfg.item_first)
+    if text_input:
+        query = _encode_text(tokenizer, cfg.query_template, "{query}", group.query, not cfg.item_first)
+        items = [
+            _encode_text(tokenizer, cfg.item_template, "{item}", item, cfg.item_first) for item in group.items
+        ]
+    else:
+        query = _Encoded(list(group.query), list(range(len(group.query))))
+        items = [_Encoded(list(item), list(range(len(item)))) for item in group.items]
+
+    query_error = _check_ids(query.ids, vocab_size, "query")
+    query_ids: list[int] = []
+    if query_error is None:
+        query_limit = min(cfg.max_query_tokens or max_pack_tokens, max_pack_tokens - overhead)
+        query_ids, query_error = _fit(
+            query, query_limit, "query", cfg.truncate == "query-head", from_head=True
+        )
+    if query_error is None and not query_ids and not cfg.item_first:
+        query_error = "query is empty after tokenization (it needs at least one token)"
+    if query_error is not None:
+        return TokenizedGroup([], [None] * len(items), [query_error] * len(items), cfg.item_first)
+
+    item_limit = max_pack_tokens - len(query_ids) - overhead
+    if cfg.max_item_tokens is not None:
+        item_limit = min(item_limit, cfg.max_item_tokens)
+    item_ids: list[list[int] | None] = []
+    errors: list[str | None] = []
+    for index, item in enumerate(items):
+        error = _check_ids(item.ids, vocab_size, f"item {index}")
+        ids = None
+        if error is None:
+            ids, error = _fit(item, item_limit, f"item {index}", cfg.truncate == "item-tail", from_head=False)
+        if error is None and cfg.item_first and not ids and not query_ids:
+            error = f"item {index} and the query are both empty"
+        item_ids.append(ids if error is None else None)
+        errors.append(error)
+    return TokenizedGroup(query_ids, item_ids, errors, cfg.item_first)
+
+
+def _encode_text(
+    tokenizer, template: str | None, placeholder: str, content: str, add_special_tokens: bool
+) -> _Encoded:
+    """Encode content wrapped in a template, remembering which tokens belong to the content."""
+    prefix, suffix = template.split(placeholder, 1) if template else ("", "")
+    text = prefix + content + suffix
+    start, end = len(prefix), len(prefix) + len(content)
+    if not getattr(tokenizer, "is_fast", False):
+        ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        return _Encoded(ids, [])
+    encoding = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    content_tokens = [
+        i for i, (s, e) in enumerate(encoding["offset_mapping"]) if e > s and s >= start and e <= end
+    ]
+    return _Encoded(encoding["input_ids"], content_tokens)
+
+
+def _check_ids(ids: list[int], vocab_size: int, what: str) -> str | None:
+    """Return an error message when a token id is out of the model's vocabulary."""
+    for token in ids:
+        if not isinstance(token, int) or token < 0 or token >= vocab_size:
+            return f"{what} has token id {token!r} outside the vocabulary [0, {vocab_size})"
+    return None
+
+
+def _fit(
+    encoded: _Encoded, limit: int, what: str, may_truncate: bool, from_head: bool
+) -> tuple[list[int], str | None]:
+    """Return ids within limit, dropping content tokens from the head or tail when allowed."""
+    excess = len(encoded.ids) - limit
+    if excess <= 0:
+        return encoded.ids, None
+    if not may_truncate:
+        return [], f"{what} has {len(encoded.ids)} tokens, over the limit of {limit} (see --truncate)"
+    if len(encoded.content) < excess:
+        return [], f"{what} cannot be truncated to {limit} tokens: its template alone is too long"
+    dropped = set(encoded.content[:excess] if from_head else encoded.content[-excess:])
+    return [token for i, token in enumerate(encoded.ids) if i not in dropped], None
