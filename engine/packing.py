@@ -10,7 +10,7 @@ QUERY_SEGMENT = -1
 DELIMITER_SEGMENT = -2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class ItemRef:
     """Where a scored item came from: the group's index in the call and the item's index in it."""
 

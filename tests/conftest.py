@@ -1,0 +1,69 @@
+"""Session fixtures: tiny random models and tokenizers built offline in a temp dir."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.tiny_models import build_model, build_tokenizer
+
+
+class ModelZoo:
+    """Builds tiny model directories on demand and keeps them for the session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._dirs: dict[tuple, Path] = {}
+
+    def get(self, family: str, kind: str, add_bos: bool = False, **overrides) -> Path:
+        """A model dir (weights + tokenizer) of a family and kind; cached by arguments."""
+        key = (family, kind, add_bos, tuple(sorted(overrides.items())))
+        if key not in self._dirs:
+            name = "-".join(str(k) for k in key[:3]) + "".join(f"-{k}{v}" for k, v in key[3])
+            path = self.root / name
+            tokenizer = build_tokenizer(path, add_bos=add_bos)
+            build_model(path, family, kind, vocab_size=len(tokenizer), **overrides)
+            self._dirs[key] = path
+        return self._dirs[key]
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory) -> ModelZoo:
+    """The session's tiny-model factory."""
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    return ModelZoo(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def qwen3_causal(zoo) -> Path:
+    return zoo.get("qwen3", "causal")
+
+
+@pytest.fixture(scope="session")
+def qwen3_classifier(zoo) -> Path:
+    return zoo.get("qwen3", "classifier")
+
+
+@pytest.fixture(scope="session")
+def llama_causal(zoo) -> Path:
+    return zoo.get("llama", "causal", add_bos=True)
+
+
+@pytest.fixture(scope="session")
+def llama_classifier(zoo) -> Path:
+    return zoo.get("llama", "classifier", add_bos=True)
+
+
+@pytest.fixture
+def copy_model(tmp_path):
+    """Copy a model dir into the test's temp dir (to edit it safely)."""
+
+    def _copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return _copy
