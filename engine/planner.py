@@ -50,6 +50,19 @@ class WorkPlan:
     stats: PlanStats = field(default_factory=PlanStats)
 
 
+@dataclass(frozen=True)
+class Planner:
+    """Plans calls for one tokenizer, scoring config and limits (no model needed: dry runs use it)."""
+
+    tokenizer: object
+    cfg: ScoringConfig
+    limits: PlanLimits
+
+    def plan(self, groups: list[Group]) -> WorkPlan:
+        """Tokenize, pack and batch groups."""
+        return plan_work(groups, self.tokenizer, self.cfg, self.limits)
+
+
 def plan_work(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLimits) -> WorkPlan:
     """Tokenize, pack (MIS or single) and batch the groups of one call."""
     tokenized = [tokenize_group(g, tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size) for g in groups]

@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.errors import ScoringInputError
 from engine.heads import classifier_scores, label_probabilities, pooled_vectors, soft_cap
 from engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
-from engine.planner import PlanLimits, WorkPlan, default_delimiter, plan_work, resolve_label_ids
+from engine.planner import PlanLimits, Planner, WorkPlan, default_delimiter, resolve_label_ids
 from engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
@@ -80,12 +80,20 @@ def resolve_setup(model_dir, config: EngineConfig, tokenizer) -> ResolvedSetup:
     )
 
 
+def load_planner(model_dir, config: EngineConfig) -> tuple[Planner, ResolvedSetup]:
+    """Tokenizer and resolved settings of a model directory, without loading its weights."""
+    tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
+    setup = resolve_setup(model_dir, config, tokenizer)
+    return Planner(tokenizer, config.scoring, setup.limits), setup
+
+
 class Scorer:
     """Scores groups of (query, items) with one loaded model; safe to call repeatedly."""
 
-    def __init__(self, model: LoadedModel, tokenizer, config: EngineConfig, setup: ResolvedSetup) -> None:
+    def __init__(self, model: LoadedModel, planner: Planner, config: EngineConfig, setup: ResolvedSetup) -> None:
         self.model = model
-        self.tokenizer = tokenizer
+        self.planner = planner
+        self.tokenizer = planner.tokenizer
         self.config = config
         self.setup = setup
         self.backend = make_backend(setup.backend, setup.device, config.compile)
@@ -95,8 +103,7 @@ class Scorer:
     def from_pretrained(cls, model_dir, config: EngineConfig | None = None) -> Scorer:
         """Load a local model directory (and its tokenizer) for scoring."""
         config = config or EngineConfig()
-        tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-        setup = resolve_setup(model_dir, config, tokenizer)
+        planner, setup = load_planner(model_dir, config)
         model = load_model(
             setup.info, setup.dtype, setup.device, config.trust_remote_code, config.allow_pickle
         )
@@ -107,11 +114,11 @@ class Scorer:
             setup.dtype,
             setup.backend,
         )
-        return cls(model, tokenizer, config, setup)
+        return cls(model, planner, config, setup)
 
     def plan(self, groups: Sequence[Group]) -> WorkPlan:
         """Tokenize, pack and batch groups without running the model."""
-        return plan_work(list(groups), self.tokenizer, self.config.scoring, self.setup.limits)
+        return self.planner.plan(list(groups))
 
     def score(
         self, groups: Sequence[Group], on_items: Callable[[int], None] | None = None

@@ -1,0 +1,1 @@
+"""The score-batch command line."""

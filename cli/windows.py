@@ -1,0 +1,70 @@
+"""One window of input rows → groups for the engine → output columns in input row order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine import Group, GroupResult
+from io_formats.readers import InputRow
+
+ROW_INDEX = "_row_index"
+
+
+@dataclass
+class WindowGroups:
+    """The groups of a window and, for each group item, the (row position, item position) it came from."""
+
+    groups: list[Group]
+    refs: list[list[tuple[int, int]]]
+
+
+def group_window(rows: list[InputRow]) -> WindowGroups:
+    """Gather the valid rows' items by query (same query id and text) within the window."""
+    index: dict[Any, int] = {}
+    groups: list[tuple[Any, list]] = []
+    refs: list[list[tuple[int, int]]] = []
+    for row_pos, row in enumerate(rows):
+        if row.error is not None:
+            continue
+        query_key = row.query if isinstance(row.query, str) else tuple(row.query)
+        key = (repr(row.query_id), query_key)
+        if key not in index:
+            index[key] = len(groups)
+            groups.append((row.query, []))
+            refs.append([])
+        g = index[key]
+        for item_pos, item in enumerate(row.items):
+            groups[g][1].append(item)
+            refs[g].append((row_pos, item_pos))
+    return WindowGroups([Group(q, items) for q, items in groups], refs)
+
+
+def output_columns(
+    rows: list[InputRow], grouped: WindowGroups, results: list[GroupResult] | None, keep: tuple[str, ...], pooled: bool
+) -> dict[str, list]:
+    """Output columns (one row per item, input order); failed items get null scores and an error."""
+    by_item: dict[tuple[int, int], tuple] = {}
+    if results is not None:
+        for g_refs, result in zip(grouped.refs, results):
+            for k, ref in enumerate(g_refs):
+                vector = result.pooled[k].tolist() if pooled and result.errors[k] is None else None
+                by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, result.errors[k])
+    names = [ROW_INDEX, "query_id", "item_id", "score", "scores", "pooled_hidden_state", *keep, "error"]
+    columns: dict[str, list] = {name: [] for name in names}
+    for row_pos, row in enumerate(rows):
+        query_id = row.query_id if row.query_id is not None else row.index
+        for item_pos, item_id in enumerate(row.item_ids):
+            score, scores, vector, error = by_item.get((row_pos, item_pos), (None, None, None, row.error))
+            if error is not None:
+                score, scores, vector = None, None, None
+            columns[ROW_INDEX].append(row.index)
+            columns["query_id"].append(query_id)
+            columns["item_id"].append(item_id)
+            columns["score"].append(None if score is None else float(score))
+            columns["scores"].append(scores)
+            columns["pooled_hidden_state"].append(vector)
+            for name in keep:
+                columns[name].append(row.kept.get(name))
+            columns["error"].append(error if error is None else f"row {row.index}: {error}")
+    return columns

@@ -1,0 +1,81 @@
+"""Column layouts of input tables: detection from column names, overrides, and clear errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from io_formats.errors import InputError
+
+LAYOUTS = ("long", "nested")
+
+
+@dataclass(frozen=True)
+class ColumnOverrides:
+    """Column names the user gave on the command line (None = detect)."""
+
+    query_col: str | None = None
+    item_col: str | None = None
+    items_col: str | None = None
+    query_id_col: str | None = None
+    item_id_col: str | None = None
+    keep_columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ColumnMapping:
+    """Which input columns hold the query, the item(s), the ids and the pass-through values."""
+
+    layout: str  # "long": one item per row; "nested": a list of items per row
+    query: str
+    items: str  # the item column (long) or the items list column (nested)
+    query_id: str | None
+    item_id: str | None  # item id column (long) or item ids list column (nested)
+    keep: tuple[str, ...]
+    token_ids: bool  # query/items are token-id lists rather than text
+
+
+def resolve_columns(columns: list[str], overrides: ColumnOverrides, source: str) -> ColumnMapping:
+    """Detect the layout from column names (long, nested, token ids) and apply the user's overrides."""
+    present = set(columns)
+
+    def pick(override: str | None, candidates: tuple[str, ...], what: str, required: bool) -> str | None:
+        if override is not None:
+            if override not in present:
+                raise InputError(f"{source}: column {override!r} (given for {what}) is not in the input; columns: {_list(columns)}")
+            return override
+        for name in candidates:
+            if name in present:
+                return name
+        if required:
+            raise InputError(f"{source}: no {what} column (looked for {_list(candidates)}); columns: {_list(columns)}")
+        return None
+
+    query = pick(overrides.query_col, ("query", "query_tokens"), "query", True)
+    nested_override = overrides.items_col is not None
+    item_candidates = () if nested_override else ("item", "item_tokens")
+    item = pick(overrides.item_col, item_candidates, "item", False) if not nested_override else None
+    if item is None:
+        items = pick(overrides.items_col, ("items", "items_tokens"), "item or items", True)
+        layout = "nested"
+        item_id = pick(None if overrides.item_id_col is None else overrides.item_id_col, ("item_ids",), "item ids", False)
+    else:
+        items = item
+        layout = "long"
+        item_id = pick(overrides.item_id_col, ("item_id",), "item id", False)
+    query_id = pick(overrides.query_id_col, ("query_id",), "query id", False)
+    for name in overrides.keep_columns:
+        if name not in present:
+            raise InputError(f"{source}: --keep-columns names {name!r}, which is not in the input; columns: {_list(columns)}")
+    reserved = {"query_id", "item_id", "score", "scores", "pooled_hidden_state", "error"}
+    clash = reserved & set(overrides.keep_columns) - {query_id, item_id}
+    if clash:
+        raise InputError(f"--keep-columns {_list(sorted(clash))} would overwrite output columns of the same name")
+    token_ids = query.endswith("_tokens") or items.endswith("_tokens")
+    return ColumnMapping(layout, query, items, query_id, item_id, tuple(overrides.keep_columns), token_ids)
+
+
+def _list(names) -> str:
+    """Names as a short comma-separated list."""
+    names = list(names)
+    shown = ", ".join(repr(n) for n in names[:20])
+    return shown + (f", … ({len(names)} in all)" if len(names) > 20 else "")
