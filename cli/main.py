@@ -12,7 +12,15 @@ import typer
 from cli.config import DEFAULT_WINDOW_ROWS, DEMO_MODEL_DIR, ON_ERROR_MODES, RunConfig
 from cli.profile import merge_profile, read_profile
 from cli.runner import Stopped, run_job
-from engine.config import BACKENDS, DEVICES, DTYPES, PACKING_MODES, TRUNCATE_POLICIES, EngineConfig, ScoringConfig
+from engine.config import (
+    BACKENDS,
+    DEVICES,
+    DTYPES,
+    PACKING_MODES,
+    TRUNCATE_POLICIES,
+    EngineConfig,
+    ScoringConfig,
+)
 from engine.errors import ScoringInputError
 from io_formats.errors import InputError
 from io_formats.schema import ColumnOverrides
@@ -39,7 +47,9 @@ def _csv_ints(value: str | None, flag: str) -> tuple[int, ...] | None:
     try:
         return tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise typer.BadParameter(f"{value!r} is not a comma-separated list of integers", param_hint=flag) from None
+        raise typer.BadParameter(
+            f"{value!r} is not a comma-separated list of integers", param_hint=flag
+        ) from None
 
 
 def _choice(value: str, choices: tuple[str, ...], flag: str) -> str:
@@ -61,44 +71,223 @@ def _choice(value: str, choices: tuple[str, ...], flag: str) -> str:
     ),
 )
 def main(
-    input: Annotated[str, typer.Argument(help="A .parquet or .jsonl file, a directory of .parquet files, or - (JSONL on stdin).")],
-    output: Annotated[str, typer.Option("-o", "--output", help="A .parquet or .jsonl path, or - for JSONL on stdout.")] = "scores.parquet",
-    model: Annotated[Path | None, typer.Option("--model", help="Local Hugging Face model directory (default: the demo model in sample_data/).")] = None,
-    query_col: Annotated[str | None, typer.Option(help="Query column (default: query, or query_tokens).", rich_help_panel=COLUMNS)] = None,
-    item_col: Annotated[str | None, typer.Option(help="Item column of the long layout (default: item, or item_tokens).", rich_help_panel=COLUMNS)] = None,
-    items_col: Annotated[str | None, typer.Option(help="List-of-items column of the nested layout (default: items, or items_tokens).", rich_help_panel=COLUMNS)] = None,
-    query_id_col: Annotated[str | None, typer.Option(help="Query id column (default: query_id if present).", rich_help_panel=COLUMNS)] = None,
-    item_id_col: Annotated[str | None, typer.Option(help="Item id column (long: item_id; nested: item_ids).", rich_help_panel=COLUMNS)] = None,
-    keep_columns: Annotated[str | None, typer.Option(help="Comma-separated input columns to copy to the output.", rich_help_panel=COLUMNS)] = None,
-    label_tokens: Annotated[list[str] | None, typer.Option(help="CausalLM label tokens, each exactly one token; repeat the flag: --label-tokens ' no' --label-tokens ' yes'.", rich_help_panel=SCORING)] = None,
-    label_token_ids: Annotated[str | None, typer.Option(help="CausalLM label token ids, e.g. 2152,9693.", rich_help_panel=SCORING)] = None,
-    apply_softmax: Annotated[bool | None, typer.Option("--apply-softmax/--no-apply-softmax", help="Softmax over the label logits (CausalLM) or the class logits (classifier).", rich_help_panel=SCORING, show_default=False)] = None,
-    score_index: Annotated[int | None, typer.Option(help="Which entry of scores becomes score [default: -1, the last].", rich_help_panel=SCORING, show_default=False)] = None,
-    pooled_hidden_states: Annotated[bool, typer.Option("--pooled-hidden-states", help="Also write each item's final hidden state (LAST pooling, after the final norm).", rich_help_panel=SCORING)] = False,
-    normalize: Annotated[bool, typer.Option("--normalize", help="L2-normalize the pooled hidden states.", rich_help_panel=SCORING)] = False,
-    query_template: Annotated[str | None, typer.Option(help="Template around each query, with {query}.", rich_help_panel=SCORING)] = None,
-    item_template: Annotated[str | None, typer.Option(help="Template around each item, with {item}.", rich_help_panel=SCORING)] = None,
-    item_first: Annotated[bool | None, typer.Option("--item-first", help="Reference sequence is item then query (runs unpacked).", rich_help_panel=SCORING, show_default=False)] = None,
-    packing: Annotated[str, typer.Option(help="mis: one packed sequence per query; single: one sequence per pair.", rich_help_panel=SCORING)] = "mis",
-    delimiter_token_id: Annotated[int | None, typer.Option(help="Delimiter id between packed items (default 9999, or pad/eos when out of range).", rich_help_panel=SCORING, show_default=False)] = None,
-    max_query_tokens: Annotated[int | None, typer.Option(help="Longest query, in tokens (default: what the pack allows).", rich_help_panel=SCORING, show_default=False)] = None,
-    max_item_tokens: Annotated[int | None, typer.Option(help="Longest item, in tokens (default: what the pack allows).", rich_help_panel=SCORING, show_default=False)] = None,
-    truncate: Annotated[str, typer.Option(help="Over-long input: error (a row error), item-tail (cut the item's end), query-head (cut the query's start).", rich_help_panel=SCORING)] = "error",
+    input: Annotated[
+        str,
+        typer.Argument(
+            help="A .parquet or .jsonl file, a directory of .parquet files, or - (JSONL on stdin)."
+        ),
+    ],
+    output: Annotated[
+        str, typer.Option("-o", "--output", help="A .parquet or .jsonl path, or - for JSONL on stdout.")
+    ] = "scores.parquet",
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model", help="Local Hugging Face model directory (default: the demo model in sample_data/)."
+        ),
+    ] = None,
+    query_col: Annotated[
+        str | None,
+        typer.Option(help="Query column (default: query, or query_tokens).", rich_help_panel=COLUMNS),
+    ] = None,
+    item_col: Annotated[
+        str | None,
+        typer.Option(
+            help="Item column of the long layout (default: item, or item_tokens).", rich_help_panel=COLUMNS
+        ),
+    ] = None,
+    items_col: Annotated[
+        str | None,
+        typer.Option(
+            help="List-of-items column of the nested layout (default: items, or items_tokens).",
+            rich_help_panel=COLUMNS,
+        ),
+    ] = None,
+    query_id_col: Annotated[
+        str | None,
+        typer.Option(help="Query id column (default: query_id if present).", rich_help_panel=COLUMNS),
+    ] = None,
+    item_id_col: Annotated[
+        str | None,
+        typer.Option(help="Item id column (long: item_id; nested: item_ids).", rich_help_panel=COLUMNS),
+    ] = None,
+    keep_columns: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated input columns to copy to the output.", rich_help_panel=COLUMNS),
+    ] = None,
+    label_tokens: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="CausalLM label tokens, each exactly one token; repeat the flag: --label-tokens ' no' --label-tokens ' yes'.",
+            rich_help_panel=SCORING,
+        ),
+    ] = None,
+    label_token_ids: Annotated[
+        str | None, typer.Option(help="CausalLM label token ids, e.g. 2152,9693.", rich_help_panel=SCORING)
+    ] = None,
+    apply_softmax: Annotated[
+        bool | None,
+        typer.Option(
+            "--apply-softmax/--no-apply-softmax",
+            help="Softmax over the label logits (CausalLM) or the class logits (classifier).",
+            rich_help_panel=SCORING,
+            show_default=False,
+        ),
+    ] = None,
+    score_index: Annotated[
+        int | None,
+        typer.Option(
+            help="Which entry of scores becomes score [default: -1, the last].",
+            rich_help_panel=SCORING,
+            show_default=False,
+        ),
+    ] = None,
+    pooled_hidden_states: Annotated[
+        bool,
+        typer.Option(
+            "--pooled-hidden-states",
+            help="Also write each item's final hidden state (LAST pooling, after the final norm).",
+            rich_help_panel=SCORING,
+        ),
+    ] = False,
+    normalize: Annotated[
+        bool,
+        typer.Option("--normalize", help="L2-normalize the pooled hidden states.", rich_help_panel=SCORING),
+    ] = False,
+    query_template: Annotated[
+        str | None, typer.Option(help="Template around each query, with {query}.", rich_help_panel=SCORING)
+    ] = None,
+    item_template: Annotated[
+        str | None, typer.Option(help="Template around each item, with {item}.", rich_help_panel=SCORING)
+    ] = None,
+    item_first: Annotated[
+        bool | None,
+        typer.Option(
+            "--item-first",
+            help="Reference sequence is item then query (runs unpacked).",
+            rich_help_panel=SCORING,
+            show_default=False,
+        ),
+    ] = None,
+    packing: Annotated[
+        str,
+        typer.Option(
+            help="mis: one packed sequence per query; single: one sequence per pair.", rich_help_panel=SCORING
+        ),
+    ] = "mis",
+    delimiter_token_id: Annotated[
+        int | None,
+        typer.Option(
+            help="Delimiter id between packed items (default 9999, or pad/eos when out of range).",
+            rich_help_panel=SCORING,
+            show_default=False,
+        ),
+    ] = None,
+    max_query_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Longest query, in tokens (default: what the pack allows).",
+            rich_help_panel=SCORING,
+            show_default=False,
+        ),
+    ] = None,
+    max_item_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Longest item, in tokens (default: what the pack allows).",
+            rich_help_panel=SCORING,
+            show_default=False,
+        ),
+    ] = None,
+    truncate: Annotated[
+        str,
+        typer.Option(
+            help="Over-long input: error (a row error), item-tail (cut the item's end), query-head (cut the query's start).",
+            rich_help_panel=SCORING,
+        ),
+    ] = "error",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.", rich_help_panel=ENGINE)] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.", rich_help_panel=ENGINE)] = "auto",
-    backend: Annotated[str, typer.Option(help="Attention: auto, sdpa (reference), flex, flashinfer (CUDA).", rich_help_panel=ENGINE)] = "auto",
-    max_batch_tokens: Annotated[int | None, typer.Option(help="Tokens per forward pass [default: 8192 on CPU, 65536 on CUDA].", rich_help_panel=ENGINE, show_default=False)] = None,
-    max_pack_tokens: Annotated[int, typer.Option(help="Longest packed sequence; larger groups are split.", rich_help_panel=ENGINE)] = 8192,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow model code from the model directory.", rich_help_panel=ENGINE)] = False,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights, which can run code when loaded.", rich_help_panel=ENGINE)] = False,
-    window_rows: Annotated[int, typer.Option(help="Input rows held in memory and checkpointed at a time.", rich_help_panel=JOB)] = DEFAULT_WINDOW_ROWS,
-    on_error: Annotated[str, typer.Option(help="A row that cannot be scored: fail (exit 2), record (error column), skip (errors file).", rich_help_panel=JOB)] = "fail",
-    errors_file: Annotated[str | None, typer.Option(help="Where --on-error skip lists skipped rows [default: OUTPUT.errors.jsonl].", rich_help_panel=JOB, show_default=False)] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue a killed run from its checkpointed parts.", rich_help_panel=JOB)] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output (and stale parts).", rich_help_panel=JOB)] = False,
-    report: Annotated[str | None, typer.Option(help="Write a JSON run report to this file.", rich_help_panel=JOB)] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Read and plan without loading the model; print the counts.", rich_help_panel=JOB)] = False,
-    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress bar and no summary.", rich_help_panel=JOB)] = False,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16.", rich_help_panel=ENGINE
+        ),
+    ] = "auto",
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="Attention: auto, sdpa (reference), flex, flashinfer (CUDA).", rich_help_panel=ENGINE
+        ),
+    ] = "auto",
+    max_batch_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens per forward pass [default: 8192 on CPU, 65536 on CUDA].",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    max_pack_tokens: Annotated[
+        int, typer.Option(help="Longest packed sequence; larger groups are split.", rich_help_panel=ENGINE)
+    ] = 8192,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-remote-code", help="Allow model code from the model directory.", rich_help_panel=ENGINE
+        ),
+    ] = False,
+    allow_pickle: Annotated[
+        bool,
+        typer.Option(
+            "--allow-pickle",
+            help="Allow pickle (.bin) weights, which can run code when loaded.",
+            rich_help_panel=ENGINE,
+        ),
+    ] = False,
+    window_rows: Annotated[
+        int, typer.Option(help="Input rows held in memory and checkpointed at a time.", rich_help_panel=JOB)
+    ] = DEFAULT_WINDOW_ROWS,
+    on_error: Annotated[
+        str,
+        typer.Option(
+            help="A row that cannot be scored: fail (exit 2), record (error column), skip (errors file).",
+            rich_help_panel=JOB,
+        ),
+    ] = "fail",
+    errors_file: Annotated[
+        str | None,
+        typer.Option(
+            help="Where --on-error skip lists skipped rows [default: OUTPUT.errors.jsonl].",
+            rich_help_panel=JOB,
+            show_default=False,
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Continue a killed run from its checkpointed parts.", rich_help_panel=JOB
+        ),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace an existing output (and stale parts).", rich_help_panel=JOB
+        ),
+    ] = False,
+    report: Annotated[
+        str | None, typer.Option(help="Write a JSON run report to this file.", rich_help_panel=JOB)
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Read and plan without loading the model; print the counts.",
+            rich_help_panel=JOB,
+        ),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("-q", "--quiet", help="No progress bar and no summary.", rich_help_panel=JOB)
+    ] = False,
 ) -> None:
     _setup_logging(quiet)
     model_dir = model or DEMO_MODEL_DIR
@@ -149,7 +338,9 @@ def main(
             items_col=items_col,
             query_id_col=query_id_col,
             item_id_col=item_id_col,
-            keep_columns=tuple(c.strip() for c in keep_columns.split(",") if c.strip()) if keep_columns else (),
+            keep_columns=tuple(c.strip() for c in keep_columns.split(",") if c.strip())
+            if keep_columns
+            else (),
         ),
         engine=engine,
         window_rows=window_rows,
@@ -202,7 +393,7 @@ def _setup_logging(quiet: bool) -> None:
 def run() -> None:
     """Console entry point: unexpected failures exit 1 with the traceback on stderr."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns the exit code of typer.Exit when not standalone
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except typer.Abort:
@@ -215,7 +406,7 @@ def run() -> None:
             sys.exit(error.exit_code)
         logging.getLogger("score_batch").exception("unexpected failure (a bug: please report it)")
         sys.exit(EXIT_FAILURE)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

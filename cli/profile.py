@@ -9,8 +9,14 @@ from io_formats.errors import InputError
 
 PROFILE_FILE = "score_batch.json"
 PROFILE_KEYS = {
-    "label_tokens", "label_token_ids", "apply_softmax", "score_index", "query_template", "item_template",
-    "item_first", "delimiter_token_id",
+    "label_tokens",
+    "label_token_ids",
+    "apply_softmax",
+    "score_index",
+    "query_template",
+    "item_template",
+    "item_first",
+    "delimiter_token_id",
 }
 
 

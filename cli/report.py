@@ -31,7 +31,6 @@ class RunReport:
     backend: str = ""
     device: str = ""
     dry_run: bool = False
-    exit_status: str = "ok"
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
 

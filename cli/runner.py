@@ -94,7 +94,11 @@ def run_job(config: RunConfig) -> RunReport:
     schema = None
     total = source.total_rows() if mapping.layout == "long" else None
     progress = tqdm(
-        total=total, unit="item", file=sys.stderr, dynamic_ncols=True, desc="scoring",
+        total=total,
+        unit="item",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        desc="scoring",
         disable=config.quiet or not sys.stderr.isatty(),
     )
     scoring_started = time.perf_counter()
@@ -127,7 +131,9 @@ def run_job(config: RunConfig) -> RunReport:
                 if config.dry_run:
                     continue
                 if config.on_error == "fail" and errors:
-                    raise InputError(f"{source.label}: {errors[0]} (use --on-error record or skip to keep going)")
+                    raise InputError(
+                        f"{source.label}: {errors[0]} (use --on-error record or skip to keep going)"
+                    )
                 if schema is None:
                     schema = _part_schema(columns, mapping.keep, pooled_dim)
                 table = rows_to_table(columns, schema)
@@ -138,6 +144,11 @@ def run_job(config: RunConfig) -> RunReport:
                         stdout_writer = StdoutJsonlWriter(_final_schema(schema, config.on_error))
                     _emit(table, stdout_writer, config)
                 stop.check()
+    except InputError:
+        # A bad row or value: the input must change, which invalidates these parts anyway.
+        if parts is not None:
+            parts.clear()
+        raise
     finally:
         progress.close()
     report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
@@ -182,7 +193,9 @@ def _fail_on_row_error(rows, source: InputSource) -> None:
     """Under --on-error fail, stop at the first unreadable row before scoring anything."""
     for row in rows:
         if row.error is not None:
-            raise InputError(f"{source.label}: row {row.index}: {row.error} (use --on-error record or skip to keep going)")
+            raise InputError(
+                f"{source.label}: row {row.index}: {row.error} (use --on-error record or skip to keep going)"
+            )
 
 
 def _part_schema(columns: dict, keep: tuple[str, ...], pooled_dim: int | None) -> pa.Schema:

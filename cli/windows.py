@@ -41,7 +41,11 @@ def group_window(rows: list[InputRow]) -> WindowGroups:
 
 
 def output_columns(
-    rows: list[InputRow], grouped: WindowGroups, results: list[GroupResult] | None, keep: tuple[str, ...], pooled: bool
+    rows: list[InputRow],
+    grouped: WindowGroups,
+    results: list[GroupResult] | None,
+    keep: tuple[str, ...],
+    pooled: bool,
 ) -> dict[str, list]:
     """Output columns (one row per item, input order); failed items get null scores and an error."""
     by_item: dict[tuple[int, int], tuple] = {}

@@ -90,7 +90,9 @@ def load_planner(model_dir, config: EngineConfig) -> tuple[Planner, ResolvedSetu
 class Scorer:
     """Scores groups of (query, items) with one loaded model; safe to call repeatedly."""
 
-    def __init__(self, model: LoadedModel, planner: Planner, config: EngineConfig, setup: ResolvedSetup) -> None:
+    def __init__(
+        self, model: LoadedModel, planner: Planner, config: EngineConfig, setup: ResolvedSetup
+    ) -> None:
         self.model = model
         self.planner = planner
         self.tokenizer = planner.tokenizer

@@ -71,7 +71,9 @@ def open_source(path: str) -> InputSource:
         return InputSource(path, "parquet", (p,))
     if suffix in (".jsonl", ".ndjson", ".json"):
         return InputSource(path, "jsonl", (p,))
-    raise InputError(f"input {path!r}: unknown format {suffix!r}; give a .parquet or .jsonl file, a directory of .parquet files, or - for JSONL on stdin")
+    raise InputError(
+        f"input {path!r}: unknown format {suffix!r}; give a .parquet or .jsonl file, a directory of .parquet files, or - for JSONL on stdin"
+    )
 
 
 def read_windows(
@@ -112,7 +114,9 @@ def _columns(source: InputSource, first: dict | None) -> list[str]:
     if first is None:
         raise InputError(f"input {source.label} is empty")
     if isinstance(first, _BadLine):
-        raise InputError(f"{source.label} line {first.line}: {first.message}; the first line must be a JSON object")
+        raise InputError(
+            f"{source.label} line {first.line}: {first.message}; the first line must be a JSON object"
+        )
     return list(first.keys())
 
 
@@ -162,11 +166,20 @@ def _to_row(index: int, record: dict | _BadLine, mapping: ColumnMapping) -> Inpu
         if items is None:
             items = []
         if not isinstance(items, list):
-            return InputRow(index, query, [None], query_id, [None], kept, f"column {mapping.items!r} is not a list")
+            return InputRow(
+                index, query, [None], query_id, [None], kept, f"column {mapping.items!r} is not a list"
+            )
         item_ids = record.get(mapping.item_id) if mapping.item_id else list(range(len(items)))
         if not isinstance(item_ids, list) or len(item_ids) != len(items):
-            return InputRow(index, query, items or [None], query_id, [None] * max(len(items), 1), kept,
-                            f"column {mapping.item_id!r} must be a list as long as {mapping.items!r}")
+            return InputRow(
+                index,
+                query,
+                items or [None],
+                query_id,
+                [None] * max(len(items), 1),
+                kept,
+                f"column {mapping.item_id!r} must be a list as long as {mapping.items!r}",
+            )
     error = _value_error(query, mapping.query) or next(
         (_value_error(item, mapping.items) for item in items if _value_error(item, mapping.items)), None
     )

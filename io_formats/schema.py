@@ -41,13 +41,17 @@ def resolve_columns(columns: list[str], overrides: ColumnOverrides, source: str)
     def pick(override: str | None, candidates: tuple[str, ...], what: str, required: bool) -> str | None:
         if override is not None:
             if override not in present:
-                raise InputError(f"{source}: column {override!r} (given for {what}) is not in the input; columns: {_list(columns)}")
+                raise InputError(
+                    f"{source}: column {override!r} (given for {what}) is not in the input; columns: {_list(columns)}"
+                )
             return override
         for name in candidates:
             if name in present:
                 return name
         if required:
-            raise InputError(f"{source}: no {what} column (looked for {_list(candidates)}); columns: {_list(columns)}")
+            raise InputError(
+                f"{source}: no {what} column (looked for {_list(candidates)}); columns: {_list(columns)}"
+            )
         return None
 
     query = pick(overrides.query_col, ("query", "query_tokens"), "query", True)
@@ -57,7 +61,9 @@ def resolve_columns(columns: list[str], overrides: ColumnOverrides, source: str)
     if item is None:
         items = pick(overrides.items_col, ("items", "items_tokens"), "item or items", True)
         layout = "nested"
-        item_id = pick(None if overrides.item_id_col is None else overrides.item_id_col, ("item_ids",), "item ids", False)
+        item_id = pick(
+            None if overrides.item_id_col is None else overrides.item_id_col, ("item_ids",), "item ids", False
+        )
     else:
         items = item
         layout = "long"
@@ -65,11 +71,15 @@ def resolve_columns(columns: list[str], overrides: ColumnOverrides, source: str)
     query_id = pick(overrides.query_id_col, ("query_id",), "query id", False)
     for name in overrides.keep_columns:
         if name not in present:
-            raise InputError(f"{source}: --keep-columns names {name!r}, which is not in the input; columns: {_list(columns)}")
+            raise InputError(
+                f"{source}: --keep-columns names {name!r}, which is not in the input; columns: {_list(columns)}"
+            )
     reserved = {"query_id", "item_id", "score", "scores", "pooled_hidden_state", "error"}
     clash = reserved & set(overrides.keep_columns) - {query_id, item_id}
     if clash:
-        raise InputError(f"--keep-columns {_list(sorted(clash))} would overwrite output columns of the same name")
+        raise InputError(
+            f"--keep-columns {_list(sorted(clash))} would overwrite output columns of the same name"
+        )
     token_ids = query.endswith("_tokens") or items.endswith("_tokens")
     return ColumnMapping(layout, query, items, query_id, item_id, tuple(overrides.keep_columns), token_ids)
 
