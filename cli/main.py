@@ -55,7 +55,7 @@ def _csv_ints(value: str | None, flag: str) -> tuple[int, ...] | None:
 def _choice(value: str, choices: tuple[str, ...], flag: str) -> str:
     """Check a value against its choices with a usage error naming the flag."""
     if value not in choices:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(choices)}", param_hint=flag)
+        _usage_error(f"{flag}: {value!r} is not one of {', '.join(choices)}")
     return value
 
 
@@ -398,10 +398,8 @@ def run() -> None:
         sys.exit(done.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as error:  # click's usage errors carry their own exit code (2)
-        import click
-
-        if isinstance(error, click.ClickException):
+    except Exception as error:
+        if hasattr(error, "show") and hasattr(error, "exit_code"):  # click's usage errors (exit 2)
             error.show(file=sys.stderr)
             sys.exit(error.exit_code)
         logging.getLogger("score_batch").exception("unexpected failure (a bug: please report it)")

@@ -52,10 +52,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resolve_setup(model_dir, config: EngineConfig, tokenizer) -> ResolvedSetup:
-    """Check the model directory against the config and resolve devices, budgets and labels."""
+def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
+    """Check the model against the config and resolve devices, budgets and labels."""
     cfg = config.scoring
-    info = read_model_info(model_dir, config.trust_remote_code)
     if cfg.packing == "mis" and not cfg.item_first and info.mis_refusal:
         raise ScoringInputError(info.mis_refusal)
     device = resolve_device(config.device)
@@ -82,8 +81,9 @@ def resolve_setup(model_dir, config: EngineConfig, tokenizer) -> ResolvedSetup:
 
 def load_planner(model_dir, config: EngineConfig) -> tuple[Planner, ResolvedSetup]:
     """Tokenizer and resolved settings of a model directory, without loading its weights."""
+    info = read_model_info(model_dir, config.trust_remote_code)
     tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-    setup = resolve_setup(model_dir, config, tokenizer)
+    setup = resolve_setup(info, config, tokenizer)
     return Planner(tokenizer, config.scoring, setup.limits), setup
 
 

@@ -1,0 +1,153 @@
+"""The score-batch command end to end: layouts, stdin/stdout, schema, order, exit codes, demo AUC."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
+
+REPO = Path(__file__).resolve().parent.parent
+LABEL_FLAGS = ["--label-tokens", " to", "--label-tokens", " the"]
+ROWS = [
+    {"query_id": "a", "query": "I pledge allegiance", "item_id": "a1", "item": " to", "tag": 1},
+    {"query_id": "b", "query": "Tokyo is a city in", "item_id": "b1", "item": " Japan", "tag": 2},
+    {"query_id": "a", "query": "I pledge allegiance", "item_id": "a2", "item": " the flag of", "tag": 3},
+    {"query_id": "b", "query": "Tokyo is a city in", "item_id": "b2", "item": " the country", "tag": 4},
+    {"query_id": "a", "query": "I pledge allegiance", "item_id": "a3", "item": "", "tag": 5},
+]
+
+
+def run_cli(*args, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
+    """Run the installed command as a user would (a fresh process)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *map(str, args)], input=stdin, capture_output=True, text=True,
+        cwd=cwd or REPO, env=env, timeout=300,
+    )
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def expected_scores(model_dir, rows) -> list[np.ndarray]:
+    tok = tokenizer(str(model_dir))
+    labels = [tok.encode(t, add_special_tokens=False)[0] for t in (" to", " the")]
+    return [reference_scores(model_dir, "causal", reference_sequence(model_dir, r["query"], r["item"]), labels)[0] for r in rows]
+
+
+def test_long_parquet_matches_reference_in_input_order(qwen3_causal, tmp_path):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), src)
+    out = tmp_path / "out.parquet"
+    result = run_cli(src, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--keep-columns", "tag", "--pooled-hidden-states")
+    assert result.returncode == 0, result.stderr
+    table = pq.read_table(out)
+    assert table.column_names == ["query_id", "item_id", "score", "scores", "pooled_hidden_state", "tag"]
+    assert table.schema.field("score").type == pa.float32()
+    assert table.schema.field("pooled_hidden_state").type == pa.list_(pa.float32(), 64)
+    assert table.column("item_id").to_pylist() == [r["item_id"] for r in ROWS]
+    assert table.column("tag").to_pylist() == [1, 2, 3, 4, 5]
+    got = table.column("scores").to_pylist()
+    for expected, row_scores, score in zip(expected_scores(qwen3_causal, ROWS), got, table.column("score").to_pylist()):
+        assert max_abs_diff(expected, row_scores) <= 1e-4
+        assert score == row_scores[-1]
+    assert "scored 5 items" in result.stderr
+
+
+def test_nested_jsonl_stdin_to_stdout(qwen3_causal):
+    nested = [{"query": "I pledge allegiance", "items": [" to", " the flag of", ""], "item_ids": [1, 3, 5]}]
+    result = run_cli("-", "-o", "-", "--model", qwen3_causal, *LABEL_FLAGS, "--quiet", stdin=json.dumps(nested[0]) + "\n")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["item_id"] for line in lines] == [1, 3, 5]
+    assert all(line["query_id"] == 0 for line in lines)  # no query_id column: the input row index
+    rows = [r for r in ROWS if r["query_id"] == "a"]
+    for expected, line in zip(expected_scores(qwen3_causal, rows), lines):
+        assert max_abs_diff(expected, line["scores"]) <= 1e-4
+    assert result.stderr == ""  # --quiet: nothing on stderr, stdout holds only JSON
+
+
+def test_token_id_layout_equals_text(qwen3_causal, tmp_path):
+    tok = tokenizer(str(qwen3_causal))
+    rows = [
+        {"query_tokens": tok(r["query"])["input_ids"], "item_tokens": tok(r["item"], add_special_tokens=False)["input_ids"]}
+        for r in ROWS
+    ]
+    text_out, ids_out = tmp_path / "text.jsonl", tmp_path / "ids.jsonl"
+    assert run_cli(write_jsonl(tmp_path / "t.jsonl", ROWS), "-o", text_out, "--model", qwen3_causal, *LABEL_FLAGS).returncode == 0
+    result = run_cli(write_jsonl(tmp_path / "i.jsonl", rows), "-o", ids_out, "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 0, result.stderr
+    text = [json.loads(line)["scores"] for line in text_out.read_text().splitlines()]
+    ids = [json.loads(line)["scores"] for line in ids_out.read_text().splitlines()]
+    assert text == ids
+
+
+def test_directory_of_parquet_files(qwen3_classifier, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(ROWS[:2]), data / "part-0.parquet")
+    pq.write_table(pa.Table.from_pylist(ROWS[2:]), data / "part-1.parquet")
+    out = tmp_path / "out.parquet"
+    result = run_cli(data, "-o", out, "--model", qwen3_classifier, "--apply-softmax")
+    assert result.returncode == 0, result.stderr
+    table = pq.read_table(out)
+    assert table.column("item_id").to_pylist() == [r["item_id"] for r in ROWS]
+    assert np.allclose([sum(s) for s in table.column("scores").to_pylist()], 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.parquet"], "does not exist"),
+        (["{data}", "--model", "{tmp}/nope"], "does not exist"),
+        (["{data}", "--query-col", "question"], "'question'"),
+        (["{data}", "--label-tokens", " to the"], "exactly one token"),
+        (["{data}", "--label-token-ids", "99999999"], "outside the vocabulary"),
+        (["{data}", "--label-token-ids", "1,x"], "comma-separated"),
+        (["{data}", "--packing", "pairs"], "pairs"),
+        (["{data}", "-o", "{tmp}/out.csv"], ".csv"),
+        (["{data}", "--query-template", "no placeholder"], "{query}"),
+    ],
+)
+def test_bad_invocations_exit_2_without_traceback(qwen3_causal, tmp_path, args, message):
+    data = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    filled = [a.format(data=data, tmp=tmp_path) for a in args]
+    if "--model" not in filled:
+        filled += ["--model", str(qwen3_causal)]
+    if "--label-tokens" not in filled and "--label-token-ids" not in filled:
+        filled += LABEL_FLAGS
+    if "-o" not in filled:
+        filled += ["-o", str(tmp_path / "out.parquet")]
+    result = run_cli(*filled)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_item_column_names_columns(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "x", "text": "y"}])
+    result = run_cli(data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 2
+    assert "no item or items column" in result.stderr and "'text'" in result.stderr
+
+
+def test_demo_runs_without_flags_and_ranks_well(tmp_path):
+    out = tmp_path / "scores.parquet"
+    result = run_cli(REPO / "sample_data" / "products.parquet", "-o", out, "--keep-columns", "label,split")
+    assert result.returncode == 0, result.stderr
+    rows = [r for r in pq.read_table(out).to_pylist() if r["split"] == "test"]
+    positives = np.array([r["score"] for r in rows if r["label"] == 1])
+    negatives = np.array([r["score"] for r in rows if r["label"] == 0])
+    auc = (positives[:, None] > negatives[None, :]).mean()
+    assert auc >= 0.9, auc
