@@ -15,6 +15,7 @@ class RunReport:
     """What one run did; written as JSON with --report and summarized on stderr."""
 
     rows_read: int = 0
+    items: int = 0
     items_scored: int = 0
     items_failed: int = 0
     rows_skipped_by_resume: int = 0
@@ -44,7 +45,7 @@ class RunReport:
         """One line for stderr."""
         ratio = self.pairwise_tokens / self.packed_tokens if self.packed_tokens else 0.0
         verb = "planned" if self.dry_run else "scored"
-        count = self.items_scored if not self.dry_run else self.items_scored + self.items_failed
+        count = self.items if self.dry_run else self.items_scored
         return (
             f"score-batch: {verb} {count} items from {self.rows_read} rows ({self.items_failed} failed, "
             f"{self.rows_skipped_by_resume} rows resumed) in {self.groups} groups, {self.packs} packs, "

@@ -126,10 +126,11 @@ def run_job(config: RunConfig) -> RunReport:
                     results = scorer.run(plan, advance)
                 columns = output_columns(rows, grouped, results, mapping.keep, pooled_dim is not None)
                 errors = [e for e in columns["error"] if e is not None]
+                report.items += len(columns["error"])
                 report.items_failed += len(errors)
-                report.items_scored += len(columns["error"]) - len(errors)
                 if config.dry_run:
                     continue
+                report.items_scored += len(columns["error"]) - len(errors)
                 if config.on_error == "fail" and errors:
                     raise InputError(
                         f"{source.label}: {errors[0]} (use --on-error record or skip to keep going)"

@@ -30,8 +30,13 @@ def run_cli(*args, stdin: str | None = None, cwd=None) -> subprocess.CompletedPr
     """Run the installed command as a user would (a fresh process)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *map(str, args)], input=stdin, capture_output=True, text=True,
-        cwd=cwd or REPO, env=env, timeout=300,
+        [sys.executable, "-m", "cli.main", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env,
+        timeout=300,
     )
 
 
@@ -43,14 +48,27 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def expected_scores(model_dir, rows) -> list[np.ndarray]:
     tok = tokenizer(str(model_dir))
     labels = [tok.encode(t, add_special_tokens=False)[0] for t in (" to", " the")]
-    return [reference_scores(model_dir, "causal", reference_sequence(model_dir, r["query"], r["item"]), labels)[0] for r in rows]
+    return [
+        reference_scores(model_dir, "causal", reference_sequence(model_dir, r["query"], r["item"]), labels)[0]
+        for r in rows
+    ]
 
 
 def test_long_parquet_matches_reference_in_input_order(qwen3_causal, tmp_path):
     src = tmp_path / "in.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), src)
     out = tmp_path / "out.parquet"
-    result = run_cli(src, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--keep-columns", "tag", "--pooled-hidden-states")
+    result = run_cli(
+        src,
+        "-o",
+        out,
+        "--model",
+        qwen3_causal,
+        *LABEL_FLAGS,
+        "--keep-columns",
+        "tag",
+        "--pooled-hidden-states",
+    )
     assert result.returncode == 0, result.stderr
     table = pq.read_table(out)
     assert table.column_names == ["query_id", "item_id", "score", "scores", "pooled_hidden_state", "tag"]
@@ -59,7 +77,9 @@ def test_long_parquet_matches_reference_in_input_order(qwen3_causal, tmp_path):
     assert table.column("item_id").to_pylist() == [r["item_id"] for r in ROWS]
     assert table.column("tag").to_pylist() == [1, 2, 3, 4, 5]
     got = table.column("scores").to_pylist()
-    for expected, row_scores, score in zip(expected_scores(qwen3_causal, ROWS), got, table.column("score").to_pylist()):
+    for expected, row_scores, score in zip(
+        expected_scores(qwen3_causal, ROWS), got, table.column("score").to_pylist()
+    ):
         assert max_abs_diff(expected, row_scores) <= 1e-4
         assert score == row_scores[-1]
     assert "scored 5 items" in result.stderr
@@ -67,7 +87,9 @@ def test_long_parquet_matches_reference_in_input_order(qwen3_causal, tmp_path):
 
 def test_nested_jsonl_stdin_to_stdout(qwen3_causal):
     nested = [{"query": "I pledge allegiance", "items": [" to", " the flag of", ""], "item_ids": [1, 3, 5]}]
-    result = run_cli("-", "-o", "-", "--model", qwen3_causal, *LABEL_FLAGS, "--quiet", stdin=json.dumps(nested[0]) + "\n")
+    result = run_cli(
+        "-", "-o", "-", "--model", qwen3_causal, *LABEL_FLAGS, "--quiet", stdin=json.dumps(nested[0]) + "\n"
+    )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["item_id"] for line in lines] == [1, 3, 5]
@@ -81,12 +103,22 @@ def test_nested_jsonl_stdin_to_stdout(qwen3_causal):
 def test_token_id_layout_equals_text(qwen3_causal, tmp_path):
     tok = tokenizer(str(qwen3_causal))
     rows = [
-        {"query_tokens": tok(r["query"])["input_ids"], "item_tokens": tok(r["item"], add_special_tokens=False)["input_ids"]}
+        {
+            "query_tokens": tok(r["query"])["input_ids"],
+            "item_tokens": tok(r["item"], add_special_tokens=False)["input_ids"],
+        }
         for r in ROWS
     ]
     text_out, ids_out = tmp_path / "text.jsonl", tmp_path / "ids.jsonl"
-    assert run_cli(write_jsonl(tmp_path / "t.jsonl", ROWS), "-o", text_out, "--model", qwen3_causal, *LABEL_FLAGS).returncode == 0
-    result = run_cli(write_jsonl(tmp_path / "i.jsonl", rows), "-o", ids_out, "--model", qwen3_causal, *LABEL_FLAGS)
+    assert (
+        run_cli(
+            write_jsonl(tmp_path / "t.jsonl", ROWS), "-o", text_out, "--model", qwen3_causal, *LABEL_FLAGS
+        ).returncode
+        == 0
+    )
+    result = run_cli(
+        write_jsonl(tmp_path / "i.jsonl", rows), "-o", ids_out, "--model", qwen3_causal, *LABEL_FLAGS
+    )
     assert result.returncode == 0, result.stderr
     text = [json.loads(line)["scores"] for line in text_out.read_text().splitlines()]
     ids = [json.loads(line)["scores"] for line in ids_out.read_text().splitlines()]

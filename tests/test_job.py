@@ -1,0 +1,202 @@
+"""Batch-job behaviour: resume after kill -9, SIGTERM, atomic output, --overwrite, --on-error, report, dry run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.test_cli import LABEL_FLAGS, REPO, run_cli, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+def many_rows(n_queries: int = 40, items: int = 6) -> list[dict]:
+    return [
+        {
+            "query_id": q,
+            "query": f"query {q} about the flag of the United States",
+            "item_id": f"{q}-{i}",
+            "item": f" item {i} to the city of Tokyo {q}",
+        }
+        for q in range(n_queries)
+        for i in range(items)
+    ]
+
+
+def start_cli(*args) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli.main", *map(str, args)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_parts(parts_dir: Path, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if parts_dir.exists() and len(list(parts_dir.glob("part-*.parquet"))) >= count:
+            return
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    raise AssertionError("no parts appeared")
+
+
+@pytest.fixture
+def job(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows())
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6", "--max-batch-tokens", "64"]
+    reference = tmp_path / "reference.parquet"
+    assert run_cli(*base, "-o", reference).returncode == 0
+    return base, reference, tmp_path
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_run_resumes_to_identical_output(job, how):
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / "out.parquet.parts"
+    process = start_cli(*base, "-o", out)
+    wait_for_parts(parts, 3, process)
+    process.send_signal(how)
+    code = process.wait(timeout=60)
+    assert code == (-signal.SIGKILL if how == signal.SIGKILL else 143)
+    assert not out.exists()  # nothing partial at the destination
+    done_before = len(list(parts.glob("part-*.parquet")))
+    assert done_before >= 3
+    refused = run_cli(*base, "-o", out)
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    resumed = run_cli(*base, "-o", out, "--resume", "--report", tmp_path / "report.json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+    assert not parts.exists()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["rows_skipped_by_resume"] >= done_before * 6
+    assert report["rows_read"] == 240
+
+
+def test_resume_with_other_settings_is_refused(job):
+    base, _, tmp_path = job
+    out = tmp_path / "out.parquet"
+    process = start_cli(*base, "-o", out)
+    wait_for_parts(tmp_path / "out.parquet.parts", 2, process)
+    process.kill()
+    process.wait()
+    result = run_cli(*base, "-o", out, "--resume", "--apply-softmax")
+    assert result.returncode == 2 and "different model, input or settings" in result.stderr
+
+
+def test_existing_output_needs_overwrite(job):
+    base, reference, _ = job
+    before = reference.read_bytes()
+    refused = run_cli(*base, "-o", reference)
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    assert reference.read_bytes() == before
+    assert run_cli(*base, "-o", reference, "--overwrite").returncode == 0
+
+
+MIXED = [
+    {"query": "I pledge allegiance", "item": " to", "item_id": "good-1"},
+    {"query": None, "item": " to", "item_id": "null-query"},
+    {"query": "Tokyo is", "item": " a city", "item_id": "good-2"},
+    {"query_tokens": [1, 2], "item": " x", "item_id": "wrong-type"},
+]
+
+
+@pytest.mark.parametrize("mode", ["fail", "record", "skip"])
+def test_on_error_modes(qwen3_causal, tmp_path, mode):
+    data = tmp_path / "in.jsonl"
+    write_jsonl(data, MIXED)
+    with open(data, "a") as handle:
+        handle.write("{broken json\n")
+    out = tmp_path / "out.jsonl"
+    result = run_cli(data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", mode)
+    if mode == "fail":
+        assert result.returncode == 2
+        assert "row 1" in result.stderr and "'query' is null" in result.stderr
+        assert not out.exists() and not (tmp_path / "out.jsonl.parts").exists()
+        return
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    good = [line for line in lines if line["item_id"] in ("good-1", "good-2")]
+    assert len(good) == 2 and all(line["score"] is not None for line in good)
+    if mode == "record":
+        assert [line["item_id"] for line in lines] == ["good-1", "null-query", "good-2", "wrong-type", None]
+        errors = [line["error"] for line in lines]
+        assert errors[0] is None and "null" in errors[1] and "line 5" in errors[4]
+        assert lines[1]["score"] is None
+    else:
+        assert [line["item_id"] for line in lines] == ["good-1", "good-2"]
+        skipped = [
+            json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()
+        ]
+        assert [s["row_index"] for s in skipped] == [1, 3, 4]
+
+
+def test_truncation_policies_keep_rows(qwen3_causal, tmp_path):
+    rows = [{"query": "the flag " * 30, "item": " to the city" * 20}]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    common = [
+        data,
+        "--model",
+        qwen3_causal,
+        *LABEL_FLAGS,
+        "--max-query-tokens",
+        "16",
+        "--max-item-tokens",
+        "12",
+    ]
+    failed = run_cli(*common, "-o", tmp_path / "a.jsonl", "--on-error", "record")
+    assert "over the limit" in json.loads((tmp_path / "a.jsonl").read_text())["error"]
+    assert failed.returncode == 0
+    query_cut = run_cli(
+        *common, "-o", tmp_path / "b.jsonl", "--truncate", "query-head", "--on-error", "record"
+    )
+    assert query_cut.returncode == 0
+    assert (
+        "item 0 has" in json.loads((tmp_path / "b.jsonl").read_text())["error"]
+    )  # only the query may be cut
+
+
+def test_report_and_dry_run_counts_agree(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows(5, 4))
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS]
+    assert run_cli(*base, "-o", tmp_path / "o.parquet", "--report", tmp_path / "run.json").returncode == 0
+    dry = run_cli(*base, "-o", tmp_path / "dry.parquet", "--dry-run", "--report", tmp_path / "dry.json")
+    assert dry.returncode == 0 and "planned 20 items" in dry.stderr
+    assert not (tmp_path / "dry.parquet").exists()
+    run, plan = (json.loads((tmp_path / n).read_text()) for n in ("run.json", "dry.json"))
+    assert run["rows_read"] == plan["rows_read"] == 20
+    assert run["items_scored"] == 20 and plan["items_scored"] == 0 and plan["items"] == 20
+    for key in ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens"):
+        assert run[key] == plan[key], key
+    assert run["groups"] == 5
+    assert run["packed_tokens"] < run["pairwise_tokens"]
+    assert run["versions"]["torch"] and run["settings"]["engine"]["scoring"]["label_tokens"] == [
+        " to",
+        " the",
+    ]
+
+
+def test_pickle_weights_refused_without_flag(qwen3_causal, copy_model, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    model_dir = copy_model(qwen3_causal)
+    weights = model_dir / "model.safetensors"
+    torch.save(load_file(weights), model_dir / "pytorch_model.bin")
+    os.remove(weights)
+    data = write_jsonl(tmp_path / "in.jsonl", MIXED[:1])
+    refused = run_cli(data, "-o", tmp_path / "o.jsonl", "--model", model_dir, *LABEL_FLAGS)
+    assert refused.returncode == 2 and "--allow-pickle" in refused.stderr
+    allowed = run_cli(data, "-o", tmp_path / "o.jsonl", "--model", model_dir, *LABEL_FLAGS, "--allow-pickle")
+    assert allowed.returncode == 0, allowed.stderr
