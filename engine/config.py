@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PACKING_MODES = ("mis", "single")
-BACKENDS = ("auto", "sdpa", "flex", "flashinfer")
+BACKENDS = ("auto", "sdpa", "split", "flex", "flashinfer")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 TRUNCATE_POLICIES = ("error", "item-tail", "query-head")

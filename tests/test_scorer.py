@@ -120,8 +120,9 @@ def test_mis_gives_one_distinct_score_per_item_equal_to_single(qwen3_causal, n_i
     assert len(set(np.round(mis.scores[:, 0], 7).tolist())) == n_items
 
 
-def test_items_cannot_see_each_other(qwen3_causal):
-    scorer = make_scorer(qwen3_causal, pooled_hidden_states=True)
+@pytest.mark.parametrize("backend", ["sdpa", "split", "flex"])
+def test_items_cannot_see_each_other(qwen3_causal, backend):
+    scorer = make_scorer(qwen3_causal, backend=backend, pooled_hidden_states=True)
     base = scorer.score([Group("the capital of", [" Tokyo", " Japan and", " the flag"])])[0]
     changed = scorer.score([Group("the capital of", [" lazy dog over there", " Japan and", " the flag"])])[0]
     assert max_abs_diff(base.scores[0], changed.scores[0]) > 1e-4  # the changed item itself moves
@@ -170,13 +171,19 @@ def test_identical_bits_when_run_twice(qwen3_causal):
         assert a.pooled.tobytes() == b.pooled.tobytes()
 
 
-def test_flex_matches_sdpa(qwen3_causal, qwen3_classifier):
-    for model_dir, kind in ((qwen3_causal, "causal"), (qwen3_classifier, "classifier")):
+@pytest.mark.parametrize("backend", ["flex", "split"])
+def test_fast_backends_match_sdpa(zoo, backend):
+    cases = [
+        (zoo.get("qwen3", "causal"), "causal"),
+        (zoo.get("qwen3", "classifier"), "classifier"),
+        (zoo.get("mistral", "causal", sliding_window=4), "causal"),
+    ]
+    for model_dir, kind in cases:
         sdpa = make_scorer(model_dir, kind, pooled_hidden_states=True).score(GROUPS)
-        flex = make_scorer(model_dir, kind, "flex", pooled_hidden_states=True, max_batch_tokens=64).score(
+        fast = make_scorer(model_dir, kind, backend, pooled_hidden_states=True, max_batch_tokens=64).score(
             GROUPS
         )
-        for a, b in zip(sdpa, flex):
+        for a, b in zip(sdpa, fast):
             assert max_abs_diff(a.scores, b.scores) <= 1e-5
             assert max_abs_diff(a.pooled, b.pooled) <= 1e-5
 

@@ -45,7 +45,7 @@ def flashinfer_available() -> bool:
 
 
 def resolve_backend_name(requested: str, device: torch.device, head_dim: int) -> str:
-    """Pick the backend for 'auto' (flashinfer on CUDA when usable, else flex on CUDA, sdpa on CPU)."""
+    """Pick the backend for 'auto' (flashinfer on CUDA when usable, else flex; split on CPU)."""
     if requested == "flashinfer":
         if not flashinfer_available():
             raise ScoringInputError(
@@ -62,7 +62,7 @@ def resolve_backend_name(requested: str, device: torch.device, head_dim: int) ->
         if flashinfer_available() and head_dim % 64 == 0:
             return "flashinfer"
         return "flex"
-    return "sdpa"
+    return "split"
 
 
 def make_backend(name: str, device: torch.device, compile: bool | None) -> AttentionBackend:
@@ -71,6 +71,10 @@ def make_backend(name: str, device: torch.device, compile: bool | None) -> Atten
         from engine.attention.sdpa import SdpaBackend
 
         return SdpaBackend()
+    if name == "split":
+        from engine.attention.split import SplitBackend
+
+        return SplitBackend()
     if name == "flex":
         from engine.attention.flex import FlexBackend
 

@@ -1,0 +1,129 @@
+"""CPU fast path: per pack, causal SDPA over the query, then all items at once against query + own K/V.
+
+Same mask as the dense reference, without its quadratic cost in the number of items: item rows only
+ever look at the query and their own item, so they are gathered into an [items, item_len] block.
+Delimiter rows are never read and never attended to; their outputs are left at zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.batching import Batch
+from engine.packing import attention_mask
+
+
+@dataclass(frozen=True)
+class _PackLayout:
+    """Index tensors of one pack in batch coordinates."""
+
+    query_start: int
+    query_len: int
+    query_mask: torch.Tensor | None  # [q, q] bool, only when a sliding window applies
+    item_index: torch.Tensor | None  # [num_items, item_len] int64 rows of item tokens (clipped)
+    item_valid: torch.Tensor | None  # [num_items, item_len] bool
+    item_mask: torch.Tensor | None  # [num_items, 1, item_len, q + item_len] bool
+
+
+def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: int | None) -> _PackLayout:
+    """Gather indices and masks of one pack (built on the CPU once per batch and window size)."""
+    pack = batch.packs[pack_id]
+    start = int(batch.cu_seqlens[pack_id])
+    q = pack.prefix_len
+    query_mask = None
+    if sliding_window is not None:
+        query_mask = torch.from_numpy(
+            attention_mask(pack.segments[:q], pack.positions[:q], sliding_window)
+        ).to(device)
+    item_ids = [k for k in np.unique(pack.segments) if k >= 0]
+    if not item_ids:
+        return _PackLayout(start, q, query_mask, None, None, None)
+    rows = [np.flatnonzero(pack.segments == k) for k in item_ids]
+    width = max(len(r) for r in rows)
+    index = np.zeros((len(rows), width), dtype=np.int64)
+    valid = np.zeros((len(rows), width), dtype=bool)
+    for i, r in enumerate(rows):
+        index[i, : len(r)] = r + start
+        index[i, len(r) :] = r[-1] + start
+        valid[i, : len(r)] = True
+    own = np.tril(np.ones((width, width), dtype=bool))[None] & valid[:, None, :]  # [items, width, width]
+    mask = np.concatenate(
+        [np.ones((len(rows), width, q), dtype=bool), own], axis=2
+    )  # [items, width, q + width]
+    if sliding_window is not None:
+        row_pos = q + np.arange(width)
+        key_pos = np.concatenate([np.arange(q), q + np.arange(width)])
+        mask &= ((row_pos[:, None] - key_pos[None, :]) < sliding_window)[None]
+    return _PackLayout(
+        start,
+        q,
+        query_mask,
+        torch.from_numpy(index).to(device),
+        torch.from_numpy(valid).to(device),
+        torch.from_numpy(mask[:, None]).to(device),
+    )
+
+
+class SplitPlan:
+    """Per-pack layouts, built lazily per sliding-window size and reused by every layer."""
+
+    def __init__(self, batch: Batch, device: torch.device) -> None:
+        self._batch = batch
+        self._device = device
+        self._layouts: dict[int | None, list[_PackLayout]] = {}
+
+    def _pack_layouts(self, sliding_window: int | None) -> list[_PackLayout]:
+        if sliding_window not in self._layouts:
+            self._layouts[sliding_window] = [
+                _layout(self._batch, p, self._device, sliding_window) for p in range(len(self._batch.packs))
+            ]
+        return self._layouts[sliding_window]
+
+    def attend(self, query, key, value, scaling, sliding_window):
+        """Query block causal, item blocks against [query K/V ; own K/V]."""
+        gqa = key.shape[1] != query.shape[1]
+        q_all, k_all, v_all = query[0], key[0], value[0]  # [heads, num_tokens, head_dim]
+        output = torch.zeros_like(q_all)
+        for layout in self._pack_layouts(sliding_window):
+            s, e = layout.query_start, layout.query_start + layout.query_len
+            output[:, s:e] = F.scaled_dot_product_attention(
+                q_all[:, s:e],
+                k_all[:, s:e],
+                v_all[:, s:e],
+                attn_mask=layout.query_mask,
+                is_causal=layout.query_mask is None,
+                scale=scaling,
+                enable_gqa=gqa,
+            )
+            if layout.item_index is None:
+                continue
+            n, width = layout.item_index.shape
+            flat = layout.item_index.reshape(-1)
+
+            def gather(t: torch.Tensor) -> torch.Tensor:
+                return (
+                    t[:, flat].reshape(t.shape[0], n, width, -1).transpose(0, 1)
+                )  # [items, heads, width, d]
+
+            k_items = torch.cat([k_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(k_all)], dim=2)
+            v_items = torch.cat([v_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(v_all)], dim=2)
+            out_items = F.scaled_dot_product_attention(
+                gather(q_all), k_items, v_items, attn_mask=layout.item_mask, scale=scaling, enable_gqa=gqa
+            )  # [items, heads, width, head_dim]
+            keep = layout.item_valid.reshape(-1)
+            output[:, flat[keep]] = out_items.transpose(0, 1).reshape(q_all.shape[0], n * width, -1)[:, keep]
+        return output.unsqueeze(0).transpose(1, 2)
+
+
+class SplitBackend:
+    """The MIS-structured SDPA backend (the CPU default)."""
+
+    name = "split"
+
+    def plan(self, batch: Batch, device: torch.device) -> SplitPlan:
+        """Layouts are built on first use by a layer."""
+        return SplitPlan(batch, device)
