@@ -68,6 +68,15 @@ def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: in
     )
 
 
+def _item_gather(flat: torch.Tensor, n: int, width: int):
+    """A function taking [heads, num_tokens, d] to the items' padded blocks [items, heads, width, d]."""
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        return t[:, flat].reshape(t.shape[0], n, width, -1).transpose(0, 1)
+
+    return gather
+
+
 class SplitPlan:
     """Per-pack layouts, built lazily per sliding-window size and reused by every layer."""
 
