@@ -77,6 +77,15 @@ def _item_gather(flat: torch.Tensor, n: int, width: int):
     return gather
 
 
+def _item_gather(flat: torch.Tensor, n: int, width: int):
+    """A function taking [heads, num_tokens, d] to the items' padded blocks [items, heads, width, d]."""
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        return t[:, flat].reshape(t.shape[0], n, width, -1).transpose(0, 1)
+
+    return gather
+
+
 class SplitPlan:
     """Per-pack layouts, built lazily per sliding-window size and reused by every layer."""
 
@@ -112,11 +121,7 @@ class SplitPlan:
                 continue
             n, width = layout.item_index.shape
             flat = layout.item_index.reshape(-1)
-
-            def gather(t: torch.Tensor) -> torch.Tensor:
-                return (
-                    t[:, flat].reshape(t.shape[0], n, width, -1).transpose(0, 1)
-                )  # [items, heads, width, d]
+            gather = _item_gather(flat, n, width)
 
             k_items = torch.cat([k_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(k_all)], dim=2)
             v_items = torch.cat([v_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(v_all)], dim=2)
