@@ -82,5 +82,5 @@ def make_backend(name: str, device: torch.device, compile: bool | None) -> Atten
     if name == "flashinfer":
         from engine.attention.flashinfer import FlashInferBackend
 
-        return FlashInferBackend()
+        return FlashInferBackend(device)
     raise ScoringInputError(f"unknown attention backend {name!r}")
