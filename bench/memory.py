@@ -35,7 +35,8 @@ def peak_rss(rows: int, tmp: Path) -> dict:
     write_input(data, rows)
     subprocess.run(
         [sys.executable, "-m", "cli.main", str(data), "-o", str(out), "--report", str(report), "--quiet"],
-        cwd=REPO, check=True,
+        cwd=REPO,
+        check=True,
     )
     return json.loads(report.read_text())
 
@@ -48,7 +49,9 @@ def main() -> None:
         small, large = peak_rss(args.rows, Path(tmp)), peak_rss(args.rows * 10, Path(tmp))
     growth = large["peak_rss_mb"] / small["peak_rss_mb"] - 1
     for name, r in (("1x", small), ("10x", large)):
-        print(f"{name:>4}: {r['rows_read']:7d} rows  peak RSS {r['peak_rss_mb']:7.1f} MB  {r['items_per_second']:8.1f} items/s")
+        print(
+            f"{name:>4}: {r['rows_read']:7d} rows  peak RSS {r['peak_rss_mb']:7.1f} MB  {r['items_per_second']:8.1f} items/s"
+        )
     print(f"peak RSS growth 1x → 10x: {growth * 100:+.1f}% (limit +25%)")
 
 

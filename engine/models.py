@@ -106,8 +106,8 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         raise ScoringInputError(
             f"model {str(path)!r} uses attention logit soft-capping, which score-batch does not support yet"
         )
-    heads = text_config.num_attention_heads
-    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+    heads = getattr(text_config, "num_attention_heads", None)  # absent in purely recurrent models
+    head_dim = getattr(text_config, "head_dim", None) or (text_config.hidden_size // heads if heads else 0)
     layer_types = set(getattr(text_config, "layer_types", None) or [])
     recurrent = model_type in RECURRENT_MODEL_TYPES or bool(layer_types - ATTENTION_LAYER_TYPES)
     refusal = None
