@@ -35,11 +35,6 @@ class PlanStats:
     packed_tokens: int = 0
     pairwise_tokens: int = 0
 
-    def add(self, other: PlanStats) -> None:
-        """Accumulate another plan's counts into this one."""
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
 
 @dataclass
 class WorkPlan:

@@ -135,7 +135,10 @@ class Scorer:
         scores = [
             np.full((len(g.item_ids), self.setup.num_scores), np.nan, np.float32) for g in plan.tokenized
         ]
-        pooled = [np.full((len(g.item_ids), hidden), np.nan, np.float32) for g in plan.tokenized]
+        pooled = [
+            np.full((len(g.item_ids), hidden), np.nan, np.float32) if cfg.pooled_hidden_states else None
+            for g in plan.tokenized
+        ]
         with torch.inference_mode():
             for batch in plan.batches:
                 batch_scores, batch_pooled = self._run_batch(batch)
@@ -149,7 +152,7 @@ class Scorer:
             GroupResult(
                 scores=s,
                 score=s[:, cfg.score_index].copy() if s.shape[0] else np.zeros(0, np.float32),
-                pooled=p if cfg.pooled_hidden_states else None,
+                pooled=p,
                 errors=list(g.errors),
             )
             for s, p, g in zip(scores, pooled, plan.tokenized)
