@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PACKING_MODES = ("mis", "single")
+PACKING_MODES = ("auto", "mis", "single")
 BACKENDS = ("auto", "sdpa", "split", "flex", "flashinfer")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -25,7 +25,7 @@ class ScoringConfig:
     query_template: str | None = None
     item_template: str | None = None
     item_first: bool = False
-    packing: str = "mis"
+    packing: str = "auto"  # auto: mis when the model allows it, else single
     delimiter_token_id: int | None = None
     max_query_tokens: int | None = None
     max_item_tokens: int | None = None

@@ -25,10 +25,10 @@ ENCODER_MODEL_TYPES = {
     "albert",
     "camembert",
     "mpnet",
-    "t5",
-    "bart",
-    "mt5",
 }
+ENCODER_DECODER_MODEL_TYPES = {"t5", "bart", "mt5", "umt5", "mbart", "pegasus"}
+# Position ids of RoBERTa-style models start after the padding index, so two positions are unusable.
+POSITION_OFFSET_MODEL_TYPES = {"roberta", "xlm-roberta", "camembert"}
 RECURRENT_MODEL_TYPES = {
     "mamba",
     "mamba2",
@@ -56,6 +56,7 @@ class ModelInfo:
 
     path: Path
     kind: str  # "causal" or "classifier"
+    encoder: bool  # bidirectional attention: pairs run unpacked through the model's own attention
     architecture: str
     model_type: str
     vocab_size: int
@@ -64,6 +65,14 @@ class ModelInfo:
     num_labels: int
     mis_refusal: str | None  # why multi-item packing would be wrong for this model, or None
     isolate_sequences: bool  # recurrent state: every pack must run as its own sequence
+    attention_softcap: float | None = None  # Gemma 2 attention-logit soft-capping
+    sliding_window: int | None = None  # window of the sliding-attention layers, if any
+    max_length: int | None = None  # longest sequence the model's positions allow
+
+    @property
+    def packings(self) -> tuple[str, ...]:
+        """The packing modes this model allows."""
+        return ("single",) if self.mis_refusal else ("mis", "single")
 
 
 def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelInfo:
@@ -97,28 +106,41 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
             f"model {str(path)!r} is a {architecture}; score-batch scores *ForCausalLM and *ForSequenceClassification models"
         )
     model_type = config.model_type
-    if model_type in ENCODER_MODEL_TYPES or getattr(config, "is_encoder_decoder", False):
+    where = f"model {str(path)!r} ({model_type})"
+    if model_type in ENCODER_DECODER_MODEL_TYPES or getattr(config, "is_encoder_decoder", False):
+        raise ScoringInputError(f"{where} is an encoder-decoder model, which score-batch does not run")
+    encoder = model_type in ENCODER_MODEL_TYPES
+    if encoder and kind != "classifier":
         raise ScoringInputError(
-            f"model {str(path)!r} ({model_type}) is an encoder with bidirectional attention, which score-batch does not run"
+            f"{where} is a bidirectional encoder; score-batch runs encoders only as *ForSequenceClassification "
+            "cross-encoders"
         )
     text_config = config.get_text_config()
-    if getattr(text_config, "attn_logit_softcapping", None):
-        raise ScoringInputError(
-            f"model {str(path)!r} uses attention logit soft-capping, which score-batch does not support yet"
-        )
     heads = getattr(text_config, "num_attention_heads", None)  # absent in purely recurrent models
     head_dim = getattr(text_config, "head_dim", None) or (text_config.hidden_size // heads if heads else 0)
     layer_types = set(getattr(text_config, "layer_types", None) or [])
     recurrent = model_type in RECURRENT_MODEL_TYPES or bool(layer_types - ATTENTION_LAYER_TYPES)
     refusal = None
-    if recurrent:
+    if encoder:
         refusal = (
-            f"model {str(path)!r} ({model_type}) has recurrent or linear-attention layers whose state would leak "
-            "from one packed item into the next; run it with --packing single"
+            f"{where} is a bidirectional encoder: every token sees every other, so items cannot share a "
+            "packed sequence; it runs unpacked, one (query, item) pair per row (--packing single or auto)"
         )
+    elif recurrent:
+        refusal = (
+            f"{where} has recurrent or linear-attention layers whose state would leak from one packed item "
+            "into the next; run it with --packing single (or auto)"
+        )
+    max_positions = getattr(text_config, "max_position_embeddings", None)
+    if max_positions and model_type in POSITION_OFFSET_MODEL_TYPES:
+        max_positions -= 2
+    uses_windows = "sliding_attention" in layer_types or (
+        not layer_types and getattr(text_config, "use_sliding_window", True)
+    )
     return ModelInfo(
         path=path,
         kind=kind,
+        encoder=encoder,
         architecture=architecture,
         model_type=model_type,
         vocab_size=text_config.vocab_size,
@@ -127,6 +149,9 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         num_labels=config.num_labels,
         mis_refusal=refusal,
         isolate_sequences=recurrent,
+        attention_softcap=getattr(text_config, "attn_logit_softcapping", None),
+        sliding_window=getattr(text_config, "sliding_window", None) if uses_windows and not encoder else None,
+        max_length=max_positions,
     )
 
 
@@ -135,6 +160,7 @@ class LoadedModel:
     """A loaded model split into the parts the engine calls: backbone and score head."""
 
     info: ModelInfo
+    model: torch.nn.Module  # the whole *ForCausalLM / *ForSequenceClassification module
     backbone: torch.nn.Module
     head: torch.nn.Module
     final_logit_softcap: float | None
@@ -153,7 +179,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 def load_model(
     info: ModelInfo, dtype: torch.dtype, device: torch.device, trust_remote_code: bool, allow_pickle: bool
 ) -> LoadedModel:
-    """Load weights (safetensors unless allow_pickle) with our attention function plugged in."""
+    """Load weights (safetensors unless allow_pickle); decoders get our attention function plugged in."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from engine.attention import HF_ATTENTION_NAME, register_with_transformers
@@ -169,7 +195,7 @@ def load_model(
     model = auto.from_pretrained(
         info.path,
         dtype=dtype,
-        attn_implementation=HF_ATTENTION_NAME,
+        attn_implementation=None if info.encoder else HF_ATTENTION_NAME,
         trust_remote_code=trust_remote_code,
         local_files_only=True,
         use_safetensors=has_safetensors,
@@ -183,4 +209,4 @@ def load_model(
         if head is None:
             raise ScoringInputError(f"cannot find the classification head of {info.architecture}")
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    return LoadedModel(info=info, backbone=backbone, head=head, final_logit_softcap=softcap)
+    return LoadedModel(info=info, model=model, backbone=backbone, head=head, final_logit_softcap=softcap)

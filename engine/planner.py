@@ -8,6 +8,7 @@ from engine.batching import Batch, make_batches
 from engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from engine.errors import ScoringInputError
 from engine.packing import ItemRef, Pack, mis_pack, single_pack, split_items
+from engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
 from engine.tokenize import TokenizedGroup, tokenize_group
 from engine.types import Group
 
@@ -21,6 +22,8 @@ class PlanLimits:
     delimiter_token_id: int
     vocab_size: int
     isolate_sequences: bool = False
+    pair_max_length: int | None = None  # set for encoder cross-encoders: pairs run unpacked and padded
+    pad_token_id: int = 0
 
 
 @dataclass
@@ -40,8 +43,8 @@ class PlanStats:
 class WorkPlan:
     """Everything decided before the forward passes of one call."""
 
-    tokenized: list[TokenizedGroup]
-    batches: list[Batch]
+    tokenized: list[TokenizedGroup] | list[PairGroup]
+    batches: list[Batch] | list[PairBatch]
     stats: PlanStats = field(default_factory=PlanStats)
 
 
@@ -60,6 +63,8 @@ class Planner:
 
 def plan_work(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLimits) -> WorkPlan:
     """Tokenize, pack (MIS or single) and batch the groups of one call."""
+    if limits.pair_max_length is not None:
+        return _plan_pairs(groups, tokenizer, cfg, limits)
     tokenized = [tokenize_group(g, tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size) for g in groups]
     packs: list[Pack] = []
     for group_index, group in enumerate(tokenized):
@@ -81,6 +86,22 @@ def plan_work(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLi
         ),
     )
     return WorkPlan(tokenized=tokenized, batches=batches, stats=stats)
+
+
+def _plan_pairs(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLimits) -> WorkPlan:
+    """Encode (query, item) pairs and batch them padded, for encoder cross-encoders."""
+    encoded = [encode_pairs(g, tokenizer, cfg, limits.pair_max_length) for g in groups]
+    batches = make_pair_batches(encoded, limits.max_batch_tokens, limits.pad_token_id)
+    stats = PlanStats(
+        groups=len(groups),
+        items=sum(len(g.item_ids) for g in encoded),
+        failed_items=sum(e is not None for g in encoded for e in g.errors),
+        packs=sum(len(b.item_refs) for b in batches),
+        batches=len(batches),
+        packed_tokens=sum(b.num_tokens for b in batches),
+        pairwise_tokens=sum(len(ids) for g in encoded for ids in g.item_ids if ids is not None),
+    )
+    return WorkPlan(tokenized=encoded, batches=batches, stats=stats)
 
 
 def _group_packs(

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from engine.attention import PLAN_KWARG, make_backend, resolve_backend_name
 from engine.batching import Batch
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ScoringConfig
 from engine.errors import ScoringInputError
 from engine.heads import classifier_scores, label_probabilities, pooled_vectors, soft_cap
 from engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
+from engine.pairs import PairBatch
 from engine.planner import PlanLimits, Planner, WorkPlan, default_delimiter, resolve_label_ids
 from engine.types import Group, GroupResult
 
@@ -34,6 +35,7 @@ class ResolvedSetup:
     limits: PlanLimits
     label_ids: tuple[int, ...]
     num_scores: int
+    packing: str  # "mis" or "single", resolved from "auto"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,11 +54,31 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
-    """Check the model against the config and resolve devices, budgets and labels."""
-    cfg = config.scoring
-    if cfg.packing == "mis" and not cfg.item_first and info.mis_refusal:
+def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> str:
+    """'auto' → mis when the model allows it, else single; an explicit mis on such a model is refused."""
+    if cfg.packing == "mis" and info.mis_refusal and (info.encoder or not cfg.item_first):
         raise ScoringInputError(info.mis_refusal)
+    if cfg.packing == "auto":
+        return "single" if info.mis_refusal else "mis"
+    return cfg.packing
+
+
+def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig) -> int | None:
+    """The longest encoder pair (None for decoders), refusing limits that only packing knows."""
+    if not info.encoder:
+        return None
+    if cfg.max_query_tokens or cfg.max_item_tokens or cfg.truncate == "query-head":
+        raise ScoringInputError(
+            "an encoder cross-encoder is limited per (query, item) pair by its own maximum length; "
+            "--max-query-tokens, --max-item-tokens and --truncate query-head do not apply (use --truncate item-tail)"
+        )
+    return min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
+
+
+def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
+    """Check the model against the config and resolve devices, budgets, packing and labels."""
+    cfg = config.scoring
+    packing = resolve_packing(info, cfg)
     device = resolve_device(config.device)
     label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
     if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
@@ -72,10 +94,16 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         delimiter_token_id=default_delimiter(cfg.delimiter_token_id, tokenizer, info.vocab_size),
         vocab_size=info.vocab_size,
         isolate_sequences=info.isolate_sequences,
+        pair_max_length=_pair_max_length(info, cfg, config),
+        pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
     )
-    backend = resolve_backend_name(config.backend, device, info.head_dim)
+    if info.encoder:
+        backend = "hf"  # the model's own attention over padded pairs
+    else:
+        position_rules = bool(info.attention_softcap or info.sliding_window)
+        backend = resolve_backend_name(config.backend, device, info.head_dim, position_rules)
     return ResolvedSetup(
-        info, device, resolve_dtype(config.dtype, device), backend, limits, label_ids, num_scores
+        info, device, resolve_dtype(config.dtype, device), backend, limits, label_ids, num_scores, packing
     )
 
 
@@ -84,7 +112,7 @@ def load_planner(model_dir, config: EngineConfig) -> tuple[Planner, ResolvedSetu
     info = read_model_info(model_dir, config.trust_remote_code)
     tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
     setup = resolve_setup(info, config, tokenizer)
-    return Planner(tokenizer, config.scoring, setup.limits), setup
+    return Planner(tokenizer, replace(config.scoring, packing=setup.packing), setup.limits), setup
 
 
 class Scorer:
@@ -98,7 +126,9 @@ class Scorer:
         self.tokenizer = planner.tokenizer
         self.config = config
         self.setup = setup
-        self.backend = make_backend(setup.backend, setup.device, config.compile)
+        self.backend = (
+            None if setup.info.encoder else make_backend(setup.backend, setup.device, config.compile)
+        )
         self._label_ids = torch.tensor(setup.label_ids, dtype=torch.long, device=setup.device)
 
     @classmethod
@@ -158,8 +188,10 @@ class Scorer:
             for s, p, g in zip(scores, pooled, plan.tokenized)
         ]
 
-    def _run_batch(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None]:
+    def _run_batch(self, batch: Batch | PairBatch) -> tuple[np.ndarray, np.ndarray | None]:
         """One prefill-only forward over a ragged batch; heads run on the score rows only."""
+        if isinstance(batch, PairBatch):
+            return self._run_pairs(batch)
         device = self.setup.device
         input_ids = torch.from_numpy(batch.token_ids).to(device, non_blocking=True)[None]  # [1, num_tokens]
         position_ids = torch.from_numpy(batch.positions).to(device, non_blocking=True)[
@@ -180,3 +212,30 @@ class Scorer:
             scores = classifier_scores(logits, cfg.apply_softmax)
         pooled = pooled_vectors(rows, cfg.normalize).cpu().numpy() if cfg.pooled_hidden_states else None
         return scores.cpu().numpy(), pooled
+
+    def _run_pairs(self, batch: PairBatch) -> tuple[np.ndarray, np.ndarray | None]:
+        """An encoder's own forward over padded pairs; pooled = the input of its classification head."""
+        device = self.setup.device
+        inputs = {
+            "input_ids": torch.from_numpy(batch.input_ids).to(device),  # [rows, width]
+            "attention_mask": torch.from_numpy(batch.attention_mask).to(device),  # [rows, width]
+        }
+        if batch.token_type_ids is not None:
+            inputs["token_type_ids"] = torch.from_numpy(batch.token_type_ids).to(device)
+        captured: list[torch.Tensor] = []
+        hook = self.model.backbone.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+        try:
+            logits = self.model.model(**inputs).logits  # [rows, num_labels]
+        finally:
+            hook.remove()
+        cfg = self.config.scoring
+        scores = classifier_scores(logits, cfg.apply_softmax).cpu().numpy()
+        if not cfg.pooled_hidden_states:
+            return scores, None
+        hidden = captured[0]  # [rows, width, hidden], the backbone's last hidden state
+        if getattr(self.model.model.config, "classifier_pooling", "cls") == "mean":
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [rows, width, 1]
+            rows = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
+        else:
+            rows = hidden[:, 0]  # [rows, hidden], the CLS token
+        return scores, pooled_vectors(rows, cfg.normalize).cpu().numpy()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.tiny_models import build_model, build_tokenizer
+from engine.tiny_models import ENCODER_PAIR_STYLES, build_model, build_tokenizer
 
 
 class ModelZoo:
@@ -24,7 +24,7 @@ class ModelZoo:
         if key not in self._dirs:
             name = "-".join(str(k) for k in key[:3]) + "".join(f"-{k}{v}" for k, v in key[3])
             path = self.root / name
-            tokenizer = build_tokenizer(path, add_bos=add_bos)
+            tokenizer = build_tokenizer(path, add_bos=add_bos, pair_style=ENCODER_PAIR_STYLES.get(family))
             build_model(path, family, kind, vocab_size=len(tokenizer), **overrides)
             self._dirs[key] = path
         return self._dirs[key]

@@ -9,6 +9,7 @@ from transformers import AutoConfig
 
 from engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError
 from engine.models import read_model_info
+from engine.scorer import load_planner
 
 
 def _config_dir(tmp_path, model_type: str, architecture: str, **extra):
@@ -47,12 +48,11 @@ def test_mis_refusal_reaches_the_scorer(tmp_path, qwen3_causal):
     raw["num_hidden_layers"] = 2
     (path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ScoringInputError, match="--packing single"):
-        Scorer.from_pretrained(path, EngineConfig(scoring=ScoringConfig(label_tokens=(" to",))))
-
-
-def test_encoder_is_refused(tmp_path):
-    with pytest.raises(ScoringInputError, match="encoder"):
-        read_model_info(_config_dir(tmp_path, "bert", "BertForSequenceClassification"))
+        Scorer.from_pretrained(
+            path, EngineConfig(scoring=ScoringConfig(label_tokens=(" to",), packing="mis"))
+        )
+    _, setup = load_planner(path, EngineConfig(scoring=ScoringConfig(label_tokens=(" to",))))
+    assert setup.packing == "single" and setup.limits.isolate_sequences
 
 
 def test_other_heads_are_refused(tmp_path):

@@ -16,7 +16,7 @@ def _score_batch_attention(module, query, key, value, attention_mask, scaling=No
     plan: AttentionPlan | None = kwargs.get(PLAN_KWARG)
     if plan is None:
         raise RuntimeError(f"score_batch attention called without an {PLAN_KWARG!r} keyword")
-    return plan.attend(query, key, value, scaling, kwargs.get("sliding_window")), None
+    return plan.attend(query, key, value, scaling, kwargs.get("sliding_window"), kwargs.get("softcap")), None
 
 
 def _no_mask(*args, **kwargs):
@@ -44,9 +44,17 @@ def flashinfer_available() -> bool:
     return True
 
 
-def resolve_backend_name(requested: str, device: torch.device, head_dim: int) -> str:
-    """Pick the backend for 'auto' (flashinfer on CUDA when usable, else flex; split on CPU)."""
+def resolve_backend_name(requested: str, device: torch.device, head_dim: int, position_rules: bool) -> str:
+    """Pick the backend for 'auto' (flashinfer on CUDA when usable, else flex; split on CPU).
+
+    position_rules: the model has sliding windows or attention soft-capping, which flashinfer's
+    multi-item kernel does not apply.
+    """
     if requested == "flashinfer":
+        if position_rules:
+            raise ScoringInputError(
+                "--backend flashinfer does not apply sliding windows or soft-capping; use --backend flex"
+            )
         if not flashinfer_available():
             raise ScoringInputError(
                 "--backend flashinfer needs a CUDA device and the flashinfer package (pip install -e .[gpu])"
@@ -59,7 +67,7 @@ def resolve_backend_name(requested: str, device: torch.device, head_dim: int) ->
     if requested != "auto":
         return requested
     if device.type == "cuda":
-        if flashinfer_available() and head_dim % 64 == 0:
+        if flashinfer_available() and head_dim % 64 == 0 and not position_rules:
             return "flashinfer"
         return "flex"
     return "split"

@@ -19,6 +19,7 @@ class AttentionPlan(Protocol):
         value: torch.Tensor,  # [1, num_kv_heads, num_tokens, head_dim]
         scaling: float | None,
         sliding_window: int | None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [1, num_tokens, num_heads, head_dim]
         """Attention of every batch token under the multi-item mask."""
         ...

@@ -56,11 +56,12 @@ class FlashInferPlan:
         )
         self._planned = True
 
-    def attend(self, query, key, value, scaling, sliding_window):
+    def attend(self, query, key, value, scaling, sliding_window, softcap=None):
         """Paged multi-item prefill over the batch; K/V pages are the batch's own tokens."""
-        if sliding_window is not None:
+        if sliding_window is not None or softcap is not None:
             raise ScoringInputError(
-                "the flashinfer backend does not apply sliding windows by position; use --backend flex"
+                "the flashinfer backend does not apply sliding windows by position or soft-capping; "
+                "use --backend flex"
             )
         if not self._planned:
             self._plan(query, key, scaling)

@@ -52,7 +52,7 @@ class FlexPlan:
             )
         return self._block_masks[sliding_window]
 
-    def attend(self, query, key, value, scaling, sliding_window):
+    def attend(self, query, key, value, scaling, sliding_window, softcap=None):
         """One flex_attention call over the whole ragged batch."""
         block_mask = self._block_mask(sliding_window)
         with warnings.catch_warnings():
@@ -62,11 +62,21 @@ class FlexPlan:
                 query,
                 key,
                 value,
+                score_mod=None if softcap is None else _soft_cap_mod(softcap),
                 block_mask=block_mask,
                 scale=scaling,
                 enable_gqa=key.shape[1] != query.shape[1],
             )  # [1, num_heads, num_tokens, head_dim]
         return output.transpose(1, 2)
+
+
+def _soft_cap_mod(cap: float):
+    """flex score_mod for attention-logit soft-capping."""
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / cap) * cap
+
+    return score_mod
 
 
 class FlexBackend:

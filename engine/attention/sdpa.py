@@ -1,10 +1,10 @@
-"""Reference backend: PyTorch SDPA per pack with the dense boolean mask of SEMANTICS §4."""
+"""Reference backend: SDPA (or soft-capped attention) per pack with the dense boolean mask of SEMANTICS §4."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from engine.attention.softcap import attention
 from engine.batching import Batch
 from engine.packing import attention_mask
 
@@ -26,19 +26,14 @@ class SdpaPlan:
             ]
         return self._masks[sliding_window]
 
-    def attend(self, query, key, value, scaling, sliding_window):
+    def attend(self, query, key, value, scaling, sliding_window, softcap=None):
         """Run SDPA pack by pack; packs never see each other."""
         output = torch.empty_like(query)  # [1, num_heads, num_tokens, head_dim]
         bounds = self._batch.cu_seqlens.tolist()
         for pack_id, mask in enumerate(self._pack_masks(sliding_window)):
             start, end = bounds[pack_id], bounds[pack_id + 1]
-            output[:, :, start:end] = F.scaled_dot_product_attention(
-                query[:, :, start:end],
-                key[:, :, start:end],
-                value[:, :, start:end],
-                attn_mask=mask,
-                scale=scaling,
-                enable_gqa=key.shape[1] != query.shape[1],
+            output[:, :, start:end] = attention(
+                query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], mask, scaling, softcap
             )
         return output.transpose(1, 2)
 

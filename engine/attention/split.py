@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from engine.attention.softcap import attention
 from engine.batching import Batch
 from engine.packing import attention_mask
 
@@ -77,15 +77,6 @@ def _item_gather(flat: torch.Tensor, n: int, width: int):
     return gather
 
 
-def _item_gather(flat: torch.Tensor, n: int, width: int):
-    """A function taking [heads, num_tokens, d] to the items' padded blocks [items, heads, width, d]."""
-
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        return t[:, flat].reshape(t.shape[0], n, width, -1).transpose(0, 1)
-
-    return gather
-
-
 class SplitPlan:
     """Per-pack layouts, built lazily per sliding-window size and reused by every layer."""
 
@@ -101,21 +92,14 @@ class SplitPlan:
             ]
         return self._layouts[sliding_window]
 
-    def attend(self, query, key, value, scaling, sliding_window):
+    def attend(self, query, key, value, scaling, sliding_window, softcap=None):
         """Query block causal, item blocks against [query K/V ; own K/V]."""
-        gqa = key.shape[1] != query.shape[1]
         q_all, k_all, v_all = query[0], key[0], value[0]  # [heads, num_tokens, head_dim]
         output = torch.zeros_like(q_all)
         for layout in self._pack_layouts(sliding_window):
             s, e = layout.query_start, layout.query_start + layout.query_len
-            output[:, s:e] = F.scaled_dot_product_attention(
-                q_all[:, s:e],
-                k_all[:, s:e],
-                v_all[:, s:e],
-                attn_mask=layout.query_mask,
-                is_causal=layout.query_mask is None,
-                scale=scaling,
-                enable_gqa=gqa,
+            output[:, s:e] = attention(
+                q_all[:, s:e], k_all[:, s:e], v_all[:, s:e], layout.query_mask, scaling, softcap
             )
             if layout.item_index is None:
                 continue
@@ -125,8 +109,8 @@ class SplitPlan:
 
             k_items = torch.cat([k_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(k_all)], dim=2)
             v_items = torch.cat([v_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(v_all)], dim=2)
-            out_items = F.scaled_dot_product_attention(
-                gather(q_all), k_items, v_items, attn_mask=layout.item_mask, scale=scaling, enable_gqa=gqa
+            out_items = attention(
+                gather(q_all), k_items, v_items, layout.item_mask, scaling, softcap
             )  # [items, heads, width, head_dim]
             keep = layout.item_valid.reshape(-1)
             output[:, flat[keep]] = out_items.transpose(0, 1).reshape(q_all.shape[0], n * width, -1)[:, keep]
