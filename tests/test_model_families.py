@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
+from engine import EngineConfig, Group, ScoringConfig, ScoringInputError
 from tests.reference import max_abs_diff, tokenizer
 from tests.test_scorer import GROUPS, assert_matches_reference, make_scorer
 
