@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from cli.config import DEFAULT_WINDOW_ROWS, DEMO_MODEL_DIR, ON_ERROR_MODES, RunConfig
-from cli.profile import merge_profile, read_profile
+from cli.profile import choose_profile, merge_profile
 from cli.runner import Stopped, run_job
 from engine.config import (
     BACKENDS,
@@ -22,6 +22,7 @@ from engine.config import (
     ScoringConfig,
 )
 from engine.errors import ScoringInputError
+from engine.model_source import resolve_model_dir
 from io_formats.errors import InputError
 from io_formats.schema import ColumnOverrides
 
@@ -67,7 +68,9 @@ def _choice(value: str, choices: tuple[str, ...], flag: str) -> str:
         "[bold]Examples[/bold]\n\n"
         "  score-batch sample_data/products.parquet -o scores.parquet            [dim]# demo model[/dim]\n\n"
         "  cat pairs.jsonl | score-batch - -o - --model ./my-reranker --label-tokens ' no' --label-tokens ' yes'\n\n"
-        "  score-batch big/ -o out.parquet --model ./rm --resume --on-error record --report run.json"
+        "  score-batch big/ -o out.parquet --model ./rm --resume --on-error record --report run.json\n\n"
+        "  score-batch data.parquet -o out.parquet --model Qwen/Qwen3-Reranker-0.6B   [dim]# from the HF cache, built-in profile[/dim]\n\n"
+        "  score-batch models            [dim]# supported models, packing, built-in profiles[/dim]"
     ),
 )
 def main(
@@ -81,9 +84,21 @@ def main(
         str, typer.Option("-o", "--output", help="A .parquet or .jsonl path, or - for JSONL on stdout.")
     ] = "scores.parquet",
     model: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--model", help="Local Hugging Face model directory (default: the demo model in sample_data/)."
+            "--model",
+            help="A local model directory, or a hub id (org/name) already in the Hugging Face cache; "
+            "nothing is downloaded [default: the demo model in sample_data/].",
+            show_default=False,
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="Scoring profile: a built-in name (see `score-batch models`) or a JSON file. Default: the "
+            "model's score_batch.json, else a built-in profile matching the model's name. Flags override it.",
+            rich_help_panel=SCORING,
+            show_default=False,
         ),
     ] = None,
     query_col: Annotated[
@@ -172,9 +187,11 @@ def main(
     packing: Annotated[
         str,
         typer.Option(
-            help="mis: one packed sequence per query; single: one sequence per pair.", rich_help_panel=SCORING
+            help="mis: one packed sequence per query; single: one sequence per pair; auto: mis when the "
+            "model allows it (decoders), else single (encoders, recurrent layers).",
+            rich_help_panel=SCORING,
         ),
-    ] = "mis",
+    ] = "auto",
     delimiter_token_id: Annotated[
         int | None,
         typer.Option(
@@ -290,7 +307,6 @@ def main(
     ] = False,
 ) -> None:
     _setup_logging(quiet)
-    model_dir = model or DEMO_MODEL_DIR
     scoring_flags = {
         "label_tokens": tuple(label_tokens) if label_tokens else None,
         "label_token_ids": _csv_ints(label_token_ids, "--label-token-ids"),
@@ -302,7 +318,11 @@ def main(
         "delimiter_token_id": delimiter_token_id,
     }
     try:
-        scoring_values = merge_profile(read_profile(model_dir) if model_dir.is_dir() else {}, scoring_flags)
+        model_dir = resolve_model_dir(model) if model else DEMO_MODEL_DIR
+        chosen = choose_profile(profile, model or "", model_dir)
+        if chosen is not None:
+            logging.getLogger("score_batch").info("scoring profile: %s (%s)", chosen.name, chosen.source)
+        scoring_values = merge_profile(chosen.settings if chosen else {}, scoring_flags)
         scoring = ScoringConfig(
             **scoring_values,
             pooled_hidden_states=pooled_hidden_states,
@@ -322,7 +342,7 @@ def main(
             allow_pickle=allow_pickle,
             scoring=scoring,
         )
-    except ValueError as error:
+    except (ValueError, InputError, ScoringInputError) as error:
         _usage_error(str(error))
     if window_rows < 1:
         _usage_error(f"--window-rows must be at least 1, got {window_rows}")
@@ -392,8 +412,13 @@ def _setup_logging(quiet: bool) -> None:
 
 def run() -> None:
     """Console entry point: unexpected failures exit 1 with the traceback on stderr."""
+    command = app
+    if sys.argv[1:2] == ["models"] and not Path("models").exists():  # `score-batch models`, not a file
+        from cli.models import app as command
+
+        sys.argv.pop(1)
     try:
-        code = app(standalone_mode=False)  # returns the exit code of typer.Exit when not standalone
+        code = command(standalone_mode=False)  # returns the exit code of typer.Exit when not standalone
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except typer.Abort:

@@ -14,6 +14,7 @@ from engine.batching import Batch
 from engine.config import EngineConfig, ScoringConfig
 from engine.errors import ScoringInputError
 from engine.heads import classifier_scores, label_probabilities, pooled_vectors, soft_cap
+from engine.model_source import resolve_model_dir
 from engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
 from engine.pairs import PairBatch
 from engine.planner import PlanLimits, Planner, WorkPlan, default_delimiter, resolve_label_ids
@@ -108,7 +109,8 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
 
 
 def load_planner(model_dir, config: EngineConfig) -> tuple[Planner, ResolvedSetup]:
-    """Tokenizer and resolved settings of a model directory, without loading its weights."""
+    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights."""
+    model_dir = resolve_model_dir(model_dir)
     info = read_model_info(model_dir, config.trust_remote_code)
     tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
     setup = resolve_setup(info, config, tokenizer)
@@ -133,7 +135,7 @@ class Scorer:
 
     @classmethod
     def from_pretrained(cls, model_dir, config: EngineConfig | None = None) -> Scorer:
-        """Load a local model directory (and its tokenizer) for scoring."""
+        """Load a local model directory or a hub id from the local cache (and its tokenizer) for scoring."""
         config = config or EngineConfig()
         planner, setup = load_planner(model_dir, config)
         model = load_model(

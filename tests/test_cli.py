@@ -26,9 +26,9 @@ ROWS = [
 ]
 
 
-def run_cli(*args, stdin: str | None = None, cwd=None) -> subprocess.CompletedProcess:
+def run_cli(*args, stdin: str | None = None, cwd=None, env=None) -> subprocess.CompletedProcess:
     """Run the installed command as a user would (a fresh process)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *map(str, args)],
         input=stdin,

@@ -1,0 +1,95 @@
+"""`score-batch models`: what the engine runs, how it packs each kind of model, and the built-in profiles."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.profile import builtin_profiles, choose_profile
+from engine.errors import ScoringInputError
+from engine.model_source import resolve_model_dir
+from engine.models import read_model_info
+from io_formats.errors import InputError
+
+# (models, heads, packing, notes): what the tests cover, family by family.
+SUPPORTED = [
+    (
+        "Llama, Qwen2, Qwen3, Mistral, Gemma, Phi3 (decoders)",
+        "ForCausalLM, ForSequenceClassification (reward: num_labels 1)",
+        "mis, single",
+        "sliding windows applied on reference positions",
+    ),
+    (
+        "Gemma2 (decoder)",
+        "ForCausalLM, ForSequenceClassification",
+        "mis, single",
+        "attention and final-logit soft-capping; backends sdpa, split, flex",
+    ),
+    (
+        "other decoders using transformers' attention interface",
+        "ForCausalLM, ForSequenceClassification",
+        "mis, single",
+        "checked against plain HF only for the families above",
+    ),
+    (
+        "recurrent / linear-attention / hybrid (Mamba, Jamba, Qwen3-Next, RWKV, …)",
+        "ForCausalLM, ForSequenceClassification",
+        "single",
+        "state would leak between packed items",
+    ),
+    (
+        "encoders: BERT, XLM-RoBERTa, ModernBERT (tested); RoBERTa, DeBERTa, DistilBERT, ELECTRA, MPNet, …",
+        "ForSequenceClassification (cross-encoders)",
+        "single (pairs)",
+        "tokenizer(query, item), padded length-sorted batches; pooled = the head's input (CLS or mean)",
+    ),
+    ("encoder-decoders (T5, BART, …)", "—", "refused", ""),
+]
+
+app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+@app.command(help="Show the supported model families, the packing each allows, and the built-in profiles.")
+def models(
+    model: Annotated[
+        str | None,
+        typer.Option(help="Also describe this model (a local directory or a cached hub id)."),
+    ] = None,
+) -> None:
+    console = Console()
+    families = Table(title="Supported models", show_lines=True)
+    for column in ("models", "heads", "packing", "notes"):
+        families.add_column(column)
+    for row in SUPPORTED:
+        families.add_row(*row)
+    console.print(families)
+    profiles = Table(title="Built-in profiles (--profile NAME)")
+    for column in ("name", "picked automatically for", "description"):
+        profiles.add_column(column)
+    for name, profile in builtin_profiles().items():
+        profiles.add_row(name, "\n".join(profile.models) or "—", profile.description)
+    console.print(profiles)
+    if model:
+        console.print(_describe(model))
+
+
+def _describe(model: str) -> str:
+    """One model's architecture, kind, allowed packing and profile, or why it cannot run."""
+    try:
+        path = resolve_model_dir(model)
+        info = read_model_info(path)
+        profile = choose_profile(None, model, path)
+    except (ScoringInputError, InputError) as error:
+        raise typer.BadParameter(str(error), param_hint="--model") from None
+    lines = [
+        f"[bold]{model}[/bold] → {path}",
+        f"  {info.architecture} ({info.model_type}), {info.kind}{', encoder' if info.encoder else ''}",
+        f"  packing: {', '.join(info.packings)} (auto picks {info.packings[0]})",
+        f"  profile: {f'{profile.name} ({profile.source})' if profile else 'none: give labels/templates as flags'}",
+    ]
+    if info.mis_refusal:
+        lines.append(f"  why not mis: {info.mis_refusal}")
+    return "\n".join(lines)
