@@ -39,6 +39,7 @@ COLUMNS = "Input columns"
 SCORING = "Scoring"
 ENGINE = "Engine"
 JOB = "Batch job"
+RAY = "Scale-out on Ray (pip install -e '.[ray]')"
 
 
 def _csv_ints(value: str | None, flag: str) -> tuple[int, ...] | None:
@@ -305,6 +306,36 @@ def main(
     quiet: Annotated[
         bool, typer.Option("-q", "--quiet", help="No progress bar and no summary.", rich_help_panel=JOB)
     ] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Run on Ray Data: -o names a directory of Parquet files (with a row_index column).",
+            rich_help_panel=RAY,
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Ray cluster to join: auto (the running cluster) or ray://host:port [default: a local Ray].",
+            rich_help_panel=RAY,
+            show_default=False,
+        ),
+    ] = None,
+    num_workers: Annotated[
+        int, typer.Option(help="Scoring actors, each holding one loaded model.", rich_help_panel=RAY)
+    ] = 1,
+    gpus_per_worker: Annotated[
+        float | None,
+        typer.Option(
+            help="GPUs per actor [default: 1 when the cluster has GPUs, else 0].",
+            rich_help_panel=RAY,
+            show_default=False,
+        ),
+    ] = None,
+    cpus_per_worker: Annotated[
+        float, typer.Option(help="CPUs per actor (also its torch threads).", rich_help_panel=RAY)
+    ] = 1.0,
 ) -> None:
     _setup_logging(quiet)
     scoring_flags = {
@@ -372,8 +403,16 @@ def main(
         dry_run=dry_run,
         quiet=quiet,
     )
+    if num_workers < 1 or cpus_per_worker <= 0 or (gpus_per_worker is not None and gpus_per_worker < 0):
+        _usage_error("--num-workers must be at least 1 and --cpus-per-worker/--gpus-per-worker positive")
     try:
-        result = run_job(config)
+        if ray:
+            from cli.ray_job import RayOptions, run_ray_job
+
+            options = RayOptions(ray_address, num_workers, gpus_per_worker, cpus_per_worker)
+            result = run_ray_job(config, options)
+        else:
+            result = run_job(config)
     except (InputError, ScoringInputError) as error:
         _usage_error(str(error))
     except Stopped as stopped:

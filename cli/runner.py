@@ -136,13 +136,13 @@ def run_job(config: RunConfig) -> RunReport:
                         f"{source.label}: {errors[0]} (use --on-error record or skip to keep going)"
                     )
                 if schema is None:
-                    schema = _part_schema(columns, mapping.keep, pooled_dim)
+                    schema = part_schema(columns, mapping.keep, pooled_dim)
                 table = rows_to_table(columns, schema)
                 if parts is not None:
                     parts.write(number, table)
                 else:
                     if stdout_writer is None:
-                        stdout_writer = StdoutJsonlWriter(_final_schema(schema, config.on_error))
+                        stdout_writer = StdoutJsonlWriter(final_schema(schema, config.on_error))
                     _emit(table, stdout_writer, config)
                 stop.check()
     except InputError:
@@ -199,7 +199,7 @@ def _fail_on_row_error(rows, source: InputSource) -> None:
             )
 
 
-def _part_schema(columns: dict, keep: tuple[str, ...], pooled_dim: int | None) -> pa.Schema:
+def part_schema(columns: dict, keep: tuple[str, ...], pooled_dim: int | None) -> pa.Schema:
     """The checkpoint schema (all columns, row index and error included), typed from the first window."""
     id_types = (infer_type(columns["query_id"], pa.int64()), infer_type(columns["item_id"], pa.int64()))
     kept = [(name, infer_type(columns[name], pa.string())) for name in keep]
@@ -207,7 +207,7 @@ def _part_schema(columns: dict, keep: tuple[str, ...], pooled_dim: int | None) -
     return schema.insert(0, pa.field(ROW_INDEX, pa.int64()))
 
 
-def _final_schema(schema: pa.Schema, on_error: str) -> pa.Schema:
+def final_schema(schema: pa.Schema, on_error: str) -> pa.Schema:
     """The user-facing schema: no row index; the error column only under --on-error record."""
     schema = schema.remove(schema.get_field_index(ROW_INDEX))
     if on_error != "record":
@@ -240,7 +240,7 @@ def _merge_parts(parts: PartStore, config: RunConfig, fmt: str) -> None:
     if not windows:
         raise InputError(f"input {config.input!r} has no rows")
     part_schema = parts.read(windows[0]).schema
-    writer = AtomicTableWriter(config.output, _final_schema(part_schema, config.on_error), fmt)
+    writer = AtomicTableWriter(config.output, final_schema(part_schema, config.on_error), fmt)
     errors_path = Path(config.errors_file or f"{config.output}.errors.jsonl")
     errors_out = open(errors_path, "w", encoding="utf-8") if config.on_error == "skip" else None
     try:

@@ -101,6 +101,46 @@ def read_windows(
     return mapping, windows()
 
 
+@dataclass(frozen=True)
+class ReadUnit:
+    """A piece of the input that one distributed worker reads: a Parquet row group or a whole JSONL file."""
+
+    source: InputSource
+    file: Path
+    row_group: int | None  # None: the whole JSONL file
+    first_row: int  # input row index of the unit's first row
+
+
+def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapping:
+    """The column mapping of an input, from its schema (Parquet) or its first record (JSONL)."""
+    first = next(_raw_rows(source), None)
+    return resolve_columns(_columns(source, first), overrides, source.label)
+
+
+def read_units(source: InputSource) -> list[ReadUnit]:
+    """The input split into independently readable units, in input order, with their first row index."""
+    if source.path == STDIN:
+        raise InputError("distributed runs read files, not stdin")
+    if source.format != "parquet":
+        return [ReadUnit(source, source.files[0], None, 0)]
+    units, offset = [], 0
+    for file in source.files:
+        metadata = pq.ParquetFile(file).metadata
+        for group in range(metadata.num_row_groups):
+            units.append(ReadUnit(source, file, group, offset))
+            offset += metadata.row_group(group).num_rows
+    return units
+
+
+def read_unit(unit: ReadUnit, mapping: ColumnMapping) -> list[InputRow]:
+    """The validated rows of one unit, indexed as in a whole-input read."""
+    if unit.row_group is None:
+        records = _raw_rows(unit.source)
+    else:
+        records = iter(pq.ParquetFile(unit.file).read_row_group(unit.row_group).to_pylist())
+    return [_to_row(unit.first_row + i, record, mapping) for i, record in enumerate(records)]
+
+
 def _chain(first: list, rest: Iterator) -> Iterator:
     """Yield the already-read first record, then the rest."""
     yield from first

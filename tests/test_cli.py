@@ -26,11 +26,18 @@ ROWS = [
 ]
 
 
-def run_cli(*args, stdin: str | None = None, cwd=None, env=None) -> subprocess.CompletedProcess:
-    """Run the installed command as a user would (a fresh process)."""
+def run_cli(
+    *args, stdin: str | None = None, cwd=None, env=None, python_args=False
+) -> subprocess.CompletedProcess:
+    """Run the installed command as a user would (a fresh process); python_args: args go to python itself."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    command = (
+        [sys.executable, *map(str, args)]
+        if python_args
+        else [sys.executable, "-m", "cli.main", *map(str, args)]
+    )
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *map(str, args)],
+        command,
         input=stdin,
         capture_output=True,
         text=True,

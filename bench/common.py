@@ -1,0 +1,132 @@
+"""Shared pieces of the benchmarks: the bench model, text workloads and the plain-HF baseline loop."""
+
+from __future__ import annotations
+
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine import Group
+from engine.tiny_models import BASE_CORPUS, build_model, build_tokenizer
+
+# A small but real Qwen3: 4 layers, hidden 256, GQA 8/4 heads of 32 (about 1.6M non-embedding weights).
+BENCH_MODEL = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    num_labels=2,
+)
+LABELS = (" no", " yes")
+
+
+def build_bench_model(out_dir: Path, kind: str) -> Path:
+    """Tokenizer + random Qwen3 of a kind ('causal' or 'classifier') in out_dir."""
+    tokenizer = build_tokenizer(out_dir)
+    settings = {k: v for k, v in BENCH_MODEL.items() if kind == "classifier" or k != "num_labels"}
+    return build_model(out_dir, "qwen3", kind, len(tokenizer), **settings)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A workload shape: queries, items per query and lengths in tokens (approximate, ±15%)."""
+
+    queries: int
+    items: int
+    query_tokens: int
+    item_tokens: int
+
+
+def text_workload(tokenizer, shape: Shape, seed: int = 0) -> list[Group]:
+    """Text groups of about the shape's token lengths, from the tokenizer's own corpus words."""
+    rng = random.Random(seed)
+    words = sorted({w for line in BASE_CORPUS for w in line.split()})
+    cost = {w: len(tokenizer.encode(" " + w, add_special_tokens=False)) for w in words}
+
+    def text(target: int) -> str:
+        target = max(1, round(target * rng.uniform(0.85, 1.15)))
+        out, used = [], 0
+        while used < target:
+            word = rng.choice(words)
+            out.append(word)
+            used += cost[word]
+        return " " + " ".join(out)
+
+    return [
+        Group(text(shape.query_tokens).strip(), [text(shape.item_tokens) for _ in range(shape.items)])
+        for _ in range(shape.queries)
+    ]
+
+
+def hf_pairs(model, tokenizer, groups: list[Group], kind: str, label_ids, batch_size: int = 32):
+    """What a careful user writes: pairs sorted by length, right-padded batches, the head at the last real token.
+
+    Returns (scores per group [items, num_scores], tokens run including padding).
+    """
+    pairs = []
+    for g, group in enumerate(groups):
+        query = tokenizer(group.query)["input_ids"]
+        for i, item in enumerate(group.items):
+            pairs.append((g, i, query + tokenizer(item, add_special_tokens=False)["input_ids"]))
+    pairs.sort(key=lambda p: len(p[2]))
+    num_scores = len(label_ids) if kind == "causal" else model.config.num_labels
+    out = [np.zeros((len(g.items), num_scores), np.float32) for g in groups]
+    tokens = 0
+    backbone = model.model
+    head = model.lm_head if kind == "causal" else model.score
+    with torch.inference_mode():
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start : start + batch_size]
+            width = max(len(p[2]) for p in chunk)
+            tokens += width * len(chunk)
+            ids = torch.zeros((len(chunk), width), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, (_, _, seq) in enumerate(chunk):
+                ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+            hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state  # [rows, width, hidden]
+            last = hidden[torch.arange(len(chunk)), mask.sum(1) - 1]  # [rows, hidden]
+            logits = head(last).float()
+            scores = torch.log_softmax(logits, -1)[:, list(label_ids)].exp() if kind == "causal" else logits
+            for row, (g, i, _) in enumerate(chunk):
+                out[g][i] = scores[row].numpy()
+    return out, tokens
+
+
+def timed(fn, *args, **kwargs):
+    """(result, seconds) of one call."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def machine() -> str:
+    """One line naming the machine and software the figures come from."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import transformers
+
+    return (
+        f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, Python {platform.python_version()}"
+    )
+
+
+def max_abs_diff(results, reference) -> float:
+    """Largest |score-batch − reference| over all items of all groups."""
+    return max(
+        (float(np.abs(r.scores - ref).max()) for r, ref in zip(results, reference) if ref.size), default=0.0
+    )
