@@ -107,6 +107,12 @@ def timed(fn, *args, **kwargs):
     return result, time.perf_counter() - start
 
 
+def best_of(repeats: int, fn, *args, **kwargs):
+    """(result of the first call, fastest seconds) over repeats calls of fn(*args, **kwargs)."""
+    runs = [timed(fn, *args, **kwargs) for _ in range(repeats)]
+    return runs[0][0], min(seconds for _, seconds in runs)
+
+
 def machine() -> str:
     """One line naming the machine and software the figures come from."""
     cpu = platform.processor() or platform.machine()

@@ -16,7 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import LABELS, Shape, build_bench_model, hf_pairs, machine, max_abs_diff, text_workload, timed
+from common import (
+    LABELS,
+    Shape,
+    best_of,
+    build_bench_model,
+    hf_pairs,
+    machine,
+    max_abs_diff,
+    text_workload,
+    timed,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine import EngineConfig, Scorer, ScoringConfig
@@ -33,12 +43,6 @@ SWEEPS = {
     "item-len": ("item length (tokens)", [5, 10, 20, 50, 100, 200, 500], lambda x: Shape(2, 20, 200, x)),
 }
 BATCH_TOKENS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-
-
-def best_of(repeats: int, fn, *args):
-    """(result, fastest seconds) over repeats calls."""
-    runs = [timed(fn, *args) for _ in range(repeats)]
-    return runs[0][0], min(seconds for _, seconds in runs)
 
 
 def scorer_for(model_dir: Path, device: str, max_batch_tokens: int | None = None) -> Scorer:
@@ -129,8 +133,8 @@ def plot(name: str, points: list[dict], where: str, out: Path) -> None:
         for key, text in (("hf", "plain HF, padded pairs"), ("mis", "score-batch MIS")):
             rate.plot(xs, [p[f"{key}_items_per_s"] for p in points], "o-", label=text)
             total.plot(xs, [p[f"{key}_seconds"] for p in points], "o-", label=text)
+    rate.set_xscale("log")  # the rate panel spans decades; total time stays linear to show its growth
     for axis, ylabel in ((rate, "items / s"), (total, "total seconds")):
-        axis.set_xscale("log")
         axis.set_xlabel(label)
         axis.set_ylabel(ylabel)
         axis.grid(True, alpha=0.3)
@@ -151,7 +155,13 @@ def main() -> None:
         "--sweeps", nargs="+", default=[*SWEEPS, "batch-tokens"], choices=[*SWEEPS, "batch-tokens"]
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
+    parser.add_argument("--replot", type=Path, help="redraw the plots from a saved results JSON, run nothing")
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        for name, points in saved["sweeps"].items():
+            plot(name, points, saved["machine"], args.out / f"scaling_{name}.png")
+        return
     torch.set_num_threads(args.threads)
     where = machine()
     print(where)

@@ -240,7 +240,7 @@ def main(
     max_batch_tokens: Annotated[
         int | None,
         typer.Option(
-            help="Tokens per forward pass [default: 8192 on CPU, 65536 on CUDA].",
+            help="Tokens per forward pass [default: 4096 on CPU, 65536 on CUDA].",
             rich_help_panel=ENGINE,
             show_default=False,
         ),

@@ -251,6 +251,8 @@ def _check_destination(config: RunConfig) -> Path:
         raise InputError("--ray writes a directory of Parquet files; give -o OUTPUT_DIR, not -")
     if config.resume:
         raise InputError("--resume is for local runs; a Ray run retries failed work itself")
+    if config.dry_run:
+        raise InputError("--dry-run plans on this machine; run it without --ray")
     destination = Path(config.output)
     if destination.exists() and not config.overwrite:
         raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")

@@ -22,7 +22,7 @@ from engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_TOKENS = {"cpu": 8192, "cuda": 65536}
+DEFAULT_BATCH_TOKENS = {"cpu": 4096, "cuda": 65536}  # cpu: see docs/scaling_batch-tokens.png
 
 
 @dataclass(frozen=True)
