@@ -147,7 +147,11 @@ def run_ray_job(config: RunConfig, options: RayOptions) -> RunReport:
     except ImportError:
         raise InputError(f"--ray needs Ray Data, which is not installed: {RAY_HINT}") from None
     started = time.perf_counter()
-    report = RunReport(settings={"ray": options.__dict__}, versions={**versions(), "ray": ray.__version__})
+    report = RunReport(
+        ray_workers=options.num_workers,
+        settings={"ray": options.__dict__},
+        versions={**versions(), "ray": ray.__version__},
+    )
     source = open_source(config.input)
     destination = _check_destination(config)
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers

@@ -32,6 +32,7 @@ class RunReport:
     backend: str = ""
     device: str = ""
     dry_run: bool = False
+    ray_workers: int = 0  # actors of a --ray run (0: a local run)
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
 
@@ -43,6 +44,12 @@ class RunReport:
 
     def summary(self) -> str:
         """One line for stderr."""
+        if self.ray_workers:
+            return (
+                f"score-batch: scored {self.items_scored} items from {self.rows_read} rows ({self.items_failed} "
+                f"failed) on Ray with {self.ray_workers} workers; {self.seconds_total:.1f}s total, "
+                f"{self.items_per_second:.1f} items/s"
+            )
         ratio = self.pairwise_tokens / self.packed_tokens if self.packed_tokens else 0.0
         verb = "planned" if self.dry_run else "scored"
         count = self.items if self.dry_run else self.items_scored
