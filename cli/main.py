@@ -39,7 +39,7 @@ COLUMNS = "Input columns"
 SCORING = "Scoring"
 ENGINE = "Engine"
 JOB = "Batch job"
-RAY = "Scale-out on Ray (pip install -e '.[ray]')"
+RAY = "Scale-out on Ray (pip install -e '.\\[ray]')"
 
 
 def _csv_ints(value: str | None, flag: str) -> tuple[int, ...] | None:
@@ -89,7 +89,7 @@ def main(
         typer.Option(
             "--model",
             help="A local model directory, or a hub id (org/name) already in the Hugging Face cache; "
-            "nothing is downloaded [default: the demo model in sample_data/].",
+            "nothing is downloaded \\[default: the demo model in sample_data/].",
             show_default=False,
         ),
     ] = None,
@@ -153,7 +153,7 @@ def main(
     score_index: Annotated[
         int | None,
         typer.Option(
-            help="Which entry of scores becomes score [default: -1, the last].",
+            help="Which entry of scores becomes score \\[default: -1, the last].",
             rich_help_panel=SCORING,
             show_default=False,
         ),
@@ -240,7 +240,7 @@ def main(
     max_batch_tokens: Annotated[
         int | None,
         typer.Option(
-            help="Tokens per forward pass [default: 4096 on CPU, 65536 on CUDA].",
+            help="Tokens per forward pass \\[default: 4096 on CPU, 65536 on CUDA].",
             rich_help_panel=ENGINE,
             show_default=False,
         ),
@@ -275,7 +275,7 @@ def main(
     errors_file: Annotated[
         str | None,
         typer.Option(
-            help="Where --on-error skip lists skipped rows [default: OUTPUT.errors.jsonl].",
+            help="Where --on-error skip lists skipped rows \\[default: OUTPUT.errors.jsonl].",
             rich_help_panel=JOB,
             show_default=False,
         ),
@@ -317,7 +317,7 @@ def main(
     ray_address: Annotated[
         str | None,
         typer.Option(
-            help="Ray cluster to join: auto (the running cluster) or ray://host:port [default: a local Ray].",
+            help="Ray cluster to join: auto (the running cluster) or ray://host:port \\[default: a local Ray].",
             rich_help_panel=RAY,
             show_default=False,
         ),
@@ -328,7 +328,7 @@ def main(
     gpus_per_worker: Annotated[
         float | None,
         typer.Option(
-            help="GPUs per actor [default: 1 when the cluster has GPUs, else 0].",
+            help="GPUs per actor \\[default: 1 when the cluster has GPUs, else 0].",
             rich_help_panel=RAY,
             show_default=False,
         ),
