@@ -275,7 +275,7 @@ def main(
     errors_file: Annotated[
         str | None,
         typer.Option(
-            help="Where --on-error skip lists skipped rows \\[default: OUTPUT.errors.jsonl].",
+            help="Where --on-error skip lists skipped rows \\[default: OUTPUT.errors.jsonl; with -o -, stderr].",
             rich_help_panel=JOB,
             show_default=False,
         ),

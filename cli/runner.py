@@ -91,6 +91,12 @@ def run_job(config: RunConfig) -> RunReport:
         _check_resume(parts, fingerprint, config)
         parts.start(fingerprint)
     stdout_writer = None
+    # Streaming to stdout has no OUTPUT.errors.jsonl to default to: skipped rows go to --errors-file if given.
+    stdout_errors = (
+        open(config.errors_file, "w", encoding="utf-8")
+        if parts is None and not config.dry_run and config.on_error == "skip" and config.errors_file
+        else None
+    )
     schema = None
     total = source.total_rows() if mapping.layout == "long" else None
     progress = tqdm(
@@ -143,7 +149,7 @@ def run_job(config: RunConfig) -> RunReport:
                 else:
                     if stdout_writer is None:
                         stdout_writer = StdoutJsonlWriter(final_schema(schema, config.on_error))
-                    _emit(table, stdout_writer, config)
+                    _emit(table, stdout_writer, config, stdout_errors)
                 stop.check()
     except InputError:
         # A bad row or value: the input must change, which invalidates these parts anyway.
@@ -152,6 +158,8 @@ def run_job(config: RunConfig) -> RunReport:
         raise
     finally:
         progress.close()
+        if stdout_errors is not None:
+            stdout_errors.close()
     report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
     if parts is not None:
         _merge_parts(parts, config, fmt)

@@ -107,6 +107,28 @@ def test_nested_jsonl_stdin_to_stdout(qwen3_causal):
     assert result.stderr == ""  # --quiet: nothing on stderr, stdout holds only JSON
 
 
+def test_stdout_with_skip_writes_skipped_rows_to_the_errors_file(qwen3_causal, tmp_path):
+    rows = [ROWS[0], {**ROWS[1], "item": None}, ROWS[2]]
+    errors = tmp_path / "skipped.jsonl"
+    result = run_cli(
+        write_jsonl(tmp_path / "in.jsonl", rows),
+        "-o",
+        "-",
+        "--model",
+        qwen3_causal,
+        *LABEL_FLAGS,
+        "--on-error",
+        "skip",
+        "--errors-file",
+        errors,
+        "--quiet",
+    )
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["item_id"] for line in result.stdout.splitlines()] == ["a1", "a2"]
+    [skipped] = [json.loads(line) for line in errors.read_text().splitlines()]
+    assert skipped["row_index"] == 1 and "column 'item' is null" in skipped["error"]
+
+
 def test_token_id_layout_equals_text(qwen3_causal, tmp_path):
     tok = tokenizer(str(qwen3_causal))
     rows = [
