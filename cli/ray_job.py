@@ -7,7 +7,6 @@ output row also carries the input's `row_index`. Ray restarts a dead actor and r
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -23,8 +22,8 @@ import pyarrow.parquet as pq
 
 from cli.config import RunConfig
 from cli.report import RunReport, versions
-from cli.runner import final_schema, part_schema
-from cli.windows import ROW_INDEX, group_window, output_columns
+from cli.runner import error_lines, final_schema, part_schema
+from cli.windows import ROW_INDEX, group_window, output_columns, query_group_key
 from engine.errors import ScoringInputError
 from engine.scorer import load_planner
 from io_formats.errors import InputError
@@ -67,7 +66,7 @@ def _group_key(row, layout: str) -> str:
     """Rows of one long-layout query share a key (as in group_window); other rows stand alone."""
     if layout != "long" or row.error is not None:
         return f"row:{row.index}"
-    return repr((repr(row.query_id), row.query if isinstance(row.query, str) else tuple(row.query)))
+    return repr(query_group_key(row))
 
 
 def _collapse_group(group: pa.Table) -> pa.Table:
@@ -284,14 +283,9 @@ def _write_errors(failed, config: RunConfig) -> int:
     rows = failed.take_all()
     if not rows:
         return 0
+    rows = [{**row, "row_index": row[ROW_INDEX_COLUMN]} for row in rows]
     with open(path, "w", encoding="utf-8") as out:
-        for row in sorted(rows, key=lambda r: r[ROW_INDEX_COLUMN]):
-            record = {
-                "row_index": row[ROW_INDEX_COLUMN],
-                "query_id": row["query_id"],
-                "item_id": row["item_id"],
-            }
-            out.write(json.dumps({**record, "error": row["error"]}, default=str) + "\n")
+        out.writelines(error_lines(sorted(rows, key=lambda r: r["row_index"])))
     log.warning("skipped rows are listed in %s", path)
     return len(rows)
 

@@ -31,6 +31,7 @@ from io_formats.writers import (
 )
 
 log = logging.getLogger("score_batch")
+ERROR_FIELDS = ("row_index", "query_id", "item_id", "error")  # one line of the errors file
 
 
 class Stopped(Exception):
@@ -233,12 +234,18 @@ def _emit(table: pa.Table, writer, config: RunConfig, errors_out=None) -> None:
     writer.write(table.select(writer.schema.names).cast(writer.schema))
 
 
+def error_lines(rows) -> list[str]:
+    """The errors-file JSONL lines of skipped rows (dicts with row_index, query_id, item_id, error)."""
+    return [json.dumps({k: row[k] for k in ERROR_FIELDS}, default=str) + "\n" for row in rows]
+
+
 def _write_errors(failed: pa.Table, errors_out, config: RunConfig) -> None:
     """Record skipped rows: in the errors file, or as log lines when there is none."""
-    for row in failed.select([ROW_INDEX, "query_id", "item_id", "error"]).to_pylist():
-        if errors_out is not None:
-            errors_out.write(json.dumps({"row_index": row.pop(ROW_INDEX), **row}, default=str) + "\n")
-        else:
+    rows = failed.select([ROW_INDEX, *ERROR_FIELDS[1:]]).rename_columns(list(ERROR_FIELDS)).to_pylist()
+    if errors_out is not None:
+        errors_out.writelines(error_lines(rows))
+    else:
+        for row in rows:
             log.warning("skipped %s", row["error"])
 
 

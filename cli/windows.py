@@ -19,6 +19,11 @@ class WindowGroups:
     refs: list[list[tuple[int, int]]]
 
 
+def query_group_key(row: InputRow) -> tuple:
+    """Rows with the same query id and query (text or token ids) belong to one group."""
+    return repr(row.query_id), row.query if isinstance(row.query, str) else tuple(row.query)
+
+
 def group_window(rows: list[InputRow]) -> WindowGroups:
     """Gather the valid rows' items by query (same query id and text) within the window."""
     index: dict[Any, int] = {}
@@ -27,8 +32,7 @@ def group_window(rows: list[InputRow]) -> WindowGroups:
     for row_pos, row in enumerate(rows):
         if row.error is not None:
             continue
-        query_key = row.query if isinstance(row.query, str) else tuple(row.query)
-        key = (repr(row.query_id), query_key)
+        key = query_group_key(row)
         if key not in index:
             index[key] = len(groups)
             groups.append((row.query, []))
