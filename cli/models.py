@@ -1,4 +1,4 @@
-"""`score-batch models`: what the engine runs, how it packs each kind of model, and the built-in profiles."""
+"""The `models` command: what the engine runs, how it packs each kind of model, and the built-in profiles."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.profile import builtin_profiles, choose_profile
-from engine.errors import ScoringInputError
+from cli.flags import in_flag_words
 from engine.model_source import resolve_model_dir
 from engine.models import read_model_info
-from io_formats.errors import InputError
+from engine.profiles import builtin_profiles, choose_profile
+from score_batch.errors import UserError
 
 # (models, heads, packing, notes): what the tests cover, family by family.
 SUPPORTED = [
@@ -49,10 +49,7 @@ SUPPORTED = [
     ("encoder-decoders (T5, BART, …)", "—", "refused", ""),
 ]
 
-app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
-
-@app.command(help="Show the supported model families, the packing each allows, and the built-in profiles.")
 def models(
     model: Annotated[
         str | None,
@@ -82,8 +79,8 @@ def _describe(model: str) -> str:
         path = resolve_model_dir(model)
         info = read_model_info(path)
         profile = choose_profile(None, model, path)
-    except (ScoringInputError, InputError) as error:
-        raise typer.BadParameter(str(error), param_hint="--model") from None
+    except UserError as error:
+        raise typer.BadParameter(in_flag_words(str(error)), param_hint="--model") from None
     lines = [
         f"[bold]{model}[/bold] → {path}",
         f"  {info.architecture} ({info.model_type}), {info.kind}{', encoder' if info.encoder else ''}",

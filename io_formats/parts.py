@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from io_formats.writers import durable_replace, exclusive_temp
 
 MANIFEST = "manifest.json"
 
@@ -36,9 +37,9 @@ class PartStore:
         """Create the directory and record the run's fingerprint."""
         self.dir.mkdir(parents=True, exist_ok=True)
         manifest = self.dir / MANIFEST
-        tmp = manifest.with_suffix(".tmp")
+        tmp = exclusive_temp(manifest)
         tmp.write_text(json.dumps({"fingerprint": fingerprint}))
-        os.replace(tmp, manifest)
+        durable_replace(tmp, manifest)
 
     def part_path(self, window: int) -> Path:
         """Where window k's part lives."""
@@ -51,11 +52,9 @@ class PartStore:
     def write(self, window: int, table: pa.Table) -> None:
         """Write window k's results: a temporary file, fsync'ed, then renamed."""
         path = self.part_path(window)
-        tmp = path.with_suffix(".tmp")
+        tmp = exclusive_temp(path)
         pq.write_table(table, tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        durable_replace(tmp, path)
 
     def read(self, window: int) -> pa.Table:
         """Window k's results."""

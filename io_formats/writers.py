@@ -1,4 +1,4 @@
-"""Output tables: the score schema, streaming Parquet/JSONL writers with atomic rename, stdout JSONL."""
+"""Output files: streaming Parquet/JSONL writers to an exclusive temporary file, published by atomic rename."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,49 +29,31 @@ def output_format(path: str) -> str:
     return fmt
 
 
-def build_schema(
-    id_types: tuple[pa.DataType, pa.DataType],
-    kept: list[tuple[str, pa.DataType]],
-    pooled_dim: int | None,
-    with_error: bool,
-) -> pa.Schema:
-    """The output schema: ids, score, scores, optional pooled vector, kept columns, optional error."""
-    fields = [
-        pa.field("query_id", id_types[0]),
-        pa.field("item_id", id_types[1]),
-        pa.field("score", pa.float32()),
-        pa.field("scores", pa.list_(pa.float32())),
-    ]
-    if pooled_dim is not None:
-        fields.append(pa.field("pooled_hidden_state", pa.list_(pa.float32(), pooled_dim)))
-    fields.extend(pa.field(name, dtype) for name, dtype in kept)
-    if with_error:
-        fields.append(pa.field("error", pa.string()))
-    return pa.schema(fields)
+def exclusive_temp(destination: Path, directory: bool = False) -> Path:
+    """A new hidden file (or directory) beside destination, created exclusively (no planted name is followed)."""
+    prefix = f".{destination.name}.tmp-"
+    if directory:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=destination.parent))
+    handle, name = tempfile.mkstemp(prefix=prefix, dir=destination.parent)
+    os.close(handle)
+    return Path(name)
 
 
-def infer_type(values: list[Any], default: pa.DataType) -> pa.DataType:
-    """Arrow type of a column's Python values (default when all are null)."""
-    inferred = pa.array(values).type
-    return default if pa.types.is_null(inferred) else inferred
+def durable_replace(source: Path, destination: Path) -> None:
+    """fsync source, rename it onto destination, fsync the directory: the rename survives a crash."""
+    with open(source, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(source, destination)
+    fsync_directory(destination.parent)
 
 
-def rows_to_table(columns: dict[str, list[Any]], schema: pa.Schema) -> pa.Table:
-    """Build a table of the output schema from column lists, naming the column that does not fit."""
-    arrays = []
-    for field in schema:
-        try:
-            arrays.append(pa.array(columns[field.name], type=field.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-            raise InputError(
-                f"column {field.name!r} changes type within the input (expected {field.type}): {error}"
-            ) from error
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def temporary_sibling(path: Path) -> Path:
-    """A hidden name beside path for writing before an atomic rename."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def fsync_directory(path: Path) -> None:
+    """Make a directory's entries (renames, creations) durable."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 class AtomicTableWriter:
@@ -80,7 +63,7 @@ class AtomicTableWriter:
         self.path = Path(path)
         self.fmt = fmt
         self.schema = schema
-        self.tmp = temporary_sibling(self.path)
+        self.tmp = exclusive_temp(self.path)
         self._parquet = pq.ParquetWriter(self.tmp, schema) if fmt == "parquet" else None
         self._text = open(self.tmp, "w", encoding="utf-8") if fmt == "jsonl" else None
 
@@ -94,7 +77,7 @@ class AtomicTableWriter:
     def commit(self) -> None:
         """Close and move the finished file to its destination."""
         self._close()
-        os.replace(self.tmp, self.path)
+        durable_replace(self.tmp, self.path)
 
     def abort(self) -> None:
         """Close and delete the temporary file; the destination is untouched."""

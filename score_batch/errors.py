@@ -16,6 +16,9 @@ class ConfigError(UserError):
         self.value = value
         self.problem = problem
 
+    def __reduce__(self):
+        return type(self), (self.setting, self.value, self.problem)
+
 
 class EnvironmentFault(Exception):
     """The machine refused: disk full, permission denied, read-only file system (exit 3, retry after fixing)."""

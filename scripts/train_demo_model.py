@@ -1,6 +1,6 @@
 """Build the demo dataset and train the demo reranker in sample_data/ (reproducible, CPU, a few minutes).
 
-    python scripts/train_demo_model.py            # writes sample_data/products.{parquet,jsonl} and demo_model/
+    python scripts/train_demo_model.py            # writes sample_data/products.{parquet,jsonl} and cli/demo_model/
 
 The model is a tiny Qwen3ForCausalLM trained to answer " yes" / " no" after a product-search prompt; its
 score_batch.json holds the templates and labels, so `score-batch sample_data/products.parquet` needs no flags.
@@ -19,6 +19,7 @@ import torch
 from engine.tiny_models import build_tokenizer, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_data"
+MODEL_DIR = Path(__file__).resolve().parent.parent / "cli" / "demo_model"
 SEED = 1234
 QUERY_TEMPLATE = "Search: {query}\n"
 ITEM_TEMPLATE = "Product: {item}\nRelevant:"
@@ -133,7 +134,7 @@ def main(steps: int = 800) -> None:
         for row in rows:
             out.write(json.dumps(row) + "\n")
 
-    model_dir = ROOT / "demo_model"
+    model_dir = MODEL_DIR
     corpus = [
         QUERY_TEMPLATE.replace("{query}", r["query"]) + ITEM_TEMPLATE.replace("{item}", r["item"])
         for r in rows

@@ -6,13 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from cli.main import app
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,25 +29,45 @@ ROWS = [
 ]
 
 
+@dataclass
+class Ran:
+    """What a command run left behind: exit code and the two streams."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
 def run_cli(
-    *args, stdin: str | None = None, cwd=None, env=None, python_args=False
-) -> subprocess.CompletedProcess:
-    """Run the installed command as a user would (a fresh process); python_args: args go to python itself."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    command = (
-        [sys.executable, *map(str, args)]
-        if python_args
-        else [sys.executable, "-m", "cli.main", *map(str, args)]
-    )
-    return subprocess.run(
-        command,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=cwd or REPO,
-        env=env,
-        timeout=300,
-    )
+    *args, stdin: str | None = None, cwd=None, env=None, python_args=False, fresh_process=False
+) -> Ran:
+    """Run the command in-process (Typer's runner) or, for process-level behaviour, as a fresh process.
+
+    python_args: the args go to python itself (always a fresh process).
+    """
+    if python_args or fresh_process:
+        command = (
+            [sys.executable, *map(str, args)]
+            if python_args
+            else [sys.executable, "-m", "cli.main", *map(str, args)]
+        )
+        done = subprocess.run(
+            command,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            cwd=cwd or REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            timeout=300,
+        )
+        return Ran(done.returncode, done.stdout, done.stderr)
+    previous = os.getcwd()
+    os.chdir(cwd or REPO)
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], input=stdin, env=env)
+    finally:
+        os.chdir(previous)
+    return Ran(result.exit_code, result.stdout, result.stderr)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

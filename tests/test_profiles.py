@@ -10,10 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from cli.profile import builtin_profiles, choose_profile, merge_profile
 from engine import ScoringInputError
 from engine.model_source import resolve_model_dir
-from io_formats.errors import InputError
+from engine.profiles import builtin_profiles, choose_profile, merge_profile
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import run_cli, write_jsonl
 
@@ -108,10 +107,10 @@ def test_profile_precedence(tmp_path, qwen3_causal, copy_model):
         "label_token_ids": (5,),
         "apply_softmax": False,
     }
-    with pytest.raises(InputError, match="yes-no-judge"):
+    with pytest.raises(ScoringInputError, match="yes-no-judge"):
         choose_profile("nope", REPO_ID, named)
     custom.write_text(json.dumps({"label_tokenz": ["x"]}))
-    with pytest.raises(InputError, match="unknown keys"):
+    with pytest.raises(ScoringInputError, match="unknown keys"):
         choose_profile(str(custom), REPO_ID, named)
     # Flags override profile values; a flag's label ids replace the profile's label tokens.
     merged = merge_profile(

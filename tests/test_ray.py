@@ -10,7 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+from tests.test_cli import LABEL_FLAGS, write_jsonl
+from tests.test_cli import run_cli as run_in_process
+
+
+def run_cli(*args, **kwargs):
+    """Ray runs start their own processes: a fresh command process gives each test its own Ray."""
+    return run_in_process(*args, fresh_process=True, **kwargs)
+
 
 pytestmark = pytest.mark.slow
 

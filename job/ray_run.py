@@ -10,42 +10,30 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import re
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cli.config import RunConfig
-from cli.report import RunReport, versions
-from cli.runner import error_lines, final_schema, part_schema
-from cli.windows import ROW_INDEX, group_window, output_columns, query_group_key
-from engine.errors import ScoringInputError
 from engine.scorer import load_planner
 from io_formats.errors import InputError
 from io_formats.readers import ReadUnit, input_mapping, open_source, read_unit, read_units
+from io_formats.writers import exclusive_temp
+from job.config import RayOptions, RunConfig
+from job.contract import ERROR, ROW_INDEX, OutputContract
+from job.policy import KEEP_GOING, ErrorsSink, check_destination, enforce_fail, errors_path, publish_directory
+from job.report import RunReport, versions
+from job.windows import group_window, output_columns, query_group_key
+from score_batch.errors import UserError
 
-log = logging.getLogger("score_batch")
+log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
-ROW_INDEX_COLUMN = "row_index"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
 FAULT_ONCE_ENV = "SCORE_BATCH_FAULT_ONCE"  # fault injection for tests: a marker file path
-
-
-@dataclass(frozen=True)
-class RayOptions:
-    """Where and how wide a Ray run goes."""
-
-    address: str | None = None  # None: start a local Ray; "auto": join the running cluster
-    num_workers: int = 1
-    gpus_per_worker: float | None = None  # None: 1 when the cluster has GPUs and the device allows, else 0
-    cpus_per_worker: float = 1.0
-    groups_per_batch: int = 64
 
 
 def _read_rows(batch: dict, mapping, fail_on_error: bool, source_label: str) -> dict:
@@ -54,9 +42,7 @@ def _read_rows(batch: dict, mapping, fail_on_error: bool, source_label: str) -> 
     for unit in batch["unit"]:
         for row in read_unit(pickle.loads(unit), mapping):
             if row.error is not None and fail_on_error:
-                raise InputError(
-                    f"{source_label}: row {row.index}: {row.error} (use --on-error record or skip)"
-                )
+                raise InputError(f"{source_label}: row {row.index}: {row.error} {KEEP_GOING}")
             keys.append(_group_key(row, mapping.layout))
             blobs.append(pickle.dumps(row))
     return {"group": keys, "rows": blobs}
@@ -82,19 +68,17 @@ def _wrap_rows(batch: pa.Table) -> pa.Table:
 
 
 class ScoreActor:
-    """Holds one loaded Scorer; scores batches of complete query groups into output tables."""
+    """Holds one loaded Scorer; scores batches of complete query groups into part-schema tables."""
 
-    def __init__(self, config: RunConfig, schema: pa.Schema, threads: int) -> None:
+    def __init__(self, config: RunConfig, contract: OutputContract, threads: int) -> None:
         import torch
 
         from engine.scorer import Scorer
 
         torch.set_num_threads(max(1, threads))
         self.config = config
-        self.schema = schema
+        self.contract = contract
         self.scorer = Scorer.from_pretrained(config.model_dir, config.engine)
-        self.keep = config.columns.keep_columns
-        self.pooled = config.engine.scoring.pooled_hidden_states
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         _maybe_inject_fault()
@@ -104,17 +88,11 @@ class ScoreActor:
         )
         grouped = group_window(rows)
         results = self.scorer.score(grouped.groups)
-        columns = output_columns(rows, grouped, results, self.keep, self.pooled)
-        if self.config.on_error == "fail":
-            first = next((e for e in columns["error"] if e is not None), None)
-            if first is not None:
-                raise InputError(
-                    f"{self.config.input}: {first} (use --on-error record or skip to keep going)"
-                )
-        columns[ROW_INDEX_COLUMN] = columns.pop(ROW_INDEX)
-        return pa.Table.from_arrays(
-            [pa.array(columns[f.name], type=f.type) for f in self.schema], schema=self.schema
-        )
+        keep = tuple(name for name, _ in self.contract.kept)
+        columns = output_columns(rows, grouped, results, keep, self.contract.pooled_dim is not None)
+        part = self.contract.part_table(columns)
+        enforce_fail(self.contract, part, self.config.input)
+        return part
 
 
 def _maybe_inject_fault() -> None:
@@ -129,22 +107,26 @@ def _maybe_inject_fault() -> None:
         os._exit(1)
 
 
-def _sample_schema(config: RunConfig, units: list[ReadUnit], mapping, pooled_dim: int | None) -> pa.Schema:
-    """The output schema a local run would infer, typed from the first unit's rows; plus row_index."""
+def _sample_contract(
+    config: RunConfig, units: list[ReadUnit], mapping, pooled_dim: int | None
+) -> OutputContract:
+    """The contract a local run would infer, typed from the first unit's rows."""
     rows = read_unit(units[0], mapping)[: config.window_rows]
     columns = output_columns(rows, group_window(rows), None, mapping.keep, pooled_dim is not None)
-    schema = final_schema(part_schema(columns, mapping.keep, pooled_dim), config.on_error)
-    if config.on_error == "skip":
-        schema = schema.append(pa.field("error", pa.string()))
-    return schema.append(pa.field(ROW_INDEX_COLUMN, pa.int64()))
+    return OutputContract.from_columns(columns, mapping.keep, pooled_dim, config.on_error)
 
 
-def run_ray_job(config: RunConfig, options: RayOptions) -> RunReport:
+def run_ray(config: RunConfig) -> RunReport:
     """Run a job on Ray Data and write a directory of Parquet files at config.output."""
+    options = config.ray or RayOptions()
     try:
         import ray
     except ImportError:
         raise InputError(f"--ray needs Ray Data, which is not installed: {RAY_HINT}") from None
+    if config.resume:
+        raise InputError("--resume is for local runs; a Ray run retries failed work itself")
+    if config.dry_run:
+        raise InputError("--dry-run plans on this machine; run it without --ray")
     started = time.perf_counter()
     report = RunReport(
         ray_workers=options.num_workers,
@@ -152,7 +134,7 @@ def run_ray_job(config: RunConfig, options: RayOptions) -> RunReport:
         versions={**versions(), "ray": ray.__version__},
     )
     source = open_source(config.input)
-    destination = _check_destination(config)
+    destination = check_destination(config, directory=True)
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
     report.backend, report.device = setup.backend, str(setup.device)
     mapping = input_mapping(source, config.columns)
@@ -160,7 +142,7 @@ def run_ray_job(config: RunConfig, options: RayOptions) -> RunReport:
     if not units:
         raise InputError(f"input {config.input!r} has no rows")
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    schema = _sample_schema(config, units, mapping, pooled_dim)
+    contract = _sample_contract(config, units, mapping, pooled_dim)
 
     if not ray.is_initialized():
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages
@@ -194,110 +176,81 @@ def run_ray_job(config: RunConfig, options: RayOptions) -> RunReport:
         dataset = dataset.map_batches(_wrap_rows, batch_format="pyarrow", num_cpus=LIGHT_CPUS)
     dataset = dataset.map_batches(
         ScoreActor,
-        fn_constructor_args=(config, schema, int(options.cpus_per_worker)),
+        fn_constructor_args=(config, contract, int(options.cpus_per_worker)),
         batch_size=options.groups_per_batch,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=options.num_workers),
         num_cpus=options.cpus_per_worker,
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
-    staging = destination.with_name(f".{destination.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = exclusive_temp(destination, directory=True)
+    errors = ErrorsSink(errors_path(config))
     try:
         try:
             if config.on_error == "skip":
                 dataset = dataset.materialize()
-                failed = dataset.map_batches(_failed_rows, batch_format="pyarrow")
-                report.items_failed = _write_errors(failed, config)
-                dataset = dataset.map_batches(_scored_rows, batch_format="pyarrow")
+                failed = dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all()
+                errors.write(_sorted_table(failed, contract))
+            dataset = dataset.map_batches(_output_rows, fn_args=(contract,), batch_format="pyarrow")
             dataset.write_parquet(str(staging))
         except Exception as error:
-            message = _user_error(error)
-            if message is not None:
-                raise InputError(message) from None
+            user_error = _user_error(error)
+            if user_error is not None:
+                raise user_error from None
             raise
-        _publish(staging, destination, config.overwrite)
+        publish_directory(staging, destination)
+        errors.commit()
+    except BaseException:
+        errors.abort()
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    report.items_skipped = errors.count
     _fill_report(report, destination, config, started)
     return report
 
 
-def _user_error(error: BaseException) -> str | None:
-    """The message of a user mistake (InputError / ScoringInputError) raised inside a Ray task, if any."""
+def _user_error(error: BaseException) -> UserError | None:
+    """The user mistake raised inside a Ray task, if any (Ray wraps it; its cause chain keeps the original)."""
     pending, seen = [error], set()
     while pending:
         current = pending.pop()
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, (InputError, ScoringInputError)):
-            return str(current)
+        if isinstance(current, UserError):
+            return current
         pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
-    match = re.search(r"(?:InputError|ScoringInputError): (.+)", str(error))
-    return match.group(1).strip() if match else None
+    return None
 
 
 def _failed_rows(table: pa.Table) -> pa.Table:
-    """Rows that carry an error (Arrow types kept)."""
-    return table.filter(pc.is_valid(table["error"]))
+    """Rows that carry an error (part schema)."""
+    return table.filter(pc.is_valid(table[ERROR]))
 
 
-def _scored_rows(table: pa.Table) -> pa.Table:
-    """Rows without an error, without the error column (Arrow types kept)."""
-    return table.filter(pc.is_null(table["error"])).drop_columns(["error"])
+def _output_rows(table: pa.Table, contract: OutputContract) -> pa.Table:
+    """Rows of the output directory, in the contract's Ray schema (failed rows left out under skip)."""
+    kept, _ = contract.split(table)
+    return contract.ray_view(kept)
 
 
-def _check_destination(config: RunConfig) -> Path:
-    """OUTPUT_DIR must be a directory path we may create (or replace with --overwrite)."""
-    if config.output == "-":
-        raise InputError("--ray writes a directory of Parquet files; give -o OUTPUT_DIR, not -")
-    if config.resume:
-        raise InputError("--resume is for local runs; a Ray run retries failed work itself")
-    if config.dry_run:
-        raise InputError("--dry-run plans on this machine; run it without --ray")
-    destination = Path(config.output)
-    if destination.exists() and not config.overwrite:
-        raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-    if destination.exists() and not destination.is_dir():
-        raise InputError(f"output {config.output!r} is a file; --ray writes a directory of Parquet files")
-    if not destination.parent.exists():
-        raise InputError(f"output directory {str(destination.parent)!r} does not exist")
-    return destination
-
-
-def _publish(staging: Path, destination: Path, overwrite: bool) -> None:
-    """Move the finished staging directory to the destination (replacing it under --overwrite)."""
-    if destination.exists() and overwrite:
-        old = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-        destination.rename(old)
-        staging.rename(destination)
-        shutil.rmtree(old)
-    else:
-        staging.rename(destination)
-
-
-def _write_errors(failed, config: RunConfig) -> int:
-    """Under --on-error skip: list skipped rows in the errors file (JSONL), as a local run does."""
-    path = Path(config.errors_file or f"{config.output}.errors.jsonl")
-    rows = failed.take_all()
-    if not rows:
-        return 0
-    rows = [{**row, "row_index": row[ROW_INDEX_COLUMN]} for row in rows]
-    with open(path, "w", encoding="utf-8") as out:
-        out.writelines(error_lines(sorted(rows, key=lambda r: r["row_index"])))
-    log.warning("skipped rows are listed in %s", path)
-    return len(rows)
+def _sorted_table(rows: list[dict], contract: OutputContract) -> pa.Table:
+    """Failed rows gathered from the workers, back in input order."""
+    rows = sorted(rows, key=lambda row: row[ROW_INDEX])
+    return pa.Table.from_pylist(rows, schema=contract.part_schema())
 
 
 def _fill_report(report: RunReport, destination: Path, config: RunConfig, started: float) -> None:
     """Counts read back from the written files."""
-    names = ["score", ROW_INDEX_COLUMN] + (["error"] if config.on_error == "record" else [])
+    names = ["score", ROW_INDEX] + ([ERROR] if config.on_error == "record" else [])
     table = pq.read_table(destination, columns=names)
-    report.rows_read = len(pc.unique(table.column(ROW_INDEX_COLUMN)))
+    report.rows_read = len(pc.unique(table.column(ROW_INDEX)))
     if config.on_error == "record":
-        report.items_failed = table.num_rows - table.column("error").null_count
-    report.items = table.num_rows + (report.items_failed if config.on_error == "skip" else 0)
+        report.items_failed = table.num_rows - table.column(ERROR).null_count
+    else:
+        report.items_failed = report.items_skipped
+    report.items = table.num_rows + report.items_skipped
     report.items_scored = int(pc.sum(pc.is_valid(table.column("score"))).as_py() or 0)
     report.seconds_total = report.seconds_scoring = round(time.perf_counter() - started, 3)
     report.finish()

@@ -7,8 +7,7 @@ from typing import Any
 
 from engine import Group, GroupResult
 from io_formats.readers import InputRow
-
-ROW_INDEX = "_row_index"
+from job.contract import ERROR, ROW_INDEX
 
 
 @dataclass
@@ -58,7 +57,7 @@ def output_columns(
             for k, ref in enumerate(g_refs):
                 vector = result.pooled[k].tolist() if pooled and result.errors[k] is None else None
                 by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, result.errors[k])
-    names = [ROW_INDEX, "query_id", "item_id", "score", "scores", "pooled_hidden_state", *keep, "error"]
+    names = [ROW_INDEX, "query_id", "item_id", "score", "scores", "pooled_hidden_state", *keep, ERROR]
     columns: dict[str, list] = {name: [] for name in names}
     for row_pos, row in enumerate(rows):
         query_id = row.query_id if row.query_id is not None else row.index
@@ -74,5 +73,5 @@ def output_columns(
             columns["pooled_hidden_state"].append(vector)
             for name in keep:
                 columns[name].append(row.kept.get(name))
-            columns["error"].append(error if error is None else f"row {row.index}: {error}")
+            columns[ERROR].append(error if error is None else f"row {row.index}: {error}")
     return columns

@@ -18,6 +18,7 @@ class RunReport:
     items: int = 0
     items_scored: int = 0
     items_failed: int = 0
+    items_skipped: int = 0  # failed items listed in the errors file (--on-error skip)
     rows_skipped_by_resume: int = 0
     groups: int = 0
     packs: int = 0
@@ -35,6 +36,11 @@ class RunReport:
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+
+    def add_plan(self, stats) -> None:
+        """Add one window's planning counts (groups, packs, batches, tokens)."""
+        for name in ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
 
     def finish(self) -> None:
         """Fill the derived numbers: throughput and peak memory."""

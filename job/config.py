@@ -1,0 +1,90 @@
+"""RunConfig: every setting of one score-batch run, resolved once by the caller (the CLI or Python code)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine import EngineConfig
+from io_formats.schema import ColumnOverrides
+from score_batch.errors import ConfigError
+
+ON_ERROR_MODES = ("fail", "record", "skip")
+DEFAULT_WINDOW_ROWS = 2048
+STDOUT = "-"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide a Ray run goes."""
+
+    address: str | None = None  # None: start a local Ray; "auto": join the running cluster
+    num_workers: int = 1
+    gpus_per_worker: float | None = None  # None: 1 when the cluster has GPUs and the device allows, else 0
+    cpus_per_worker: float = 1.0
+    groups_per_batch: int = 64
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ConfigError("RayOptions.num_workers", self.num_workers, "must be at least 1")
+        if self.cpus_per_worker <= 0:
+            raise ConfigError("RayOptions.cpus_per_worker", self.cpus_per_worker, "must be positive")
+        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
+            raise ConfigError("RayOptions.gpus_per_worker", self.gpus_per_worker, "must not be negative")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: input, output, model, columns, engine settings and batch-job behaviour."""
+
+    input: str
+    output: str
+    model_dir: Path
+    columns: ColumnOverrides
+    engine: EngineConfig
+    window_rows: int = DEFAULT_WINDOW_ROWS
+    on_error: str = "fail"
+    errors_file: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    report: str | None = None
+    dry_run: bool = False
+    quiet: bool = False
+    ray: RayOptions | None = None  # None: a local run
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR_MODES:
+            raise ConfigError(
+                "RunConfig.on_error", self.on_error, f"is not one of {', '.join(ON_ERROR_MODES)}"
+            )
+        if self.window_rows < 1:
+            raise ConfigError("RunConfig.window_rows", self.window_rows, "must be at least 1")
+        if self.resume and self.output == STDOUT:
+            raise ConfigError("RunConfig.resume", True, "needs an output file (stdout cannot be resumed)")
+
+    @property
+    def sink(self) -> str:
+        """Where scored rows go: 'none' (dry run), 'stdout' (streamed JSONL) or 'parts' (checkpointed file)."""
+        if self.dry_run:
+            return "none"
+        return "stdout" if self.output == STDOUT else "parts"
+
+    def fingerprint(self, model_identity: list, input_identity: list) -> str:
+        """A hash of everything that decides the output rows, for refusing a mismatched --resume."""
+        settings = dataclasses.asdict(self)
+        for name in ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray"):
+            settings.pop(name)
+        payload = json.dumps([settings, model_identity, input_identity], sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def model_identity(model_dir: Path) -> list:
+    """The model's config and the names, sizes and times of its weight files."""
+    entries = [["config.json", hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()]]
+    for path in sorted(model_dir.iterdir()):
+        if path.suffix in (".safetensors", ".bin", ".json") and path.is_file():
+            entries.append([path.name, path.stat().st_size, path.stat().st_mtime_ns])
+    return entries

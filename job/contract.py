@@ -1,0 +1,114 @@
+"""The output contract: every schema the job writes, how failed rows are split out, the errors-file lines.
+
+One object answers for the checkpoint parts, the final file, stdout, the Ray output directory and the
+errors file, so a local run and a Ray run write the same columns with the same types.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from io_formats.errors import InputError
+
+ROW_INDEX = "row_index"  # the input row an output row came from (0-based; JSONL: line number - 1)
+ERROR = "error"
+ERROR_FIELDS = (ROW_INDEX, "query_id", "item_id", ERROR)  # one line of the errors file
+RESERVED = ("query_id", "item_id", "score", "scores", "pooled_hidden_state", ERROR, ROW_INDEX)
+
+
+@dataclass(frozen=True)
+class OutputContract:
+    """The column types of one run's output and the on-error mode that decides which rows go where."""
+
+    id_types: tuple[pa.DataType, pa.DataType]  # query_id, item_id
+    kept: tuple[tuple[str, pa.DataType], ...]  # pass-through columns in order
+    pooled_dim: int | None  # width of pooled_hidden_state, None when not asked for
+    on_error: str  # fail | record | skip
+
+    @classmethod
+    def from_columns(
+        cls, columns: dict[str, list], keep: tuple[str, ...], pooled_dim: int | None, on_error: str
+    ) -> OutputContract:
+        """Types inferred from one window's output columns (ids default to int64, kept columns to string)."""
+        id_types = (_infer(columns["query_id"], pa.int64()), _infer(columns["item_id"], pa.int64()))
+        kept = tuple((name, _infer(columns[name], pa.string())) for name in keep)
+        return cls(id_types, kept, pooled_dim, on_error)
+
+    def part_schema(self) -> pa.Schema:
+        """Checkpoint parts and Ray batches: every column, with the row index first and the error last."""
+        fields = [
+            pa.field(ROW_INDEX, pa.int64()),
+            pa.field("query_id", self.id_types[0]),
+            pa.field("item_id", self.id_types[1]),
+            pa.field("score", pa.float32()),
+            pa.field("scores", pa.list_(pa.float32())),
+        ]
+        if self.pooled_dim is not None:
+            fields.append(pa.field("pooled_hidden_state", pa.list_(pa.float32(), self.pooled_dim)))
+        fields.extend(pa.field(name, dtype) for name, dtype in self.kept)
+        fields.append(pa.field(ERROR, pa.string()))
+        return pa.schema(fields)
+
+    def final_schema(self) -> pa.Schema:
+        """The user's file or stdout: no row index; the error column only under on_error=record."""
+        schema = self.part_schema().remove(0)
+        return schema if self.on_error == "record" else schema.remove(schema.get_field_index(ERROR))
+
+    def ray_schema(self) -> pa.Schema:
+        """A Ray run's output files: the final columns plus the row index (files hold no input order)."""
+        return self.final_schema().append(pa.field(ROW_INDEX, pa.int64()))
+
+    def part_table(self, columns: dict[str, list[Any]]) -> pa.Table:
+        """A part from output columns, naming the column whose values do not fit the contract's type."""
+        schema = self.part_schema()
+        arrays = []
+        for field in schema:
+            try:
+                arrays.append(pa.array(columns[field.name], type=field.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
+                raise InputError(
+                    f"column {field.name!r} changes type within the input (expected {field.type}): {error}"
+                ) from None
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def split(self, part: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """(rows that go to the output, rows that go to the errors file), both in the part schema."""
+        if self.on_error != "skip":
+            return part, part.slice(0, 0)
+        failed = pc.is_valid(part[ERROR])
+        return part.filter(pc.invert(failed)), part.filter(failed)
+
+    def first_error(self, part: pa.Table) -> str | None:
+        """The first failed row's error, for on_error=fail."""
+        errors = part[ERROR].drop_null()
+        return errors[0].as_py() if len(errors) else None
+
+    def final_view(self, part: pa.Table) -> pa.Table:
+        """Part rows in the final schema."""
+        schema = self.final_schema()
+        return part.select(schema.names).cast(schema)
+
+    def ray_view(self, part: pa.Table) -> pa.Table:
+        """Part rows in the Ray output schema."""
+        schema = self.ray_schema()
+        return part.select(schema.names).cast(schema)
+
+    @staticmethod
+    def error_lines(failed: pa.Table) -> list[str]:
+        """The errors-file JSONL lines of failed rows: row_index, query_id, item_id, error."""
+        rows = failed.select(list(ERROR_FIELDS)).to_pylist()
+        return [json.dumps(row, default=str, ensure_ascii=False) + "\n" for row in rows]
+
+
+def _infer(values: list[Any], default: pa.DataType) -> pa.DataType:
+    """Arrow type of a column's Python values (default when all are null)."""
+    try:
+        inferred = pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
+        raise InputError(f"a column mixes values of different types: {error}") from None
+    return default if pa.types.is_null(inferred) else inferred

@@ -1,0 +1,118 @@
+"""A local run: windows of input rows → engine on this machine → a sink (parts + merge, stdout, or none)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+from tqdm import tqdm
+
+from engine.scorer import Scorer, load_planner
+from io_formats.errors import InputError
+from io_formats.readers import InputSource, open_source, read_windows
+from job.config import RunConfig, model_identity
+from job.contract import OutputContract
+from job.policy import KEEP_GOING, enforce_fail
+from job.report import RunReport, versions
+from job.signals import StopSignals
+from job.sinks import open_sink
+from job.windows import group_window, output_columns
+from score_batch.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def run_local(config: RunConfig) -> RunReport:
+    """Run a whole job on this machine; raises UserError subclasses for user mistakes, Stopped on signals."""
+    started = time.perf_counter()
+    report = RunReport(dry_run=config.dry_run, settings=_settings(config), versions=versions())
+    source = open_source(config.input)
+    sink = open_sink(config)
+
+    load_started = time.perf_counter()
+    if config.dry_run:
+        planner, setup = load_planner(config.model_dir, config.engine)
+        scorer = None
+    else:
+        scorer = Scorer.from_pretrained(config.model_dir, config.engine)
+        planner, setup = scorer.planner, scorer.setup
+    report.seconds_load = round(time.perf_counter() - load_started, 3)
+    report.backend, report.device = setup.backend, str(setup.device)
+    pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
+
+    mapping, windows = read_windows(source, config.columns, config.window_rows)
+    sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
+    contract: OutputContract | None = None
+    progress = tqdm(
+        total=source.total_rows() if mapping.layout == "long" else None,
+        unit="item",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        desc="scoring",
+        disable=config.quiet or not sys.stderr.isatty(),
+    )
+    scoring_started = time.perf_counter()
+    try:
+        with StopSignals() as stop:
+            for number, rows in enumerate(windows):
+                report.rows_read += len(rows)
+                if sink.done(number):
+                    report.rows_skipped_by_resume += len(rows)
+                    progress.update(sum(len(r.item_ids) for r in rows))
+                    continue
+                if config.on_error == "fail":
+                    _fail_on_unreadable_row(rows, source)
+                grouped = group_window(rows)
+                plan = planner.plan(grouped.groups)
+                report.add_plan(plan.stats)
+                results = None
+                if scorer is not None:
+
+                    def advance(count: int) -> None:
+                        progress.update(count)
+                        stop.check()
+
+                    results = scorer.run(plan, advance)
+                columns = output_columns(rows, grouped, results, mapping.keep, pooled_dim is not None)
+                contract = contract or OutputContract.from_columns(
+                    columns, mapping.keep, pooled_dim, config.on_error
+                )
+                part = contract.part_table(columns)
+                failed = part.num_rows - part["error"].null_count
+                report.items += part.num_rows
+                report.items_failed += failed
+                if config.dry_run:
+                    continue
+                report.items_scored += part.num_rows - failed
+                enforce_fail(contract, part, source.label)
+                sink.write(number, part, contract)
+                stop.check()
+            report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
+            report.items_skipped = sink.commit(contract, stop.check)
+    except UserError:
+        sink.abort(keep_checkpoints=False)  # the input or settings must change, which invalidates the parts
+        raise
+    except BaseException:
+        sink.abort(keep_checkpoints=True)  # a signal, the machine or a bug: --resume continues from here
+        raise
+    finally:
+        progress.close()
+    report.seconds_total = round(time.perf_counter() - started, 3)
+    report.finish()
+    return report
+
+
+def _fail_on_unreadable_row(rows, source: InputSource) -> None:
+    """Under --on-error fail, stop at the first unreadable row before scoring anything."""
+    for row in rows:
+        if row.error is not None:
+            raise InputError(f"{source.label}: row {row.index}: {row.error} {KEEP_GOING}")
+
+
+def _settings(config: RunConfig) -> dict:
+    """The run's settings as plain JSON values."""
+    import dataclasses
+
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))

@@ -1,0 +1,162 @@
+"""Where a local run's scored windows go: checkpointed parts merged into a file, stdout, or nowhere (dry run)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from io_formats.errors import InputError
+from io_formats.parts import PartStore
+from io_formats.writers import AtomicTableWriter, StdoutJsonlWriter, output_format
+from job.config import RunConfig
+from job.contract import OutputContract
+from job.policy import ErrorsSink, check_destination, errors_path
+
+log = logging.getLogger(__name__)
+
+
+class NullSink:
+    """A dry run: rows are planned and counted, nothing is written."""
+
+    def done(self, window: int) -> bool:
+        """No window is ever finished before."""
+        return False
+
+    def start(self, fingerprint: str) -> None:
+        """Nothing to record."""
+
+    def write(self, window: int, part: pa.Table, contract: OutputContract) -> None:
+        """Drop the rows."""
+
+    def commit(self, contract: OutputContract | None, check: Callable[[], None]) -> int:
+        """Nothing to publish; no row was skipped."""
+        return 0
+
+    def abort(self, keep_checkpoints: bool) -> None:
+        """Nothing to clean."""
+
+
+class StdoutSink:
+    """JSONL on stdout as windows finish; skipped rows go to --errors-file (or the log)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self._writer: StdoutJsonlWriter | None = None
+        self.errors = ErrorsSink(errors_path(config))
+
+    def done(self, window: int) -> bool:
+        """Stdout cannot be resumed."""
+        return False
+
+    def start(self, fingerprint: str) -> None:
+        """Nothing to record."""
+
+    def write(self, window: int, part: pa.Table, contract: OutputContract) -> None:
+        """Print the window's output rows and divert its failed rows."""
+        kept, failed = contract.split(part)
+        self.errors.write(failed)
+        if self._writer is None:
+            self._writer = StdoutJsonlWriter(contract.final_schema())
+        self._writer.write(contract.final_view(kept))
+
+    def commit(self, contract: OutputContract | None, check: Callable[[], None]) -> int:
+        """Publish the errors list; lines already printed stay printed."""
+        self.errors.commit()
+        return self.errors.count
+
+    def abort(self, keep_checkpoints: bool) -> None:
+        """Drop the unpublished errors list."""
+        self.errors.abort()
+
+
+class PartsSink:
+    """One checkpointed Parquet part per window beside OUTPUT; at the end, one merge published atomically."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.destination = check_destination(config, directory=False)
+        self.format = output_format(config.output)
+        self.parts = PartStore(self.destination)
+        if self.parts.exists() and not config.resume:
+            if not config.overwrite:
+                raise InputError(
+                    f"a previous run left checkpointed parts in {str(self.parts.dir)!r}; pass --resume to "
+                    "continue it or --overwrite to start over"
+                )
+            self.parts.clear()
+
+    def start(self, fingerprint: str) -> None:
+        """Refuse to resume parts of another run; record this run's fingerprint."""
+        previous = self.parts.fingerprint()
+        if self.config.resume and previous is not None and previous != fingerprint:
+            raise InputError(
+                f"cannot --resume: the parts in {str(self.parts.dir)!r} were written with a different model, "
+                "input or settings; rerun with the original ones, or pass --overwrite (without --resume) to "
+                "start over"
+            )
+        if self.config.resume and previous is None:
+            log.info("nothing to resume in %s; starting from the beginning", self.parts.dir)
+        self.parts.start(fingerprint)
+
+    def done(self, window: int) -> bool:
+        """True when --resume finds this window's part from an earlier run."""
+        return self.config.resume and self.parts.has(window)
+
+    def write(self, window: int, part: pa.Table, contract: OutputContract) -> None:
+        """Checkpoint the window (all rows, failed ones included)."""
+        self.parts.write(window, part)
+
+    def commit(self, contract: OutputContract | None, check: Callable[[], None]) -> int:
+        """Merge the parts in window order into OUTPUT (temporary file + rename), list skipped rows, drop parts."""
+        windows = list(self.parts.windows())
+        if contract is None:
+            if not windows:
+                self.parts.clear()
+                raise InputError(f"input {self.config.input!r} has no rows")
+            contract = self._contract_of(windows[0])
+        writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format)
+        errors = ErrorsSink(errors_path(self.config))
+        try:
+            for window in windows:
+                kept, failed = contract.split(self.parts.read(window))
+                errors.write(failed)
+                writer.write(contract.final_view(kept))
+                check()  # a signal during the merge stops it; the parts stay for --resume
+            writer.commit()
+            errors.commit()
+        except BaseException:
+            writer.abort()
+            errors.abort()
+            raise
+        self.parts.clear()
+        return errors.count
+
+    def _contract_of(self, window: int) -> OutputContract:
+        """The contract of a run whose every window was resumed: read back from a part's schema."""
+        schema = self.parts.read(window).schema
+        names = schema.names
+        pooled = (
+            schema.field("pooled_hidden_state").type.list_size if "pooled_hidden_state" in names else None
+        )
+        kept_names = names[names.index("scores") + 1 + (pooled is not None) : -1]
+        return OutputContract(
+            (schema.field("query_id").type, schema.field("item_id").type),
+            tuple((name, schema.field(name).type) for name in kept_names),
+            pooled,
+            self.config.on_error,
+        )
+
+    def abort(self, keep_checkpoints: bool) -> None:
+        """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""
+        if not keep_checkpoints:
+            self.parts.clear()
+
+
+def open_sink(config: RunConfig) -> NullSink | StdoutSink | PartsSink:
+    """The sink the config names."""
+    if config.sink == "none":
+        return NullSink()
+    if config.sink == "stdout":
+        return StdoutSink(config)
+    return PartsSink(config)
