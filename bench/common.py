@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from engine import Group
-from engine.tiny_models import BASE_CORPUS, build_model, build_tokenizer
+from score_batch.tiny_models import BASE_CORPUS, build_model, build_tokenizer
 
 # A small but real Qwen3: 4 layers, hidden 256, GQA 8/4 heads of 32 (about 1.6M non-embedding weights).
 BENCH_MODEL = dict(

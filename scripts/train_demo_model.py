@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from engine.tiny_models import build_tokenizer, tiny_config
+from score_batch.tiny_models import build_tokenizer, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_data"
 MODEL_DIR = Path(__file__).resolve().parent.parent / "cli" / "demo_model"

@@ -235,3 +235,11 @@ def test_demo_runs_without_flags_and_ranks_well(tmp_path):
     negatives = np.array([r["score"] for r in rows if r["label"] == 0])
     auc = (positives[:, None] > negatives[None, :]).mean()
     assert auc >= 0.9, auc
+
+
+def test_models_command_is_not_shadowed_by_a_models_folder(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "x.parquet").write_bytes(b"")
+    result = run_cli("models", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Supported models" in result.stdout and "qwen3-reranker" in result.stdout

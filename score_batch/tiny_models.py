@@ -1,4 +1,4 @@
-"""Tiny random models and a small byte-level BPE tokenizer, built offline (tests, benchmarks, demo)."""
+"""Testing fixtures, never imported by the runtime: tiny random models and a byte-level BPE tokenizer, built offline."""
 
 from __future__ import annotations
 
