@@ -31,11 +31,16 @@ class ColumnMapping:
     query_id: str | None
     item_id: str | None  # item id column (long) or item ids list column (nested)
     keep: tuple[str, ...]
-    token_ids: bool  # query/items are token-id lists rather than text
 
 
-def resolve_columns(columns: list[str], overrides: ColumnOverrides, source: str) -> ColumnMapping:
-    """Detect the layout from column names (long, nested, token ids) and apply the user's overrides."""
+def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, source: str) -> ColumnMapping:
+    """Detect the layout from column names (long, nested, token ids) and apply the user's overrides.
+
+    columns=None means an input without a single row (an empty JSONL file): nothing can be checked,
+    so the overrides are taken as given and the usual names (`query`, `item`) fill the rest.
+    """
+    if columns is None:
+        return _empty_input_mapping(overrides)
     present = set(columns)
 
     def pick(override: str | None, candidates: tuple[str, ...], what: str, required: bool) -> str | None:
@@ -61,9 +66,7 @@ def resolve_columns(columns: list[str], overrides: ColumnOverrides, source: str)
     if item is None:
         items = pick(overrides.items_col, ("items", "items_tokens"), "item or items", True)
         layout = "nested"
-        item_id = pick(
-            None if overrides.item_id_col is None else overrides.item_id_col, ("item_ids",), "item ids", False
-        )
+        item_id = pick(overrides.item_id_col, ("item_ids",), "item ids", False)
     else:
         items = item
         layout = "long"
@@ -74,14 +77,45 @@ def resolve_columns(columns: list[str], overrides: ColumnOverrides, source: str)
             raise InputError(
                 f"{source}: --keep-columns names {name!r}, which is not in the input; columns: {_list(columns)}"
             )
-    reserved = {"query_id", "item_id", "score", "scores", "pooled_hidden_state", "error"}
-    clash = reserved & set(overrides.keep_columns) - {query_id, item_id}
+    _check_keep(overrides.keep_columns, query_id, item_id)
+    return ColumnMapping(layout, query, items, query_id, item_id, tuple(overrides.keep_columns))
+
+
+# Output columns a kept column may not replace (the job's contract also writes the row index).
+RESERVED = ("query_id", "item_id", "score", "scores", "pooled_hidden_state", "error", "row_index")
+
+
+def _check_keep(keep: tuple[str, ...], query_id: str | None, item_id: str | None) -> None:
+    """Kept columns must be new output columns: not an id column, not a reserved name, not twice."""
+    seen: set[str] = set()
+    for name in keep:
+        if name in seen:
+            raise InputError(f"--keep-columns names {name!r} twice")
+        seen.add(name)
+        for column, output in ((query_id, "query_id"), (item_id, "item_id")):
+            if name == column:
+                raise InputError(
+                    f"--keep-columns names {name!r}, which is already in the output as {output}; leave it out"
+                )
+    clash = [name for name in keep if name in RESERVED]
     if clash:
-        raise InputError(
-            f"--keep-columns {_list(sorted(clash))} would overwrite output columns of the same name"
-        )
-    token_ids = query.endswith("_tokens") or items.endswith("_tokens")
-    return ColumnMapping(layout, query, items, query_id, item_id, tuple(overrides.keep_columns), token_ids)
+        raise InputError(f"--keep-columns {_list(clash)} would overwrite output columns of the same name")
+
+
+def _empty_input_mapping(overrides: ColumnOverrides) -> ColumnMapping:
+    """The mapping of an input with no rows: the overrides, else the long layout's usual names."""
+    query = overrides.query_col or "query"
+    nested = overrides.items_col is not None and overrides.item_col is None
+    items = overrides.items_col if nested else (overrides.item_col or "item")
+    _check_keep(overrides.keep_columns, overrides.query_id_col, overrides.item_id_col)
+    return ColumnMapping(
+        "nested" if nested else "long",
+        query,
+        items,
+        overrides.query_id_col,
+        overrides.item_id_col,
+        tuple(overrides.keep_columns),
+    )
 
 
 def _list(names) -> str:
