@@ -9,10 +9,11 @@ import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from cli.errors import EXIT_USAGE, exit_code_for
+from cli.errors import exit_code_for
 from cli.models import models
 from cli.score import HELP, score
 from score_batch import __version__
+from score_batch.errors import EXIT_USAGE
 
 
 class ScoreByDefault(TyperGroup):

@@ -1,70 +1,123 @@
-"""Checkpointed result parts beside the destination: what makes a killed run resumable."""
+"""Checkpointed result parts beside the destination: what makes a killed run resumable.
+
+The manifest is the only record of finished work: a part counts only when the manifest lists it with
+the checksum of its file and the hash of the input window it was scored from. Anything else in the
+directory (a part written just before a kill, a truncated file, a stray file) is never merged.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from io_formats.errors import InputError
 from io_formats.writers import durable_replace, exclusive_temp
 
 MANIFEST = "manifest.json"
+log = logging.getLogger(__name__)
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class PartStore:
-    """One Parquet part per input window in `<destination>.parts/`, each written atomically."""
+    """One Parquet part per input window in `<destination>.parts/`, listed in a manifest once durable."""
 
     def __init__(self, destination: str | Path) -> None:
         destination = Path(destination)
         self.dir = destination.with_name(destination.name + ".parts")
+        self._manifest: dict = {"fingerprint": None, "parts": {}}
 
     def exists(self) -> bool:
         """True when a previous run left parts here."""
         return self.dir.exists()
 
-    def fingerprint(self) -> str | None:
-        """The fingerprint the parts were written under, or None."""
-        manifest = self.dir / MANIFEST
-        if not manifest.is_file():
+    def load(self) -> str | None:
+        """Read the manifest of an earlier run; its fingerprint, or None when there is no valid manifest."""
+        try:
+            manifest = json.loads((self.dir / MANIFEST).read_text())
+        except (OSError, ValueError):
             return None
-        return json.loads(manifest.read_text()).get("fingerprint")
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
+            return None
+        self._manifest = manifest
+        return manifest.get("fingerprint")
 
-    def start(self, fingerprint: str) -> None:
-        """Create the directory and record the run's fingerprint."""
+    def start(self, fingerprint: str, keep: bool) -> None:
+        """Begin this run's manifest: keep the earlier run's listed parts (resume) or start empty."""
+        if self.dir.exists():
+            for leftover in self.dir.glob(".*.tmp-*"):
+                leftover.unlink(missing_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
-        manifest = self.dir / MANIFEST
-        tmp = exclusive_temp(manifest)
-        tmp.write_text(json.dumps({"fingerprint": fingerprint}))
-        durable_replace(tmp, manifest)
+        parts = self._manifest["parts"] if keep else {}
+        self._manifest = {"fingerprint": fingerprint, "parts": parts}
+        self._save()
 
     def part_path(self, window: int) -> Path:
         """Where window k's part lives."""
         return self.dir / f"part-{window:08d}.parquet"
 
-    def has(self, window: int) -> bool:
-        """True when window k was completed by an earlier run."""
-        return self.part_path(window).is_file()
+    def verified(self, window: int, input_hash: str) -> bool:
+        """True when window k's part is listed, its file is intact, and it was scored from this same input.
 
-    def write(self, window: int, table: pa.Table) -> None:
-        """Write window k's results: a temporary file, fsync'ed, then renamed."""
+        Raises InputError when the part was scored from different input (the input changed since).
+        """
+        entry = self._manifest["parts"].get(str(window))
+        if entry is None:
+            return False
+        if entry.get("input_sha256") != input_hash:
+            raise InputError(
+                f"cannot --resume: the input changed since the checkpointed parts in {str(self.dir)!r} were "
+                f"written (window {window} differs); pass --overwrite (without --resume) to start over"
+            )
+        path = self.part_path(window)
+        if not path.is_file() or file_sha256(path) != entry.get("sha256"):
+            log.warning("checkpointed part %s is missing or damaged; scoring its window again", path)
+            del self._manifest["parts"][str(window)]
+            return False
+        return True
+
+    def write(self, window: int, table: pa.Table, input_hash: str) -> None:
+        """Write window k's results (temporary file, fsync, rename), then list it in the manifest."""
         path = self.part_path(window)
         tmp = exclusive_temp(path)
-        pq.write_table(table, tmp)
-        durable_replace(tmp, path)
+        try:
+            pq.write_table(table, tmp)
+            durable_replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._manifest["parts"][str(window)] = {"sha256": file_sha256(path), "input_sha256": input_hash}
+        self._save()
 
     def read(self, window: int) -> pa.Table:
         """Window k's results."""
         return pq.read_table(self.part_path(window))
 
-    def windows(self) -> Iterator[int]:
-        """Completed window numbers in order."""
-        for path in sorted(self.dir.glob("part-*.parquet")):
-            yield int(path.stem.split("-")[1])
+    def windows(self) -> list[int]:
+        """Listed window numbers in order."""
+        return sorted(int(window) for window in self._manifest["parts"])
 
     def clear(self) -> None:
         """Delete every part and the manifest."""
         shutil.rmtree(self.dir, ignore_errors=True)
+        self._manifest = {"fingerprint": None, "parts": {}}
+
+    def _save(self) -> None:
+        """Replace the manifest atomically."""
+        manifest = self.dir / MANIFEST
+        tmp = exclusive_temp(manifest)
+        tmp.write_text(json.dumps(self._manifest))
+        durable_replace(tmp, manifest)

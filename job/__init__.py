@@ -5,20 +5,34 @@ from and who scores them. Imports engine and io_formats, never the CLI.
 """
 
 from job.config import RayOptions, RunConfig
-from job.report import RunReport
+from job.policy import check_report_path
+from job.report import RunReport, settings_of, versions
 from job.signals import Stopped
 
 
 def run(config: RunConfig) -> RunReport:
-    """Run one job (locally, or on Ray when config.ray is set) and return its report."""
+    """Run one job (locally, or on Ray when config.ray is set); the report is written however it ends."""
     if config.ray is not None:
         from job.ray_run import run_ray as run_job
     else:
         from job.local import run_local as run_job
-    report = run_job(config)
+    check_report_path(config)  # before anything, so a failure report never replaces a file it must not
+    report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
+    try:
+        run_job(config, report)
+    except BaseException as error:
+        report.end(error)
+        _write_report(config, report)
+        raise
+    report.end(None)
+    _write_report(config, report)
+    return report
+
+
+def _write_report(config: RunConfig, report: RunReport) -> None:
+    """Write the report where --report says (nothing when it says nothing)."""
     if config.report:
         report.write(config.report)
-    return report
 
 
 __all__ = ["RayOptions", "RunConfig", "RunReport", "Stopped", "run"]

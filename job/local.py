@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -14,23 +14,41 @@ from io_formats.errors import InputError
 from io_formats.readers import InputSource, open_source, read_windows
 from job.config import RunConfig, model_identity
 from job.contract import OutputContract
-from job.policy import KEEP_GOING, enforce_fail
-from job.report import RunReport, versions
+from job.lock import OutputLock
+from job.policy import (
+    KEEP_GOING,
+    check_destination,
+    check_run_paths,
+    enforce_fail,
+    errors_path,
+    remove_leftovers,
+)
+from job.report import RunReport
 from job.signals import StopSignals
 from job.sinks import open_sink
-from job.windows import group_window, output_columns
+from job.windows import group_window, output_columns, window_hash
 from score_batch.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-def run_local(config: RunConfig) -> RunReport:
-    """Run a whole job on this machine; raises UserError subclasses for user mistakes, Stopped on signals."""
+def run_local(config: RunConfig, report: RunReport) -> None:
+    """Run a whole job on this machine, filling report; UserError for user mistakes, Stopped on signals."""
     started = time.perf_counter()
-    report = RunReport(dry_run=config.dry_run, settings=_settings(config), versions=versions())
     source = open_source(config.input)
-    sink = open_sink(config)
+    destination = check_destination(config, directory=False)
+    check_run_paths(config, source.files, destination)
+    with OutputLock.for_run(config, destination):
+        _run_locked(config, source, destination, report, started)
 
+
+def _run_locked(
+    config: RunConfig, source: InputSource, destination: Path | None, report: RunReport, started: float
+) -> None:
+    """The run, once the paths are checked and the output is ours."""
+    if destination is not None and not config.dry_run:
+        remove_leftovers(destination, errors_path(config))
+    sink = open_sink(config, destination)
     load_started = time.perf_counter()
     if config.dry_run:
         planner, setup = load_planner(config.model_dir, config.engine)
@@ -58,7 +76,8 @@ def run_local(config: RunConfig) -> RunReport:
         with StopSignals() as stop:
             for number, rows in enumerate(windows):
                 report.rows_read += len(rows)
-                if sink.done(number):
+                input_hash = window_hash(rows)
+                if sink.done(number, input_hash):
                     report.rows_skipped_by_resume += len(rows)
                     progress.update(sum(len(r.item_ids) for r in rows))
                     continue
@@ -87,9 +106,16 @@ def run_local(config: RunConfig) -> RunReport:
                     continue
                 report.items_scored += part.num_rows - failed
                 enforce_fail(contract, part, source.label)
-                sink.write(number, part, contract)
+                sink.write(number, part, contract, input_hash)
                 stop.check()
             report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
+            if contract is None:  # no rows at all: an empty output with the full schema
+                contract = OutputContract.from_columns(
+                    output_columns([], group_window([]), None, mapping.keep, pooled_dim is not None),
+                    mapping.keep,
+                    pooled_dim,
+                    config.on_error,
+                )
             report.items_skipped = sink.commit(contract, stop.check)
     except UserError:
         sink.abort(keep_checkpoints=False)  # the input or settings must change, which invalidates the parts
@@ -101,7 +127,6 @@ def run_local(config: RunConfig) -> RunReport:
         progress.close()
     report.seconds_total = round(time.perf_counter() - started, 3)
     report.finish()
-    return report
 
 
 def _fail_on_unreadable_row(rows, source: InputSource) -> None:
@@ -109,10 +134,3 @@ def _fail_on_unreadable_row(rows, source: InputSource) -> None:
     for row in rows:
         if row.error is not None:
             raise InputError(f"{source.label}: row {row.index}: {row.error} {KEEP_GOING}")
-
-
-def _settings(config: RunConfig) -> dict:
-    """The run's settings as plain JSON values."""
-    import dataclasses
-
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))

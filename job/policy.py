@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -10,9 +11,12 @@ from pathlib import Path
 import pyarrow as pa
 
 from io_formats.errors import InputError
+from io_formats.parts import PartStore
 from io_formats.writers import durable_replace, exclusive_temp, fsync_directory
 from job.config import STDOUT, RunConfig
 from job.contract import OutputContract
+from job.lock import lock_path
+from job.paths import check_collisions
 
 log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
@@ -33,10 +37,62 @@ def check_destination(config: RunConfig, directory: bool) -> Path | None:
         raise InputError(f"output {config.output!r} is a file; --ray writes a directory of Parquet files")
     if destination.exists() and not config.overwrite:
         raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-    errors = errors_path(config)
-    if errors is not None and errors.exists() and not config.overwrite:
-        raise InputError(f"errors file {str(errors)!r} already exists; pass --overwrite to replace it")
     return destination
+
+
+def check_run_paths(config: RunConfig, input_files: tuple[Path, ...], destination: Path | None) -> None:
+    """Before any work: no written path may touch a read path or another written path; report writable."""
+    reads: dict[str, Path] = {f"input file {i}": path for i, path in enumerate(input_files)}
+    if config.input != STDOUT and Path(config.input).is_dir():
+        reads["input directory"] = Path(config.input)
+    reads["model directory"] = Path(config.model_dir)
+    writes: dict[str, Path] = {}
+    if destination is not None:
+        writes["output"] = destination
+        writes["checkpoint directory"] = PartStore(destination).dir
+        writes["lock file"] = lock_path(destination)
+    errors = errors_path(config)
+    if errors is not None:
+        writes["errors file"] = errors
+    report = report_path(config)
+    if report is not None:
+        writes["report"] = report
+    check_collisions(writes, reads)
+    if "errors file" in writes:
+        _check_writable("errors file", writes["errors file"], config.overwrite)
+
+
+def check_report_path(config: RunConfig) -> None:
+    """The report must be writable; an existing one is replaced only by --overwrite, --resume or a retry."""
+    report = report_path(config)
+    if report is not None:
+        replaceable = config.overwrite or config.resume or _failed_report(report)
+        _check_writable("report", report, replaceable)
+
+
+def _failed_report(path: Path) -> bool:
+    """True when path holds the report of a run that did not succeed."""
+    try:
+        return json.loads(path.read_text()).get("status") != "succeeded"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_writable(name: str, path: Path, replaceable: bool) -> None:
+    """A side file (errors file, report) must be creatable now, and replaced only when allowed."""
+    if path.is_dir():
+        raise InputError(f"{name} {str(path)!r} is a directory; give a file path")
+    if not path.parent.is_dir():
+        raise InputError(f"{name} directory {str(path.parent)!r} does not exist")
+    if path.exists() and not replaceable:
+        raise InputError(f"{name} {str(path)!r} already exists; pass --overwrite to replace it")
+    probe = exclusive_temp(path)  # proves the directory takes new files before hours of scoring
+    probe.unlink()
+
+
+def report_path(config: RunConfig) -> Path | None:
+    """Where the JSON report goes (None: no report, or stderr for -)."""
+    return Path(config.report) if config.report and config.report != STDOUT else None
 
 
 def errors_path(config: RunConfig) -> Path | None:
@@ -45,7 +101,12 @@ def errors_path(config: RunConfig) -> Path | None:
         return None
     if config.errors_file:
         return Path(config.errors_file)
-    return None if config.output == STDOUT else Path(f"{config.output}.errors.jsonl")
+    return None if config.output == STDOUT else default_errors_path(Path(config.output))
+
+
+def default_errors_path(destination: Path) -> Path:
+    """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
+    return destination.with_name(f"{destination.name}.errors.jsonl")
 
 
 def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
@@ -99,6 +160,19 @@ class ErrorsSink:
             self._handle = None
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
+
+
+def remove_leftovers(*paths: Path | None) -> None:
+    """Delete temporary files an interrupted run left beside these paths (the caller holds the output's lock)."""
+    for path in paths:
+        if path is None:
+            continue
+        for leftover in path.parent.glob(f".{path.name}.tmp-*"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+            log.info("removed %s, left by an interrupted run", leftover)
 
 
 def publish_directory(staging: Path, destination: Path) -> None:

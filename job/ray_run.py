@@ -24,8 +24,18 @@ from io_formats.readers import ReadUnit, input_mapping, open_source, read_unit, 
 from io_formats.writers import exclusive_temp
 from job.config import RayOptions, RunConfig
 from job.contract import ERROR, ROW_INDEX, OutputContract
-from job.policy import KEEP_GOING, ErrorsSink, check_destination, enforce_fail, errors_path, publish_directory
-from job.report import RunReport, versions
+from job.lock import OutputLock
+from job.policy import (
+    KEEP_GOING,
+    ErrorsSink,
+    check_destination,
+    check_run_paths,
+    enforce_fail,
+    errors_path,
+    publish_directory,
+    remove_leftovers,
+)
+from job.report import RunReport
 from job.windows import group_window, output_columns, query_group_key
 from score_batch.errors import UserError
 
@@ -116,8 +126,8 @@ def _sample_contract(
     return OutputContract.from_columns(columns, mapping.keep, pooled_dim, config.on_error)
 
 
-def run_ray(config: RunConfig) -> RunReport:
-    """Run a job on Ray Data and write a directory of Parquet files at config.output."""
+def run_ray(config: RunConfig, report: RunReport) -> None:
+    """Run a job on Ray Data, filling report, and write a directory of Parquet files at config.output."""
     options = config.ray or RayOptions()
     try:
         import ray
@@ -128,13 +138,22 @@ def run_ray(config: RunConfig) -> RunReport:
     if config.dry_run:
         raise InputError("--dry-run plans on this machine; run it without --ray")
     started = time.perf_counter()
-    report = RunReport(
-        ray_workers=options.num_workers,
-        settings={"ray": options.__dict__},
-        versions={**versions(), "ray": ray.__version__},
-    )
+    report.ray_workers = options.num_workers
+    report.versions["ray"] = ray.__version__
     source = open_source(config.input)
     destination = check_destination(config, directory=True)
+    check_run_paths(config, source.files, destination)
+    with OutputLock(destination):
+        _run_locked(config, options, source, destination, report, started)
+
+
+def _run_locked(
+    config, options: RayOptions, source, destination: Path, report: RunReport, started: float
+) -> None:
+    """The Ray run, once the paths are checked and the output directory is ours."""
+    import ray
+
+    remove_leftovers(destination, errors_path(config))
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
     report.backend, report.device = setup.backend, str(setup.device)
     mapping = input_mapping(source, config.columns)
@@ -207,7 +226,6 @@ def run_ray(config: RunConfig) -> RunReport:
         shutil.rmtree(staging, ignore_errors=True)
     report.items_skipped = errors.count
     _fill_report(report, destination, config, started)
-    return report
 
 
 def _user_error(error: BaseException) -> UserError | None:

@@ -7,13 +7,23 @@ import json
 import resource
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
+
+from io_formats.writers import durable_replace, exclusive_temp
+from score_batch import __version__
+from score_batch.errors import exit_code
 
 
 @dataclass
 class RunReport:
-    """What one run did; written as JSON with --report and summarized on stderr."""
+    """What one run did; written as JSON with --report (on success and on failure) and summarized on stderr."""
 
+    status: str = "running"  # succeeded | failed | stopped
+    exit_code: int | None = None
+    error: str | None = None
+    started_at: str = field(default_factory=lambda: _now())
+    ended_at: str | None = None
     rows_read: int = 0
     items: int = 0
     items_scored: int = 0
@@ -42,6 +52,13 @@ class RunReport:
         for name in ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens"):
             setattr(self, name, getattr(self, name) + getattr(stats, name))
 
+    def end(self, error: BaseException | None) -> None:
+        """Record how the run ended: status, exit code, error message, end time."""
+        self.exit_code = exit_code(error)
+        self.status = "succeeded" if self.exit_code == 0 else "stopped" if self.exit_code >= 128 else "failed"
+        self.error = None if error is None else f"{type(error).__name__}: {error}"
+        self.ended_at = _now()
+
     def finish(self) -> None:
         """Fill the derived numbers: throughput and peak memory."""
         if self.seconds_scoring > 0:
@@ -68,8 +85,14 @@ class RunReport:
         )
 
     def write(self, path: str) -> None:
-        """Write the report as JSON."""
-        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2, default=str) + "\n")
+        """Write the report as JSON to a file (atomically), or to stderr for -."""
+        text = json.dumps(dataclasses.asdict(self), indent=2, default=str) + "\n"
+        if path == "-":
+            sys.stderr.write(text)
+            return
+        tmp = exclusive_temp(Path(path))
+        tmp.write_text(text)
+        durable_replace(tmp, Path(path))
 
 
 def versions() -> dict:
@@ -79,8 +102,19 @@ def versions() -> dict:
     import transformers
 
     return {
+        "score-batch": __version__,
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "pyarrow": pyarrow.__version__,
     }
+
+
+def settings_of(config) -> dict:
+    """A run's settings as plain JSON values."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def _now() -> str:
+    """The current time as an ISO 8601 timestamp (UTC)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -12,7 +13,7 @@ from io_formats.parts import PartStore
 from io_formats.writers import AtomicTableWriter, StdoutJsonlWriter, output_format
 from job.config import RunConfig
 from job.contract import OutputContract
-from job.policy import ErrorsSink, check_destination, errors_path
+from job.policy import ErrorsSink, default_errors_path, errors_path
 
 log = logging.getLogger(__name__)
 
@@ -20,17 +21,17 @@ log = logging.getLogger(__name__)
 class NullSink:
     """A dry run: rows are planned and counted, nothing is written."""
 
-    def done(self, window: int) -> bool:
+    def done(self, window: int, input_hash: str) -> bool:
         """No window is ever finished before."""
         return False
 
     def start(self, fingerprint: str) -> None:
         """Nothing to record."""
 
-    def write(self, window: int, part: pa.Table, contract: OutputContract) -> None:
+    def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Drop the rows."""
 
-    def commit(self, contract: OutputContract | None, check: Callable[[], None]) -> int:
+    def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
         """Nothing to publish; no row was skipped."""
         return 0
 
@@ -45,14 +46,14 @@ class StdoutSink:
         self._writer: StdoutJsonlWriter | None = None
         self.errors = ErrorsSink(errors_path(config))
 
-    def done(self, window: int) -> bool:
+    def done(self, window: int, input_hash: str) -> bool:
         """Stdout cannot be resumed."""
         return False
 
     def start(self, fingerprint: str) -> None:
         """Nothing to record."""
 
-    def write(self, window: int, part: pa.Table, contract: OutputContract) -> None:
+    def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Print the window's output rows and divert its failed rows."""
         kept, failed = contract.split(part)
         self.errors.write(failed)
@@ -60,7 +61,7 @@ class StdoutSink:
             self._writer = StdoutJsonlWriter(contract.final_schema())
         self._writer.write(contract.final_view(kept))
 
-    def commit(self, contract: OutputContract | None, check: Callable[[], None]) -> int:
+    def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
         """Publish the errors list; lines already printed stay printed."""
         self.errors.commit()
         return self.errors.count
@@ -73,11 +74,12 @@ class StdoutSink:
 class PartsSink:
     """One checkpointed Parquet part per window beside OUTPUT; at the end, one merge published atomically."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, destination: Path) -> None:
         self.config = config
-        self.destination = check_destination(config, directory=False)
+        self.destination = destination
         self.format = output_format(config.output)
-        self.parts = PartStore(self.destination)
+        self.parts = PartStore(destination)
+        self._previous = self.parts.load() if self.parts.exists() else None
         if self.parts.exists() and not config.resume:
             if not config.overwrite:
                 raise InputError(
@@ -88,7 +90,7 @@ class PartsSink:
 
     def start(self, fingerprint: str) -> None:
         """Refuse to resume parts of another run; record this run's fingerprint."""
-        previous = self.parts.fingerprint()
+        previous = self._previous
         if self.config.resume and previous is not None and previous != fingerprint:
             raise InputError(
                 f"cannot --resume: the parts in {str(self.parts.dir)!r} were written with a different model, "
@@ -97,28 +99,23 @@ class PartsSink:
             )
         if self.config.resume and previous is None:
             log.info("nothing to resume in %s; starting from the beginning", self.parts.dir)
-        self.parts.start(fingerprint)
+            self.parts.clear()  # parts without a valid manifest are never trusted
+        self.parts.start(fingerprint, keep=self.config.resume and previous is not None)
 
-    def done(self, window: int) -> bool:
-        """True when --resume finds this window's part from an earlier run."""
-        return self.config.resume and self.parts.has(window)
+    def done(self, window: int, input_hash: str) -> bool:
+        """True when --resume finds this window's part, intact and scored from the same input."""
+        return self.config.resume and self.parts.verified(window, input_hash)
 
-    def write(self, window: int, part: pa.Table, contract: OutputContract) -> None:
+    def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Checkpoint the window (all rows, failed ones included)."""
-        self.parts.write(window, part)
+        self.parts.write(window, part, input_hash)
 
-    def commit(self, contract: OutputContract | None, check: Callable[[], None]) -> int:
+    def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
         """Merge the parts in window order into OUTPUT (temporary file + rename), list skipped rows, drop parts."""
-        windows = list(self.parts.windows())
-        if contract is None:
-            if not windows:
-                self.parts.clear()
-                raise InputError(f"input {self.config.input!r} has no rows")
-            contract = self._contract_of(windows[0])
         writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format)
         errors = ErrorsSink(errors_path(self.config))
         try:
-            for window in windows:
+            for window in self.parts.windows():
                 kept, failed = contract.split(self.parts.read(window))
                 errors.write(failed)
                 writer.write(contract.final_view(kept))
@@ -129,23 +126,11 @@ class PartsSink:
             writer.abort()
             errors.abort()
             raise
+        stale = default_errors_path(self.destination)
+        if errors.path != stale:
+            stale.unlink(missing_ok=True)  # an earlier run's list of skipped rows no longer applies
         self.parts.clear()
         return errors.count
-
-    def _contract_of(self, window: int) -> OutputContract:
-        """The contract of a run whose every window was resumed: read back from a part's schema."""
-        schema = self.parts.read(window).schema
-        names = schema.names
-        pooled = (
-            schema.field("pooled_hidden_state").type.list_size if "pooled_hidden_state" in names else None
-        )
-        kept_names = names[names.index("scores") + 1 + (pooled is not None) : -1]
-        return OutputContract(
-            (schema.field("query_id").type, schema.field("item_id").type),
-            tuple((name, schema.field(name).type) for name in kept_names),
-            pooled,
-            self.config.on_error,
-        )
 
     def abort(self, keep_checkpoints: bool) -> None:
         """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""
@@ -153,10 +138,10 @@ class PartsSink:
             self.parts.clear()
 
 
-def open_sink(config: RunConfig) -> NullSink | StdoutSink | PartsSink:
-    """The sink the config names."""
+def open_sink(config: RunConfig, destination: Path | None) -> NullSink | StdoutSink | PartsSink:
+    """The sink the config names (destination: the checked output path, None for stdout)."""
     if config.sink == "none":
         return NullSink()
-    if config.sink == "stdout":
+    if config.sink == "stdout" or destination is None:
         return StdoutSink(config)
-    return PartsSink(config)
+    return PartsSink(config, destination)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,3 +78,11 @@ def output_columns(
                 columns[name].append(row.kept.get(name))
             columns[ERROR].append(error if error is None else f"row {row.index}: {error}")
     return columns
+
+
+def window_hash(rows: list[InputRow]) -> str:
+    """A hash of everything read for a window, so --resume can tell that the input did not change."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(dataclasses.astuple(row), default=repr, sort_keys=True).encode())
+    return digest.hexdigest()

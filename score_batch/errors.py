@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
     """A mistake in the input, the settings, the model or the paths; the message says what to fix (exit 2)."""
@@ -22,3 +24,31 @@ class ConfigError(UserError):
 
 class EnvironmentFault(Exception):
     """The machine refused: disk full, permission denied, read-only file system (exit 3, retry after fixing)."""
+
+
+EXIT_OK, EXIT_BUG, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
+
+
+def is_environment_error(error: BaseException) -> bool:
+    """True for refusals of the machine: disk full, quota, permission, read-only file system, I/O error."""
+    return isinstance(error, EnvironmentFault) or (
+        isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS
+    )
+
+
+def exit_code(error: BaseException | None) -> int:
+    """The process exit code for a run that ended with error (None: success).
+
+    0 success (a closed stdout pipe included), 1 a bug, 2 a user mistake, 3 the machine refused,
+    128 + N stopped by signal N.
+    """
+    if error is None or isinstance(error, BrokenPipeError):
+        return EXIT_OK
+    if isinstance(getattr(error, "signum", None), int):
+        return 128 + error.signum
+    if isinstance(error, UserError):
+        return EXIT_USAGE
+    if is_environment_error(error):
+        return EXIT_ENVIRONMENT
+    return EXIT_BUG

@@ -1,0 +1,39 @@
+"""Every path a run writes, checked against every path it reads and against each other before any scoring."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from io_formats.errors import InputError
+
+
+def real(path: str | Path) -> Path:
+    """A path with `..` and symlinks resolved (also for the parts that do not exist yet)."""
+    return Path(os.path.realpath(os.path.abspath(path)))
+
+
+def check_collisions(writes: dict[str, Path], reads: dict[str, Path]) -> None:
+    """Refuse a write path that is, contains or lies inside a read path, or that another write path uses."""
+    resolved_writes = {name: real(path) for name, path in writes.items()}
+    resolved_reads = {name: real(path) for name, path in reads.items()}
+    for name, path in resolved_writes.items():
+        for read_name, read_path in resolved_reads.items():
+            if _overlap(path, read_path):
+                raise InputError(
+                    f"{name} {str(writes[name])!r} would overwrite or mix into {read_name} "
+                    f"{str(reads[read_name])!r}; choose another path"
+                )
+    names = list(resolved_writes)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            if _overlap(resolved_writes[first], resolved_writes[second]):
+                raise InputError(
+                    f"{first} {str(writes[first])!r} and {second} {str(writes[second])!r} are the same path; "
+                    "give them different paths"
+                )
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    """True when a and b are the same path or one lies inside the other."""
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
