@@ -15,7 +15,7 @@ from engine.attention.registry import make_backend, select_backend
 from engine.batching import Batch
 from engine.config import EngineConfig, ScoringConfig
 from engine.errors import SettingError
-from engine.heads import classifier_scores, label_probabilities, pooled_vectors, soft_cap
+from engine.heads import classifier_scores, label_scores, pooled_vectors
 from engine.model_source import resolve_model_dir
 from engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
 from engine.pairs import PairBatch
@@ -219,13 +219,19 @@ class Scorer:
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **{PLAN_KWARG: plan}
         )
         rows = output.last_hidden_state[0, score_rows]  # [num_items, hidden]
-        logits = self.model.head(rows)  # [num_items, vocab or num_labels]
         cfg = self.config.scoring
+        head = self.model.head
         if self.setup.info.kind == "causal":
-            logits = soft_cap(logits, self.model.final_logit_softcap)
-            scores = label_probabilities(logits, self._label_ids, cfg.apply_softmax)
+            scores = label_scores(
+                rows,
+                head.weight,
+                head.bias,
+                self._label_ids,
+                cfg.apply_softmax,
+                self.model.final_logit_softcap,
+            )  # [num_items, num_labels]
         else:
-            scores = classifier_scores(logits, cfg.apply_softmax)
+            scores = classifier_scores(head(rows), cfg.apply_softmax)  # [num_items, num_labels]
         pooled = pooled_vectors(rows, cfg.normalize).cpu().numpy() if cfg.pooled_hidden_states else None
         return scores.cpu().numpy(), pooled
 
