@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.attention.registry import BACKEND_CLASSES
+from engine.errors import SettingError
+
 PACKING_MODES = ("auto", "mis", "single")
-BACKENDS = ("auto", "sdpa", "split", "flex", "flashinfer")
+BACKENDS = ("auto", *BACKEND_CLASSES)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 TRUNCATE_POLICIES = ("error", "item-tail", "query-head")
@@ -14,7 +17,7 @@ SGLANG_DEFAULT_DELIMITER = 9999
 
 @dataclass(frozen=True)
 class ScoringConfig:
-    """What a score is: labels, templates, packing, truncation (SEMANTICS §1–§5)."""
+    """What a score is: labels, templates, packing, truncation (docs/semantics.md)."""
 
     label_tokens: tuple[str, ...] = ()
     label_token_ids: tuple[int, ...] = ()
@@ -32,19 +35,22 @@ class ScoringConfig:
     truncate: str = "error"
 
     def __post_init__(self) -> None:
-        _check_choice("packing", self.packing, PACKING_MODES)
-        _check_choice("truncate", self.truncate, TRUNCATE_POLICIES)
+        _check_choice("ScoringConfig.packing", self.packing, PACKING_MODES)
+        _check_choice("ScoringConfig.truncate", self.truncate, TRUNCATE_POLICIES)
         if self.label_tokens and self.label_token_ids:
-            raise ValueError("give label tokens as strings or as ids, not both")
-        for name in ("query_template", "item_template"):
+            raise SettingError(
+                "ScoringConfig.label_token_ids",
+                self.label_token_ids,
+                "is given together with ScoringConfig.label_tokens; give labels as strings or as ids, not both",
+            )
+        for name, placeholder in (("query_template", "{query}"), ("item_template", "{item}")):
             template = getattr(self, name)
-            placeholder = "{query}" if name == "query_template" else "{item}"
             if template is not None and placeholder not in template:
-                raise ValueError(f"{name} {template!r} must contain {placeholder}")
+                raise SettingError(f"ScoringConfig.{name}", template, f"must contain {placeholder}")
         for name in ("max_query_tokens", "max_item_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+                raise SettingError(f"ScoringConfig.{name}", value, "must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -56,22 +62,21 @@ class EngineConfig:
     backend: str = "auto"
     max_batch_tokens: int | None = None
     max_pack_tokens: int = 8192
-    compile: bool | None = None
     trust_remote_code: bool = False
     allow_pickle: bool = False
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("device", self.device, DEVICES)
-        _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("EngineConfig.device", self.device, DEVICES)
+        _check_choice("EngineConfig.dtype", self.dtype, DTYPES)
+        _check_choice("EngineConfig.backend", self.backend, BACKENDS)
         if self.max_pack_tokens < 8:
-            raise ValueError(f"max_pack_tokens must be at least 8, got {self.max_pack_tokens}")
+            raise SettingError("EngineConfig.max_pack_tokens", self.max_pack_tokens, "must be at least 8")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise ValueError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+            raise SettingError("EngineConfig.max_batch_tokens", self.max_batch_tokens, "must be positive")
 
 
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    """Raise ValueError naming the setting when value is not one of choices."""
+def _check_choice(setting: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise SettingError naming the setting when value is not one of choices."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise SettingError(setting, value, f"is not one of {', '.join(choices)}")

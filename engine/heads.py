@@ -1,19 +1,52 @@
-"""Score-row hidden states → scores and pooled vectors (pure tensor functions)."""
+"""Score-row hidden states → scores and pooled vectors (pure tensor functions, bounded memory)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+HEAD_BUDGET_BYTES = 64 * 2**20  # most memory the LM head's logits may take at once
 
 
-def label_probabilities(logits: torch.Tensor, label_ids: torch.Tensor, apply_softmax: bool) -> torch.Tensor:
-    """CausalLM scores from full-vocabulary logits [n, vocab] → [n, num_labels] float32.
+def label_scores(
+    rows: torch.Tensor,  # [n, hidden] score-row hidden states
+    weight: torch.Tensor,  # [vocab, hidden] LM head
+    bias: torch.Tensor | None,  # [vocab]
+    label_ids: torch.Tensor,  # [num_labels] int64
+    apply_softmax: bool,
+    softcap: float | None,
+    budget_bytes: int = HEAD_BUDGET_BYTES,
+) -> torch.Tensor:  # [n, num_labels] float32
+    """CausalLM label probabilities without [n, vocab] logits for the whole batch (docs/semantics.md, Label scores).
 
-    Default: exp(log_softmax(logits))[labels]; with apply_softmax: softmax over the label logits only.
+    Default: P(label) = exp(logit[label] - logsumexp(logits)), the log-sum-exp taken over the vocabulary in
+    chunks of rows whose logits fit budget_bytes. With apply_softmax: softmax over the label logits only,
+    computed from the label rows of the head alone.
     """
-    logits = logits.float()
     if apply_softmax:
-        return torch.softmax(logits[:, label_ids], dim=-1)
-    return torch.log_softmax(logits, dim=-1)[:, label_ids].exp()
+        label_bias = None if bias is None else bias[label_ids]
+        return torch.softmax(head_logits(rows, weight[label_ids], label_bias, softcap), dim=-1)
+    out = torch.empty(rows.shape[0], label_ids.shape[0], dtype=torch.float32, device=rows.device)
+    step = chunk_rows(weight.shape[0], rows.element_size(), budget_bytes)
+    for start in range(0, rows.shape[0], step):
+        logits = head_logits(rows[start : start + step], weight, bias, softcap)  # [step, vocab] float32
+        out[start : start + step] = (logits[:, label_ids] - logits.logsumexp(dim=-1, keepdim=True)).exp()
+    return out
+
+
+def chunk_rows(vocab_size: int, element_size: int, budget_bytes: int) -> int:
+    """Rows whose logits (model dtype, then float32) fit the budget; at least one."""
+    return max(1, budget_bytes // (vocab_size * (element_size + 4)))
+
+
+def head_logits(
+    rows: torch.Tensor,  # [n, hidden]
+    weight: torch.Tensor,  # [columns, hidden]
+    bias: torch.Tensor | None,  # [columns]
+    softcap: float | None,
+) -> torch.Tensor:  # [n, columns] float32
+    """The LM head on some rows (in the model's dtype, as transformers computes it), soft-capped, as float32."""
+    return soft_cap(F.linear(rows, weight, bias), softcap).float()
 
 
 def classifier_scores(logits: torch.Tensor, apply_softmax: bool) -> torch.Tensor:

@@ -42,6 +42,6 @@ def resolve_model_dir(name: str | Path) -> Path:
         raise ScoringInputError(
             f"model {text!r} is neither a local directory nor in the Hugging Face cache at {str(cache)!r} "
             f"(set HF_HUB_CACHE or HF_HOME to look elsewhere). score-batch never downloads: fetch it where there "
-            f"is network with `hf download {repo_id}` and copy the cache here, or pass --model DIR"
+            f"is network with `hf download {repo_id}` and copy the cache here, or give a local model directory"
         ) from None
     return Path(snapshot)

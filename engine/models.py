@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import ScoringInputError
+from engine.errors import ScoringInputError, SettingError
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,11 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         raise ScoringInputError(f"{str(path)!r} has no config.json; it is not a Hugging Face model directory")
     raw = json.loads(config_file.read_text())
     if raw.get("auto_map") and not trust_remote_code:
-        raise ScoringInputError(
-            f"model {str(path)!r} needs custom code (auto_map in config.json); pass --trust-remote-code if you trust it"
+        raise SettingError(
+            "EngineConfig.trust_remote_code",
+            trust_remote_code,
+            f"refuses model {str(path)!r}: it needs custom code (auto_map in config.json); set it to True if you "
+            "trust that code",
         )
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
@@ -124,12 +127,12 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     if encoder:
         refusal = (
             f"{where} is a bidirectional encoder: every token sees every other, so items cannot share a "
-            "packed sequence; it runs unpacked, one (query, item) pair per row (--packing single or auto)"
+            "packed sequence; it runs unpacked, one (query, item) pair per row (ScoringConfig.packing='single' or 'auto')"
         )
     elif recurrent:
         refusal = (
             f"{where} has recurrent or linear-attention layers whose state would leak from one packed item "
-            "into the next; run it with --packing single (or auto)"
+            "into the next; run it with ScoringConfig.packing='single' (or 'auto')"
         )
     max_positions = getattr(text_config, "max_position_embeddings", None)
     if max_positions and model_type in POSITION_OFFSET_MODEL_TYPES:
@@ -186,9 +189,11 @@ def load_model(
 
     has_safetensors = any(info.path.glob("*.safetensors"))
     if not has_safetensors and not allow_pickle:
-        raise ScoringInputError(
-            f"model {str(info.path)!r} has no .safetensors weights; pickle (.bin) weights can run code when loaded, "
-            "so they are refused unless you pass --allow-pickle"
+        raise SettingError(
+            "EngineConfig.allow_pickle",
+            allow_pickle,
+            f"refuses model {str(info.path)!r}: it has no .safetensors weights, and pickle (.bin) weights can run "
+            "code when loaded; set it to True if you trust them",
         )
     register_with_transformers()
     auto = AutoModelForCausalLM if info.kind == "causal" else AutoModelForSequenceClassification

@@ -1,4 +1,4 @@
-"""Groups → packs: the multi-item sequence layout of SEMANTICS §4–§5 (pure CPU code, no model)."""
+"""Groups → packs: the multi-item sequence layout of docs/semantics.md (pure CPU code, no model)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.batching import Batch, make_batches
 from engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
-from engine.errors import ScoringInputError
+from engine.errors import SettingError
 from engine.packing import ItemRef, Pack, mis_pack, single_pack, split_items
 from engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
 from engine.tokenize import TokenizedGroup, tokenize_group
@@ -135,20 +135,29 @@ def resolve_label_ids(cfg: ScoringConfig, tokenizer, kind: str, vocab_size: int)
     for token in cfg.label_tokens:
         encoded = tokenizer.encode(token, add_special_tokens=False)
         if len(encoded) != 1:
-            raise ScoringInputError(
-                f"label token {token!r} encodes to {len(encoded)} tokens {encoded}; each label must be exactly one token "
-                "(check the leading space, or pass --label-token-ids)"
+            raise SettingError(
+                "ScoringConfig.label_tokens",
+                cfg.label_tokens,
+                f"has {token!r}, which encodes to {len(encoded)} tokens {encoded}; each label must be exactly one "
+                "token (check the leading space, or give ScoringConfig.label_token_ids)",
             )
         ids.append(encoded[0])
+    setting, value = (
+        ("ScoringConfig.label_tokens", cfg.label_tokens)
+        if cfg.label_tokens
+        else ("ScoringConfig.label_token_ids", cfg.label_token_ids)
+    )
     if not ids:
-        raise ScoringInputError(
-            "a CausalLM model needs label tokens to score: pass --label-tokens (e.g. ' no' ' yes') or --label-token-ids"
+        raise SettingError(
+            setting, value, "is empty: a CausalLM model needs label tokens to score, e.g. (' no', ' yes')"
         )
     if len(set(ids)) != len(ids):
-        raise ScoringInputError(f"label token ids {ids} contain duplicates")
+        raise SettingError(setting, value, f"contains duplicates (token ids {ids})")
     for token_id in ids:
         if not 0 <= token_id < vocab_size:
-            raise ScoringInputError(f"label token id {token_id} is outside the vocabulary [0, {vocab_size})")
+            raise SettingError(
+                setting, value, f"has token id {token_id}, outside the vocabulary [0, {vocab_size})"
+            )
     return tuple(ids)
 
 
@@ -157,8 +166,8 @@ def default_delimiter(requested: int | None, tokenizer, vocab_size: int) -> int:
 
     if requested is not None:
         if not 0 <= requested < vocab_size:
-            raise ScoringInputError(
-                f"--delimiter-token-id {requested} is outside the vocabulary [0, {vocab_size})"
+            raise SettingError(
+                "ScoringConfig.delimiter_token_id", requested, f"is outside the vocabulary [0, {vocab_size})"
             )
         return requested
     if SGLANG_DEFAULT_DELIMITER < vocab_size:

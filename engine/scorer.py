@@ -9,11 +9,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from engine.attention import PLAN_KWARG, make_backend, resolve_backend_name
+from engine.attention import PLAN_KWARG
+from engine.attention.base import Workload
+from engine.attention.registry import make_backend, select_backend
 from engine.batching import Batch
 from engine.config import EngineConfig, ScoringConfig
-from engine.errors import ScoringInputError
-from engine.heads import classifier_scores, label_probabilities, pooled_vectors, soft_cap
+from engine.errors import SettingError
+from engine.heads import classifier_scores, label_scores, pooled_vectors
 from engine.model_source import resolve_model_dir
 from engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
 from engine.pairs import PairBatch
@@ -44,7 +46,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ScoringInputError("--device cuda was asked for, but no CUDA device is available")
+        raise SettingError("EngineConfig.device", name, "needs a CUDA device, and none is available")
     return torch.device(name)
 
 
@@ -58,7 +60,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> str:
     """'auto' → mis when the model allows it, else single; an explicit mis on such a model is refused."""
     if cfg.packing == "mis" and info.mis_refusal and (info.encoder or not cfg.item_first):
-        raise ScoringInputError(info.mis_refusal)
+        raise SettingError("ScoringConfig.packing", cfg.packing, f"does not apply: {info.mis_refusal}")
     if cfg.packing == "auto":
         return "single" if info.mis_refusal else "mis"
     return cfg.packing
@@ -68,11 +70,19 @@ def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig) 
     """The longest encoder pair (None for decoders), refusing limits that only packing knows."""
     if not info.encoder:
         return None
-    if cfg.max_query_tokens or cfg.max_item_tokens or cfg.truncate == "query-head":
-        raise ScoringInputError(
-            "an encoder cross-encoder is limited per (query, item) pair by its own maximum length; "
-            "--max-query-tokens, --max-item-tokens and --truncate query-head do not apply (use --truncate item-tail)"
-        )
+    packing_only = {
+        "max_query_tokens": cfg.max_query_tokens is not None,
+        "max_item_tokens": cfg.max_item_tokens is not None,
+        "truncate": cfg.truncate == "query-head",
+    }
+    for name, given in packing_only.items():
+        if given:
+            raise SettingError(
+                f"ScoringConfig.{name}",
+                getattr(cfg, name),
+                "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
+                "limited per (query, item) pair by its own maximum length (use ScoringConfig.truncate='item-tail')",
+            )
     return min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
 
 
@@ -86,8 +96,8 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
     if not -num_scores <= cfg.score_index < num_scores:
-        raise ScoringInputError(
-            f"--score-index {cfg.score_index} is out of range for {num_scores} scores per item"
+        raise SettingError(
+            "ScoringConfig.score_index", cfg.score_index, f"is out of range for {num_scores} scores per item"
         )
     limits = PlanLimits(
         max_pack_tokens=config.max_pack_tokens,
@@ -98,14 +108,20 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         pair_max_length=_pair_max_length(info, cfg, config),
         pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
     )
+    dtype = resolve_dtype(config.dtype, device)
     if info.encoder:
         backend = "hf"  # the model's own attention over padded pairs
     else:
-        position_rules = bool(info.attention_softcap or info.sliding_window)
-        backend = resolve_backend_name(config.backend, device, info.head_dim, position_rules)
-    return ResolvedSetup(
-        info, device, resolve_dtype(config.dtype, device), backend, limits, label_ids, num_scores, packing
-    )
+        need = Workload(
+            device=device.type,
+            dtype=dtype,
+            head_dim=info.head_dim,
+            softcap=info.attention_softcap is not None,
+            sliding_window=info.sliding_window is not None,
+            max_pack_tokens=config.max_pack_tokens,
+        )
+        backend = select_backend(config.backend, need)
+    return ResolvedSetup(info, device, dtype, backend, limits, label_ids, num_scores, packing)
 
 
 def load_planner(model_dir, config: EngineConfig) -> tuple[Planner, ResolvedSetup]:
@@ -128,9 +144,7 @@ class Scorer:
         self.tokenizer = planner.tokenizer
         self.config = config
         self.setup = setup
-        self.backend = (
-            None if setup.info.encoder else make_backend(setup.backend, setup.device, config.compile)
-        )
+        self.backend = None if setup.info.encoder else make_backend(setup.backend, setup.device)
         self._label_ids = torch.tensor(setup.label_ids, dtype=torch.long, device=setup.device)
 
     @classmethod
@@ -205,13 +219,19 @@ class Scorer:
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **{PLAN_KWARG: plan}
         )
         rows = output.last_hidden_state[0, score_rows]  # [num_items, hidden]
-        logits = self.model.head(rows)  # [num_items, vocab or num_labels]
         cfg = self.config.scoring
+        head = self.model.head
         if self.setup.info.kind == "causal":
-            logits = soft_cap(logits, self.model.final_logit_softcap)
-            scores = label_probabilities(logits, self._label_ids, cfg.apply_softmax)
+            scores = label_scores(
+                rows,
+                head.weight,
+                head.bias,
+                self._label_ids,
+                cfg.apply_softmax,
+                self.model.final_logit_softcap,
+            )  # [num_items, num_labels]
         else:
-            scores = classifier_scores(logits, cfg.apply_softmax)
+            scores = classifier_scores(head(rows), cfg.apply_softmax)  # [num_items, num_labels]
         pooled = pooled_vectors(rows, cfg.normalize).cpu().numpy() if cfg.pooled_hidden_states else None
         return scores.cpu().numpy(), pooled
 

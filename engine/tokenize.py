@@ -1,4 +1,4 @@
-"""Text or token ids → token ids per query and item, with templates and truncation (SEMANTICS §1, §5)."""
+"""Text or token ids → token ids per query and item, with templates and truncation (docs/semantics.md: Sequence layout, Truncation)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,10 @@ def _fit(
     if excess <= 0:
         return encoded.ids, None
     if not may_truncate:
-        return [], f"{what} has {len(encoded.ids)} tokens, over the limit of {limit} (see --truncate)"
+        return (
+            [],
+            f"{what} has {len(encoded.ids)} tokens, over the limit of {limit} (see ScoringConfig.truncate)",
+        )
     if len(encoded.content) < excess:
         return [], f"{what} cannot be truncated to {limit} tokens: its template alone is too long"
     dropped = set(encoded.content[:excess] if from_head else encoded.content[-excess:])

@@ -1,4 +1,4 @@
-"""Scorer parity with plain HF forwards, invariances and the SGLang behaviours of SEMANTICS §7."""
+"""Scorer parity with plain HF forwards, invariances and the SGLang behaviours of docs/semantics.md."""
 
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ def test_score_index_picks_column(qwen3_causal):
         ({"label_tokens": ()}, "needs label tokens"),
         ({"label_token_ids": (5, 5)}, "duplicates"),
         ({"label_token_ids": (10**7,)}, "outside the vocabulary"),
-        ({"score_index": 5}, "--score-index"),
+        ({"score_index": 5}, "ScoringConfig.score_index=5 is out of range for 2 scores"),
         ({"delimiter_token_id": 10**7}, "delimiter"),
     ],
 )

@@ -1,21 +1,27 @@
 """FlashInfer backend: multi-item-scoring paged prefill (page size 1 over the batch's own K/V), CUDA only.
 
-Only BatchPrefillWithPagedKVCacheWrapper applies the multi-item mask (the ragged wrapper silently
-ignores it; see ../shared/GPU.md), so K/V of the batch are viewed as a paged cache of one-token pages.
-RoPE is applied by the model from the pack positions before attention (pos_encoding_mode="NONE").
-Not yet run on a GPU in this repository: tests/gpu/ checks it against the sdpa backend where CUDA and
-flashinfer exist.
+Only BatchPrefillWithPagedKVCacheWrapper applies the multi-item mask (the ragged wrapper accepts the
+same plan() arguments and ignores them), so K/V of the batch are viewed as a paged cache of one-token
+pages. RoPE is applied by the model from the pack positions before attention (pos_encoding_mode="NONE").
+tests/gpu/ checks it against the sdpa backend; bench/gpu_check.sh runs those tests on a GPU machine.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.attention.flashinfer_plan import MultiItemMetadata, build_metadata
+from engine.attention.base import Capabilities
+from engine.attention.flashinfer_plan import MAX_ITEM_TOKENS, MultiItemMetadata, build_metadata
 from engine.batching import Batch
-from engine.errors import ScoringInputError
+from engine.errors import SettingError
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
+
+
+def _to_device(array, device: torch.device) -> torch.Tensor:
+    """A host array on the device, copied from pinned memory without blocking the host."""
+    host = torch.from_numpy(array)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 class FlashInferPlan:
@@ -29,20 +35,21 @@ class FlashInferPlan:
 
     def _plan(self, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
         meta = self._meta
-        indptr = torch.from_numpy(meta.qo_indptr).to(self._device)
+        # plan() reads the indptr arrays on the host: CPU int32 tensors spare it a device→host sync.
+        indptr = torch.from_numpy(meta.qo_indptr)  # [num_packs + 1] int32, CPU
         multi_item = {}
         if meta.token_pos_in_items_len > 0:
             multi_item = dict(
-                prefix_len_ptr=torch.from_numpy(meta.prefix_len).to(self._device),
-                token_pos_in_items_ptr=torch.from_numpy(meta.token_pos_in_items).to(self._device),
+                prefix_len_ptr=_to_device(meta.prefix_len, self._device),
+                token_pos_in_items_ptr=_to_device(meta.token_pos_in_items, self._device),
                 token_pos_in_items_len=meta.token_pos_in_items_len,
-                max_item_len_ptr=torch.from_numpy(meta.max_item_len).to(self._device),
+                max_item_len_ptr=_to_device(meta.max_item_len, self._device),
             )
         self._wrapper.plan(
             indptr,
             indptr,
-            torch.from_numpy(meta.kv_indices).to(self._device),
-            torch.from_numpy(meta.kv_last_page_len).to(self._device),
+            _to_device(meta.kv_indices, self._device),
+            torch.from_numpy(meta.kv_last_page_len),
             query.shape[1],
             key.shape[1],
             query.shape[-1],
@@ -59,16 +66,17 @@ class FlashInferPlan:
     def attend(self, query, key, value, scaling, sliding_window, softcap=None):
         """Paged multi-item prefill over the batch; K/V pages are the batch's own tokens."""
         if sliding_window is not None or softcap is not None:
-            raise ScoringInputError(
-                "the flashinfer backend does not apply sliding windows by position or soft-capping; "
-                "use --backend flex"
+            raise SettingError(
+                "EngineConfig.backend",
+                "flashinfer",
+                "does not apply sliding windows by position or attention-logit soft-capping",
             )
         if not self._planned:
             self._plan(query, key, scaling)
         q = query[0].transpose(0, 1).contiguous()  # [num_tokens, num_heads, head_dim]
         k = (
             key[0].transpose(0, 1).contiguous().unsqueeze(1)
-        )  # [num_pages=num_tokens, page_size=1, kv_heads, head_dim]
+        )  # [pages=num_tokens, page_size=1, kv_heads, head_dim]
         v = value[0].transpose(0, 1).contiguous().unsqueeze(1)
         return self._wrapper.run(q, (k, v)).unsqueeze(0)  # [1, num_tokens, num_heads, head_dim]
 
@@ -77,11 +85,20 @@ class FlashInferBackend:
     """One paged prefill wrapper and its workspace, re-planned per batch."""
 
     name = "flashinfer"
+    capabilities = Capabilities(
+        devices=frozenset({"cuda"}),
+        auto_devices=frozenset({"cuda"}),
+        dtypes=frozenset({torch.bfloat16, torch.float16}),  # FA2 kernels are 16-bit only
+        head_dims=frozenset({64, 128, 256}),
+        softcap=False,
+        sliding_window=False,
+        max_pack_tokens=MAX_ITEM_TOKENS,
+        module="flashinfer",
+    )
 
-    def __init__(self, device: torch.device | None = None) -> None:
+    def __init__(self, device: torch.device) -> None:
         import flashinfer
 
-        device = device or torch.device("cuda")
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self._workspace, kv_layout="NHD", backend="fa2"

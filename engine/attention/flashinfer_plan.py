@@ -16,6 +16,8 @@ import numpy as np
 from engine.batching import Batch
 from engine.packing import DELIMITER_SEGMENT, Pack
 
+MAX_ITEM_TOKENS = int(np.iinfo(np.uint16).max)  # token_pos_in_items is uint16
+
 
 @dataclass(frozen=True)
 class MultiItemMetadata:
@@ -30,34 +32,43 @@ class MultiItemMetadata:
     max_item_len: np.ndarray  # [num_packs] uint16
 
 
+def _positions_in_items(segments: np.ndarray) -> np.ndarray:
+    """Per token: its distance to the last delimiter at or before it (0 at delimiters); vectorized."""
+    index = np.arange(segments.shape[0])
+    last_delimiter = np.maximum.accumulate(np.where(segments == DELIMITER_SEGMENT, index, -1))
+    return index - last_delimiter  # [length]; only meaningful from the first delimiter on
+
+
 def pack_item_positions(pack: Pack) -> np.ndarray:
     """token_pos_in_items of one pack: from its first delimiter on, 0 at delimiters, 1.. inside items."""
-    suffix = pack.segments[pack.prefix_len :]
-    out = np.zeros(suffix.shape[0], dtype=np.int64)
-    count = 0
-    for i, segment in enumerate(suffix):
-        count = 0 if segment == DELIMITER_SEGMENT else count + 1
-        out[i] = count
-    return out
+    return _positions_in_items(pack.segments)[pack.prefix_len :]
 
 
 def build_metadata(batch: Batch) -> MultiItemMetadata:
-    """Multi-item plan arguments of a batch of MIS packs."""
-    per_pack = [pack_item_positions(p) for p in batch.packs]
-    width = max((len(x) for x in per_pack), default=0)
-    if max((int(x.max()) if len(x) else 0 for x in per_pack), default=0) > np.iinfo(np.uint16).max:
-        raise ValueError("an item is longer than 65,535 tokens, FlashInfer's multi-item limit")
-    padded = np.zeros((len(per_pack), width), dtype=np.uint16)
-    for i, positions in enumerate(per_pack):
-        padded[i, : len(positions)] = positions
+    """Multi-item plan arguments of a batch of MIS packs (numpy over the whole batch, no per-token loop)."""
+    num_packs = len(batch.packs)
+    prefix_len = np.asarray([p.prefix_len for p in batch.packs], dtype=np.int64)  # [num_packs]
+    suffix_start = batch.cu_seqlens[:-1] + prefix_len  # [num_packs], batch row of each first delimiter
+    suffix_len = batch.cu_seqlens[1:] - suffix_start  # [num_packs]
+    width = int(suffix_len.max(initial=0))
+    index = np.arange(batch.num_tokens)
+    pack = batch.pack_index  # [num_tokens]
+    column = index - suffix_start[pack]  # [num_tokens], negative inside the query
+    in_suffix = column >= 0
+    positions = _positions_in_items(batch.segments)  # [num_tokens]; packs start their suffix with a delimiter
+    padded = np.zeros((num_packs, width), dtype=np.int64)  # [num_packs, width]
+    padded[pack[in_suffix], column[in_suffix]] = positions[in_suffix]
+    max_item_len = padded.max(axis=1, initial=0)  # [num_packs]
+    if max_item_len.max(initial=0) > MAX_ITEM_TOKENS:
+        raise ValueError(f"an item is longer than {MAX_ITEM_TOKENS:,} tokens, FlashInfer's multi-item limit")
     return MultiItemMetadata(
         qo_indptr=batch.cu_seqlens.astype(np.int32),
-        kv_indices=np.arange(batch.num_tokens, dtype=np.int32),
-        kv_last_page_len=np.ones(len(batch.packs), dtype=np.int32),
-        prefix_len=np.asarray([p.prefix_len for p in batch.packs], dtype=np.uint32),
-        token_pos_in_items=padded.reshape(-1),
+        kv_indices=index.astype(np.int32),
+        kv_last_page_len=np.ones(num_packs, dtype=np.int32),
+        prefix_len=prefix_len.astype(np.uint32),
+        token_pos_in_items=padded.astype(np.uint16).reshape(-1),
         token_pos_in_items_len=width,
-        max_item_len=np.asarray([int(x.max()) if len(x) else 0 for x in per_pack], dtype=np.uint16),
+        max_item_len=max_item_len.astype(np.uint16),
     )
 
 

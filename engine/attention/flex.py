@@ -7,6 +7,7 @@ import warnings
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from engine.attention.base import Capabilities
 from engine.batching import Batch
 from engine.packing import QUERY_SEGMENT
 
@@ -27,7 +28,7 @@ class FlexPlan:
         self._block_masks: dict[int | None, object] = {}
 
     def _block_mask(self, sliding_window: int | None):
-        """The BlockMask for one window size (the multi-item rule of SEMANTICS §4)."""
+        """The BlockMask for one window size (docs/semantics.md, Attention mask)."""
         if sliding_window not in self._block_masks:
             pack, segment, position = self._pack, self._segment, self._position
 
@@ -83,8 +84,10 @@ class FlexBackend:
     """flex_attention with a block mask; compiled when it pays (CUDA by default)."""
 
     name = "flex"
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), auto_devices=frozenset({"cuda"}))
 
-    def __init__(self, compile: bool) -> None:
+    def __init__(self, device: torch.device, compile: bool | None = None) -> None:
+        compile = device.type == "cuda" if compile is None else compile
         self._compile = compile
         self._attention_fn = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
 

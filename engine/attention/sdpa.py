@@ -1,9 +1,10 @@
-"""Reference backend: SDPA (or soft-capped attention) per pack with the dense boolean mask of SEMANTICS §4."""
+"""Reference backend: SDPA (or soft-capped attention) per pack with the dense boolean mask (docs/semantics.md, Attention mask)."""
 
 from __future__ import annotations
 
 import torch
 
+from engine.attention.base import Capabilities
 from engine.attention.softcap import attention
 from engine.batching import Batch
 from engine.packing import attention_mask
@@ -42,6 +43,10 @@ class SdpaBackend:
     """Dense-mask reference backend; runs on CPU and CUDA."""
 
     name = "sdpa"
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), auto_devices=frozenset({"cpu", "cuda"}))
+
+    def __init__(self, device: torch.device) -> None:
+        pass
 
     def plan(self, batch: Batch, device: torch.device) -> SdpaPlan:
         """Masks are built on first use by a layer."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.attention.base import Capabilities
 from engine.attention.softcap import attention
 from engine.batching import Batch
 from engine.packing import attention_mask
@@ -122,6 +123,10 @@ class SplitBackend:
     """The MIS-structured SDPA backend (the CPU default)."""
 
     name = "split"
+    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), auto_devices=frozenset({"cpu"}))
+
+    def __init__(self, device: torch.device) -> None:
+        pass
 
     def plan(self, batch: Batch, device: torch.device) -> SplitPlan:
         """Layouts are built on first use by a layer."""

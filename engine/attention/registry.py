@@ -1,0 +1,77 @@
+"""Attention backends by name, in `auto`'s order of preference, and the choice of one for a workload."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+
+import torch
+
+from engine.attention.base import AttentionBackend, Workload
+from engine.attention.flashinfer import FlashInferBackend
+from engine.attention.flex import FlexBackend
+from engine.attention.sdpa import SdpaBackend
+from engine.attention.split import SplitBackend
+from engine.errors import SettingError
+
+log = logging.getLogger(__name__)
+
+BACKEND_CLASSES: dict[str, type[AttentionBackend]] = {
+    cls.name: cls for cls in (FlashInferBackend, FlexBackend, SplitBackend, SdpaBackend)
+}
+
+
+def import_failure(module: str) -> str | None:
+    """The error text of importing module, or None when it imports."""
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # a broken install raises more than ImportError; its text is the reason
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def why_not(
+    name: str, need: Workload, import_error: Callable[[str], str | None], auto: bool = False
+) -> str | None:
+    """Why backend `name` cannot run the workload (capabilities, then auto's devices, then its import), or None."""
+    caps = BACKEND_CLASSES[name].capabilities
+    reason = caps.why_not(need)
+    if reason is None and auto and need.device not in caps.auto_devices:
+        reason = f"is not picked automatically on {need.device}"
+    if reason is None and caps.module is not None:
+        failure = import_error(caps.module)
+        if failure is not None:
+            reason = f"cannot import {caps.module} ({failure})"
+    return reason
+
+
+def choose_backend(
+    requested: str, need: Workload, import_error: Callable[[str], str | None] = import_failure
+) -> tuple[str, str]:
+    """(backend name, why): an explicit name that cannot run raises SettingError; auto takes the first that can."""
+    if requested != "auto":
+        reason = why_not(requested, need, import_error)
+        if reason is not None:
+            raise SettingError("EngineConfig.backend", requested, reason)
+        return requested, "asked for"
+    skipped = []
+    for name in BACKEND_CLASSES:
+        reason = why_not(name, need, import_error, auto=True)
+        if reason is None:
+            return name, "; ".join(skipped) or "first choice"
+        skipped.append(f"{name} {reason}")
+    raise SettingError("EngineConfig.backend", requested, "found no backend: " + "; ".join(skipped))
+
+
+def select_backend(requested: str, need: Workload) -> str:
+    """choose_backend, logging what auto chose and why."""
+    name, why = choose_backend(requested, need)
+    if requested == "auto":
+        log.info("attention backend %s: %s", name, why)
+    return name
+
+
+def make_backend(name: str, device: torch.device) -> AttentionBackend:
+    """Instantiate a registered backend for a device."""
+    return BACKEND_CLASSES[name](device)
