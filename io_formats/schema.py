@@ -95,7 +95,7 @@ def _check_keep(keep: tuple[str, ...], query_id: str | None, item_id: str | None
         for column, output in ((query_id, "query_id"), (item_id, "item_id")):
             if name == column:
                 raise InputError(
-                    f"--keep-columns names {name!r}, which is already in the output as {output}; leave it out"
+                    f"--keep-columns: {name!r} is already in the output as {output}; leave it out"
                 )
     clash = [name for name in keep if name in RESERVED]
     if clash:
