@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from io_formats.errors import InputError
+from io_formats.schema import ColumnMapping
 
 ROW_INDEX = "row_index"  # the input row an output row came from (0-based; JSONL: line number - 1)
 ERROR = "error"
@@ -29,15 +30,26 @@ class OutputContract:
     kept: tuple[tuple[str, pa.DataType], ...]  # pass-through columns in order
     pooled_dim: int | None  # width of pooled_hidden_state, None when not asked for
     on_error: str  # fail | record | skip
+    query_ids_given: bool  # the input has a query-id column; else the row index is the query id
 
     @classmethod
-    def from_columns(
-        cls, columns: dict[str, list], keep: tuple[str, ...], pooled_dim: int | None, on_error: str
+    def from_types(
+        cls, mapping: ColumnMapping, types: dict[str, pa.DataType], pooled_dim: int | None, on_error: str
     ) -> OutputContract:
-        """Types inferred from one window's output columns (ids default to int64, kept columns to string)."""
-        id_types = (_infer(columns["query_id"], pa.int64()), _infer(columns["item_id"], pa.int64()))
-        kept = tuple((name, _infer(columns[name], pa.string())) for name in keep)
-        return cls(id_types, kept, pooled_dim, on_error)
+        """Types of the whole input (io_formats.readers.column_types); absent ids are row indexes (int64)."""
+
+        def typed(column: str | None, default: pa.DataType) -> pa.DataType:
+            dtype = types.get(column) if column else None
+            return default if dtype is None or pa.types.is_null(dtype) else dtype
+
+        id_types = (typed(mapping.query_id, pa.int64()), typed(mapping.item_id, pa.int64()))
+        kept = tuple((name, typed(name, pa.string())) for name in mapping.keep)
+        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None)
+
+    @property
+    def keep(self) -> tuple[str, ...]:
+        """The pass-through column names."""
+        return tuple(name for name, _ in self.kept)
 
     def part_schema(self) -> pa.Schema:
         """Checkpoint parts and Ray batches: every column, with the row index first and the error last."""
@@ -103,12 +115,3 @@ class OutputContract:
         """The errors-file JSONL lines of failed rows: row_index, query_id, item_id, error."""
         rows = failed.select(list(ERROR_FIELDS)).to_pylist()
         return [json.dumps(row, default=str, ensure_ascii=False) + "\n" for row in rows]
-
-
-def _infer(values: list[Any], default: pa.DataType) -> pa.DataType:
-    """Arrow type of a column's Python values (default when all are null)."""
-    try:
-        inferred = pa.array(values).type
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
-        raise InputError(f"a column mixes values of different types: {error}") from None
-    return default if pa.types.is_null(inferred) else inferred

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from engine.scorer import Scorer, load_planner
 from io_formats.errors import InputError
-from io_formats.readers import InputSource, open_source, read_windows
+from io_formats.readers import InputSource, column_types, open_source, read_windows
 from job.config import RunConfig, model_identity
 from job.contract import OutputContract
 from job.lock import OutputLock
@@ -61,8 +61,8 @@ def _run_locked(
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
 
     mapping, windows = read_windows(source, config.columns, config.window_rows)
+    contract = OutputContract.from_types(mapping, column_types(source, mapping), pooled_dim, config.on_error)
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
-    contract: OutputContract | None = None
     progress = tqdm(
         total=source.total_rows() if mapping.layout == "long" else None,
         unit="item",
@@ -94,9 +94,8 @@ def _run_locked(
                         stop.check()
 
                     results = scorer.run(plan, advance)
-                columns = output_columns(rows, grouped, results, mapping.keep, pooled_dim is not None)
-                contract = contract or OutputContract.from_columns(
-                    columns, mapping.keep, pooled_dim, config.on_error
+                columns = output_columns(
+                    rows, grouped, results, contract.keep, pooled_dim is not None, contract.query_ids_given
                 )
                 part = contract.part_table(columns)
                 failed = part.num_rows - part["error"].null_count
@@ -109,13 +108,6 @@ def _run_locked(
                 sink.write(number, part, contract, input_hash)
                 stop.check()
             report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
-            if contract is None:  # no rows at all: an empty output with the full schema
-                contract = OutputContract.from_columns(
-                    output_columns([], group_window([]), None, mapping.keep, pooled_dim is not None),
-                    mapping.keep,
-                    pooled_dim,
-                    config.on_error,
-                )
             report.items_skipped = sink.commit(contract, stop.check)
     except UserError:
         sink.abort(keep_checkpoints=False)  # the input or settings must change, which invalidates the parts

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from engine.scorer import load_planner
 from io_formats.errors import InputError
-from io_formats.readers import ReadUnit, input_mapping, open_source, read_unit, read_units
+from io_formats.readers import column_types, input_mapping, open_source, read_unit, read_units
 from io_formats.writers import exclusive_temp
 from job.config import RayOptions, RunConfig
 from job.contract import ERROR, ROW_INDEX, OutputContract
@@ -98,8 +98,10 @@ class ScoreActor:
         )
         grouped = group_window(rows)
         results = self.scorer.score(grouped.groups)
-        keep = tuple(name for name, _ in self.contract.kept)
-        columns = output_columns(rows, grouped, results, keep, self.contract.pooled_dim is not None)
+        contract = self.contract
+        columns = output_columns(
+            rows, grouped, results, contract.keep, contract.pooled_dim is not None, contract.query_ids_given
+        )
         part = self.contract.part_table(columns)
         enforce_fail(self.contract, part, self.config.input)
         return part
@@ -115,15 +117,6 @@ def _maybe_inject_fault() -> None:
         except FileExistsError:
             return
         os._exit(1)
-
-
-def _sample_contract(
-    config: RunConfig, units: list[ReadUnit], mapping, pooled_dim: int | None
-) -> OutputContract:
-    """The contract a local run would infer, typed from the first unit's rows."""
-    rows = read_unit(units[0], mapping)[: config.window_rows]
-    columns = output_columns(rows, group_window(rows), None, mapping.keep, pooled_dim is not None)
-    return OutputContract.from_columns(columns, mapping.keep, pooled_dim, config.on_error)
 
 
 def run_ray(config: RunConfig, report: RunReport) -> None:
@@ -161,7 +154,7 @@ def _run_locked(
     if not units:
         raise InputError(f"input {config.input!r} has no rows")
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    contract = _sample_contract(config, units, mapping, pooled_dim)
+    contract = OutputContract.from_types(mapping, column_types(source, mapping), pooled_dim, config.on_error)
 
     if not ray.is_initialized():
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages

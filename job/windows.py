@@ -52,8 +52,12 @@ def output_columns(
     results: list[GroupResult] | None,
     keep: tuple[str, ...],
     pooled: bool,
+    query_ids_given: bool,
 ) -> dict[str, list]:
-    """Output columns (one row per item, input order); failed items get null scores and an error."""
+    """Output columns (one row per item, input order); failed items get null scores and an error.
+
+    query_ids_given: the input has a query-id column (a null id stays null); else the row index is the id.
+    """
     by_item: dict[tuple[int, int], tuple] = {}
     if results is not None:
         for g_refs, result in zip(grouped.refs, results):
@@ -63,7 +67,7 @@ def output_columns(
     names = [ROW_INDEX, "query_id", "item_id", "score", "scores", "pooled_hidden_state", *keep, ERROR]
     columns: dict[str, list] = {name: [] for name in names}
     for row_pos, row in enumerate(rows):
-        query_id = row.query_id if row.query_id is not None else row.index
+        query_id = row.query_id if query_ids_given else row.index
         for item_pos, item_id in enumerate(row.item_ids):
             score, scores, vector, error = by_item.get((row_pos, item_pos), (None, None, None, row.error))
             if error is not None:
