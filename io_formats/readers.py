@@ -278,6 +278,8 @@ def _parquet_type(source: InputSource, name: str) -> pa.DataType:
     infos = _parquet_infos(source)
     present = [(info.file, info.schema.field(name).type) for info in infos if name in info.schema.names]
     missing = [info.file for info in infos if name not in info.schema.names]
+    if not present:
+        return pa.null()
     if missing:
         raise InputError(
             f"{source.label}: column {name!r} is in {present[0][0]} but not in {missing[0]}"

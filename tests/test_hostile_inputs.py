@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from io_formats.errors import InputError
-from io_formats.readers import column_types, input_mapping, open_source, read_windows
+from io_formats.readers import column_types, input_mapping, open_source, read_unit, read_units, read_windows
 from io_formats.schema import ColumnOverrides, resolve_columns
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
@@ -169,7 +169,22 @@ def test_corrupt_parquet_data_pages_exit_2_naming_the_file(qwen3_causal, tmp_pat
         data[i] = 0xAB
     src.write_bytes(bytes(data))
     result = score(qwen3_causal, src, tmp_path / "out.parquet")
-    assert_clean_exit_2(result, str(src))
+    assert_clean_exit_2(result, str(src), "cannot read this Parquet file")
+
+
+def test_read_units_of_a_directory_index_rows_and_convert_types(tmp_path):
+    data = tmp_path / "in"
+    data.mkdir()
+    pq.write_table(
+        pa.table({"query": ["q"] * 3, "item": ["a"] * 3, "query_id": [1, 2, 3]}), data / "a.parquet"
+    )
+    pq.write_table(pa.table({"query": ["q"], "item": ["b"], "query_id": [4.5]}), data / "b.parquet")
+    source = open_source(str(data))
+    mapping = input_mapping(source, ColumnOverrides())
+    types = column_types(source, mapping)
+    rows = [row for unit in read_units(source) for row in read_unit(unit, mapping, types)]
+    assert [(r.index, r.query_id) for r in rows] == [(0, 1.0), (1, 2.0), (2, 3.0), (3, 4.5)]
+    assert all(isinstance(r.query_id, float) for r in rows)
 
 
 def test_directory_without_readable_parquet_files_exits_2(qwen3_causal, tmp_path):
@@ -483,3 +498,15 @@ def test_empty_jsonl_writes_an_empty_output(qwen3_causal, tmp_path):
     result = score(qwen3_causal, src, out)
     assert result.returncode == 0, result.stderr
     assert pq.read_table(out).num_rows == 0
+
+
+@JOB_SIDE
+def test_null_query_id_in_a_text_id_column_does_not_change_its_type(qwen3_causal, tmp_path):
+    rows = [{**TEXT, "query_id": "a"}, {**TEXT, "query_id": None}, {**TEXT, "query_id": "a"}]
+    out = tmp_path / "out.parquet"
+    result = score(qwen3_causal, write_jsonl(tmp_path / "in.jsonl", rows), out, "--on-error", "record")
+    assert result.returncode == 0, result.stderr
+    table = pq.read_table(out)
+    assert table.schema.field("query_id").type == pa.string()
+    ids = table.column("query_id").to_pylist()
+    assert ids[0] == ids[2] == "a" and ids[1] != "a"
