@@ -19,6 +19,7 @@ from job.policy import (
     KEEP_GOING,
     check_destination,
     check_run_paths,
+    default_errors_path,
     enforce_fail,
     errors_path,
     remove_leftovers,
@@ -38,8 +39,11 @@ def run_local(config: RunConfig, report: RunReport) -> None:
     source = open_source(config.input)
     destination = check_destination(config, directory=False)
     check_run_paths(config, source.files, destination)
-    with OutputLock.for_run(config, destination):
-        _run_locked(config, source, destination, report, started)
+    try:
+        with OutputLock.for_run(config, destination):
+            _run_locked(config, source, destination, report, started)
+    finally:
+        source.close()
 
 
 def _run_locked(
@@ -47,7 +51,7 @@ def _run_locked(
 ) -> None:
     """The run, once the paths are checked and the output is ours."""
     if destination is not None and not config.dry_run:
-        remove_leftovers(destination, errors_path(config))
+        remove_leftovers(destination, default_errors_path(destination), errors_path(config))
     sink = open_sink(config, destination)
     load_started = time.perf_counter()
     if config.dry_run:

@@ -30,6 +30,7 @@ from job.policy import (
     ErrorsSink,
     check_destination,
     check_run_paths,
+    default_errors_path,
     enforce_fail,
     errors_path,
     publish_directory,
@@ -46,11 +47,11 @@ LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and picklin
 FAULT_ONCE_ENV = "SCORE_BATCH_FAULT_ONCE"  # fault injection for tests: a marker file path
 
 
-def _read_rows(batch: dict, mapping, fail_on_error: bool, source_label: str) -> dict:
+def _read_rows(batch: dict, mapping, types: dict, fail_on_error: bool, source_label: str) -> dict:
     """Ray Data stage: read units → rows keyed by query group (pickled InputRows)."""
     keys, blobs = [], []
     for unit in batch["unit"]:
-        for row in read_unit(pickle.loads(unit), mapping):
+        for row in read_unit(pickle.loads(unit), mapping, types):
             if row.error is not None and fail_on_error:
                 raise InputError(f"{source_label}: row {row.index}: {row.error} {KEEP_GOING}")
             keys.append(_group_key(row, mapping.layout))
@@ -146,7 +147,7 @@ def _run_locked(
     """The Ray run, once the paths are checked and the output directory is ours."""
     import ray
 
-    remove_leftovers(destination, errors_path(config))
+    remove_leftovers(destination, default_errors_path(destination), errors_path(config))
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
     report.backend, report.device = setup.backend, str(setup.device)
     mapping = input_mapping(source, config.columns)
@@ -154,7 +155,8 @@ def _run_locked(
     if not units:
         raise InputError(f"input {config.input!r} has no rows")
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    contract = OutputContract.from_types(mapping, column_types(source, mapping), pooled_dim, config.on_error)
+    types = column_types(source, mapping)
+    contract = OutputContract.from_types(mapping, types, pooled_dim, config.on_error)
 
     if not ray.is_initialized():
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages
@@ -175,7 +177,7 @@ def _run_locked(
     dataset = ray.data.from_items([{"unit": pickle.dumps(u)} for u in units], override_num_blocks=len(units))
     dataset = dataset.map_batches(
         _read_rows,
-        fn_args=(mapping, config.on_error == "fail", source.label),
+        fn_args=(mapping, types, config.on_error == "fail", source.label),
         batch_size=1,
         num_cpus=LIGHT_CPUS,
     )

@@ -20,7 +20,6 @@ from io_formats.readers import column_types, input_mapping, open_source, read_un
 from io_formats.schema import ColumnOverrides, resolve_columns
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
-JOB_SIDE = pytest.mark.xfail(reason="needs job-side column_types", strict=False)
 TEXT = {"query": "I pledge allegiance", "item": " to"}
 
 
@@ -114,7 +113,6 @@ def test_parquet_lossy_or_missing_column_is_refused(tmp_path, second, needle):
     assert "'tag'" in str(error.value) and "a.parquet" in str(error.value) and "b.parquet" in str(error.value)
 
 
-@JOB_SIDE
 def test_parquet_column_null_in_the_whole_first_window_keeps_its_type(qwen3_causal, tmp_path):
     src = tmp_path / "in.parquet"
     rows = [{**TEXT, "tag": None}] * 3 + [{**TEXT, "tag": 5}]
@@ -249,7 +247,6 @@ def test_column_first_seen_on_a_later_line_can_be_kept(qwen3_causal, tmp_path):
     assert [json.loads(line)["note"] for line in out.read_text().splitlines()] == [None, "second", None]
 
 
-@JOB_SIDE
 def test_column_first_seen_after_the_first_window_keeps_its_type(qwen3_causal, tmp_path):
     rows = [TEXT, TEXT, TEXT, {**TEXT, "count": 3}]
     out = tmp_path / "out.parquet"
@@ -314,7 +311,6 @@ def test_unparsable_lines_keep_null_ids_and_their_row_index(tmp_path):
         assert row.query_id is None and row.item_ids == [None] and row.kept == {}
 
 
-@JOB_SIDE
 def test_unparsable_lines_with_text_ids_are_recorded_and_the_run_goes_on(qwen3_causal, tmp_path):
     src = tmp_path / "in.jsonl"
     good = json.dumps({**TEXT, "query_id": "a", "item_id": "a1"}).encode()
@@ -378,7 +374,6 @@ def test_lone_surrogate_is_a_row_error_naming_the_column(tmp_path):
         pa.array([row.query_id, *row.kept.values()], pa.string())
 
 
-@JOB_SIDE
 def test_lone_surrogate_row_is_recorded_end_to_end(qwen3_causal, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(
@@ -500,7 +495,6 @@ def test_empty_jsonl_writes_an_empty_output(qwen3_causal, tmp_path):
     assert pq.read_table(out).num_rows == 0
 
 
-@JOB_SIDE
 def test_null_query_id_in_a_text_id_column_does_not_change_its_type(qwen3_causal, tmp_path):
     rows = [{**TEXT, "query_id": "a"}, {**TEXT, "query_id": None}, {**TEXT, "query_id": "a"}]
     out = tmp_path / "out.parquet"

@@ -1,0 +1,215 @@
+"""Faults and concurrency: two runs at once, changed input on resume, damaged parts, leftovers, full disk, signals."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.test_cli import LABEL_FLAGS, REPO, run_cli, write_jsonl
+from tests.test_job import many_rows, start_cli, wait_for_parts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def job(qwen3_causal, tmp_path):
+    """A 240-row input scored in 40 windows, and its uninterrupted output as the reference."""
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows())
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6", "--max-batch-tokens", "64"]
+    reference = tmp_path / "reference.parquet"
+    assert run_cli(*base, "-o", reference).returncode == 0
+    return base, reference, tmp_path
+
+
+def killed_run(base, out, parts: int = 3):
+    """Start a run in a fresh process, let it checkpoint some parts, then kill -9 it."""
+    process = start_cli(*base, "-o", out)
+    wait_for_parts(out.with_name(out.name + ".parts"), parts, process)
+    process.kill()
+    process.wait()
+    return process
+
+
+def test_a_second_run_on_the_same_output_is_refused_and_a_dead_holder_is_taken_over(job):
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    first = start_cli(*base, "-o", out)
+    wait_for_parts(tmp_path / "out.parquet.parts", 1, first)
+    second = run_cli(*base, "-o", out, "--resume")
+    assert second.returncode == 2
+    assert f"held by pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+    first.kill()
+    first.wait()
+    assert (tmp_path / "out.parquet.lock").exists()  # kill -9 leaves the lock behind
+    third = run_cli(*base, "-o", out, "--resume")
+    assert third.returncode == 0, third.stderr
+    assert "taking over the lock" in third.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+    assert not (tmp_path / "out.parquet.lock").exists()
+
+
+def test_resume_refuses_input_changed_with_the_same_size_and_mtime(job):
+    base, _, tmp_path = job
+    out = tmp_path / "out.parquet"
+    killed_run(base, out)
+    data = base[0]
+    stat = data.stat()
+    text = data.read_text()
+    data.write_text(text.replace("item 0 to", "item 9 to", 1))  # same length, first window changed
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert data.stat().st_size == stat.st_size
+    resumed = run_cli(*base, "-o", out, "--resume")
+    assert resumed.returncode == 2
+    assert "input changed" in resumed.stderr and not out.exists()
+
+
+def test_damaged_and_unlisted_parts_are_rescored_never_merged(job):
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / "out.parquet.parts"
+    killed_run(base, out, parts=4)
+    first = parts / "part-00000000.parquet"
+    first.write_bytes(first.read_bytes()[:40])  # truncated by a crash of the disk, not by us
+    stray = pa.table({"row_index": [0], "query_id": [999]})
+    pq.write_table(stray, parts / "part-00000039.parquet")  # not in the manifest
+    resumed = run_cli(*base, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "damaged" in resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+
+
+def test_parts_without_a_manifest_are_not_reused(job):
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / "out.parquet.parts"
+    parts.mkdir()
+    pq.write_table(pq.read_table(reference).slice(0, 6), parts / "part-00000000.parquet")
+    resumed = run_cli(*base, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+
+
+def test_leftover_temporary_files_are_removed_by_the_next_run(job):
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    leftovers = [tmp_path / ".out.parquet.tmp-1234abcd", tmp_path / ".out.parquet.errors.jsonl.tmp-x"]
+    for leftover in leftovers:
+        leftover.write_bytes(b"half a merge")
+    result = run_cli(*base, "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == ["out.parquet"]
+
+
+def test_sigterm_during_the_merge_exits_143_and_resume_finishes(job, monkeypatch):
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    from io_formats.parts import PartStore
+
+    original = PartStore.read
+    calls = []
+
+    def read_then_signal(self, window):
+        calls.append(window)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, window)
+
+    monkeypatch.setattr(PartStore, "read", read_then_signal)
+    stopped = run_cli(*base, "-o", out)
+    assert stopped.returncode == 143
+    assert not out.exists() and (tmp_path / "out.parquet.parts").exists()
+    assert not list(tmp_path.glob(".out.parquet.tmp-*"))
+    monkeypatch.setattr(PartStore, "read", original)
+    resumed = run_cli(*base, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+
+
+def test_disk_full_exits_3_with_one_line_and_resume_works_after(job, monkeypatch):
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    import io_formats.parts
+
+    original = io_formats.parts.pq.write_table
+    written = []
+
+    def fill_up(table, where, *args, **kwargs):
+        if len(written) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device", str(where))
+        written.append(where)
+        return original(table, where, *args, **kwargs)
+
+    monkeypatch.setattr(io_formats.parts.pq, "write_table", fill_up)
+    full = run_cli(*base, "-o", out)
+    assert full.returncode == 3
+    assert "No space left on device" in full.stderr and "Traceback" not in full.stderr
+    assert "bug" not in full.stderr
+    assert not out.exists() and not list((tmp_path / "out.parquet.parts").glob(".*tmp*"))
+    monkeypatch.setattr(io_formats.parts.pq, "write_table", original)
+    resumed = run_cli(*base, "-o", out, "--resume", "--report", tmp_path / "report.json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+    assert json.loads((tmp_path / "report.json").read_text())["rows_skipped_by_resume"] == 30
+
+
+def test_report_is_written_on_failure_and_to_stderr(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": None, "item": " x"}])
+    report = tmp_path / "report.json"
+    failed = run_cli(
+        data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS, "--report", report
+    )
+    assert failed.returncode == 2
+    written = json.loads(report.read_text())
+    assert written["status"] == "failed" and written["exit_code"] == 2
+    assert "'query' is null" in written["error"]
+    assert written["started_at"] <= written["ended_at"] and written["versions"]["score-batch"]
+    # A failed run's report does not block the retry; a succeeded one needs --overwrite.
+    fixed = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": " x"}])
+    retry = run_cli(
+        fixed, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS, "--report", report
+    )
+    assert retry.returncode == 0, retry.stderr
+    assert json.loads(report.read_text())["status"] == "succeeded"
+    again = run_cli(
+        fixed, "-o", tmp_path / "p.parquet", "--model", qwen3_causal, *LABEL_FLAGS, "--report", report
+    )
+    assert again.returncode == 2 and "--overwrite" in again.stderr and not (tmp_path / "p.parquet").exists()
+    to_stderr = run_cli(fixed, "-o", "-", "--model", qwen3_causal, *LABEL_FLAGS, "--report", "-", "-q")
+    assert to_stderr.returncode == 0
+    assert json.loads(to_stderr.stderr)["status"] == "succeeded"
+
+
+def test_empty_input_writes_an_empty_output_and_nothing_else(qwen3_causal, tmp_path):
+    schema = pa.schema(
+        [("query_id", pa.string()), ("query", pa.string()), ("item", pa.string()), ("tag", pa.int32())]
+    )
+    data = tmp_path / "in.parquet"
+    pq.write_table(schema.empty_table(), data)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = run_cli(
+        data, "-o", out_dir / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS, "--keep-columns", "tag"
+    )
+    assert result.returncode == 0, result.stderr
+    table = pq.read_table(out_dir / "o.parquet")
+    assert table.num_rows == 0
+    assert table.schema.field("query_id").type == pa.string() and table.schema.field("tag").type == pa.int32()
+    assert [p.name for p in out_dir.iterdir()] == ["o.parquet"]
+
+
+def test_closed_stdout_pipe_exits_0_quietly(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows(30, 4))
+    command = f"{sys.executable} -m cli.main {data} -o - --model {qwen3_causal} --label-tokens ' to' --window-rows 4 | head -2"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+    assert "Error" not in done.stderr and "Traceback" not in done.stderr
