@@ -11,14 +11,12 @@ from tqdm import tqdm
 
 from engine.scorer import Scorer, load_planner
 from io_formats.errors import InputError
-from io_formats.readers import InputSource, column_types, open_source, read_windows
+from io_formats.readers import InputSource, column_types, read_windows
 from job.config import RunConfig, model_identity
 from job.contract import OutputContract
 from job.lock import OutputLock
 from job.policy import (
     KEEP_GOING,
-    check_destination,
-    check_run_paths,
     default_errors_path,
     enforce_fail,
     errors_path,
@@ -33,17 +31,11 @@ from score_batch.errors import UserError
 log = logging.getLogger(__name__)
 
 
-def run_local(config: RunConfig, report: RunReport) -> None:
-    """Run a whole job on this machine, filling report; UserError for user mistakes, Stopped on signals."""
+def run_local(config: RunConfig, source: InputSource, destination: Path | None, report: RunReport) -> None:
+    """Run a checked job on this machine, filling report; UserError for user mistakes, Stopped on signals."""
     started = time.perf_counter()
-    source = open_source(config.input)
-    destination = check_destination(config, directory=False)
-    check_run_paths(config, source.files, destination)
-    try:
-        with OutputLock.for_run(config, destination):
-            _run_locked(config, source, destination, report, started)
-    finally:
-        source.close()
+    with OutputLock.for_run(config, destination):
+        _run_locked(config, source, destination, report, started)
 
 
 def _run_locked(

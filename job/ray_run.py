@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from engine.scorer import load_planner
 from io_formats.errors import InputError
-from io_formats.readers import column_types, input_mapping, open_source, read_unit, read_units
+from io_formats.readers import InputSource, column_types, input_mapping, read_unit, read_units
 from io_formats.writers import exclusive_temp
 from job.config import RayOptions, RunConfig
 from job.contract import ERROR, ROW_INDEX, OutputContract
@@ -28,8 +28,6 @@ from job.lock import OutputLock
 from job.policy import (
     KEEP_GOING,
     ErrorsSink,
-    check_destination,
-    check_run_paths,
     default_errors_path,
     enforce_fail,
     errors_path,
@@ -120,23 +118,26 @@ def _maybe_inject_fault() -> None:
         os._exit(1)
 
 
-def run_ray(config: RunConfig, report: RunReport) -> None:
-    """Run a job on Ray Data, filling report, and write a directory of Parquet files at config.output."""
-    options = config.ray or RayOptions()
+def check_ray_run(config: RunConfig) -> None:
+    """What a Ray run refuses before anything starts."""
     try:
-        import ray
+        import ray  # noqa: F401
     except ImportError:
         raise InputError(f"--ray needs Ray Data, which is not installed: {RAY_HINT}") from None
     if config.resume:
         raise InputError("--resume is for local runs; a Ray run retries failed work itself")
     if config.dry_run:
         raise InputError("--dry-run plans on this machine; run it without --ray")
+
+
+def run_ray(config: RunConfig, source: InputSource, destination: Path, report: RunReport) -> None:
+    """Run a checked job on Ray Data, filling report; writes a directory of Parquet files at destination."""
+    import ray
+
+    options = config.ray or RayOptions()
     started = time.perf_counter()
     report.ray_workers = options.num_workers
     report.versions["ray"] = ray.__version__
-    source = open_source(config.input)
-    destination = check_destination(config, directory=True)
-    check_run_paths(config, source.files, destination)
     with OutputLock(destination):
         _run_locked(config, options, source, destination, report, started)
 

@@ -504,3 +504,82 @@ def test_null_query_id_in_a_text_id_column_does_not_change_its_type(qwen3_causal
     assert table.schema.field("query_id").type == pa.string()
     ids = table.column("query_id").to_pylist()
     assert ids[0] == ids[2] == "a" and ids[1] != "a"
+
+
+# Paths: nothing the run writes may touch what it reads, or another thing it writes.
+
+PATH_ROWS = [
+    {"query": "I pledge allegiance", "item": " to"},
+    {"query": None, "item": " the"},
+]
+
+
+@pytest.mark.parametrize(
+    "flags, clash",
+    [
+        (["--on-error", "skip", "--errors-file", "{input}"], "input file"),
+        (["--on-error", "skip", "--errors-file", "{out}"], "same path"),
+        (["--report", "{out}"], "same path"),
+        (["--report", "{input}", "--overwrite"], "input file"),
+        (["-o", "{tmp}/sub/../in.jsonl", "--overwrite"], "input file"),
+        (["-o", "{tmp}/link.jsonl", "--overwrite"], "input file"),
+        (["-o", "{tmp}/data/scores.parquet"], "input directory"),
+    ],
+)
+def test_written_paths_never_touch_read_paths(qwen3_causal, tmp_path, flags, clash):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    pq.write_table(pa.Table.from_pylist(PATH_ROWS), data_dir / "part.parquet")
+    (tmp_path / "sub").mkdir()
+    data = write_jsonl(tmp_path / "in.jsonl", PATH_ROWS)
+    (tmp_path / "link.jsonl").symlink_to(data)
+    before = data.read_bytes()
+    filled = [f.format(input=data, out=tmp_path / "out.parquet", tmp=tmp_path) for f in flags]
+    source = data_dir if "input directory" == clash else data
+    if "-o" not in filled:
+        filled += ["-o", str(tmp_path / "out.parquet")]
+    if "--on-error" not in filled:
+        filled += ["--on-error", "record"]
+    result = run_cli(source, *filled, "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 2, result.stderr
+    assert clash in result.stderr and "Traceback" not in result.stderr
+    assert data.read_bytes() == before
+    assert not (tmp_path / "out.parquet").exists()
+
+
+@pytest.mark.parametrize("side", ["--errors-file", "--report"])
+def test_existing_side_files_need_overwrite(qwen3_causal, tmp_path, side):
+    data = write_jsonl(tmp_path / "in.jsonl", PATH_ROWS)
+    existing = tmp_path / "keep.json"
+    existing.write_text('{"status": "succeeded"}')
+    flags = ["--on-error", "skip" if side == "--errors-file" else "record"]
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, *flags, side, existing]
+    refused = run_cli(*base, "-o", tmp_path / "o.parquet")
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    assert existing.read_text() == '{"status": "succeeded"}'
+    assert run_cli(*base, "-o", tmp_path / "o.parquet", "--overwrite").returncode == 0
+    assert existing.read_text() != '{"status": "succeeded"}'
+
+
+def test_output_that_is_a_directory_and_dry_run_checks(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PATH_ROWS)
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS]
+    (tmp_path / "dir.parquet").mkdir()
+    assert "is a directory" in run_cli(*base, "-o", tmp_path / "dir.parquet").stderr
+    (tmp_path / "exists.parquet").write_bytes(b"old")
+    dry = run_cli(*base, "-o", tmp_path / "exists.parquet", "--dry-run")
+    assert dry.returncode == 2 and "--overwrite" in dry.stderr
+    missing = run_cli(*base, "-o", tmp_path / "nowhere" / "o.parquet", "--dry-run")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_overwrite_rerun_removes_the_stale_errors_file(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", PATH_ROWS)
+    out = tmp_path / "o.parquet"
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", out]
+    assert run_cli(*base, "--on-error", "skip").returncode == 0
+    assert (tmp_path / "o.parquet.errors.jsonl").exists()
+    rerun = run_cli(*base, "--on-error", "record", "--overwrite")
+    assert rerun.returncode == 0, rerun.stderr
+    assert not (tmp_path / "o.parquet.errors.jsonl").exists()
+    assert pq.read_table(out).column("error").null_count == 1
