@@ -26,7 +26,6 @@ from job.config import RayOptions, RunConfig
 from job.contract import ERROR, ROW_INDEX, OutputContract
 from job.lock import OutputLock
 from job.policy import (
-    KEEP_GOING,
     ErrorsSink,
     default_errors_path,
     enforce_fail,
@@ -45,13 +44,11 @@ LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and picklin
 FAULT_ONCE_ENV = "SCORE_BATCH_FAULT_ONCE"  # fault injection for tests: a marker file path
 
 
-def _read_rows(batch: dict, mapping, types: dict, fail_on_error: bool, source_label: str) -> dict:
+def _read_rows(batch: dict, mapping, types: dict) -> dict:
     """Ray Data stage: read units → rows keyed by query group (pickled InputRows)."""
     keys, blobs = [], []
     for unit in batch["unit"]:
         for row in read_unit(pickle.loads(unit), mapping, types):
-            if row.error is not None and fail_on_error:
-                raise InputError(f"{source_label}: row {row.index}: {row.error} {KEEP_GOING}")
             keys.append(_group_key(row, mapping.layout))
             blobs.append(pickle.dumps(row))
     return {"group": keys, "rows": blobs}
@@ -102,7 +99,6 @@ class ScoreActor:
             rows, grouped, results, contract.keep, contract.pooled_dim is not None, contract.query_ids_given
         )
         part = self.contract.part_table(columns)
-        enforce_fail(self.contract, part, self.config.input)
         return part
 
 
@@ -178,7 +174,7 @@ def _run_locked(
     dataset = ray.data.from_items([{"unit": pickle.dumps(u)} for u in units], override_num_blocks=len(units))
     dataset = dataset.map_batches(
         _read_rows,
-        fn_args=(mapping, types, config.on_error == "fail", source.label),
+        fn_args=(mapping, types),
         batch_size=1,
         num_cpus=LIGHT_CPUS,
     )
@@ -202,10 +198,15 @@ def _run_locked(
     errors = ErrorsSink(errors_path(config))
     try:
         try:
-            if config.on_error == "skip":
+            if config.on_error != "record":
+                # Failed rows come back as data (exceptions lose their cause on the way from a worker):
+                # under fail the first one in input order stops the run, under skip they are listed.
                 dataset = dataset.materialize()
-                failed = dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all()
-                errors.write(_sorted_table(failed, contract))
+                failed = _sorted_table(
+                    dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all(), contract
+                )
+                enforce_fail(contract, failed, source.label)
+                errors.write(failed)
             dataset = dataset.map_batches(_output_rows, fn_args=(contract,), batch_format="pyarrow")
             dataset.write_parquet(str(staging))
         except Exception as error:
