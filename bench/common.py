@@ -27,11 +27,13 @@ BENCH_MODEL = dict(
 LABELS = (" no", " yes")
 
 
-def build_bench_model(out_dir: Path, kind: str) -> Path:
-    """Tokenizer + random Qwen3 of a kind ('causal' or 'classifier') in out_dir."""
+def build_bench_model(out_dir: Path, kind: str, vocab_size: int | None = None, **overrides) -> Path:
+    """Tokenizer + random Qwen3 of a kind ('causal' or 'classifier') in out_dir (BENCH_MODEL unless overridden)."""
     tokenizer = build_tokenizer(out_dir)
-    settings = {k: v for k, v in BENCH_MODEL.items() if kind == "classifier" or k != "num_labels"}
-    return build_model(out_dir, "qwen3", kind, len(tokenizer), **settings)
+    settings = {
+        k: v for k, v in {**BENCH_MODEL, **overrides}.items() if kind == "classifier" or k != "num_labels"
+    }
+    return build_model(out_dir, "qwen3", kind, vocab_size or len(tokenizer), **settings)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ def hf_pairs(model, tokenizer, groups: list[Group], kind: str, label_ids, batch_
     tokens = 0
     backbone = model.model
     head = model.lm_head if kind == "causal" else model.score
+    device = model.device
     with torch.inference_mode():
         for start in range(0, len(pairs), batch_size):
             chunk = pairs[start : start + batch_size]
@@ -91,12 +94,14 @@ def hf_pairs(model, tokenizer, groups: list[Group], kind: str, label_ids, batch_
             for row, (_, _, seq) in enumerate(chunk):
                 ids[row, : len(seq)] = torch.tensor(seq)
                 mask[row, : len(seq)] = 1
+            ids, mask = ids.to(device), mask.to(device)
             hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state  # [rows, width, hidden]
-            last = hidden[torch.arange(len(chunk)), mask.sum(1) - 1]  # [rows, hidden]
+            last = hidden[torch.arange(len(chunk), device=device), mask.sum(1) - 1]  # [rows, hidden]
             logits = head(last).float()
             scores = torch.log_softmax(logits, -1)[:, list(label_ids)].exp() if kind == "causal" else logits
+            scores = scores.cpu().numpy()  # [rows, num_scores]
             for row, (g, i, _) in enumerate(chunk):
-                out[g][i] = scores[row].numpy()
+                out[g][i] = scores[row]
     return out, tokens
 
 

@@ -1,6 +1,7 @@
 """score-batch vs what users would run instead, same model and same data, in one run.
 
-    python bench/compare.py [--queries 8] [--items 30] [--threads 2] [--device cpu|cuda] [--kinds causal classifier]
+    python bench/compare.py [--queries 8] [--items 30] [--threads 2] [--device cpu|cuda] [--dtype D] [--head-dim 128]
+                            [--kinds causal classifier]
 
 For a random Qwen3 (4 layers, hidden 256) as CausalLM (label probabilities of " no"/" yes") and as
 SequenceClassification (2 logits), on text groups of the recommendation shape (queries ≈200 tokens,
@@ -18,10 +19,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import LABELS, Shape, best_of, build_bench_model, hf_pairs, machine, max_abs_diff, text_workload
+from common import (
+    BENCH_MODEL,
+    LABELS,
+    Shape,
+    best_of,
+    build_bench_model,
+    hf_pairs,
+    machine,
+    max_abs_diff,
+    text_workload,
+)
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from engine import EngineConfig, Scorer, ScoringConfig
+from engine.config import DTYPES
 
 REPEATS = 3  # every method's time is the best of this many runs
 
@@ -53,17 +65,19 @@ def cross_encoder_row(model_dir: Path, tokenizer, groups, reference, items: int,
     return ("CrossEncoder", items / seconds, tokens, float(np.abs(scores - flat_ref).max()), "")
 
 
-def compare(kind: str, shape: Shape, device: str, backends: list[str]) -> None:
+def compare(kind: str, shape: Shape, device: str, dtype: str, head_dim: int, backends: list[str]) -> None:
     """Print one table for one model kind."""
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_bench_model(Path(tmp), kind)
+        model_dir = build_bench_model(Path(tmp), kind, head_dim=head_dim)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         groups = text_workload(tokenizer, shape)
         items = sum(len(g.items) for g in groups)
         label_ids = [tokenizer.encode(t, add_special_tokens=False)[0] for t in LABELS]
         auto = AutoModelForCausalLM if kind == "causal" else AutoModelForSequenceClassification
         model = (
-            auto.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").to(device).eval()
+            auto.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+            .to(device)
+            .eval()
         )
         hf_pairs(model, tokenizer, groups[:1], kind, label_ids)  # warm-up
         (reference, hf_tokens), hf_seconds = best_of(
@@ -81,7 +95,7 @@ def compare(kind: str, shape: Shape, device: str, backends: list[str]) -> None:
             for backend in backends:
                 scoring = ScoringConfig(packing=packing, label_tokens=LABELS if kind == "causal" else ())
                 scorer = Scorer.from_pretrained(
-                    model_dir, EngineConfig(device=device, dtype="float32", backend=backend, scoring=scoring)
+                    model_dir, EngineConfig(device=device, dtype=dtype, backend=backend, scoring=scoring)
                 )
                 scorer.score(groups[:1])  # warm-up
                 plan = scorer.plan(groups)
@@ -116,16 +130,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument(
+        "--dtype", default=None, choices=DTYPES[1:], help="default: float32 on cpu, bfloat16 on cuda"
+    )
+    parser.add_argument("--head-dim", type=int, default=BENCH_MODEL["head_dim"], help="128 for flashinfer")
+    parser.add_argument(
         "--kinds", nargs="+", default=["causal", "classifier"], choices=("causal", "classifier")
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     # Uncompiled flex on the CPU materializes the whole ragged batch's [tokens, tokens] scores: a GPU path.
     backends = ["sdpa", "split"] if args.device == "cpu" else ["sdpa", "flex", "flashinfer"]
-    print(machine())
+    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    print(machine(), dtype)
     shape = Shape(args.queries, args.items, args.query_tokens, args.item_tokens)
     for kind in args.kinds:
-        compare(kind, shape, args.device, backends)
+        compare(kind, shape, args.device, dtype, args.head_dim, backends)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import numpy as np
 
 from engine.attention.flashinfer_plan import build_metadata, kernel_mask, pack_item_positions
 from engine.batching import collate
-from engine.packing import ItemRef, attention_mask, mis_pack
+from engine.packing import ItemRef, attention_mask, mis_pack, single_pack
 
 
 def _pack(query_len, item_lens):
@@ -38,3 +38,23 @@ def test_metadata_of_a_batch():
     rows = meta.token_pos_in_items.reshape(2, width)
     assert rows[0].tolist() == [0, 1, 2, 0, 1, 0] and rows[1].tolist() == [0, 1, 2, 3, 4, 0]
     assert meta.token_pos_in_items.dtype == np.uint16 and meta.prefix_len.dtype == np.uint32
+
+
+def test_vectorized_metadata_equals_a_per_token_count_on_random_batches():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        packs = [
+            _pack(int(rng.integers(1, 9)), [int(n) for n in rng.integers(0, 6, size=rng.integers(0, 5))])
+            if rng.random() < 0.8
+            else single_pack([3] * int(rng.integers(1, 7)), ItemRef(1, 0))
+            for _ in range(int(rng.integers(1, 6)))
+        ]
+        meta = build_metadata(collate(packs))
+        rows = meta.token_pos_in_items.reshape(len(packs), meta.token_pos_in_items_len)
+        for i, (row, pack) in enumerate(zip(rows, packs)):
+            expected, count = [], 0
+            for segment in pack.segments[pack.prefix_len :]:  # the plain loop the kernel's rule describes
+                count = 0 if segment == -2 else count + 1
+                expected.append(count)
+            assert row.tolist() == expected + [0] * (len(row) - len(expected))
+            assert row.max(initial=0) == meta.max_item_len[i]

@@ -1,10 +1,17 @@
-"""flex_attention backend: one block-sparse mask over the ragged batch, from the same pack metadata."""
+"""flex_attention backend: one block-sparse mask over the ragged batch, from the same pack metadata.
+
+Compiled (the CUDA default), the batch is padded to a bucketed token count so that any number of
+batch sizes compiles a bounded number of times (dynamo turns the padded length dynamic after the
+second size); padded tokens see only themselves and are sliced off.
+"""
 
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from engine.attention.base import Capabilities
@@ -12,19 +19,32 @@ from engine.batching import Batch
 from engine.packing import QUERY_SEGMENT
 
 FLEX_BLOCK_SIZE = 128
+BUCKETS_PER_OCTAVE = 4  # padding stays under one block or a quarter of the batch, whichever is larger
+
+
+def bucket_tokens(num_tokens: int, block: int = FLEX_BLOCK_SIZE) -> int:
+    """The padded length of a batch: a multiple of block, BUCKETS_PER_OCTAVE steps per power of two."""
+    octave = 1 << (max(num_tokens - 1, 1).bit_length() - 1)  # the largest power of two below num_tokens
+    step = max(block, octave // BUCKETS_PER_OCTAVE)
+    return -(-num_tokens // step) * step
+
+
+def _padded(array: np.ndarray, length: int, fill: int, device: torch.device) -> torch.Tensor:
+    """A [num_tokens] host array as a [length] device tensor, padded with fill."""
+    return torch.from_numpy(np.pad(array, (0, length - array.shape[0]), constant_values=fill)).to(device)
 
 
 class FlexPlan:
     """Block masks for one batch, one per sliding-window size, shared by all layers."""
 
-    def __init__(self, batch: Batch, device: torch.device, attention_fn, compile_mask: bool) -> None:
-        self._pack = torch.from_numpy(batch.pack_index).to(device)  # [num_tokens]
-        self._segment = torch.from_numpy(batch.segments).to(device)  # [num_tokens]
-        self._position = torch.from_numpy(batch.positions).to(device)  # [num_tokens]
-        self._length = batch.num_tokens
+    def __init__(self, batch: Batch, device: torch.device, backend: FlexBackend) -> None:
+        self._length = bucket_tokens(batch.num_tokens) if backend.compiled else batch.num_tokens
+        # Padded tokens form their own pack (-1) of query tokens: each sees itself only, never a real token.
+        self._pack = _padded(batch.pack_index, self._length, -1, device)  # [length]
+        self._segment = _padded(batch.segments, self._length, QUERY_SEGMENT, device)  # [length]
+        self._position = _padded(batch.positions, self._length, 0, device)  # [length]
         self._device = device
-        self._attention_fn = attention_fn
-        self._compile_mask = compile_mask
+        self._backend = backend
         self._block_masks: dict[int | None, object] = {}
 
     def _block_mask(self, sliding_window: int | None):
@@ -41,7 +61,7 @@ class FlexPlan:
                     allowed = allowed & (position[q_idx] - position[kv_idx] < sliding_window)
                 return allowed
 
-            self._block_masks[sliding_window] = create_block_mask(
+            self._block_masks[sliding_window] = self._backend.create_block_mask(
                 mask_mod,
                 None,
                 None,
@@ -49,17 +69,18 @@ class FlexPlan:
                 self._length,
                 device=self._device,
                 BLOCK_SIZE=FLEX_BLOCK_SIZE,
-                _compile=self._compile_mask,
             )
         return self._block_masks[sliding_window]
 
     def attend(self, query, key, value, scaling, sliding_window, softcap=None):
-        """One flex_attention call over the whole ragged batch."""
+        """One flex_attention call over the whole ragged batch (padded to its bucket when compiled)."""
         block_mask = self._block_mask(sliding_window)
+        num_tokens = query.shape[2]
+        query, key, value = (_pad_tokens(x, self._length) for x in (query, key, value))
         with warnings.catch_warnings():
             # Uncompiled flex (the CPU default) warns that it materializes scores; that is the intent there.
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            output = self._attention_fn(
+            output = self._backend.flex_attention(
                 query,
                 key,
                 value,
@@ -67,8 +88,13 @@ class FlexPlan:
                 block_mask=block_mask,
                 scale=scaling,
                 enable_gqa=key.shape[1] != query.shape[1],
-            )  # [1, num_heads, num_tokens, head_dim]
-        return output.transpose(1, 2)
+            )  # [1, num_heads, length, head_dim]
+        return output[:, :, :num_tokens].transpose(1, 2)
+
+
+def _pad_tokens(x: torch.Tensor, length: int) -> torch.Tensor:
+    """[1, heads, num_tokens, head_dim] zero-padded to [1, heads, length, head_dim]."""
+    return x if x.shape[2] == length else F.pad(x, (0, 0, 0, length - x.shape[2]))
 
 
 def _soft_cap_mod(cap: float):
@@ -87,10 +113,10 @@ class FlexBackend:
     capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), auto_devices=frozenset({"cuda"}))
 
     def __init__(self, device: torch.device, compile: bool | None = None) -> None:
-        compile = device.type == "cuda" if compile is None else compile
-        self._compile = compile
-        self._attention_fn = torch.compile(flex_attention, dynamic=False) if compile else flex_attention
+        self.compiled = device.type == "cuda" if compile is None else compile
+        self.flex_attention = torch.compile(flex_attention) if self.compiled else flex_attention
+        self.create_block_mask = torch.compile(create_block_mask) if self.compiled else create_block_mask
 
     def plan(self, batch: Batch, device: torch.device) -> FlexPlan:
         """Build the block mask lazily on the first layer that asks."""
-        return FlexPlan(batch, device, self._attention_fn, self._compile)
+        return FlexPlan(batch, device, self)
