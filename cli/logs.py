@@ -26,4 +26,3 @@ def setup_logging(quiet: bool) -> None:
         logger = logging.getLogger(name)
         logger.handlers = [handler]
         logger.setLevel(logging.ERROR if quiet else logging.INFO)
-        logger.propagate = False

@@ -90,17 +90,21 @@ class PartStore:
         return True
 
     def write(self, window: int, table: pa.Table, input_hash: str) -> None:
-        """Write window k's results (temporary file, fsync, rename), then list it in the manifest."""
+        """Write window k's results: temporary file, listed in the manifest with its checksum, then renamed.
+
+        Listing before the rename means a kill at any point leaves either an unlisted temporary file
+        (removed by the next run) or a listed part whose file is missing or whole (checked on resume).
+        """
         path = self.part_path(window)
         tmp = exclusive_temp(path)
         try:
             pq.write_table(table, tmp)
+            self._manifest["parts"][str(window)] = {"sha256": file_sha256(tmp), "input_sha256": input_hash}
+            self._save()
             durable_replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        self._manifest["parts"][str(window)] = {"sha256": file_sha256(path), "input_sha256": input_hash}
-        self._save()
 
     def read(self, window: int) -> pa.Table:
         """Window k's results."""
