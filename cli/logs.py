@@ -2,20 +2,46 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
+import typer
+
+LOG_FORMATS = ("text", "json")
 PACKAGES = ("cli", "engine", "io_formats", "job", "score_batch")  # the loggers the command shows
 
 
-def setup_logging(quiet: bool) -> None:
-    """Log to stderr (rich when a terminal, 'score-batch: LEVEL: message' otherwise); silence library chatter."""
+class JsonLines(logging.Formatter):
+    """One JSON object per log record: time, level, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def setup_logging(quiet: bool, log_format: str = "text") -> None:
+    """Log to stderr: rich on a terminal, else 'score-batch: LEVEL: message' lines or JSON lines."""
+    if log_format not in LOG_FORMATS:
+        raise typer.BadParameter(
+            f"{log_format!r} is not one of {', '.join(LOG_FORMATS)}", param_hint="--log-format"
+        )
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     handler: logging.Handler
-    if sys.stderr.isatty():
+    if log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLines())
+    elif sys.stderr.isatty():
         from rich.logging import RichHandler
 
         handler = RichHandler(show_path=False, show_time=False)

@@ -61,7 +61,7 @@ def main(
     """Offline batch scoring of (query, item) pairs."""
 
 
-app.command("score", help=HELP)(score)
+app.command("score", help=HELP, context_settings={"auto_envvar_prefix": "SCORE_BATCH"})(score)
 app.command(
     "models", help="Show the supported model families, the packing each allows, and the built-in profiles."
 )(models)

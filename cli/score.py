@@ -268,7 +268,50 @@ def score(
         ),
     ] = False,
     quiet: Annotated[
-        bool, typer.Option("-q", "--quiet", help="No progress bar and no summary.", rich_help_panel=JOB)
+        bool, typer.Option("-q", "--quiet", help="No progress and no summary.", rich_help_panel=JOB)
+    ] = False,
+    progress_seconds: Annotated[
+        float,
+        typer.Option(
+            help="When stderr is not a terminal: a progress log line (rows, items/s, ETA) every N seconds.",
+            rich_help_panel=JOB,
+        ),
+    ] = 30.0,
+    log_format: Annotated[
+        str,
+        typer.Option(help="Log lines on stderr: text or json (one object per line).", rich_help_panel=JOB),
+    ] = "text",
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="Torch threads \\[default: the CPUs this process may use (affinity and cgroup quota)].",
+            rich_help_panel=ENGINE,
+            show_default=False,
+        ),
+    ] = None,
+    input_format: Annotated[
+        str,
+        typer.Option(
+            help="table (query/item rows), openai-batch (vLLM-style /v1/score and /v1/rerank batch file), or "
+            "auto (openai-batch when the lines are batch requests).",
+            rich_help_panel=COLUMNS,
+        ),
+    ] = "auto",
+    top_k: Annotated[
+        int | None,
+        typer.Option(
+            help="Keep the N best items of each query, best first, with a rank column.",
+            rich_help_panel=SCORING,
+            show_default=False,
+        ),
+    ] = None,
+    rank: Annotated[
+        bool,
+        typer.Option(
+            "--rank",
+            help="Add a rank column (1 = best); each query's items come out best first.",
+            rich_help_panel=SCORING,
+        ),
     ] = False,
     ray: Annotated[
         bool,
@@ -302,7 +345,7 @@ def score(
     ] = 1.0,
 ) -> None:
     flags = dict(locals())
-    setup_logging(quiet)
+    setup_logging(quiet, log_format)
     report = job.run(run_config(flags))
     if not quiet:
         typer.echo(report.summary(), err=True)
@@ -372,4 +415,9 @@ def run_config(flags: dict) -> RunConfig:
         dry_run=flags["dry_run"],
         quiet=flags["quiet"],
         ray=ray,
+        input_format=flags["input_format"],
+        top_k=flags["top_k"],
+        rank=flags["rank"],
+        threads=flags["threads"],
+        progress_seconds=flags["progress_seconds"],
     )

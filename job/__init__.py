@@ -4,16 +4,23 @@
 from and who scores them. Imports engine and io_formats, never the CLI.
 """
 
+import torch
+
 from io_formats.readers import open_source
 from job.config import RayOptions, RunConfig
 from job.policy import check_destination, check_report_path, check_run_paths
 from job.report import RunReport, settings_of, versions
+from job.resources import available_cpus
 from job.signals import Stopped
 
 
 def run(config: RunConfig) -> RunReport:
-    """Run one job (locally, or on Ray when config.ray is set); the report is written however it ends."""
-    if config.ray is not None:
+    """Run one job (locally, on Ray, or an OpenAI-style batch file); the report is written however it ends."""
+    torch.set_num_threads(config.threads or available_cpus())
+    batch_file = _is_openai_batch(config)
+    if batch_file:
+        from job.openai_batch import run_openai_batch
+    elif config.ray is not None:
         from job.ray_run import check_ray_run
         from job.ray_run import run_ray as run_job
 
@@ -24,17 +31,33 @@ def run(config: RunConfig) -> RunReport:
     check_report_path(config)
     source = open_source(config.input)
     try:
-        destination = check_destination(config, directory=config.ray is not None)
+        destination = check_destination(config, directory=config.ray is not None and not batch_file)
         check_run_paths(config, source.files, destination)
-        report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
-        try:
-            run_job(config, source, destination, report)
-        except BaseException as error:
-            report.end(error)
-            _write_report(config, report)
-            raise
+        if batch_file:
+            return _run_reported(config, lambda report: run_openai_batch(config, report))
+        return _run_reported(config, lambda report: run_job(config, source, destination, report))
     finally:
         source.close()
+
+
+def _is_openai_batch(config: RunConfig) -> bool:
+    """True when the input is an OpenAI-style batch file (named so, or detected)."""
+    if config.input_format == "auto":
+        from io_formats.openai_batch import looks_like_openai_batch
+
+        return looks_like_openai_batch(config.input)
+    return config.input_format == "openai-batch"
+
+
+def _run_reported(config: RunConfig, work) -> RunReport:
+    """Run work(report) with the report written however it ends."""
+    report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
+    try:
+        work(report)
+    except BaseException as error:
+        report.end(error)
+        _write_report(config, report)
+        raise
     report.end(None)
     _write_report(config, report)
     return report

@@ -13,6 +13,11 @@ from io_formats.schema import ColumnOverrides
 from score_batch.errors import ConfigError
 
 ON_ERROR_MODES = ("fail", "record", "skip")
+INPUT_FORMATS = (
+    "auto",
+    "table",
+    "openai-batch",
+)  # table: query/item rows; openai-batch: vLLM-style batch file
 DEFAULT_WINDOW_ROWS = 2048
 STDOUT = "-"
 
@@ -54,6 +59,11 @@ class RunConfig:
     dry_run: bool = False
     quiet: bool = False
     ray: RayOptions | None = None  # None: a local run
+    input_format: str = "auto"  # auto: openai-batch when the input's lines are batch requests, else table
+    top_k: int | None = None  # keep the best top_k items per query (adds rank)
+    rank: bool = False  # add a rank column (1 = best) to every row
+    threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
+    progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR_MODES:
@@ -62,6 +72,16 @@ class RunConfig:
             )
         if self.window_rows < 1:
             raise ConfigError("RunConfig.window_rows", self.window_rows, "must be at least 1")
+        if self.input_format not in INPUT_FORMATS:
+            raise ConfigError(
+                "RunConfig.input_format", self.input_format, f"is not one of {', '.join(INPUT_FORMATS)}"
+            )
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError("RunConfig.threads", self.threads, "must be at least 1")
+        if self.progress_seconds <= 0:
+            raise ConfigError("RunConfig.progress_seconds", self.progress_seconds, "must be positive")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError("RunConfig.top_k", self.top_k, "must be at least 1")
         if self.resume and self.output == STDOUT:
             raise ConfigError("RunConfig.resume", True, "needs an output file (stdout cannot be resumed)")
 
@@ -75,7 +95,8 @@ class RunConfig:
     def fingerprint(self, model_identity: list, input_identity: list) -> str:
         """A hash of everything that decides the output rows, for refusing a mismatched --resume."""
         settings = dataclasses.asdict(self)
-        for name in ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray"):
+        ignored = ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray")
+        for name in (*ignored, "threads", "progress_seconds"):
             settings.pop(name)
         payload = json.dumps([settings, model_identity, input_identity], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()

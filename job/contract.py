@@ -18,8 +18,10 @@ from io_formats.schema import ColumnMapping
 
 ROW_INDEX = "row_index"  # the input row an output row came from (0-based; JSONL: line number - 1)
 ERROR = "error"
+RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
+QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
 ERROR_FIELDS = (ROW_INDEX, "query_id", "item_id", ERROR)  # one line of the errors file
-RESERVED = ("query_id", "item_id", "score", "scores", "pooled_hidden_state", ERROR, ROW_INDEX)
+RESERVED = ("query_id", "item_id", "score", "rank", "scores", "pooled_hidden_state", ERROR, ROW_INDEX)
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,19 @@ class OutputContract:
     pooled_dim: int | None  # width of pooled_hidden_state, None when not asked for
     on_error: str  # fail | record | skip
     query_ids_given: bool  # the input has a query-id column; else the row index is the query id
+    ranked: bool = False  # add a rank column; rows of a query come out best first
+    top_k: int | None = None  # keep only the top_k scored items of each query
+    row_is_query: bool = False  # nested layout: each input row is one query (its own ranking)
 
     @classmethod
     def from_types(
-        cls, mapping: ColumnMapping, types: dict[str, pa.DataType], pooled_dim: int | None, on_error: str
+        cls,
+        mapping: ColumnMapping,
+        types: dict[str, pa.DataType],
+        pooled_dim: int | None,
+        on_error: str,
+        rank: bool = False,
+        top_k: int | None = None,
     ) -> OutputContract:
         """Types of the whole input (io_formats.readers.column_types); absent ids are row indexes (int64)."""
 
@@ -44,7 +55,9 @@ class OutputContract:
 
         id_types = (typed(mapping.query_id, pa.int64()), typed(mapping.item_id, pa.int64()))
         kept = tuple((name, typed(name, pa.string())) for name in mapping.keep)
-        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None)
+        ranked = rank or top_k is not None
+        nested = mapping.layout == "nested"
+        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k, nested)
 
     @property
     def keep(self) -> tuple[str, ...]:
@@ -63,12 +76,21 @@ class OutputContract:
         if self.pooled_dim is not None:
             fields.append(pa.field("pooled_hidden_state", pa.list_(pa.float32(), self.pooled_dim)))
         fields.extend(pa.field(name, dtype) for name, dtype in self.kept)
+        if self.ranked:
+            fields.append(pa.field(QUERY_KEY, pa.string()))
         fields.append(pa.field(ERROR, pa.string()))
         return pa.schema(fields)
 
+    def ranked_schema(self) -> pa.Schema:
+        """Part rows after ranking: the part schema with rank after score."""
+        schema = self.part_schema()
+        return schema.insert(schema.get_field_index("score") + 1, pa.field(RANK, pa.int32()))
+
     def final_schema(self) -> pa.Schema:
-        """The user's file or stdout: no row index; the error column only under on_error=record."""
-        schema = self.part_schema().remove(0)
+        """The user's file or stdout: no row index; rank when ranked; the error column only under record."""
+        schema = (self.ranked_schema() if self.ranked else self.part_schema()).remove(0)
+        if self.ranked:
+            schema = schema.remove(schema.get_field_index(QUERY_KEY))
         return schema if self.on_error == "record" else schema.remove(schema.get_field_index(ERROR))
 
     def ray_schema(self) -> pa.Schema:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from pathlib import Path
-
-from tqdm import tqdm
 
 from engine.scorer import Scorer, load_planner
 from io_formats.errors import InputError
@@ -22,6 +19,7 @@ from job.policy import (
     errors_path,
     remove_leftovers,
 )
+from job.progress import Progress
 from job.report import RunReport
 from job.signals import StopSignals
 from job.sinks import open_sink
@@ -57,21 +55,19 @@ def _run_locked(
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
 
     mapping, windows = read_windows(source, config.columns, config.window_rows)
-    contract = OutputContract.from_types(mapping, column_types(source, mapping), pooled_dim, config.on_error)
+    contract = OutputContract.from_types(
+        mapping, column_types(source, mapping), pooled_dim, config.on_error, config.rank, config.top_k
+    )
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
-    progress = tqdm(
-        total=source.total_rows() if mapping.layout == "long" else None,
-        unit="item",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        desc="scoring",
-        disable=config.quiet or not sys.stderr.isatty(),
+    progress = Progress(
+        source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
     )
     scoring_started = time.perf_counter()
     try:
         with StopSignals() as stop:
             for number, rows in enumerate(windows):
                 report.rows_read += len(rows)
+                progress.add_rows(len(rows))
                 input_hash = window_hash(rows)
                 if sink.done(number, input_hash):
                     report.rows_skipped_by_resume += len(rows)
@@ -90,9 +86,7 @@ def _run_locked(
                         stop.check()
 
                     results = scorer.run(plan, advance)
-                columns = output_columns(
-                    rows, grouped, results, contract.keep, pooled_dim is not None, contract.query_ids_given
-                )
+                columns = output_columns(rows, grouped, results, contract)
                 part = contract.part_table(columns)
                 failed = part.num_rows - part["error"].null_count
                 report.items += part.num_rows

@@ -33,6 +33,7 @@ from job.policy import (
     publish_directory,
     remove_leftovers,
 )
+from job.ranking import rank_rows
 from job.report import RunReport
 from job.windows import group_window, output_columns, query_group_key
 from score_batch.errors import UserError
@@ -95,9 +96,7 @@ class ScoreActor:
         grouped = group_window(rows)
         results = self.scorer.score(grouped.groups)
         contract = self.contract
-        columns = output_columns(
-            rows, grouped, results, contract.keep, contract.pooled_dim is not None, contract.query_ids_given
-        )
+        columns = output_columns(rows, grouped, results, contract)
         part = self.contract.part_table(columns)
         return part
 
@@ -153,7 +152,9 @@ def _run_locked(
         raise InputError(f"input {config.input!r} has no rows")
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
     types = column_types(source, mapping)
-    contract = OutputContract.from_types(mapping, types, pooled_dim, config.on_error)
+    contract = OutputContract.from_types(
+        mapping, types, pooled_dim, config.on_error, config.rank, config.top_k
+    )
 
     if not ray.is_initialized():
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages
@@ -207,8 +208,11 @@ def _run_locked(
                 )
                 enforce_fail(contract, failed, source.label)
                 errors.write(failed)
-            dataset = dataset.map_batches(_output_rows, fn_args=(contract,), batch_format="pyarrow")
-            dataset.write_parquet(str(staging))
+            if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
+                _write_ranked(dataset, contract, staging)
+            else:
+                dataset = dataset.map_batches(_output_rows, fn_args=(contract,), batch_format="pyarrow")
+                dataset.write_parquet(str(staging))
         except Exception as error:
             user_error = _user_error(error)
             if user_error is not None:
@@ -237,6 +241,16 @@ def _user_error(error: BaseException) -> UserError | None:
             return current
         pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
     return None
+
+
+def _write_ranked(dataset, contract: OutputContract, staging: Path) -> None:
+    """All scored rows in input order, ranked per query, written as one Parquet file of the Ray schema."""
+    import ray
+
+    tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
+    rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
+    kept, _ = contract.split(rows)
+    pq.write_table(contract.ray_view(rank_rows(kept, contract)), staging / "part-00000.parquet")
 
 
 def _failed_rows(table: pa.Table) -> pa.Table:

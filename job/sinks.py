@@ -14,6 +14,7 @@ from io_formats.writers import AtomicTableWriter, StdoutJsonlWriter, output_form
 from job.config import RunConfig
 from job.contract import OutputContract
 from job.policy import ErrorsSink, default_errors_path, errors_path
+from job.ranking import rank_rows
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class StdoutSink:
     def __init__(self, config: RunConfig) -> None:
         self._writer: StdoutJsonlWriter | None = None
         self.errors = ErrorsSink(errors_path(config))
+        self._held: list[pa.Table] = []  # ranked runs print once every query is complete
 
     def done(self, window: int, input_hash: str) -> bool:
         """Stdout cannot be resumed."""
@@ -54,15 +56,28 @@ class StdoutSink:
         """Nothing to record."""
 
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
-        """Print the window's output rows and divert its failed rows."""
+        """Print the window's output rows and divert its failed rows (ranked runs: hold them to the end)."""
+        if contract.ranked:
+            self._held.append(part)
+            return
         kept, failed = contract.split(part)
         self.errors.write(failed)
+        self._print(kept, contract)
+
+    def _print(self, kept: pa.Table, contract: OutputContract) -> None:
+        """Write output rows as JSON lines."""
         if self._writer is None:
             self._writer = StdoutJsonlWriter(contract.final_schema())
         self._writer.write(contract.final_view(kept))
 
     def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
-        """Publish the errors list; lines already printed stay printed."""
+        """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
+        if contract.ranked:
+            kept, failed = contract.split(
+                pa.concat_tables(self._held or [contract.part_schema().empty_table()])
+            )
+            self.errors.write(failed)
+            self._print(rank_rows(kept, contract), contract)
         self.errors.commit()
         return self.errors.count
 
@@ -115,7 +130,14 @@ class PartsSink:
         writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format)
         errors = ErrorsSink(errors_path(self.config))
         try:
-            for window in self.parts.windows():
+            if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
+                tables = [self.parts.read(window) for window in self.parts.windows()]
+                kept, failed = contract.split(
+                    pa.concat_tables(tables or [contract.part_schema().empty_table()])
+                )
+                errors.write(failed)
+                writer.write(contract.final_view(rank_rows(kept, contract)))
+            for window in [] if contract.ranked else self.parts.windows():
                 kept, failed = contract.split(self.parts.read(window))
                 errors.write(failed)
                 writer.write(contract.final_view(kept))

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine import Group, GroupResult
 from io_formats.readers import InputRow
-from job.contract import ERROR, ROW_INDEX
+from job.contract import ERROR, QUERY_KEY, ROW_INDEX, OutputContract
 
 
 @dataclass
@@ -47,27 +47,34 @@ def group_window(rows: list[InputRow]) -> WindowGroups:
 
 
 def output_columns(
-    rows: list[InputRow],
-    grouped: WindowGroups,
-    results: list[GroupResult] | None,
-    keep: tuple[str, ...],
-    pooled: bool,
-    query_ids_given: bool,
+    rows: list[InputRow], grouped: WindowGroups, results: list[GroupResult] | None, contract: OutputContract
 ) -> dict[str, list]:
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
-    query_ids_given: the input has a query-id column (a null id stays null); else the row index is the id.
+    A null id stays null when the input has an id column; without one, the row index is the query id.
     """
+    keep, pooled = contract.keep, contract.pooled_dim is not None
     by_item: dict[tuple[int, int], tuple] = {}
     if results is not None:
         for g_refs, result in zip(grouped.refs, results):
             for k, ref in enumerate(g_refs):
                 vector = result.pooled[k].tolist() if pooled and result.errors[k] is None else None
                 by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, result.errors[k])
-    names = [ROW_INDEX, "query_id", "item_id", "score", "scores", "pooled_hidden_state", *keep, ERROR]
+    names = [
+        ROW_INDEX,
+        "query_id",
+        "item_id",
+        "score",
+        "scores",
+        "pooled_hidden_state",
+        *keep,
+        QUERY_KEY,
+        ERROR,
+    ]
     columns: dict[str, list] = {name: [] for name in names}
     for row_pos, row in enumerate(rows):
-        query_id = row.query_id if query_ids_given else row.index
+        query_id = row.query_id if contract.query_ids_given else row.index
+        key = _query_key(row, contract.row_is_query) if contract.ranked else None
         for item_pos, item_id in enumerate(row.item_ids):
             score, scores, vector, error = by_item.get((row_pos, item_pos), (None, None, None, row.error))
             if error is not None:
@@ -80,8 +87,16 @@ def output_columns(
             columns["pooled_hidden_state"].append(vector)
             for name in keep:
                 columns[name].append(row.kept.get(name))
+            columns[QUERY_KEY].append(key)
             columns[ERROR].append(error if error is None else f"row {row.index}: {error}")
     return columns
+
+
+def _query_key(row: InputRow, row_is_query: bool) -> str:
+    """Which query a row's items are ranked within: its query group (long layout) or the row itself."""
+    if row_is_query or row.query is None:  # nested rows, and lines that could not be read
+        return f"row:{row.index}"
+    return hashlib.sha256(repr((row.query_id, row.query)).encode()).hexdigest()[:32]
 
 
 def window_hash(rows: list[InputRow]) -> str:

@@ -1,0 +1,69 @@
+"""Progress on stderr: a bar on a terminal, else a log line every few seconds (rows, items/s, ETA)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+
+class Progress:
+    """Counts scored items and rows; shows them as a tqdm bar (terminal) or periodic log lines (log files)."""
+
+    def __init__(self, total_items: int | None, quiet: bool, every_seconds: float) -> None:
+        self.total = total_items
+        self.items = 0
+        self.rows = 0
+        self.every = every_seconds
+        self.quiet = quiet
+        self._started = self._last = time.monotonic()
+        terminal = sys.stderr.isatty()
+        self._bar = tqdm(
+            total=total_items,
+            unit="item",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            desc="scoring",
+            disable=quiet or not terminal,
+        )
+        self._lines = not quiet and not terminal
+
+    def add_rows(self, rows: int) -> None:
+        """Count input rows read."""
+        self.rows += rows
+
+    def update(self, items: int) -> None:
+        """Count finished items; log a line when the interval has passed."""
+        self.items += items
+        self._bar.update(items)
+        now = time.monotonic()
+        if self._lines and now - self._last >= self.every:
+            self._last = now
+            log.info("progress: %s", self.describe(now))
+
+    def describe(self, now: float) -> str:
+        """Rows, items, rate and (when the total is known) the ETA."""
+        elapsed = max(now - self._started, 1e-9)
+        rate = self.items / elapsed
+        text = f"{self.rows} rows, {self.items} items, {rate:.1f} items/s"
+        if self.total:
+            left = max(self.total - self.items, 0)
+            eta = left / rate if rate > 0 else float("inf")
+            text += f", {100 * self.items / self.total:.1f}%, ETA {_duration(eta)}"
+        return text
+
+    def close(self) -> None:
+        """Close the bar."""
+        self._bar.close()
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as h:mm:ss (or 'unknown')."""
+    if seconds == float("inf"):
+        return "unknown"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
