@@ -15,13 +15,15 @@ from cli.score import HELP, score
 from score_batch import __version__
 from score_batch.errors import EXIT_USAGE
 
+GROUP_OPTIONS = ("-h", "--help", "--version", "--install-completion", "--show-completion")
+
 
 class ScoreByDefault(TyperGroup):
     """`score-batch INPUT …` means `score-batch score INPUT …`; subcommand names always win."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         first = args[0] if args else None
-        if first not in self.commands and first not in ("-h", "--help", "--version"):
+        if first not in self.commands and first not in GROUP_OPTIONS:
             args = ["score", *args]
         return super().parse_args(ctx, args)
 
@@ -37,11 +39,15 @@ class ScoreByDefault(TyperGroup):
 
 app = typer.Typer(
     cls=ScoreByDefault,
-    add_completion=False,
+    add_completion=True,
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Offline batch scoring of (query, item) pairs with multi-item packed transformers.\n\n"
-    "[bold]score-batch INPUT -o OUTPUT[/bold] runs [bold]score[/bold] (see score-batch score --help).",
+    "[bold]score-batch INPUT -o OUTPUT[/bold] runs [bold]score[/bold] (see score-batch score --help).\n\n"
+    "Every option of score can also come from an environment variable SCORE_BATCH_<OPTION> "
+    "(SCORE_BATCH_MODEL, SCORE_BATCH_ON_ERROR, …); flags win.\n\n"
+    "Exit codes: 0 done; 2 bad input or flags; 3 the machine refused (disk full, permission); "
+    "1 a bug; 130/143 stopped by Ctrl-C/SIGTERM (rerun with --resume).",
 )
 
 
