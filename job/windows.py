@@ -88,8 +88,20 @@ def output_columns(
             for name in keep:
                 columns[name].append(row.kept.get(name))
             columns[QUERY_KEY].append(key)
-            columns[ERROR].append(error if error is None else f"row {row.index}: {error}")
+            columns[ERROR].append(
+                error if error is None else f"row {row.index}: {error}{_ids(query_id, item_id)}"
+            )
     return columns
+
+
+def _ids(query_id: Any, item_id: Any) -> str:
+    """The ids of a failed row, for its message (empty when the input has none)."""
+    named = [
+        f"{name}={value!r}"
+        for name, value in (("query_id", query_id), ("item_id", item_id))
+        if value is not None
+    ]
+    return f" ({', '.join(named)})" if named else ""
 
 
 def _query_key(row: InputRow, row_is_query: bool) -> str:
