@@ -44,7 +44,7 @@ SUPPORTED = [
         "encoders: BERT, XLM-RoBERTa, ModernBERT (tested); RoBERTa, DeBERTa, DistilBERT, ELECTRA, MPNet, …",
         "ForSequenceClassification (cross-encoders)",
         "single (pairs)",
-        "tokenizer(query, item), padded length-sorted batches; pooled = the head's input (CLS or mean)",
+        "tokenizer(query, item), padded length-sorted batches; pooled = last hidden state at CLS (or the mean)",
     ),
     ("encoder-decoders (T5, BART, …)", "—", "refused", ""),
 ]
