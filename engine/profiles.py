@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import ScoringConfig
-from engine.errors import ScoringInputError
+from engine.errors import ScoringInputError, SettingError
 
 PROFILE_FILE = "score_batch.json"
 BUILTIN_PACKAGE = "engine.builtin_profiles"
@@ -150,3 +150,62 @@ def merge_profile(profile: dict, overrides: dict) -> dict:
 def scoring_config(profile: Profile | None, overrides: dict) -> ScoringConfig:
     """The ScoringConfig of a profile under the caller's overrides (None = not given)."""
     return ScoringConfig(**merge_profile(profile.settings if profile else {}, overrides))
+
+
+def checked_overrides(overrides: dict) -> dict:
+    """Keyword overrides of ScoringConfig fields from Python: known names only, values of the field's type.
+
+    None means "not given" (the profile's value stays), as for an absent command-line flag; lists become tuples.
+    """
+    checked = {}
+    for key, value in overrides.items():
+        if key not in PROFILE_KEYS:
+            raise ScoringInputError(
+                f"unknown scoring setting {key!r}; the keyword overrides are ScoringConfig's fields: "
+                f"{', '.join(PROFILE_KEYS)} (engine settings such as device go in EngineConfig)"
+            )
+        if value is None:
+            continue
+        as_json = list(value) if isinstance(value, tuple) else value
+        if not _matches(as_json, FIELD_TYPES[key]):
+            raise SettingError(f"ScoringConfig.{key}", value, f"must be {_describe_python(FIELD_TYPES[key])}")
+        checked[key] = tuple(value) if isinstance(value, list | tuple) else value
+    return checked
+
+
+def _describe_python(expected: Any) -> str:
+    """A type annotation in Python words (a tuple field accepts a list or a tuple)."""
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe_python(option) for option in typing.get_args(expected))
+    if origin is tuple:
+        element = typing.get_args(expected)[0]
+        return f"a list or tuple of {getattr(element, '__name__', str(element))}"
+    names = {bool: "True/False", int: "an int", str: "a str", type(None): "None"}
+    return names.get(expected, getattr(expected, "__name__", str(expected)))
+
+
+def resolve_scoring(
+    model_name: str,
+    model_dir: Path,
+    explicit: ScoringConfig | None,
+    profile: str | None,
+    overrides: dict,
+) -> tuple[ScoringConfig, Profile | None]:
+    """The ScoringConfig of a Python caller, resolved as the command line does, and the profile used.
+
+    A non-default explicit ScoringConfig wins over every profile (none is looked up); otherwise the profile
+    is chosen like the CLI's (explicit name or file, score_batch.json beside the model, built-in match).
+    Keyword overrides then replace single values, like flags.
+    """
+    overrides = checked_overrides(overrides)
+    if explicit is not None and explicit != ScoringConfig():
+        if profile:
+            raise ScoringInputError(
+                f"profile={profile!r} was given together with a non-default EngineConfig.scoring; give one: "
+                "the profile (with keyword overrides such as apply_softmax=False), or the full ScoringConfig"
+            )
+        base = {f.name: getattr(explicit, f.name) for f in dataclasses.fields(ScoringConfig)}
+        return ScoringConfig(**merge_profile(base, overrides)), None
+    chosen = choose_profile(profile, model_name, model_dir)
+    return scoring_config(chosen, overrides), chosen
