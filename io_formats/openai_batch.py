@@ -1,0 +1,376 @@
+"""OpenAI-style batch files, as `vllm run-batch` reads them for /v1/score and /v1/rerank.
+
+Request lines in (`custom_id`, `method`, `url`, `body`), response lines out (`id`, `custom_id`,
+`response`, `error`). This module only parses requests into queries and items and builds response
+records from scores; it never imports engine/ (job/openai_batch.py runs the scoring). The mapping
+and what is not supported are in docs/openai-batch.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STDIN = "-"
+SCORE_URLS = ("/v1/score", "/score")
+RERANK_URLS = ("/v1/rerank", "/rerank", "/v2/rerank")
+# The score body's (queries, items) field pairs, as vLLM's ScoreRequest variants name them.
+SCORE_FIELDS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+# Body fields that would change scores per request; a request that sets one (non-null) gets an error line.
+UNSUPPORTED_FIELDS = {
+    "truncate_prompt_tokens": "truncation is set for the whole run (--truncate, --max-query-tokens, --max-item-tokens)",
+    "use_activation": "the activation is set for the whole run (the scoring profile, --apply-softmax)",
+    "activation": "the activation is set for the whole run (the scoring profile, --apply-softmax)",
+    "softmax": "the activation is set for the whole run (the scoring profile, --apply-softmax)",
+    "mm_processor_kwargs": "multimodal inputs are not supported",
+}
+DETECT_LIMIT = 64 << 20  # bytes of the first non-blank line read to detect the format
+
+
+@dataclass(frozen=True)
+class BatchError:
+    """Why a request line got no scores; http: the line was a request (response carries status 400)."""
+
+    code: str
+    message: str
+    http: bool = True
+
+    def record(self) -> dict:
+        """The line's `error` object."""
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass
+class BatchRequest:
+    """One request line: where it is, its id, and its work (queries and items) or its error."""
+
+    index: int  # 0-based position among the request lines (= output line)
+    line: int  # 1-based line number in the input file
+    custom_id: Any = None  # as given (echoed even when it is not a string)
+    endpoint: str | None = None  # "score" | "rerank"
+    item_field: str = ""  # the body field holding the items (text_2, documents, ...), for messages
+    queries: list[str] = field(default_factory=list)  # distinct queries, in order of first appearance
+    items: list[str] = field(default_factory=list)  # one per response entry, in request order
+    item_query: list[int] = field(default_factory=list)  # index into queries, per item
+    top_n: int = 0  # rerank: keep the best top_n results (0: all)
+    return_documents: bool = True  # rerank: include each document's text
+    error: BatchError | None = None
+
+    def grouped(self) -> list[tuple[str, list[int]]]:
+        """(query, positions of its items) per distinct query: the groups the engine scores."""
+        positions: list[list[int]] = [[] for _ in self.queries]
+        for position, query in enumerate(self.item_query):
+            positions[query].append(position)
+        return list(zip(self.queries, positions))
+
+
+def looks_like_openai_batch(path: str) -> bool:
+    """True when path is a file whose first non-blank line is a JSON object with custom_id, url and body.
+
+    stdin ("-"), directories, Parquet files and anything unreadable are not batch files here.
+    """
+    if path == STDIN:
+        return False
+    p = Path(path)
+    if not p.is_file() or p.suffix.lower() == ".parquet":
+        return False
+    try:
+        with open(p, "rb") as handle:
+            while True:
+                raw = handle.readline(DETECT_LIMIT)
+                if not raw:
+                    return False
+                if raw.strip():
+                    break
+        record = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and all(key in record for key in ("custom_id", "url", "body"))
+
+
+def read_requests(path: str) -> Iterator[BatchRequest]:
+    """The request lines of a batch file (or stdin), parsed; blank lines are skipped, bad lines carry an error."""
+    index = 0
+    for line, raw in _nonblank_lines(path):
+        yield parse_request(raw, line, index)
+        index += 1
+
+
+def _nonblank_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) of every non-blank line."""
+    if path == STDIN:
+        yield from _numbered(sys.stdin.buffer)
+        return
+    with open(path, "rb") as handle:
+        yield from _numbered(handle)
+
+
+def _numbered(handle) -> Iterator[tuple[int, bytes]]:
+    for number, raw in enumerate(handle, start=1):
+        if raw.strip():
+            yield number, raw
+
+
+def parse_request(raw: bytes | str, line: int, index: int) -> BatchRequest:
+    """Parse one request line; problems become the request's error (never an exception)."""
+    request = BatchRequest(index=index, line=line)
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as error:
+        request.error = BatchError(
+            "invalid_json", f"line {line}: not valid UTF-8 ({error.reason})", http=False
+        )
+        return request
+    try:
+        record = json.loads(text)
+    except ValueError as error:
+        request.error = BatchError("invalid_json", f"line {line}: not valid JSON ({error})", http=False)
+        return request
+    if not isinstance(record, dict):
+        request.error = _bad_envelope(line, f"a request must be a JSON object, not {_json_type(record)}")
+        return request
+    request.custom_id = record.get("custom_id")
+    problem = _envelope_problem(record)
+    if problem is not None:
+        request.error = _bad_envelope(line, problem)
+        return request
+    url, body = record["url"], record["body"]
+    try:
+        if url in SCORE_URLS:
+            request.endpoint = "score"
+            _parse_score(request, body)
+        elif url in RERANK_URLS:
+            request.endpoint = "rerank"
+            _parse_rerank(request, body)
+        else:
+            supported = ", ".join((*SCORE_URLS, *RERANK_URLS))
+            raise _BodyError("unsupported_url", f"url {url!r} is not supported (supported: {supported})")
+    except _BodyError as error:
+        request.error = BatchError(error.code, f"line {line}: {error.message}")
+        request.queries, request.items, request.item_query = [], [], []
+    return request
+
+
+def _bad_envelope(line: int, problem: str) -> BatchError:
+    return BatchError("invalid_request", f"line {line}: {problem}", http=False)
+
+
+def _envelope_problem(record: dict) -> str | None:
+    """What is wrong with a request's custom_id, method, url or body (None: a well-formed request)."""
+    for key in ("custom_id", "url", "body"):
+        if key not in record:
+            return f"the request has no {key!r}"
+    if not isinstance(record["custom_id"], str):
+        return f"custom_id must be a string, not {_json_type(record['custom_id'])}"
+    method = record.get("method", "POST")
+    if not isinstance(method, str) or method.upper() != "POST":
+        return f"method must be 'POST', not {method!r}"
+    if not isinstance(record["url"], str):
+        return f"url must be a string, not {_json_type(record['url'])}"
+    if not isinstance(record["body"], dict):
+        return f"body must be a JSON object, not {_json_type(record['body'])}"
+    return None
+
+
+class _BodyError(Exception):
+    """A bad request body: becomes an error line with status 400."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _check_unsupported(body: dict) -> None:
+    for name, why in UNSUPPORTED_FIELDS.items():
+        if body.get(name) is not None:
+            raise _BodyError("unsupported_parameter", f"body.{name} is not supported: {why}")
+
+
+def _parse_score(request: BatchRequest, body: dict) -> None:
+    """text_1 (one or N) against text_2 (N): 1:1, 1:N or N:N pairs, as vLLM's score endpoint."""
+    _check_unsupported(body)
+    present = [pair for pair in SCORE_FIELDS if pair[0] in body and pair[1] in body]
+    if not present:
+        partial = [name for pair in SCORE_FIELDS for name in pair if name in body]
+        if partial:
+            first = next(pair for pair in SCORE_FIELDS if partial[0] in pair)
+            missing = first[1] if first[0] in body else first[0]
+            raise _BodyError("invalid_body", f"body has {partial[0]!r} but no {missing!r}")
+        raise _BodyError("invalid_body", "body needs text_1 and text_2 (or queries and documents)")
+    first_field, second_field = present[0]
+    firsts = _texts(body[first_field], first_field)
+    seconds = _texts(body[second_field], second_field)
+    if not firsts:
+        raise _BodyError("invalid_body", f"body.{first_field} is empty: give at least one text")
+    if not seconds:
+        raise _BodyError("invalid_body", f"body.{second_field} is empty: give at least one text")
+    if len(firsts) > 1 and len(firsts) != len(seconds):
+        raise _BodyError(
+            "invalid_body",
+            f"body.{first_field} has {len(firsts)} texts and body.{second_field} {len(seconds)}: "
+            "lengths must be 1:1, 1:N or N:N",
+        )
+    request.item_field = second_field
+    request.items = seconds
+    if len(firsts) == 1:
+        request.queries, request.item_query = firsts, [0] * len(seconds)
+        return
+    positions: dict[str, int] = {}
+    for text in firsts:  # N:N: pairs that share a text_1 are scored as one group
+        request.item_query.append(positions.setdefault(text, len(positions)))
+    request.queries = list(positions)
+
+
+def _parse_rerank(request: BatchRequest, body: dict) -> None:
+    """One query against its documents; results sorted best first, top_n kept."""
+    _check_unsupported(body)
+    for name in ("query", "documents"):
+        if name not in body:
+            raise _BodyError("invalid_body", f"body has no {name!r}")
+    query = body["query"]
+    if not isinstance(query, str):
+        raise _BodyError("invalid_body", f"body.query must be a string, not {_json_type(query)}")
+    documents = _texts(body["documents"], "documents")
+    if not documents:
+        raise _BodyError("invalid_body", "body.documents is empty: give at least one document")
+    top_n = body.get("top_n", 0)
+    if top_n is None:
+        top_n = 0
+    if not isinstance(top_n, int) or isinstance(top_n, bool):
+        raise _BodyError("invalid_body", f"body.top_n must be an integer, not {_json_type(top_n)}")
+    return_documents = body.get("return_documents", True)
+    if return_documents is None:
+        return_documents = True
+    if not isinstance(return_documents, bool):
+        raise _BodyError(
+            "invalid_body", f"body.return_documents must be true or false, not {_json_type(return_documents)}"
+        )
+    request.item_field = "documents"
+    request.queries, request.items, request.item_query = [query], documents, [0] * len(documents)
+    request.top_n = max(top_n, 0)
+    request.return_documents = return_documents
+
+
+def _texts(value: Any, name: str) -> list[str]:
+    """A string or a list of strings as a list; anything else (multimodal parts, token ids) is refused."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        for position, text in enumerate(value):
+            if not isinstance(text, str):
+                raise _BodyError(
+                    "invalid_body",
+                    f"body.{name}[{position}] must be a string, not {_json_type(text)} "
+                    "(multimodal and token-id inputs are not supported)",
+                )
+        return list(value)
+    raise _BodyError(
+        "invalid_body", f"body.{name} must be a string or a list of strings, not {_json_type(value)}"
+    )
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type name of a parsed value, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+# Responses ----------------------------------------------------------------------------------------
+
+
+def output_id(request: BatchRequest) -> str:
+    """The output line's id (deterministic: the request's position)."""
+    return f"score-batch-{request.index}"
+
+
+def request_id(request: BatchRequest) -> str:
+    """The response's request_id (deterministic: the request's position)."""
+    return f"score-batch-req-{request.index}"
+
+
+def score_body(
+    request: BatchRequest, scores: list[float], prompt_tokens: int, model: str, created: int
+) -> dict:
+    """A vLLM ScoreResponse: one entry per item, in request order."""
+    return {
+        "id": f"score-{request.index}",
+        "object": "list",
+        "created": created,
+        "model": model,
+        "data": [{"index": i, "object": "score", "score": _finite(s)} for i, s in enumerate(scores)],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens,
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+        },
+    }
+
+
+def rerank_body(request: BatchRequest, scores: list[float], prompt_tokens: int, model: str) -> dict:
+    """A vLLM RerankResponse: results sorted by relevance (ties in document order), top_n kept."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep document order
+    if 0 < request.top_n < len(order):
+        order = order[: request.top_n]
+    results = []
+    for i in order:
+        result: dict[str, Any] = {"index": i}
+        if request.return_documents:
+            result["document"] = {"text": request.items[i]}
+        result["relevance_score"] = _finite(scores[i])
+        results.append(result)
+    return {
+        "id": f"rerank-{request.index}",
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        "results": results,
+    }
+
+
+def success_line(request: BatchRequest, body: dict) -> str:
+    """The output line of a request that was scored."""
+    return _dump(
+        {
+            "id": output_id(request),
+            "custom_id": request.custom_id,
+            "response": {"status_code": 200, "request_id": request_id(request), "body": body},
+            "error": None,
+        }
+    )
+
+
+def error_line(request: BatchRequest, error: BatchError) -> str:
+    """The output line of a request that failed: response null (not a request) or status 400, and the error."""
+    response = {"status_code": 400, "request_id": request_id(request), "body": None} if error.http else None
+    return _dump(
+        {
+            "id": output_id(request),
+            "custom_id": request.custom_id,
+            "response": response,
+            "error": error.record(),
+        }
+    )
+
+
+def _dump(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _finite(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,260 @@
+"""OpenAI-style batch files (vLLM run-batch /v1/score and /v1/rerank): detection, parsing, round trips, errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import EngineConfig, Group, Scorer, ScoringConfig
+from io_formats.errors import InputError
+from io_formats.openai_batch import looks_like_openai_batch, parse_request
+from io_formats.schema import ColumnOverrides
+from job.config import RunConfig
+from job.openai_batch import run_openai_batch
+from job.report import RunReport
+from tests.test_cli import ROWS, write_jsonl
+
+LABELS = (" to", " the")  # the labels of tests.test_cli.LABEL_FLAGS
+QUERY_A, QUERY_B = "I pledge allegiance", "Tokyo is a city in"
+LONG = " the flag of the country" * 12  # over max_item_tokens below: a per-item engine error
+
+REQUESTS = [
+    {"custom_id": "s-1n", "method": "POST", "url": "/v1/score",
+     "body": {"model": "ignored", "text_1": QUERY_A, "text_2": [" to", " the flag of", ""]}},
+    {"custom_id": "r-top2", "method": "POST", "url": "/v1/rerank",
+     "body": {"query": QUERY_B, "documents": [" Japan", " the country", " to", " Kyoto"], "top_n": 2}},
+    "{not json",
+    {"custom_id": "s-nn", "method": "POST", "url": "/score",
+     "body": {"text_1": [QUERY_A, QUERY_B, QUERY_A], "text_2": [" to", " Japan", " the flag of"]}},
+    {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}},
+    {"custom_id": "no-docs", "method": "POST", "url": "/rerank", "body": {"query": QUERY_B}},
+    {"custom_id": "r-all", "method": "POST", "url": "/v2/rerank",
+     "body": {"query": QUERY_A, "documents": [" to", " the flag of"], "return_documents": False}},
+    {"custom_id": "too-long", "method": "POST", "url": "/v1/rerank", "body": {"query": QUERY_A, "documents": [" to", LONG]}},
+    {"custom_id": "s-11", "method": "POST", "url": "/v1/score", "body": {"text_1": QUERY_B, "text_2": " Japan"}},
+]  # fmt: skip
+
+
+def write_batch(path: Path, requests: list) -> Path:
+    """One line per request (strings are written as they are), with a blank line in between."""
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in requests]
+    path.write_text("\n".join(lines[:3]) + "\n\n" + "\n".join(lines[3:]) + "\n")
+    return path
+
+
+def batch_config(model_dir: Path, src: Path | str, out: Path | str, **overrides) -> RunConfig:
+    scoring = ScoringConfig(label_tokens=LABELS, max_item_tokens=16)
+    settings = dict(
+        input=str(src),
+        output=str(out),
+        model_dir=model_dir,
+        columns=ColumnOverrides(),
+        engine=EngineConfig(device="cpu", scoring=scoring),
+        window_rows=4,  # several windows, and requests of different windows
+    )
+    settings.update(overrides)
+    return RunConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def direct(qwen3_causal):
+    """Scores of one group from a separate Scorer, for comparison."""
+    scoring = ScoringConfig(label_tokens=LABELS, max_item_tokens=16)
+    scorer = Scorer.from_pretrained(qwen3_causal, EngineConfig(device="cpu", scoring=scoring))
+    return lambda query, items: scorer.score([Group(query, items)])[0]
+
+
+def test_round_trip_score_and_rerank(qwen3_causal, tmp_path, direct):
+    src, out = write_batch(tmp_path / "batch.jsonl", REQUESTS), tmp_path / "results.jsonl"
+    report = RunReport()
+    run_openai_batch(batch_config(qwen3_causal, src, out), report)
+
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == len(REQUESTS)  # one output line per request line, blank lines skipped
+    assert [line["custom_id"] for line in lines] == [
+        "s-1n", "r-top2", None, "s-nn", "chat", "no-docs", "r-all", "too-long", "s-11"
+    ]  # fmt: skip
+    assert len({line["id"] for line in lines}) == len(lines)
+    by_id = {line["custom_id"]: line for line in lines if line["custom_id"] is not None}
+
+    # /v1/score, one text_1 against many text_2: one group, data in text_2 order
+    body = _ok(by_id["s-1n"])
+    assert body["object"] == "list" and body["model"] == str(qwen3_causal)
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    assert all(d["object"] == "score" for d in body["data"])
+    _close([d["score"] for d in body["data"]], direct(QUERY_A, [" to", " the flag of", ""]).score)
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+
+    # N:N pairs: pair i is (text_1[i], text_2[i]); pairs that share a text_1 are one group
+    body = _ok(by_id["s-nn"])
+    a = direct(QUERY_A, [" to", " the flag of"]).score
+    b = direct(QUERY_B, [" Japan"]).score
+    _close([d["score"] for d in body["data"]], [a[0], b[0], a[1]])
+
+    body = _ok(by_id["s-11"])
+    _close([d["score"] for d in body["data"]], direct(QUERY_B, [" Japan"]).score)
+
+    # /v1/rerank: sorted best first (ties in document order), top_n kept, documents returned
+    documents = [" Japan", " the country", " to", " Kyoto"]
+    expected = direct(QUERY_B, documents).score
+    body = _ok(by_id["r-top2"])
+    order = sorted(range(len(documents)), key=lambda i: -expected[i])[:2]
+    assert [r["index"] for r in body["results"]] == order
+    assert [r["document"]["text"] for r in body["results"]] == [documents[i] for i in order]
+    _close([r["relevance_score"] for r in body["results"]], expected[order])
+    assert body["usage"]["total_tokens"] > 0
+
+    body = _ok(by_id["r-all"])  # no top_n: every document; return_documents false: no text
+    expected = direct(QUERY_A, [" to", " the flag of"]).score
+    assert [r["index"] for r in body["results"]] == sorted(range(2), key=lambda i: -expected[i])
+    assert all("document" not in r for r in body["results"])
+    scores = [r["relevance_score"] for r in body["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+    # errors: each on its own line, the run goes on
+    bad_json = lines[2]
+    assert bad_json["response"] is None and bad_json["error"]["code"] == "invalid_json"
+    assert "line 3" in bad_json["error"]["message"]
+    for custom_id, code in (
+        ("chat", "unsupported_url"),
+        ("no-docs", "invalid_body"),
+        ("too-long", "invalid_input"),
+    ):
+        line = by_id[custom_id]
+        assert line["response"]["status_code"] == 400 and line["response"]["body"] is None
+        assert line["error"]["code"] == code, line
+    assert "'documents'" in by_id["no-docs"]["error"]["message"]
+    assert "documents[1]" in by_id["too-long"]["error"]["message"]
+
+    assert report.rows_read == len(REQUESTS)
+    assert report.items == 3 + 4 + 3 + 2 + 2 + 1
+    assert report.items_failed == 2  # the too-long request's two documents
+    assert report.items_scored == report.items - report.items_failed
+    assert report.groups > 0 and report.seconds_total > 0 and report.backend
+    assert list(tmp_path.glob(".results.jsonl*")) == [] and not (tmp_path / "results.jsonl.lock").exists()
+
+
+def test_stdout_and_existing_output(qwen3_causal, tmp_path, capsys, monkeypatch):
+    src = write_batch(tmp_path / "batch.jsonl", REQUESTS[:2])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
+    run_openai_batch(batch_config(qwen3_causal, "-", "-"), RunReport())  # stdin to stdout
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["custom_id"] for line in lines] == ["s-1n", "r-top2"]
+
+    out = tmp_path / "results.jsonl"
+    out.write_text("keep me\n")
+    with pytest.raises(InputError, match="already exists"):
+        run_openai_batch(batch_config(qwen3_causal, src, out), RunReport())
+    assert out.read_text() == "keep me\n"
+
+    def broken(*args, **kwargs):  # a failure mid-run: the destination keeps its old content
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Scorer, "run", broken)
+    with pytest.raises(RuntimeError):
+        run_openai_batch(batch_config(qwen3_causal, src, out, overwrite=True), RunReport())
+    assert out.read_text() == "keep me\n"
+    assert list(tmp_path.glob(".results.jsonl*")) == [] and not (tmp_path / "results.jsonl.lock").exists()
+
+
+def test_dry_run_writes_nothing(qwen3_causal, tmp_path):
+    src, out = write_batch(tmp_path / "batch.jsonl", REQUESTS), tmp_path / "results.jsonl"
+    report = RunReport()
+    run_openai_batch(batch_config(qwen3_causal, src, out, dry_run=True), report)
+    assert not out.exists()
+    assert report.items == 15 and report.items_failed == 2 and report.items_scored == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"top_k": 3}, "--top-k"),
+        ({"resume": True}, "--resume"),
+        ({"columns": ColumnOverrides(keep_columns=("tag",))}, "column options"),
+        ({"output": "results.parquet"}, "JSONL"),
+    ],
+)
+def test_refused_settings(qwen3_causal, tmp_path, overrides, match):
+    src = write_batch(tmp_path / "batch.jsonl", REQUESTS[:1])
+    if "output" in overrides:
+        overrides = {"output": str(tmp_path / overrides["output"])}
+    config = batch_config(qwen3_causal, src, tmp_path / "out.jsonl", **overrides)
+    with pytest.raises(InputError, match=match):
+        run_openai_batch(config, RunReport())
+
+
+def test_looks_like_openai_batch(tmp_path):
+    batch = write_batch(tmp_path / "batch.jsonl", REQUESTS)
+    assert looks_like_openai_batch(str(batch))
+    leading_blank = tmp_path / "blank.jsonl"
+    leading_blank.write_text("\n  \n" + json.dumps(REQUESTS[0]) + "\n")
+    assert looks_like_openai_batch(str(leading_blank))
+    assert not looks_like_openai_batch(str(write_jsonl(tmp_path / "table.jsonl", ROWS)))
+    assert not looks_like_openai_batch("-")
+    assert not looks_like_openai_batch(str(tmp_path))
+    assert not looks_like_openai_batch(str(tmp_path / "missing.jsonl"))
+    for name, text in (("empty.jsonl", ""), ("bad.jsonl", "{not json\n"), ("list.jsonl", "[1, 2]\n")):
+        (tmp_path / name).write_text(text)
+        assert not looks_like_openai_batch(str(tmp_path / name))
+    no_body = tmp_path / "no_body.jsonl"
+    no_body.write_text(json.dumps({"custom_id": "a", "url": "/v1/score"}) + "\n")
+    assert not looks_like_openai_batch(str(no_body))
+
+
+def _request(body: dict, url: str = "/v1/score", **envelope) -> str:
+    return json.dumps({"custom_id": "x", "method": "POST", "url": url, "body": body, **envelope})
+
+
+@pytest.mark.parametrize(
+    "line, code, http, needle",
+    [
+        (b"\xff\xfe{}", "invalid_json", False, "UTF-8"),
+        ("[1]", "invalid_request", False, "JSON object"),
+        (json.dumps({"url": "/v1/score", "body": {}}), "invalid_request", False, "custom_id"),
+        (json.dumps({"custom_id": 7, "url": "/v1/score", "body": {}}), "invalid_request", False, "string"),
+        (_request({}, method="GET"), "invalid_request", False, "POST"),
+        (_request([]), "invalid_request", False, "body"),
+        (_request({}, url="/v1/embeddings"), "unsupported_url", True, "/v1/embeddings"),
+        (_request({"text_1": "q"}), "invalid_body", True, "'text_2'"),
+        (_request({"text_1": [], "text_2": "d"}), "invalid_body", True, "empty"),
+        (_request({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}), "invalid_body", True, "1:1, 1:N or N:N"),
+        (_request({"text_1": "q", "text_2": [{"type": "image_url"}]}), "invalid_body", True, "text_2[0]"),
+        (_request({"text_1": "q", "text_2": "d", "truncate_prompt_tokens": 10}), "unsupported_parameter", True, "--truncate"),
+        (_request({"query": ["q"], "documents": ["d"]}, url="/rerank"), "invalid_body", True, "query"),
+        (_request({"query": "q", "documents": ["d"], "top_n": "2"}, url="/rerank"), "invalid_body", True, "top_n"),
+    ],
+)  # fmt: skip
+def test_parse_errors(line, code, http, needle):
+    request = parse_request(line, 5, 0)
+    assert request.error is not None and request.error.code == code
+    assert request.error.http is http
+    assert needle in request.error.message and request.error.message.startswith("line 5: ")
+    assert request.items == []
+
+
+def test_parse_mapping():
+    request = parse_request(_request({"text_1": ["a", "b", "a"], "text_2": ["x", "y", "z"]}), 1, 0)
+    assert request.error is None and request.endpoint == "score"
+    assert request.grouped() == [("a", [0, 2]), ("b", [1])]
+    request = parse_request(_request({"queries": "q", "documents": ["x", "y"], "model": "m"}), 1, 0)
+    assert request.grouped() == [("q", [0, 1])] and request.item_field == "documents"
+    request = parse_request(_request({"query": "q", "documents": "only", "top_n": 0}, url="/v1/rerank"), 1, 0)
+    assert request.endpoint == "rerank" and request.items == ["only"] and request.top_n == 0
+
+
+def _ok(line: dict) -> dict:
+    assert line["error"] is None, line
+    assert line["response"]["status_code"] == 200
+    assert line["response"]["request_id"]
+    return line["response"]["body"]
+
+
+def _close(got, expected) -> None:
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    assert got.shape == expected.shape
+    assert np.max(np.abs(got - expected)) <= 1e-6, (got, expected)
