@@ -19,8 +19,20 @@ def hub_cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
-def resolve_model_dir(name: str | Path) -> Path:
-    """A local model directory, or the cached snapshot of a hub id ('org/name' or 'org/name@revision')."""
+def resolve_model_dir(name: str | Path, check_weights: bool = True) -> Path:
+    """A local model directory, or the cached snapshot of a hub id ('org/name' or 'org/name@revision').
+
+    With check_weights, the directory's weight files are checked too (see check_weight_files), so a
+    missing or damaged file is refused before any tokenizer or weight load.
+    """
+    path = _find_model_dir(name)
+    if check_weights and (path / "config.json").is_file():  # without it, read_model_info says what is wrong
+        check_weight_files(path)
+    return path
+
+
+def _find_model_dir(name: str | Path) -> Path:
+    """A local model directory, or the cached snapshot of a hub id."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -45,3 +57,128 @@ def resolve_model_dir(name: str | Path) -> Path:
             f"is network with `hf download {repo_id}` and copy the cache here, or give a local model directory"
         ) from None
     return Path(snapshot)
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = "model.safetensors, model-*.safetensors + model.safetensors.index.json, pytorch_model*.bin"
+
+
+def check_weight_files(path: str | Path) -> str:
+    """Check the weight files transformers would load from a model directory, before any load.
+
+    Returns "safetensors" or "pickle" (pytorch_model*.bin). Raises ScoringInputError naming the file
+    when weights are missing, unreadable, truncated or not weight files at all. Reads headers only:
+    safetensors headers through safe_open, the zip directory of torch.save files.
+    """
+    path = Path(path)
+    for kind, index_name, single in (
+        ("safetensors", SAFETENSORS_INDEX, "model.safetensors"),
+        ("pickle", PICKLE_INDEX, "pytorch_model.bin"),
+    ):
+        check = _check_safetensors if kind == "safetensors" else _check_pickle
+        if _present(path / index_name):
+            for shard in _index_shards(path / index_name):
+                check(path / shard, path)
+            return kind
+        if _present(path / single):
+            check(path / single, path)
+            return kind
+    stray = sorted(p.name for p in path.glob("*.safetensors")) + sorted(p.name for p in path.glob("*.bin"))
+    found = (
+        f"; it has {', '.join(stray[:5])}{' …' if len(stray) > 5 else ''}, but sharded weights need their "
+        "index file and other names are not loaded as the model's weights"
+        if stray
+        else ""
+    )
+    raise ScoringInputError(f"no weight files ({WEIGHT_FILES}) in {str(path)!r}{found}")
+
+
+def _present(file: Path) -> bool:
+    """True when a directory entry exists, a broken symbolic link included."""
+    return os.path.lexists(file)
+
+
+def _describe_missing(file: Path, directory: Path) -> str | None:
+    """Why a weight file cannot be opened at all (missing, broken link, not a file), or None."""
+    if not _present(file):
+        return f"{file.name} is missing from {str(directory)!r}"
+    if file.is_symlink() and not file.exists():
+        return (
+            f"{file.name} in {str(directory)!r} is a broken link (to {os.readlink(file)!r}); "
+            "the file it points to is gone (an incomplete download or a cleaned cache?)"
+        )
+    if not file.is_file():
+        return f"{file.name} in {str(directory)!r} is not a regular file"
+    return None
+
+
+def _unreadable(file: Path, directory: Path) -> str | None:
+    """Why a weight file cannot be read, or None when its first byte can be."""
+    problem = _describe_missing(file, directory)
+    if problem:
+        return problem
+    try:
+        with open(file, "rb") as handle:
+            handle.read(1)
+    except OSError as error:
+        return f"{file.name} in {str(directory)!r} cannot be read: {error.strerror or error}"
+    return None
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard file names listed in a sharded checkpoint's index."""
+    problem = _unreadable(index, index.parent)
+    if problem:
+        raise ScoringInputError(problem)
+    import json
+
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ScoringInputError(
+            f"{index.name} in {str(index.parent)!r} is truncated or not a weight index "
+            f"(a JSON object with a 'weight_map'): {error}"
+        ) from None
+    if not shards or not all(isinstance(shard, str) and "/" not in shard for shard in shards):
+        raise ScoringInputError(f"{index.name} in {str(index.parent)!r} lists no usable shard files")
+    return shards
+
+
+def _check_safetensors(file: Path, directory: Path) -> None:
+    """Refuse a safetensors file that is missing, unreadable, truncated or not safetensors (header only)."""
+    problem = _unreadable(file, directory)
+    if problem:
+        raise ScoringInputError(problem)
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as error:
+        size = file.stat().st_size
+        raise ScoringInputError(
+            f"{file.name} in {str(directory)!r} is truncated or not a safetensors file ({size} bytes): {error}"
+        ) from None
+
+
+def _check_pickle(file: Path, directory: Path) -> None:
+    """Refuse a torch.save file that is missing, unreadable, empty or a truncated zip (no unpickling)."""
+    import zipfile
+
+    problem = _unreadable(file, directory)
+    if problem:
+        raise ScoringInputError(problem)
+    with open(file, "rb") as handle:
+        magic = handle.read(4)
+    what = f"{file.name} in {str(directory)!r} is truncated or not a PyTorch weight file"
+    if magic.startswith(b"\x80"):  # the legacy (non-zip) torch.save format starts with a pickle
+        return
+    if magic != b"PK\x03\x04":
+        raise ScoringInputError(f"{what} ({file.stat().st_size} bytes)")
+    try:
+        with zipfile.ZipFile(file):
+            pass
+    except (zipfile.BadZipFile, OSError) as error:
+        raise ScoringInputError(f"{what}: {error}") from None

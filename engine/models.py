@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from engine.errors import ScoringInputError, SettingError
+from engine.model_source import check_weight_files
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ScoringInputError(f"{str(path)!r} has no config.json; it is not a Hugging Face model directory")
-    raw = json.loads(config_file.read_text())
+    raw = read_json_file(config_file, "a JSON object of model settings")
     if raw.get("auto_map") and not trust_remote_code:
         raise SettingError(
             "EngineConfig.trust_remote_code",
@@ -137,6 +140,8 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     max_positions = getattr(text_config, "max_position_embeddings", None)
     if max_positions and model_type in POSITION_OFFSET_MODEL_TYPES:
         max_positions -= 2
+    if max_positions and not encoder:
+        max_positions = _scaled_position_limit(text_config, max_positions)
     uses_windows = "sliding_attention" in layer_types or (
         not layer_types and getattr(text_config, "use_sliding_window", True)
     )
@@ -158,6 +163,32 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     )
 
 
+# RoPE scalings that extend a model's context past the max_position_embeddings it was trained with.
+CONTEXT_EXTENDING_ROPE = {"yarn", "dynamic", "linear", "longrope"}
+
+
+def _scaled_position_limit(text_config, max_positions: int) -> int:
+    """max_position_embeddings, times the RoPE scaling factor when a config extends its original context.
+
+    A YaRN config such as Qwen's keeps max_position_embeddings at the original length and sets
+    rope_scaling {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32768}; the model
+    then takes factor × that many positions. Configs that already raised max_position_embeddings
+    (Llama 3.1: 131072 with an original of 8192; Gemma 3's linear scaling) keep their value.
+    """
+    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None)
+    if not isinstance(rope, dict):
+        return max_positions
+    kind = rope.get("rope_type") or rope.get("type")
+    factor = rope.get("factor")
+    original = rope.get("original_max_position_embeddings")
+    if kind in CONTEXT_EXTENDING_ROPE and isinstance(factor, (int, float)) and factor > 1:
+        if original is not None and original >= max_positions:
+            return int(original * factor)
+        if original is None and kind == "dynamic":  # dynamic NTK scales past max_position_embeddings itself
+            return int(max_positions * factor)
+    return max_positions
+
+
 @dataclass
 class LoadedModel:
     """A loaded model split into the parts the engine calls: backbone and score head."""
@@ -169,14 +200,60 @@ class LoadedModel:
     final_logit_softcap: float | None
 
 
+# Files a Hugging Face tokenizer is built from; a directory with none of them has no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+
+
+def read_json_file(file: Path, what: str) -> dict:
+    """Parse a JSON object file of a model directory; a truncated or invalid one is a ScoringInputError naming it."""
+    where = f"{file.name} in {str(file.parent)!r}"
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ScoringInputError(f"{where} cannot be read: {error}") from None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise ScoringInputError(f"{where} is truncated or not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ScoringInputError(f"{where} is not {what} (it holds a JSON {type(value).__name__})")
+    return value
+
+
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     """Load the tokenizer stored in a model directory (offline)."""
     from transformers import AutoTokenizer
 
+    path = Path(path)
+    if not any((path / name).exists() for name in TOKENIZER_FILES) and not any(path.glob("*.model")):
+        raise ScoringInputError(
+            f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {str(path)!r}; copy the model's tokenizer "
+            "files into that directory"
+        )
+    for name in TOKENIZER_JSON_FILES:  # name a damaged file instead of a bare parse error
+        if (path / name).exists():
+            read_json_file(path / name, "a tokenizer file (a JSON object)")
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (ValueError, OSError) as error:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (ValueError, OSError, TypeError, KeyError) as error:
         raise ScoringInputError(f"cannot load a tokenizer from {str(path)!r}: {error}") from error
+    except Exception as error:
+        if (
+            type(error) is not Exception
+        ):  # the tokenizers library raises a bare Exception for a malformed file
+            raise
+        raise ScoringInputError(f"cannot load a tokenizer from {str(path)!r}: {error}") from error
+    if len(tokenizer) == 0:
+        raise ScoringInputError(f"the tokenizer in {str(path)!r} has an empty vocabulary")
+    return tokenizer
 
 
 def load_model(
@@ -187,7 +264,8 @@ def load_model(
 
     from engine.attention import HF_ATTENTION_NAME, register_with_transformers
 
-    has_safetensors = any(info.path.glob("*.safetensors"))
+    weights = check_weight_files(info.path)  # headers only: a damaged file is named before a long load
+    has_safetensors = weights == "safetensors"
     if not has_safetensors and not allow_pickle:
         raise SettingError(
             "EngineConfig.allow_pickle",
@@ -197,14 +275,25 @@ def load_model(
         )
     register_with_transformers()
     auto = AutoModelForCausalLM if info.kind == "causal" else AutoModelForSequenceClassification
-    model = auto.from_pretrained(
-        info.path,
-        dtype=dtype,
-        attn_implementation=None if info.encoder else HF_ATTENTION_NAME,
-        trust_remote_code=trust_remote_code,
-        local_files_only=True,
-        use_safetensors=has_safetensors,
-    )
+    try:
+        model, loading = auto.from_pretrained(
+            info.path,
+            dtype=dtype,
+            attn_implementation=None if info.encoder else HF_ATTENTION_NAME,
+            trust_remote_code=trust_remote_code,
+            local_files_only=True,
+            use_safetensors=has_safetensors,
+            output_loading_info=True,
+        )
+    except (OSError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
+        raise ScoringInputError(f"cannot load the weights of model {str(info.path)!r}: {error}") from error
+    except RuntimeError as error:
+        if isinstance(error, torch.OutOfMemoryError) or not _is_checkpoint_error(error):
+            raise
+        raise ScoringInputError(
+            f"the weights of model {str(info.path)!r} do not match its config.json: {error}"
+        ) from error
+    _refuse_missing_weights(info, loading)
     model.to(device).eval()
     backbone = getattr(model, model.base_model_prefix)
     if info.kind == "causal":
@@ -215,3 +304,35 @@ def load_model(
             raise ScoringInputError(f"cannot find the classification head of {info.architecture}")
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     return LoadedModel(info=info, model=model, backbone=backbone, head=head, final_logit_softcap=softcap)
+
+
+def _is_checkpoint_error(error: RuntimeError) -> bool:
+    """True for the RuntimeErrors torch and transformers raise for a damaged or mismatched checkpoint."""
+    text = str(error)
+    return any(
+        marker in text
+        for marker in (
+            "size mismatch",
+            "ignore_mismatched_sizes",
+            "PytorchStreamReader",
+            "zip archive",
+            "unexpected EOF",
+            "checkpoint",
+        )
+    )
+
+
+def _refuse_missing_weights(info: ModelInfo, loading: dict) -> None:
+    """Refuse a checkpoint that lacks tensors the model needs: transformers would fill them with random values."""
+    missing = sorted(loading.get("missing_keys") or ())
+    mismatched = sorted(
+        str(key[0]) if isinstance(key, tuple) else str(key) for key in loading.get("mismatched_keys") or ()
+    )
+    if missing or mismatched:
+        names = missing + mismatched
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        what = "lack" if missing else "have wrongly shaped"
+        raise ScoringInputError(
+            f"the weight files of model {str(info.path)!r} {what} tensors the model needs ({shown}); "
+            "they would be random: the checkpoint does not match its config.json or is incomplete"
+        )

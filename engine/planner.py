@@ -24,6 +24,9 @@ class PlanLimits:
     isolate_sequences: bool = False
     pair_max_length: int | None = None  # set for encoder cross-encoders: pairs run unpacked and padded
     pad_token_id: int = 0
+    # The model's position limit (max_position_embeddings) for decoders: every reference sequence
+    # (query + item) must fit it; None when the model has no such limit (encoders use pair_max_length).
+    max_positions: int | None = None
 
 
 @dataclass
@@ -65,7 +68,10 @@ def plan_work(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLi
     """Tokenize, pack (MIS or single) and batch the groups of one call."""
     if limits.pair_max_length is not None:
         return _plan_pairs(groups, tokenizer, cfg, limits)
-    tokenized = [tokenize_group(g, tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size) for g in groups]
+    tokenized = [
+        tokenize_group(g, tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions)
+        for g in groups
+    ]
     packs: list[Pack] = []
     for group_index, group in enumerate(tokenized):
         packs.extend(_group_packs(group_index, group, cfg, limits))

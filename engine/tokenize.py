@@ -35,9 +35,19 @@ class _Encoded:
 
 
 def tokenize_group(
-    group: Group, tokenizer, cfg: ScoringConfig, max_pack_tokens: int, vocab_size: int
+    group: Group,
+    tokenizer,
+    cfg: ScoringConfig,
+    max_pack_tokens: int,
+    vocab_size: int,
+    max_positions: int | None = None,
 ) -> TokenizedGroup:
-    """Tokenize one group under the config's templates, limits and truncation policy."""
+    """Tokenize one group under the config's templates, limits and truncation policy.
+
+    max_positions is the model's position limit (max_position_embeddings): a reference sequence
+    (query + item) must fit it, since under multi-item packing an item's positions continue after
+    the query's. It bounds the query and each item like the other limits do.
+    """
     text_input = isinstance(group.query, str)
     overhead = 0 if cfg.packing == "single" or cfg.item_first else MIS_DELIMITERS_PER_ITEM
     if any(isinstance(item, str) != text_input for item in group.items):
@@ -56,8 +66,18 @@ def tokenize_group(
     query_ids: list[int] = []
     if query_error is None:
         query_limit = min(cfg.max_query_tokens or max_pack_tokens, max_pack_tokens - overhead)
+        why = ""
+        if max_positions is not None and max_positions < query_limit:
+            query_limit = max_positions
+            why = f", the model's position limit (max_position_embeddings {max_positions})"
         query_ids, query_error = _fit(
-            query, query_limit, "query", cfg.truncate == "query-head", from_head=True
+            query,
+            query_limit,
+            "query",
+            cfg.truncate == "query-head",
+            from_head=True,
+            why=why,
+            cut="query-head",
         )
     if query_error is None and not query_ids and not cfg.item_first:
         query_error = "query is empty after tokenization (it needs at least one token)"
@@ -67,13 +87,28 @@ def tokenize_group(
     item_limit = max_pack_tokens - len(query_ids) - overhead
     if cfg.max_item_tokens is not None:
         item_limit = min(item_limit, cfg.max_item_tokens)
+    item_why = ""
+    if max_positions is not None and max_positions - len(query_ids) < item_limit:
+        item_limit = max_positions - len(query_ids)
+        item_why = (
+            f": with the query's {len(query_ids)} tokens it would pass the model's position limit "
+            f"(max_position_embeddings {max_positions})"
+        )
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []
     for index, item in enumerate(items):
         error = _check_ids(item.ids, vocab_size, f"item {index}")
         ids = None
         if error is None:
-            ids, error = _fit(item, item_limit, f"item {index}", cfg.truncate == "item-tail", from_head=False)
+            ids, error = _fit(
+                item,
+                item_limit,
+                f"item {index}",
+                cfg.truncate == "item-tail",
+                from_head=False,
+                why=item_why,
+                cut="item-tail",
+            )
         if error is None and cfg.item_first and not ids and not query_ids:
             error = f"item {index} and the query are both empty"
         item_ids.append(ids if error is None else None)
@@ -107,18 +142,33 @@ def _check_ids(ids: list[int], vocab_size: int, what: str) -> str | None:
 
 
 def _fit(
-    encoded: _Encoded, limit: int, what: str, may_truncate: bool, from_head: bool
+    encoded: _Encoded,
+    limit: int,
+    what: str,
+    may_truncate: bool,
+    from_head: bool,
+    why: str = "",
+    cut: str = "",
 ) -> tuple[list[int], str | None]:
-    """Return ids within limit, dropping content tokens from the head or tail when allowed."""
+    """Return ids within limit, dropping content tokens from the head or tail when allowed.
+
+    why says where the limit comes from when it is not the configured one; cut names the
+    ScoringConfig.truncate policy that would cut this text.
+    """
     excess = len(encoded.ids) - limit
     if excess <= 0:
         return encoded.ids, None
     if not may_truncate:
-        return (
-            [],
-            f"{what} has {len(encoded.ids)} tokens, over the limit of {limit} (see ScoringConfig.truncate)",
-        )
+        policy = f"ScoringConfig.truncate='{cut}' cuts it to fit" if cut else "see ScoringConfig.truncate"
+        return [], f"{what} has {len(encoded.ids)} tokens, over the limit of {limit}{why} ({policy})"
     if len(encoded.content) < excess:
-        return [], f"{what} cannot be truncated to {limit} tokens: its template alone is too long"
+        return [], (
+            f"{what} cannot be truncated to {limit} tokens{why}: "
+            + (
+                "the query alone fills the limit"
+                if limit <= 0 and not from_head
+                else "its template alone is too long"
+            )
+        )
     dropped = set(encoded.content[:excess] if from_head else encoded.content[-excess:])
     return [token for i, token in enumerate(encoded.ids) if i not in dropped], None

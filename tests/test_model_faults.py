@@ -1,0 +1,347 @@
+"""Damaged model directories and the model's position limit: clear ScoringInputErrors and row errors.
+
+Model files: a truncated, empty, foreign or unreadable weight file, a directory without weights,
+a sharded index naming a missing shard, a checkpoint that lacks or misshapes tensors, and a damaged
+tokenizer.json / config.json are refused with a message naming the file (exit 2 through the CLI),
+before any long load. Position limit: an item whose reference sequence would pass the model's
+max_position_embeddings is a row error unless ScoringConfig.truncate cuts it to fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
+from engine.errors import SettingError
+from engine.model_source import check_weight_files
+from engine.planner import Planner
+from engine.scorer import load_planner
+from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
+from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+
+LABELS = (" to", " the")
+CONFIG = EngineConfig(backend="sdpa", scoring=ScoringConfig(label_tokens=LABELS))
+
+
+def _weights(model_dir):
+    return model_dir / "model.safetensors"
+
+
+def _truncate(file, keep):
+    data = file.read_bytes()
+    file.write_bytes(data[: keep(len(data))])
+
+
+# --- weight files ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda f: _truncate(f, lambda n: n // 2),  # cut mid-data
+        lambda f: _truncate(f, lambda n: 20),  # cut inside the header
+        lambda f: _truncate(f, lambda n: 0),  # empty
+        lambda f: f.write_bytes(b"<html>404 Not Found</html>" * 10),  # a saved error page
+    ],
+    ids=["truncated-data", "truncated-header", "empty", "not-safetensors"],
+)
+def test_damaged_safetensors_is_named(qwen3_causal, copy_model, damage):
+    model_dir = copy_model(qwen3_causal)
+    damage(_weights(model_dir))
+    with pytest.raises(
+        ScoringInputError, match="model.safetensors in .* is truncated or not a safetensors file"
+    ):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+def test_damage_is_found_before_the_tokenizer_or_weights_load(qwen3_causal, copy_model):
+    model_dir = copy_model(qwen3_causal)
+    _truncate(_weights(model_dir), lambda n: n - 1)
+    with pytest.raises(ScoringInputError, match="truncated or not a safetensors file"):
+        load_planner(model_dir, CONFIG)  # what a dry run does: no weights loaded
+    with pytest.raises(ScoringInputError, match="truncated"):
+        check_weight_files(model_dir)
+
+
+def test_broken_link_to_a_weight_file(qwen3_causal, copy_model):
+    # A hub cache snapshot whose blob was deleted: the link is there, the file is not.
+    model_dir = copy_model(qwen3_causal)
+    _weights(model_dir).unlink()
+    _weights(model_dir).symlink_to("../../blobs/0123abcd")
+    with pytest.raises(ScoringInputError, match="model.safetensors in .* is a broken link"):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+def test_weight_file_that_is_a_directory(qwen3_causal, copy_model):
+    model_dir = copy_model(qwen3_causal)
+    _weights(model_dir).unlink()
+    _weights(model_dir).mkdir()
+    with pytest.raises(ScoringInputError, match="model.safetensors in .* is not a regular file"):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_weight_file(qwen3_causal, copy_model):
+    model_dir = copy_model(qwen3_causal)
+    _weights(model_dir).chmod(0)
+    try:
+        with pytest.raises(ScoringInputError, match="model.safetensors in .* cannot be read"):
+            Scorer.from_pretrained(model_dir, CONFIG)
+    finally:
+        _weights(model_dir).chmod(0o644)
+
+
+@pytest.mark.parametrize(
+    "keep", [("config.json",), ("config.json", "tokenizer.json", "tokenizer_config.json")]
+)
+def test_no_weight_files(qwen3_causal, copy_model, keep):
+    model_dir = copy_model(qwen3_causal)
+    for file in model_dir.iterdir():
+        if file.name not in keep:
+            file.unlink()
+    with pytest.raises(ScoringInputError, match=r"no weight files \(model.safetensors.*\) in ") as error:
+        Scorer.from_pretrained(model_dir, replace(CONFIG, allow_pickle=True))
+    assert "allow_pickle" not in str(error.value) and not isinstance(error.value, SettingError)
+
+
+def test_sharded_index_naming_a_missing_shard(qwen3_causal, copy_model):
+    model_dir = copy_model(qwen3_causal)
+    tensors = load_file(_weights(model_dir))
+    names = sorted(tensors)
+    save_file({n: tensors[n] for n in names[:3]}, model_dir / "model-00001-of-00002.safetensors")
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in names[:3]}
+    weight_map.update({n: "model-00002-of-00002.safetensors" for n in names[3:]})
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _weights(model_dir).unlink()
+    with pytest.raises(ScoringInputError, match="model-00002-of-00002.safetensors is missing from"):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+def test_pickle_weights_truncated(qwen3_causal, copy_model):
+    model_dir = copy_model(qwen3_causal)
+    torch.save(load_file(_weights(model_dir)), model_dir / "pytorch_model.bin")
+    _weights(model_dir).unlink()
+    _truncate(model_dir / "pytorch_model.bin", lambda n: n // 2)
+    with pytest.raises(
+        ScoringInputError, match="pytorch_model.bin in .* is truncated or not a PyTorch weight file"
+    ):
+        Scorer.from_pretrained(model_dir, replace(CONFIG, allow_pickle=True))
+
+
+@pytest.mark.parametrize("fault", ["missing", "misshapen"])
+def test_checkpoint_that_does_not_match_the_config(qwen3_causal, copy_model, fault):
+    # A valid safetensors file whose tensors would otherwise be filled with random values.
+    model_dir = copy_model(qwen3_causal)
+    tensors = load_file(_weights(model_dir))
+    if fault == "missing":
+        del tensors["lm_head.weight"]
+    else:
+        tensors["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(3, 3)
+    save_file(tensors, _weights(model_dir), metadata={"format": "pt"})
+    match = "lack tensors the model needs" if fault == "missing" else "do not match its config.json"
+    with pytest.raises(ScoringInputError, match=match):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+# --- tokenizer and config files -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "config.json"])
+def test_truncated_json_file_is_named(qwen3_causal, copy_model, name):
+    model_dir = copy_model(qwen3_causal)
+    _truncate(model_dir / name, lambda n: n // 2)
+    with pytest.raises(ScoringInputError, match=f"{name} in .* is truncated or not valid JSON"):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+def test_tokenizer_json_of_the_wrong_shape(qwen3_causal, copy_model):
+    model_dir = copy_model(qwen3_causal)
+    raw = json.loads((model_dir / "tokenizer.json").read_text())
+    raw["model"]["type"] = "NoSuchModel"
+    (model_dir / "tokenizer.json").write_text(json.dumps(raw))
+    with pytest.raises(ScoringInputError, match="cannot load a tokenizer from"):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+def test_no_tokenizer_files(qwen3_causal, copy_model):
+    # transformers would build an empty tokenizer here, and the labels would then "not be one token".
+    model_dir = copy_model(qwen3_causal)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model_dir / name).unlink()
+    with pytest.raises(ScoringInputError, match="no tokenizer files"):
+        Scorer.from_pretrained(model_dir, CONFIG)
+
+
+# --- the same through the CLI: exit 2, the file named, no traceback ------------------------------
+
+
+@pytest.mark.parametrize("fault", ["truncated-weights", "config-only", "truncated-tokenizer"])
+def test_cli_exits_2_naming_the_file(tmp_path, qwen3_causal, copy_model, fault):
+    model_dir = copy_model(qwen3_causal)
+    if fault == "truncated-weights":
+        _truncate(_weights(model_dir), lambda n: n // 3)
+        expected = "model.safetensors"
+    elif fault == "config-only":
+        for file in model_dir.iterdir():
+            if file.name != "config.json":
+                file.unlink()
+        expected = "no weight files"
+    else:
+        _truncate(model_dir / "tokenizer.json", lambda n: n // 2)
+        expected = "tokenizer.json"
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "I pledge allegiance", "item": " to"}])
+    for extra in ([], ["--dry-run"]):
+        result = run_cli(data, "-o", tmp_path / "out.jsonl", "--model", model_dir, *LABEL_FLAGS, *extra)
+        assert result.returncode == 2, (extra, result.stdout, result.stderr)
+        assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert "allow-pickle" not in result.stderr
+        assert not (tmp_path / "out.jsonl").exists()
+
+
+# --- position limit -------------------------------------------------------------------------------
+
+MAX_POSITIONS = 16
+
+
+@pytest.fixture(scope="module")
+def short_model(zoo):
+    """A tiny decoder that allows MAX_POSITIONS positions."""
+    return zoo.get("qwen3", "causal", max_position_embeddings=MAX_POSITIONS)
+
+
+def _scorer(model_dir, **scoring) -> Scorer:
+    """A scorer of model_dir whose planner carries the model's position limit."""
+    scorer = Scorer.from_pretrained(model_dir, replace(CONFIG, scoring=replace(CONFIG.scoring, **scoring)))
+    if scorer.planner.limits.max_positions is None:  # until engine/scorer.py passes it itself
+        limits = replace(scorer.planner.limits, max_positions=scorer.setup.info.max_length)
+        scorer.planner = Planner(scorer.planner.tokenizer, scorer.planner.cfg, limits)
+    return scorer
+
+
+def _lengths(model_dir, query, items):
+    tok = tokenizer(str(model_dir))
+    return len(tok(query)["input_ids"]), [len(tok(i, add_special_tokens=False)["input_ids"]) for i in items]
+
+
+def _reference(model_dir, query, item):
+    labels = [tokenizer(str(model_dir)).encode(t, add_special_tokens=False)[0] for t in LABELS]
+    return reference_scores(model_dir, "causal", reference_sequence(model_dir, query, item), labels)[0]
+
+
+QUERY = "Tokyo is a city in"
+SHORT = " Japan"
+LONG = " the quick brown fox jumps over the lazy dog to get to the other side of the country"
+
+
+@pytest.mark.parametrize("packing", ["mis", "single"])
+def test_item_past_the_position_limit_is_a_row_error(short_model, packing):
+    q, (short, long) = _lengths(short_model, QUERY, [SHORT, LONG])
+    assert (
+        q + short <= MAX_POSITIONS < q + long and q + long + 4 < 8192
+    )  # the pack limit alone would allow it
+    result = _scorer(short_model, packing=packing).score([Group(QUERY, [SHORT, LONG, ""])])[0]
+    assert result.errors[0] is None and result.errors[2] is None
+    assert max_abs_diff(result.scores[0], _reference(short_model, QUERY, SHORT)) <= 1e-4
+    assert max_abs_diff(result.scores[2], _reference(short_model, QUERY, "")) <= 1e-4
+    error = result.errors[1]
+    assert f"item 1 has {long} tokens, over the limit of {MAX_POSITIONS - q}" in error
+    assert (
+        f"max_position_embeddings {MAX_POSITIONS}" in error and "ScoringConfig.truncate='item-tail'" in error
+    )
+    assert np.isnan(result.scores[1]).all()
+
+
+def test_item_tail_cuts_the_item_to_the_position_limit(short_model):
+    q, _ = _lengths(short_model, QUERY, [])
+    result = _scorer(short_model, truncate="item-tail").score([Group(QUERY, [SHORT, LONG])])[0]
+    assert result.errors == [None, None]
+    tok = tokenizer(str(short_model))
+    cut = tok(LONG, add_special_tokens=False)["input_ids"][: MAX_POSITIONS - q]
+    labels = [tok.encode(t, add_special_tokens=False)[0] for t in LABELS]
+    expected = reference_scores(short_model, "causal", tok(QUERY)["input_ids"] + cut, labels)[0]
+    assert max_abs_diff(result.scores[1], expected) <= 1e-4
+    assert max_abs_diff(result.scores[0], _reference(short_model, QUERY, SHORT)) <= 1e-4
+
+
+def test_query_past_the_position_limit(short_model):
+    long_query = LONG + LONG
+    q, _ = _lengths(short_model, long_query, [])
+    assert q > MAX_POSITIONS
+    result = _scorer(short_model).score([Group(long_query, [SHORT, ""])])[0]
+    assert all("query has" in e and f"max_position_embeddings {MAX_POSITIONS}" in e for e in result.errors)
+    assert "ScoringConfig.truncate='query-head'" in result.errors[0]
+    # query-head keeps the query's last MAX_POSITIONS tokens; the empty item then scores as that query.
+    result = _scorer(short_model, truncate="query-head").score([Group(long_query, ["", SHORT])])[0]
+    assert result.errors[0] is None and "item 1" in result.errors[1]
+    tok = tokenizer(str(short_model))
+    labels = [tok.encode(t, add_special_tokens=False)[0] for t in LABELS]
+    kept = tok(long_query)["input_ids"][-MAX_POSITIONS:]
+    assert max_abs_diff(result.scores[0], reference_scores(short_model, "causal", kept, labels)[0]) <= 1e-4
+
+
+def test_token_id_input_obeys_the_position_limit(short_model):
+    result = _scorer(short_model).score(
+        [Group([5, 6, 7], [[8] * (MAX_POSITIONS - 3), [8] * (MAX_POSITIONS - 2)])]
+    )[0]
+    assert (
+        result.errors[0] is None
+        and f"item 1 has {MAX_POSITIONS - 2} tokens, over the limit of {MAX_POSITIONS - 3}"
+        in result.errors[1]
+    )
+
+
+def test_rope_scaling_extends_the_position_limit(tmp_path, short_model):
+    from engine.models import read_model_info
+
+    raw = json.loads((short_model / "config.json").read_text())
+    raw["rope_scaling"] = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": MAX_POSITIONS,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert read_model_info(tmp_path).max_length == 4 * MAX_POSITIONS
+    assert read_model_info(short_model).max_length == MAX_POSITIONS
+
+
+def _require_wiring(model_dir):
+    """The planner Scorer and dry runs build must carry the model's position limit (engine/scorer.py)."""
+    planner, _ = load_planner(model_dir, CONFIG)
+    if planner.limits.max_positions is None:
+        pytest.xfail("engine/scorer.py does not yet pass the model's limit as PlanLimits.max_positions")
+
+
+def test_position_limit_reaches_the_planner(short_model):
+    _require_wiring(short_model)
+    planner, setup = load_planner(short_model, CONFIG)
+    assert planner.limits.max_positions == MAX_POSITIONS == setup.info.max_length
+
+
+def test_cli_records_an_over_long_item(tmp_path, short_model):
+    _require_wiring(short_model)
+    rows = [
+        {"query_id": "a", "query": QUERY, "item_id": "short", "item": SHORT},
+        {"query_id": "a", "query": QUERY, "item_id": "long", "item": LONG},
+    ]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    result = run_cli(data, "-o", out, "--model", short_model, *LABEL_FLAGS, "--on-error", "record")
+    assert result.returncode == 0, result.stderr
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (
+        got[0]["error"] is None and abs(got[0]["score"] - _reference(short_model, QUERY, SHORT)[-1]) <= 1e-4
+    )
+    assert "max_position_embeddings" in got[1]["error"] and got[1]["score"] is None
+    assert "--" not in got[1]["error"].split("(")[0]
+    result = run_cli(
+        data, "-o", out, "--model", short_model, *LABEL_FLAGS, "--truncate", "item-tail", "--overwrite"
+    )
+    assert result.returncode == 0, result.stderr
+    assert all(json.loads(line).get("error") is None for line in out.read_text().splitlines())
