@@ -48,7 +48,7 @@ def _run_locked(
         planner, setup = load_planner(config.model_dir, config.engine)
         scorer = None
     else:
-        scorer = Scorer.from_pretrained(config.model_dir, config.engine)
+        scorer = Scorer.load(config.model_dir, config.engine)
         planner, setup = scorer.planner, scorer.setup
     report.seconds_load = round(time.perf_counter() - load_started, 3)
     report.backend, report.device = setup.backend, str(setup.device)

@@ -85,7 +85,7 @@ class ScoreActor:
         torch.set_num_threads(max(1, threads))
         self.config = config
         self.contract = contract
-        self.scorer = Scorer.from_pretrained(config.model_dir, config.engine)
+        self.scorer = Scorer.load(config.model_dir, config.engine)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         _maybe_inject_fault()
