@@ -130,6 +130,7 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         isolate_sequences=info.isolate_sequences,
         pair_max_length=_pair_max_length(info, cfg, config),
         pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+        max_positions=None if info.encoder else info.max_length,
     )
     dtype = resolve_dtype(config.dtype, device)
     if info.encoder:
