@@ -17,7 +17,7 @@ from io_formats.schema import ColumnOverrides
 from job.config import RunConfig
 from job.openai_batch import run_openai_batch
 from job.report import RunReport
-from tests.test_cli import ROWS, write_jsonl
+from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 
 LABELS = (" to", " the")  # the labels of tests.test_cli.LABEL_FLAGS
 QUERY_A, QUERY_B = "I pledge allegiance", "Tokyo is a city in"
@@ -258,3 +258,43 @@ def _close(got, expected) -> None:
     got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
     assert got.shape == expected.shape
     assert np.max(np.abs(got - expected)) <= 1e-6, (got, expected)
+
+
+def test_batch_file_through_the_cli_detected_and_named(qwen3_causal, tmp_path):
+    requests = [
+        {
+            "custom_id": "r1",
+            "method": "POST",
+            "url": "/v1/rerank",
+            "body": {"query": "Tokyo is", "documents": [" a city", " the flag"]},
+        },
+        {
+            "custom_id": "s1",
+            "method": "POST",
+            "url": "/v1/score",
+            "body": {"text_1": "Tokyo is", "text_2": [" a city"]},
+        },
+    ]
+    data = tmp_path / "requests.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    detected = run_cli(data, "-o", tmp_path / "out.jsonl", "--model", qwen3_causal, *LABEL_FLAGS)
+    assert detected.returncode == 0, detected.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == ["r1", "s1"]
+    rerank = lines[0]["response"]["body"]["results"]
+    city = next(r["relevance_score"] for r in rerank if r["index"] == 0)
+    assert abs(lines[1]["response"]["body"]["data"][0]["score"] - city) <= 1e-6  # same query, same item
+    named = run_cli(
+        "-",
+        "-o",
+        "-",
+        "--model",
+        qwen3_causal,
+        *LABEL_FLAGS,
+        "--input-format",
+        "openai-batch",
+        "-q",
+        stdin=data.read_text(),
+    )
+    assert named.returncode == 0, named.stderr
+    assert [json.loads(line)["custom_id"] for line in named.stdout.splitlines()] == ["r1", "s1"]
