@@ -270,6 +270,14 @@ def score(
     quiet: Annotated[
         bool, typer.Option("-q", "--quiet", help="No progress and no summary.", rich_help_panel=JOB)
     ] = False,
+    pipeline: Annotated[
+        bool,
+        typer.Option(
+            "--pipeline/--no-pipeline",
+            help="Read and plan the next window on a worker thread while the current one is scored.",
+            rich_help_panel=JOB,
+        ),
+    ] = True,
     progress_seconds: Annotated[
         float,
         typer.Option(
@@ -420,4 +428,5 @@ def run_config(flags: dict) -> RunConfig:
         rank=flags["rank"],
         threads=flags["threads"],
         progress_seconds=flags["progress_seconds"],
+        pipeline=flags["pipeline"],
     )

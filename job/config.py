@@ -64,6 +64,7 @@ class RunConfig:
     rank: bool = False  # add a rank column (1 = best) to every row
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
     progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
+    pipeline: bool = True  # read and plan the next window on a worker thread while this one is scored
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR_MODES:
@@ -96,7 +97,7 @@ class RunConfig:
         """A hash of everything that decides the output rows, for refusing a mismatched --resume."""
         settings = dataclasses.asdict(self)
         ignored = ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray")
-        for name in (*ignored, "threads", "progress_seconds"):
+        for name in (*ignored, "threads", "progress_seconds", "pipeline"):
             settings.pop(name)
         payload = json.dumps([settings, model_identity, input_identity], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from engine.planner import WorkPlan
 from engine.scorer import Scorer, load_planner
 from io_formats.errors import InputError
 from io_formats.readers import InputSource, column_types, read_windows
@@ -19,11 +21,12 @@ from job.policy import (
     errors_path,
     remove_leftovers,
 )
+from job.prefetch import prefetched
 from job.progress import Progress
 from job.report import RunReport
 from job.signals import StopSignals
 from job.sinks import open_sink
-from job.windows import group_window, output_columns, window_hash
+from job.windows import WindowGroups, group_window, output_columns, window_hash
 from score_batch.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -63,20 +66,32 @@ def _run_locked(
         source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
     )
     scoring_started = time.perf_counter()
+    listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
+
+    def prepare(numbered: tuple[int, list]) -> Prepared:
+        number, rows = numbered
+        grouped = group_window(rows)
+        plan = None if number in listed else planner.plan(grouped.groups)
+        return Prepared(number, rows, window_hash(rows), grouped, plan)
+
     try:
         with StopSignals() as stop:
-            for number, rows in enumerate(windows):
+            for window in prefetched(enumerate(windows), prepare, config.pipeline):
+                number, rows, input_hash, grouped = (
+                    window.number,
+                    window.rows,
+                    window.input_hash,
+                    window.grouped,
+                )
                 report.rows_read += len(rows)
                 progress.add_rows(len(rows))
-                input_hash = window_hash(rows)
                 if sink.done(number, input_hash):
                     report.rows_skipped_by_resume += len(rows)
                     progress.update(sum(len(r.item_ids) for r in rows))
                     continue
                 if config.on_error == "fail":
                     _fail_on_unreadable_row(rows, source)
-                grouped = group_window(rows)
-                plan = planner.plan(grouped.groups)
+                plan = window.plan or planner.plan(grouped.groups)
                 report.add_plan(plan.stats)
                 results = None
                 if scorer is not None:
@@ -109,6 +124,17 @@ def _run_locked(
         progress.close()
     report.seconds_total = round(time.perf_counter() - started, 3)
     report.finish()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One window made ready off the critical path: its rows, their hash, groups and plan."""
+
+    number: int
+    rows: list
+    input_hash: str
+    grouped: WindowGroups
+    plan: WorkPlan | None  # None: listed as finished by an earlier run (planned only if it must rerun)
 
 
 def _fail_on_unreadable_row(rows, source: InputSource) -> None:

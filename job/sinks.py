@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 class NullSink:
     """A dry run: rows are planned and counted, nothing is written."""
 
+    def listed(self) -> frozenset[int]:
+        """No window was finished before."""
+        return frozenset()
+
     def done(self, window: int, input_hash: str) -> bool:
         """No window is ever finished before."""
         return False
@@ -47,6 +51,10 @@ class StdoutSink:
         self._writer: StdoutJsonlWriter | None = None
         self.errors = ErrorsSink(errors_path(config))
         self._held: list[pa.Table] = []  # ranked runs print once every query is complete
+
+    def listed(self) -> frozenset[int]:
+        """Stdout cannot be resumed."""
+        return frozenset()
 
     def done(self, window: int, input_hash: str) -> bool:
         """Stdout cannot be resumed."""
@@ -116,6 +124,10 @@ class PartsSink:
             log.info("nothing to resume in %s; starting from the beginning", self.parts.dir)
             self.parts.clear()  # parts without a valid manifest are never trusted
         self.parts.start(fingerprint, keep=self.config.resume and previous is not None)
+
+    def listed(self) -> frozenset[int]:
+        """Windows the manifest lists as finished (to be verified by done())."""
+        return frozenset(self.parts.windows()) if self.config.resume else frozenset()
 
     def done(self, window: int, input_hash: str) -> bool:
         """True when --resume finds this window's part, intact and scored from the same input."""

@@ -213,3 +213,28 @@ def test_closed_stdout_pipe_exits_0_quietly(qwen3_causal, tmp_path):
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 2
     assert "Error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_pipeline_off_gives_the_same_output_and_errors(job, qwen3_causal, tmp_path):
+    base, reference, _ = job
+    sequential = tmp_path / "sequential.parquet"
+    result = run_cli(*base, "-o", sequential, "--no-pipeline")
+    assert result.returncode == 0, result.stderr
+    assert pq.read_table(sequential).equals(pq.read_table(reference))  # the reference ran with the pipeline
+    rows = many_rows(6, 2)
+    rows[9]["query"] = None  # the error surfaces at its window, in either mode
+    bad = write_jsonl(tmp_path / "bad.jsonl", rows)
+    for mode in ("--pipeline", "--no-pipeline"):
+        failed = run_cli(
+            bad,
+            "--model",
+            qwen3_causal,
+            *LABEL_FLAGS,
+            "--window-rows",
+            "2",
+            "-o",
+            tmp_path / "x.parquet",
+            mode,
+        )
+        assert failed.returncode == 2 and "row 9" in failed.stderr
+        assert not (tmp_path / "x.parquet").exists() and not (tmp_path / "x.parquet.parts").exists()
