@@ -22,7 +22,7 @@ def tokenizer(model_dir: str):
 
 
 def reference_sequence(model_dir, query: str, item: str, item_first: bool = False) -> list[int]:
-    """SEMANTICS §1: query with special tokens + item without (or the reverse under item_first)."""
+    """docs/semantics.md#sequence-layout: query with special tokens + item without (or the reverse under item_first)."""
     tok = tokenizer(str(model_dir))
     if item_first:
         return tok(item)["input_ids"] + tok(query, add_special_tokens=False)["input_ids"]
