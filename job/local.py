@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.planner import WorkPlan
-from engine.scorer import Scorer, load_planner
+from engine.planner import Planner, WorkPlan
+from engine.scorer import ResolvedSetup, Scorer, load_planner
 from io_formats.errors import InputError
 from io_formats.readers import InputSource, column_types, read_windows
 from job.config import RunConfig, model_identity
@@ -46,15 +46,7 @@ def _run_locked(
     if destination is not None and not config.dry_run:
         remove_leftovers(destination, default_errors_path(destination), errors_path(config))
     sink = open_sink(config, destination)
-    load_started = time.perf_counter()
-    if config.dry_run:
-        planner, setup = load_planner(config.model_dir, config.engine)
-        scorer = None
-    else:
-        scorer = Scorer.load(config.model_dir, config.engine)
-        planner, setup = scorer.planner, scorer.setup
-    report.seconds_load = round(time.perf_counter() - load_started, 3)
-    report.backend, report.device = setup.backend, str(setup.device)
+    scorer, planner, setup = load_engine(config, report)
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
 
     mapping, windows = read_windows(source, config.columns, config.window_rows)
@@ -124,6 +116,20 @@ def _run_locked(
         progress.close()
     report.seconds_total = round(time.perf_counter() - started, 3)
     report.finish()
+
+
+def load_engine(config: RunConfig, report: RunReport) -> tuple[Scorer | None, Planner, ResolvedSetup]:
+    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup."""
+    started = time.perf_counter()
+    if config.dry_run:
+        planner, setup = load_planner(config.model_dir, config.engine)
+        scorer = None
+    else:
+        scorer = Scorer.load(config.model_dir, config.engine)
+        planner, setup = scorer.planner, scorer.setup
+    report.seconds_load = round(time.perf_counter() - started, 3)
+    report.backend, report.device = setup.backend, str(setup.device)
+    return scorer, planner, setup
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine import Group
-from engine.scorer import Scorer, load_planner
 from io_formats.errors import InputError
 from io_formats.openai_batch import (
     STDIN,
@@ -32,6 +31,7 @@ from io_formats.openai_batch import (
 from io_formats.schema import ColumnOverrides
 from io_formats.writers import durable_replace, exclusive_temp
 from job.config import STDOUT, RunConfig
+from job.local import load_engine
 from job.lock import OutputLock
 from job.policy import check_destination, check_run_paths, remove_leftovers
 from job.report import RunReport
@@ -80,15 +80,7 @@ def _run_locked(config: RunConfig, destination: Path | None, report: RunReport, 
     """The run, once the paths are checked and the output is ours."""
     if destination is not None and not config.dry_run:
         remove_leftovers(destination)
-    load_started = time.perf_counter()
-    if config.dry_run:
-        planner, setup = load_planner(config.model_dir, config.engine)
-        scorer = None
-    else:
-        scorer = Scorer.load(config.model_dir, config.engine)
-        planner, setup = scorer.planner, scorer.setup
-    report.seconds_load = round(time.perf_counter() - load_started, 3)
-    report.backend, report.device = setup.backend, str(setup.device)
+    scorer, planner, setup = load_engine(config, report)
     model, created = str(config.model_dir), int(time.time())
     failures = _Failures()
     progress = tqdm(

@@ -67,3 +67,16 @@ def copy_model(tmp_path):
         return dst
 
     return _copy
+
+
+@pytest.fixture
+def job(qwen3_causal, tmp_path):
+    """A 240-row input scored in 40 windows, and its uninterrupted output as the reference."""
+    from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+    from tests.test_job import many_rows
+
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows())
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6", "--max-batch-tokens", "64"]
+    reference = tmp_path / "reference.parquet"
+    assert run_cli(*base, "-o", reference).returncode == 0
+    return base, reference, tmp_path

@@ -19,16 +19,6 @@ from tests.test_job import many_rows, start_cli, wait_for_parts
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def job(qwen3_causal, tmp_path):
-    """A 240-row input scored in 40 windows, and its uninterrupted output as the reference."""
-    data = write_jsonl(tmp_path / "in.jsonl", many_rows())
-    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6", "--max-batch-tokens", "64"]
-    reference = tmp_path / "reference.parquet"
-    assert run_cli(*base, "-o", reference).returncode == 0
-    return base, reference, tmp_path
-
-
 def killed_run(base, out, parts: int = 3):
     """Start a run in a fresh process, let it checkpoint some parts, then kill -9 it."""
     process = start_cli(*base, "-o", out)

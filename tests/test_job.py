@@ -51,15 +51,6 @@ def wait_for_parts(parts_dir: Path, count: int, process: subprocess.Popen, timeo
     raise AssertionError("no parts appeared")
 
 
-@pytest.fixture
-def job(qwen3_causal, tmp_path):
-    data = write_jsonl(tmp_path / "in.jsonl", many_rows())
-    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6", "--max-batch-tokens", "64"]
-    reference = tmp_path / "reference.parquet"
-    assert run_cli(*base, "-o", reference).returncode == 0
-    return base, reference, tmp_path
-
-
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_run_resumes_to_identical_output(job, how):
     base, reference, tmp_path = job
