@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class NullSink:
-    """A dry run: rows are planned and counted, nothing is written."""
+    """A dry run: rows are planned and counted, nothing is written (and the base of the other sinks)."""
 
     def listed(self) -> frozenset[int]:
         """No window was finished before."""
@@ -44,24 +44,13 @@ class NullSink:
         """Nothing to clean."""
 
 
-class StdoutSink:
-    """JSONL on stdout as windows finish; skipped rows go to --errors-file (or the log)."""
+class StdoutSink(NullSink):
+    """JSONL on stdout as windows finish (nothing to resume); skipped rows go to --errors-file (or the log)."""
 
     def __init__(self, config: RunConfig) -> None:
         self._writer: StdoutJsonlWriter | None = None
         self.errors = ErrorsSink(errors_path(config))
         self._held: list[pa.Table] = []  # ranked runs print once every query is complete
-
-    def listed(self) -> frozenset[int]:
-        """Stdout cannot be resumed."""
-        return frozenset()
-
-    def done(self, window: int, input_hash: str) -> bool:
-        """Stdout cannot be resumed."""
-        return False
-
-    def start(self, fingerprint: str) -> None:
-        """Nothing to record."""
 
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Print the window's output rows and divert its failed rows (ranked runs: hold them to the end)."""
