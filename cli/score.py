@@ -226,6 +226,15 @@ def score(
             rich_help_panel=ENGINE,
         ),
     ] = False,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="torch.compile the decoder layers' norms, MLPs and attention projections + RoPE into fused "
+            "kernels (the first batches compile, for seconds to minutes; every batch size reuses them).",
+            rich_help_panel=ENGINE,
+        ),
+    ] = False,
     window_rows: Annotated[
         int, typer.Option(help="Input rows held in memory and checkpointed at a time.", rich_help_panel=JOB)
     ] = DEFAULT_WINDOW_ROWS,
@@ -392,6 +401,7 @@ def run_config(flags: dict) -> RunConfig:
         max_pack_tokens=flags["max_pack_tokens"],
         trust_remote_code=flags["trust_remote_code"],
         allow_pickle=flags["allow_pickle"],
+        compile=flags["compile"],
         scoring=scoring,
     )
     ray = (

@@ -64,12 +64,15 @@ class EngineConfig:
     max_pack_tokens: int = 8192
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    compile: bool = False  # torch.compile the decoder layers' norms, MLPs and attention projections + RoPE
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
         _check_choice("EngineConfig.device", self.device, DEVICES)
         _check_choice("EngineConfig.dtype", self.dtype, DTYPES)
         _check_choice("EngineConfig.backend", self.backend, BACKENDS)
+        if not isinstance(self.compile, bool):
+            raise SettingError("EngineConfig.compile", self.compile, "must be True or False")
         if self.max_pack_tokens < 8:
             raise SettingError("EngineConfig.max_pack_tokens", self.max_pack_tokens, "must be at least 8")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:

@@ -19,6 +19,7 @@ from engine.attention import PLAN_KWARG
 from engine.attention.base import Workload
 from engine.attention.registry import make_backend, select_backend
 from engine.batching import Batch
+from engine.compiled import OpaquePlan, compile_backbone
 from engine.config import EngineConfig, ScoringConfig
 from engine.errors import ScoringInputError, SettingError
 from engine.heads import classifier_scores, label_scores, pooled_vectors
@@ -133,6 +134,13 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         max_positions=None if info.encoder else info.max_length,
     )
     dtype = resolve_dtype(config.dtype, device)
+    if config.compile and info.encoder:
+        raise SettingError(
+            "EngineConfig.compile",
+            config.compile,
+            f"does not apply to {info.architecture}: only decoder layers are compiled, and an encoder "
+            "cross-encoder runs its own attention over padded pairs",
+        )
     if info.encoder:
         backend = "hf"  # the model's own attention over padded pairs
     else:
@@ -170,6 +178,20 @@ class Scorer:
         self.setup = setup
         self.backend = None if setup.info.encoder else make_backend(setup.backend, setup.device)
         self._label_ids = torch.tensor(setup.label_ids, dtype=torch.long, device=setup.device)
+        self.compiled: list[str] = []  # the backbone modules torch.compile runs (EngineConfig.compile)
+        if config.compile:
+            self.compiled = compile_backbone(model.backbone)
+            if not self.compiled:
+                raise SettingError(
+                    "EngineConfig.compile",
+                    config.compile,
+                    f"finds no decoder layers with norms, MLPs or attention modules in {setup.info.architecture}",
+                )
+            log.info(
+                "compiling %d modules of %s (norms, MLPs, attention around the kernel); token count dynamic",
+                len(self.compiled),
+                setup.info.architecture,
+            )
         self.profile: Profile | None = None  # the scoring profile from_pretrained applied, if any
 
     @classmethod
@@ -359,6 +381,8 @@ class Scorer:
         ]  # [1, num_tokens]
         score_rows = torch.from_numpy(batch.score_rows).to(device, non_blocking=True)  # [num_items]
         plan = self.backend.plan(batch, device)
+        if self.compiled:
+            plan = OpaquePlan(plan)  # compiled attention modules break their graph at attend, untraced
         output = self.model.backbone(
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **{PLAN_KWARG: plan}
         )

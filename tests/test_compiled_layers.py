@@ -1,0 +1,80 @@
+"""EngineConfig.compile: compiled norms, MLPs and attention modules score as eager does, compiling a bounded number
+of times over any number of batch sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from engine import EngineConfig, Group, Scorer, ScoringConfig
+from engine.compiled import OpaquePlan, compilable_modules
+from engine.errors import SettingError
+
+WORDS = "the quick brown fox jumps over the lazy dog Tokyo is a city in Japan red running shoes".split()
+
+
+def _groups(count: int, items: int, query_words: int) -> list[tuple[str, list[str]]]:
+    """count queries of query_words words with items items each (item lengths vary)."""
+    out = []
+    for q in range(count):
+        query = " ".join(WORDS[(q + i) % len(WORDS)] for i in range(query_words))
+        out.append((query, [" ".join(WORDS[(q + i) % len(WORDS) :][: 1 + (i % 5)]) for i in range(items)]))
+    return out
+
+
+def test_compile_must_be_a_bool():
+    with pytest.raises(SettingError, match=r"EngineConfig\.compile"):
+        EngineConfig(compile="yes")
+
+
+def test_compile_is_refused_for_an_encoder(zoo):
+    with pytest.raises(SettingError, match=r"EngineConfig\.compile.*does not apply"):
+        Scorer.load(zoo.get("bert", "classifier"), EngineConfig(device="cpu", compile=True))
+
+
+def test_compiled_modules_are_the_layers_pieces_around_attention(qwen3_causal):
+    from transformers import AutoModelForCausalLM
+
+    backbone = AutoModelForCausalLM.from_pretrained(qwen3_causal).model
+    names = [name for name, _ in compilable_modules(backbone)]
+    layers = len(backbone.layers)
+    per_layer = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+    assert sorted(names) == sorted([f"layers.{i}.{n}" for i in range(layers) for n in per_layer] + ["norm"])
+
+
+def test_opaque_plan_delegates_attend():
+    class Plan:
+        def attend(self, query, key, value, scaling, sliding_window, softcap=None):
+            return (query, scaling, sliding_window, softcap)
+
+    x = torch.zeros(1)
+    assert OpaquePlan(Plan()).attend(x, x, x, 0.5, 7, 2.0) == (x, 0.5, 7, 2.0)
+
+
+@pytest.mark.slow
+def test_compiled_scores_equal_eager_over_many_batch_sizes_with_bounded_compiles(qwen3_causal):
+    scoring = ScoringConfig(label_tokens=(" no", " yes"), pooled_hidden_states=True)
+    eager = Scorer.load(qwen3_causal, EngineConfig(device="cpu", scoring=scoring))
+    compiled = Scorer.load(qwen3_causal, EngineConfig(device="cpu", compile=True, scoring=scoring))
+    assert len(compiled.compiled) == 4 * len(compiled.model.backbone.layers) + 1
+    shapes = [(1, 1, 3), (1, 4, 6), (2, 5, 9), (3, 7, 4), (1, 12, 14), (4, 3, 11), (2, 9, 2)]
+    graphs = []
+    sizes = set()
+    before = counters["stats"]["unique_graphs"]
+    for count, items, query_words in shapes:
+        groups = [Group(q, i) for q, i in _groups(count, items, query_words)]
+        plan = compiled.plan(groups)
+        assert len(plan.batches) == 1
+        sizes.add(plan.batches[0].num_tokens)
+        got, want = compiled.run(plan), eager.run(eager.plan(groups))
+        for g, w in zip(got, want):
+            assert np.abs(g.scores - w.scores).max() <= 1e-4
+            assert np.abs(g.pooled - w.pooled).max() <= 1e-4
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+    assert len(sizes) == len(shapes)  # every batch has its own token count
+    # RMSNorm, MLP, attention before the kernel, attention after it (static, then dynamic at the 2nd size):
+    # at most 5 graphs, all there after the second batch size.
+    assert graphs[-1] <= 5, graphs
+    assert graphs[1] == graphs[-1], graphs
