@@ -2,7 +2,7 @@
 
     python bench/gpu.py versions --out FILE
     python bench/gpu.py warmup --out FILE
-    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf flashinfer flex sdpa]
+    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf flashinfer flashinfer+compile flex flex+compile sdpa]
                               [--device cuda] [--dtype bfloat16] [--out bench/results/gpu.json]
 
 The bench model has random weights (speed does not depend on their values; scores are compared with
@@ -152,12 +152,14 @@ def run_workload(model_dir: Path, shape: Shape, args, cfg: dict) -> dict:
         )
         rows["hf_pairs"] = _figures(items, tokens, seconds, per_token, peak, 0.0)
         del model
-    for backend in [m for m in args.methods if m != "hf"]:
+    for method in [m for m in args.methods if m != "hf"]:
+        backend, _, extra = method.partition("+")  # "flashinfer+compile": compiled decoder layers
         config = EngineConfig(
             device=args.device,
             dtype=args.dtype,
             backend=backend,
             max_batch_tokens=args.max_batch_tokens,
+            compile=extra == "compile",
             scoring=ScoringConfig(label_tokens=LABELS),
         )
         scorer = Scorer.from_pretrained(model_dir, config)
@@ -166,8 +168,8 @@ def run_workload(model_dir: Path, shape: Shape, args, cfg: dict) -> dict:
         _reset_peak()
         results, seconds = best_of(REPEATS, _synced, scorer.run, plan)
         diff = None if reference is None else max_abs_diff(results, reference)
-        rows[backend] = _figures(items, plan.stats.packed_tokens, seconds, per_token, peak, diff)
-        rows[backend]["pairwise_tokens"] = plan.stats.pairwise_tokens
+        rows[method] = _figures(items, plan.stats.packed_tokens, seconds, per_token, peak, diff)
+        rows[method]["pairwise_tokens"] = plan.stats.pairwise_tokens
         del scorer
     if "hf_pairs" in rows:
         for row in rows.values():
@@ -230,7 +232,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run = sub.add_parser("bench")
     run.add_argument("--preset", choices=PRESETS, default="qwen3-0.6b")
     run.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    run.add_argument("--methods", nargs="+", default=["hf", "flashinfer", "flex", "sdpa"])
+    run.add_argument(
+        "--methods",
+        nargs="+",
+        default=["hf", "flashinfer", "flashinfer+compile", "flex", "flex+compile", "sdpa"],
+    )
     run.add_argument("--queries", type=int, default=None, help="override the workload's number of queries")
     run.add_argument("--device", default="cuda")
     run.add_argument("--dtype", default="bfloat16")
