@@ -119,7 +119,7 @@ def _directory(location: Location) -> list[InputFile]:
     files = sorted(parquet or found, key=lambda f: f.location.path)
     if not files:
         raise InputError(
-            f"input directory {location.uri!r} holds no .parquet or .jsonl files (other sub-directories than "
+            f"input directory {location.uri!r} holds no .parquet files (nor .jsonl files; sub-directories other than "
             "key=value partitions, and names starting with '.' or '_', are not read)"
         )
     return files

@@ -14,7 +14,7 @@ import os
 import posixpath
 import re
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -31,7 +31,7 @@ _GLOB = re.compile(r"[*?\[]")
 class Location:
     """One path on one filesystem; `uri` is how messages name it (never holds a query string or secret)."""
 
-    fs: pafs.FileSystem
+    fs: pafs.FileSystem = field(compare=False, repr=False)
     path: str  # the filesystem's own path: absolute local path, bucket/key, or a URL for https
     uri: str
     scheme: str
@@ -183,6 +183,20 @@ def parse_storage_options(pairs: list[str] | tuple[str, ...] | None) -> tuple[tu
             raise InputError(f"--storage-option {pair!r}: give key=value (e.g. endpoint_override=host:9000)")
         parsed.append((key.strip(), value.strip()))
     return tuple(parsed)
+
+
+def split_inputs(arguments: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
+    """INPUT arguments → inputs: an argument naming an existing local path is one input; otherwise a
+    comma-separated argument lists several (`a.parquet,s3://b/c/`)."""
+    if isinstance(arguments, str):
+        arguments = [arguments]
+    inputs: list[str] = []
+    for argument in arguments:
+        if "," in argument and not os.path.exists(argument):
+            inputs.extend(part.strip() for part in argument.split(",") if part.strip())
+        else:
+            inputs.append(argument)
+    return tuple(inputs)
 
 
 def _http_filesystem() -> pafs.FileSystem:
