@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -38,6 +39,7 @@ def s3_server():
         port = probe.getsockname()[1]
     saved = {key: os.environ.get(key) for key in FAKE_ENV}
     os.environ.update(FAKE_ENV)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
@@ -75,8 +77,9 @@ def get_table(client, bucket: str, key: str) -> pa.Table:
 
 
 def keys(client, bucket: str, prefix: str = "") -> list[str]:
+    """Object keys under prefix (pyarrow's empty `dir/` markers, which keep a prefix visible, left out)."""
     listed = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return sorted(item["Key"] for item in listed.get("Contents", []))
+    return sorted(item["Key"] for item in listed.get("Contents", []) if not item["Key"].endswith("/"))
 
 
 SCHEMA = pa.schema(
