@@ -318,3 +318,14 @@ def test_inputs_that_disagree_or_mix_formats_exit_2(qwen3_causal, tmp_path):
     assert types.returncode == 2 and "'tag'" in types.stderr and "b.jsonl" in types.stderr
     missing = run_cli(tmp_path / "nope-*.jsonl", *base)
     assert missing.returncode == 2 and "matches no" in missing.stderr
+
+
+def test_unreachable_endpoint_exits_3(qwen3_causal, s3_server, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    result = run_cli(
+        "s3://bkt-none/in.parquet", "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS,
+        "--storage-option", f"endpoint_override=http://127.0.0.1:{closed}", "--storage-option", "connect_timeout=1",
+    )  # fmt: skip
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
