@@ -14,6 +14,7 @@ from cli.logs import setup_logging
 from engine.config import EngineConfig
 from engine.model_source import resolve_model_dir
 from engine.profiles import choose_profile, scoring_config
+from io_formats.locations import parse_storage_options, split_inputs
 from io_formats.schema import ColumnOverrides
 from job.config import DEFAULT_WINDOW_ROWS, RayOptions, RunConfig
 
@@ -38,14 +39,31 @@ HELP = (
 
 def score(
     input: Annotated[
-        str,
+        list[str],
         typer.Argument(
-            help="A .parquet or .jsonl file, a directory of .parquet files, or - (JSONL on stdin)."
+            help="One or more inputs, read in order: .parquet, .jsonl, .jsonl.gz or .jsonl.zst files, directories "
+            "(with key=value partition directories) or globs; local paths or file://, s3://, gs://, https://, "
+            "hf:// URIs; or - (JSONL on stdin). One argument may list several, separated by commas.",
+            show_default=False,
         ),
     ],
     output: Annotated[
-        str, typer.Option("-o", "--output", help="A .parquet or .jsonl path, or - for JSONL on stdout.")
+        str,
+        typer.Option(
+            "-o",
+            "--output",
+            help="A .parquet or .jsonl path (local, file://, s3://, gs://), or - for JSONL on stdout.",
+        ),
     ] = "scores.parquet",
+    storage_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--storage-option",
+            help="key=value for the object-store filesystem, repeatable: endpoint_override=host:9000, region=…, "
+            "scheme=http (credentials come from the standard chain, never from here).",
+            show_default=False,
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option(
@@ -411,8 +429,10 @@ def run_config(flags: dict) -> RunConfig:
         if flags["ray"]
         else None
     )
+    inputs = split_inputs(flags["input"])
     return RunConfig(
-        input=flags["input"],
+        input=inputs[0] if len(inputs) == 1 else inputs,
+        storage_options=parse_storage_options(flags["storage_option"]),
         output=flags["output"],
         model_dir=model_dir,
         columns=ColumnOverrides(

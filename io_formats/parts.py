@@ -16,7 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from io_formats import remote
 from io_formats.errors import InputError
+from io_formats.locations import Location
 from io_formats.writers import durable_replace, exclusive_temp
 
 MANIFEST = "manifest.json"
@@ -44,10 +46,13 @@ class PartStore:
         """True when a previous run left parts here."""
         return self.dir.exists()
 
+    def _manifest_text(self) -> str:
+        return (self.dir / MANIFEST).read_text()
+
     def load(self) -> str | None:
         """Read the manifest of an earlier run; its fingerprint, or None when there is no valid manifest."""
         try:
-            manifest = json.loads((self.dir / MANIFEST).read_text())
+            manifest = json.loads(self._manifest_text())
         except (OSError, ValueError):
             return None
         if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
@@ -83,11 +88,16 @@ class PartStore:
                 f"written (window {window} differs); pass --overwrite (without --resume) to start over"
             )
         path = self.part_path(window)
-        if not path.is_file() or file_sha256(path) != entry.get("sha256"):
+        if self._part_sha256(window) != entry.get("sha256"):
             log.warning("checkpointed part %s is missing or damaged; scoring its window again", path)
             del self._manifest["parts"][str(window)]
             return False
         return True
+
+    def _part_sha256(self, window: int) -> str | None:
+        """The checksum of window k's part file, or None when it is missing."""
+        path = self.part_path(window)
+        return file_sha256(path) if path.is_file() else None
 
     def write(self, window: int, table: pa.Table, input_hash: str) -> None:
         """Write window k's results: temporary file, listed in the manifest with its checksum, then renamed.
@@ -125,3 +135,62 @@ class PartStore:
         tmp = exclusive_temp(manifest)
         tmp.write_text(json.dumps(self._manifest))
         durable_replace(tmp, manifest)
+
+
+class RemotePartStore(PartStore):
+    """PartStore on an object store: `<destination>.parts/` as a key prefix, objects written in one request.
+
+    No rename exists there, so a part is written whole at its own key first and listed in the manifest
+    (one object, replaced in one request) after: a kill in between leaves an unlisted part that the
+    next run overwrites. Checksums guard against anything else.
+    """
+
+    def __init__(self, destination: Location) -> None:
+        self.location = destination.sibling(".parts")
+        self.dir = self.location.uri
+        self._manifest = {"fingerprint": None, "parts": {}}
+
+    def exists(self) -> bool:
+        return bool(remote.list_names(self.location))
+
+    def _manifest_text(self) -> str:
+        data = remote.read_object(self.location.child(MANIFEST))
+        if data is None:
+            raise OSError("no manifest")
+        return data.decode("utf-8")
+
+    def start(self, fingerprint: str, keep: bool) -> None:
+        parts = self._manifest["parts"] if keep else {}
+        self._manifest = {"fingerprint": fingerprint, "parts": parts}
+        self._save()
+
+    def part_path(self, window: int) -> str:
+        return f"{self.dir}/part-{window:08d}.parquet"
+
+    def _part(self, window: int) -> Location:
+        return self.location.child(f"part-{window:08d}.parquet")
+
+    def _part_sha256(self, window: int) -> str | None:
+        data = remote.read_object(self._part(window))
+        return None if data is None else hashlib.sha256(data).hexdigest()
+
+    def write(self, window: int, table: pa.Table, input_hash: str) -> None:
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer)
+        data = buffer.getvalue().to_pybytes()
+        remote.write_object(self._part(window), data)
+        self._manifest["parts"][str(window)] = {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "input_sha256": input_hash,
+        }
+        self._save()
+
+    def read(self, window: int) -> pa.Table:
+        return pq.read_table(pa.BufferReader(remote.read_object(self._part(window))))
+
+    def clear(self) -> None:
+        remote.delete_dir(self.location)
+        self._manifest = {"fingerprint": None, "parts": {}}
+
+    def _save(self) -> None:
+        remote.write_object(self.location.child(MANIFEST), json.dumps(self._manifest).encode())

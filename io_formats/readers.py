@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from io_formats.errors import InputError
+from io_formats.listing import InputFile, check_one_format, expand
+from io_formats.locations import Location, parse_location
 from io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
+from score_batch.errors import is_environment_error
 
 STDIN = "-"
 BOM = b"\xef\xbb\xbf"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
+READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
 _READ_ERRORS = (pa.ArrowException, OSError)  # what pyarrow raises for unreadable or corrupt files
 
 
@@ -72,11 +76,16 @@ class _SourceState:
 
 @dataclass(frozen=True)
 class InputSource:
-    """An input path with its format, the files behind it and their identity (for resume checks)."""
+    """The input's files (sorted within each INPUT argument), their format, and the directories they come from.
 
-    path: str
+    Row order: the INPUT arguments as given, each one's files sorted by path, each file's rows in order;
+    row_index counts rows over all of them.
+    """
+
+    path: str  # how the input was given (several INPUTs: joined by ", "); "-" for stdin
     format: str  # "parquet" or "jsonl"
-    files: tuple[Path, ...]
+    files: tuple[InputFile, ...]
+    directories: tuple[Location, ...] = ()  # the directories (or glob bases) the files were found in
     _state: _SourceState = field(default_factory=_SourceState, compare=False, hash=False, repr=False)
 
     @property
@@ -85,8 +94,13 @@ class InputSource:
         return "stdin" if self.path == STDIN else self.path
 
     def identity(self) -> list:
-        """Paths, sizes and modification times of the input files (stdin has none)."""
-        return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in self.files]
+        """Normalized URIs, sizes and modification times of the input files (stdin has none)."""
+        identity = []
+        for file in self.files:
+            info = file.location.info()
+            mtime = info.mtime_ns if info.mtime is not None else None
+            identity.append([file.location.key(), info.size, mtime])
+        return identity
 
     def total_rows(self) -> int | None:
         """Row count: Parquet metadata; JSONL from the first pass over the lines."""
@@ -100,35 +114,34 @@ class InputSource:
             self._state.cleanup()
 
 
-def open_source(path: str) -> InputSource:
-    """Check an INPUT argument and say which format and files it means.
+def open_source(paths: str | Sequence[str], storage_options: tuple[tuple[str, str], ...] = ()) -> InputSource:
+    """Check the INPUT arguments and say which format and files they mean (see io_formats.listing).
 
-    A directory means its `*.parquet` files; sub-directories and hidden or partial files (names
-    starting with `.` or `_`, such as `_SUCCESS` or `.part.parquet.tmp-1`) are left out.
+    Each is a local path, file://, s3://, gs://, https:// or hf:// URI naming a file, a directory (its
+    data files and hive partition directories; names starting with `.` or `_` are left out) or a glob;
+    `-` is JSONL on stdin (alone). All files must be of one format (Parquet, or JSONL plain or compressed).
     """
-    if path == STDIN:
-        return InputSource(path, "jsonl", ())
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"input {path!r} does not exist")
-    if p.is_dir():
-        files = tuple(
-            f for f in sorted(p.glob("*.parquet")) if f.is_file() and not f.name.startswith((".", "_"))
-        )
-        if not files:
-            raise InputError(
-                f"input directory {path!r} holds no .parquet files "
-                "(sub-directories and names starting with '.' or '_' are not read)"
-            )
-        return InputSource(path, "parquet", files)
-    suffix = p.suffix.lower()
-    if suffix == ".parquet":
-        return InputSource(path, "parquet", (p,))
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return InputSource(path, "jsonl", (p,))
-    raise InputError(
-        f"input {path!r}: unknown format {suffix!r}; give a .parquet or .jsonl file, a directory of .parquet files, or - for JSONL on stdin"
-    )
+    given = [paths] if isinstance(paths, str) else list(paths)
+    if not given:
+        raise InputError("give at least one INPUT")
+    if STDIN in given:
+        if len(given) > 1:
+            raise InputError("- (stdin) cannot be combined with other inputs")
+        return InputSource(STDIN, "jsonl", ())
+    files: list[InputFile] = []
+    directories: list[Location] = []
+    for text in given:
+        found, directory = expand(parse_location(text, storage_options))
+        files.extend(found)
+        if directory is not None:
+            directories.append(directory)
+    label = ", ".join(given)
+    seen: set[str] = set()
+    for file in files:
+        if file.location.key() in seen:
+            raise InputError(f"input file {file.uri!r} is named twice by the inputs; each file is read once")
+        seen.add(file.location.key())
+    return InputSource(label, check_one_format(files, label), tuple(files), tuple(directories))
 
 
 def read_windows(
@@ -191,7 +204,7 @@ class ReadUnit:
     """A piece of the input that one distributed worker reads: a Parquet row group or a whole JSONL file."""
 
     source: InputSource
-    file: Path
+    file: InputFile
     row_group: int | None  # None: the whole JSONL file
     first_row: int  # input row index of the unit's first row
 
@@ -201,7 +214,12 @@ def read_units(source: InputSource) -> list[ReadUnit]:
     if source.path == STDIN:
         raise InputError("distributed runs read files, not stdin")
     if source.format != "parquet":
-        return [ReadUnit(source, source.files[0], None, 0)]
+        units, offset = [], 0
+        rows = _jsonl_scan(source).rows_per_file
+        for index, file in enumerate(source.files):
+            units.append(ReadUnit(source, file, None, offset))
+            offset += rows[index]
+        return units
     units, offset = [], 0
     for info in _parquet_infos(source):
         for group, rows in enumerate(info.row_group_rows):
@@ -215,13 +233,15 @@ def read_unit(
 ) -> list[InputRow]:
     """The validated rows of one unit, indexed as in a whole-input read (types: from column_types)."""
     if unit.row_group is None:
-        records = _raw_rows(unit.source)
+        index = unit.source.files.index(unit.file)
+        records = _jsonl_file_records(unit.source, index)
     else:
         try:
-            table = pq.ParquetFile(unit.file).read_row_group(unit.row_group)
+            with _open_file(unit.file) as handle:
+                table = pq.ParquetFile(handle).read_row_group(unit.row_group)
         except _READ_ERRORS as error:
             raise InputError(f"{unit.file}: cannot read row group {unit.row_group}: {error}") from None
-        records = ((None, record) for record in table.to_pylist())
+        records = ((None, _with_partitions(record, unit.file)) for record in table.to_pylist())
     return [
         _to_row(unit.first_row + i, record, mapping, types or {}) for i, (_, record) in enumerate(records)
     ]
@@ -234,8 +254,8 @@ def read_unit(
 class _ParquetInfo:
     """One Parquet file's schema and row counts, read from its footer."""
 
-    file: Path
-    schema: pa.Schema
+    file: InputFile
+    schema: pa.Schema  # the file's columns, then its partition keys it does not hold (as strings)
     num_rows: int
     row_group_rows: tuple[int, ...]
 
@@ -247,30 +267,56 @@ def _parquet_infos(source: InputSource) -> list[_ParquetInfo]:
         infos = []
         for file in source.files:
             try:
-                handle = pq.ParquetFile(file)
-                metadata = handle.metadata
-                infos.append(
-                    _ParquetInfo(
-                        file,
-                        handle.schema_arrow,
-                        metadata.num_rows,
-                        tuple(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)),
-                    )
-                )
+                with _open_file(file) as stream:
+                    handle = pq.ParquetFile(stream)
+                    metadata = handle.metadata
+                    schema = handle.schema_arrow
+            except FileNotFoundError:
+                raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
             except _READ_ERRORS as error:
+                if _is_environment(error):
+                    raise
                 raise InputError(f"{file}: not a readable Parquet file ({_describe(error, file)})") from None
+            for key, _ in file.partitions:
+                if key not in schema.names:
+                    schema = schema.append(pa.field(key, pa.string()))
+            infos.append(
+                _ParquetInfo(
+                    file,
+                    schema,
+                    metadata.num_rows,
+                    tuple(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)),
+                )
+            )
         state.parquet = infos
     return state.parquet
 
 
-def _describe(error: BaseException, file: Path) -> str:
+def _describe(error: BaseException, file: InputFile) -> str:
     """pyarrow's message, with a plainer word for an empty file."""
     try:
-        if file.stat().st_size == 0:
+        if file.location.info().size == 0:
             return "the file is empty (0 bytes)"
     except OSError:
         pass
     return str(error) or type(error).__name__
+
+
+def _open_file(file: InputFile):
+    """A random-access handle on a Parquet file on its filesystem."""
+    return file.location.fs.open_input_file(file.location.path)
+
+
+def _is_environment(error: BaseException) -> bool:
+    """True for a refusal of the machine or the network (not a damaged file): it propagates as OSError."""
+    return isinstance(error, PermissionError) or is_environment_error(error)
+
+
+def _with_partitions(record: dict, file: InputFile) -> dict:
+    """A record with its file's partition values added (a column the file holds wins)."""
+    for key, value in file.partitions:
+        record.setdefault(key, value)
+    return record
 
 
 def _parquet_type(source: InputSource, name: str) -> pa.DataType:
@@ -331,7 +377,7 @@ def _holds(wide: pa.DataType, narrow: pa.DataType) -> bool:
 class _BadLine:
     """A JSONL line that could not be parsed into an object."""
 
-    line: int
+    line: str  # "N", or "N of FILE" when the input has several files
     message: str
 
 
@@ -349,17 +395,17 @@ class _ColumnScan:
     """What one JSONL column holds over all lines: kinds of values (with their first line), nested types."""
 
     def __init__(self) -> None:
-        self.kinds: dict[str, int] = {}  # bool / int / float / text / list / object → first line
+        self.kinds: dict[str, tuple[int, str]] = {}  # bool / int / … → (row order, first line)
         self.nested: pa.DataType | None = None  # lists and objects: their unified Arrow type so far
         self.pending: list[Any] = []
-        self.pending_lines: list[int] = []
+        self.pending_lines: list[str] = []
         self.problem: str | None = None  # the first value that no type can hold
 
-    def add(self, value: Any, line: int) -> None:
+    def add(self, value: Any, line: str, order: int) -> None:
         kind = _kind(value)
         if kind is None:
             return
-        self.kinds.setdefault(kind, line)
+        self.kinds.setdefault(kind, (order, line))
         if kind == "int" and not INT64_MIN <= value <= INT64_MAX and self.problem is None:
             self.problem = f"line {line}: the integer {value} does not fit in 64 bits"
         if kind in ("list", "object") and self.problem is None and not _has_surrogate(value):
@@ -388,8 +434,8 @@ class _ColumnScan:
         self.pending, self.pending_lines = [], []
 
     def type_of(self, name: str, label: str) -> pa.DataType:
-        families: dict[str, tuple[str, int]] = {}
-        for kind, line in sorted(self.kinds.items(), key=lambda item: item[1]):
+        families: dict[str, tuple[str, str]] = {}
+        for kind, (_, line) in sorted(self.kinds.items(), key=lambda item: item[1][0]):
             families.setdefault(_FAMILIES[kind], (kind, line))
         if len(families) > 1:
             shown = ", ".join(f"{family} (first on line {line})" for family, (_, line) in families.items())
@@ -417,6 +463,7 @@ class _JsonlScan:
     def __init__(self) -> None:
         self.columns: dict[str, _ColumnScan] = {}
         self.rows = 0  # lines that are rows (objects or unreadable; blank lines are not rows)
+        self.rows_per_file: list[int] = []
         self.objects = 0
         self.first_bad: _BadLine | None = None
 
@@ -430,27 +477,28 @@ def _jsonl_scan(source: InputSource) -> _JsonlScan:
     state = source._state
     if state.jsonl is None:
         scan = _JsonlScan()
-        for line, record in _jsonl_records(source):
-            scan.rows += 1
-            if isinstance(record, _BadLine):
-                scan.first_bad = scan.first_bad or record
-                continue
-            scan.objects += 1
-            for name, value in record.items():
-                column = scan.columns.get(name)
-                if column is None:
-                    column = scan.columns[name] = _ColumnScan()
-                column.add(value, line)
+        for index in range(max(1, len(source.files))):
+            before = scan.rows
+            for line, record in _jsonl_file_records(source, index):
+                scan.rows += 1
+                if isinstance(record, _BadLine):
+                    scan.first_bad = scan.first_bad or record
+                    continue
+                scan.objects += 1
+                for name, value in record.items():
+                    column = scan.columns.get(name)
+                    if column is None:
+                        column = scan.columns[name] = _ColumnScan()
+                    column.add(value, line, scan.rows)
+            scan.rows_per_file.append(scan.rows - before)
         for column in scan.columns.values():
             column.flush()
         state.jsonl = scan
     return state.jsonl
 
 
-def _jsonl_path(source: InputSource) -> Path:
-    """The JSONL file to read: the input file, or stdin spooled to a temporary file on first use."""
-    if source.path != STDIN:
-        return source.files[0]
+def _stdin_spool(source: InputSource) -> Path:
+    """Stdin spooled to a temporary file on first use."""
     state = source._state
     if state.spool is None:
         handle, name = tempfile.mkstemp(prefix="score-batch-stdin-", suffix=".jsonl")
@@ -473,36 +521,81 @@ def _remove(name: str) -> None:
         pass
 
 
-def _jsonl_records(source: InputSource) -> Iterator[tuple[int, dict | _BadLine]]:
-    """(line number, object) per non-blank line; lines that are not a UTF-8 JSON object as _BadLine."""
-    path = _jsonl_path(source)
+def _jsonl_records(source: InputSource) -> Iterator[tuple[str, dict | _BadLine]]:
+    """(line, object) per non-blank line of every file in order; lines that are not a JSON object as _BadLine."""
+    for index in range(max(1, len(source.files))):
+        yield from _jsonl_file_records(source, index)
+
+
+def _jsonl_lines(source: InputSource, index: int) -> Iterator[bytes]:
+    """The raw lines of the index-th JSONL file (decompressed by its suffix), or of the stdin spool."""
+    if source.path == STDIN:
+        try:
+            stream = open(_stdin_spool(source), "rb")
+        except OSError as error:
+            raise InputError(f"{source.label}: cannot read ({error.strerror or error})") from None
+        with stream:
+            yield from stream
+        return
+    file = source.files[index]
     try:
-        stream = open(path, "rb")
+        stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
+    except FileNotFoundError:
+        raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
     except OSError as error:
-        raise InputError(f"{source.label}: cannot read ({error.strerror or error})") from None
+        if _is_environment(error):
+            raise
+        raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
     with stream:
-        for number, raw in enumerate(stream, start=1):
-            if number == 1 and raw.startswith(BOM):
-                raw = raw[len(BOM) :]
-            if not raw.strip():
-                continue
+        rest = b""
+        while True:
             try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                message = (
-                    f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the line)"
-                )
-                yield number, _BadLine(number, message)
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as error:
-                yield number, _BadLine(number, f"not valid JSON ({error.msg} at column {error.colno})")
-                continue
-            except RecursionError:
-                yield number, _BadLine(number, "not valid JSON (nested too deeply)")
-                continue
-            yield number, record if isinstance(record, dict) else _BadLine(number, "not a JSON object")
+                chunk = stream.read(READ_CHUNK)
+            except _READ_ERRORS as error:
+                if _is_environment(error):
+                    raise
+                raise InputError(f"{file}: cannot read ({error})") from None
+            if not chunk:
+                break
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                yield line + b"\n"
+        if rest:
+            yield rest
+
+
+def _jsonl_file_records(source: InputSource, index: int) -> Iterator[tuple[str, dict | _BadLine]]:
+    """(line, object) per non-blank line of one file, its partition values added."""
+    file = source.files[index] if source.files else None
+    several = len(source.files) > 1
+    for number, raw in enumerate(_jsonl_lines(source, index), start=1):
+        if number == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
+        if not raw.strip():
+            continue
+        where = f"{number} of {file}" if several else str(number)
+        record = _parse_line(raw, where)
+        if file is not None and isinstance(record, dict):
+            record = _with_partitions(record, file)
+        yield where, record
+
+
+def _parse_line(raw: bytes, line: str) -> dict | _BadLine:
+    """One line as an object, or a _BadLine saying why not."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return _BadLine(
+            line, f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the line)"
+        )
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        return _BadLine(line, f"not valid JSON ({error.msg} at column {error.colno})")
+    except RecursionError:
+        return _BadLine(line, "not valid JSON (nested too deeply)")
+    return record if isinstance(record, dict) else _BadLine(line, "not a JSON object")
 
 
 # ------------------------------------------------------------------------------------------ shared
@@ -522,17 +615,20 @@ def _columns(source: InputSource) -> list[str] | None:
     return list(scan.columns) if scan.objects else None
 
 
-def _raw_rows(source: InputSource) -> Iterator[tuple[int | None, dict | _BadLine]]:
+def _raw_rows(source: InputSource) -> Iterator[tuple[str | None, dict | _BadLine]]:
     """(JSONL line number or None, record) in input order; unparsable JSONL lines as _BadLine markers."""
     if source.format == "jsonl":
         yield from _jsonl_records(source)
         return
     for info in _parquet_infos(source):
         try:
-            for batch in pq.ParquetFile(info.file).iter_batches(batch_size=1024):
-                for record in batch.to_pylist():
-                    yield None, record
+            with _open_file(info.file) as handle:
+                for batch in pq.ParquetFile(handle).iter_batches(batch_size=1024):
+                    for record in batch.to_pylist():
+                        yield None, _with_partitions(record, info.file)
         except _READ_ERRORS as error:
+            if _is_environment(error):
+                raise
             raise InputError(f"{info.file}: cannot read this Parquet file: {error}") from None
 
 

@@ -59,11 +59,19 @@ def fsync_directory(path: Path) -> None:
 class AtomicTableWriter:
     """Writes tables to a temporary file beside the destination and renames it there on commit."""
 
-    def __init__(self, path: str | Path, schema: pa.Schema, fmt: str) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path, schema: pa.Schema, fmt: str, publish=None) -> None:
+        """publish(tmp, path): how the finished file reaches path (default: a durable rename beside it;
+        an object store passes its upload and gets a local temporary file)."""
+        self.path = path if publish is not None else Path(path)
         self.fmt = fmt
         self.schema = schema
-        self.tmp = exclusive_temp(self.path)
+        self._publish = publish or durable_replace
+        if publish is None:
+            self.tmp = exclusive_temp(self.path)
+        else:
+            handle, name = tempfile.mkstemp(prefix="score-batch-output-")
+            os.close(handle)
+            self.tmp = Path(name)
         self._parquet = pq.ParquetWriter(self.tmp, schema) if fmt == "parquet" else None
         self._text = open(self.tmp, "w", encoding="utf-8") if fmt == "jsonl" else None
 
@@ -77,7 +85,11 @@ class AtomicTableWriter:
     def commit(self) -> None:
         """Close and move the finished file to its destination."""
         self._close()
-        durable_replace(self.tmp, self.path)
+        try:
+            self._publish(self.tmp, self.path)
+        finally:
+            if self._publish is not durable_replace:
+                self.tmp.unlink(missing_ok=True)
 
     def abort(self) -> None:
         """Close and delete the temporary file; the destination is untouched."""

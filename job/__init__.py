@@ -29,10 +29,10 @@ def run(config: RunConfig) -> RunReport:
         from job.local import run_local as run_job
     # Every path is checked before the report can be written, so a report never replaces a file it must not.
     check_report_path(config)
-    source = open_source(config.input)
+    source = open_source(config.inputs, config.storage_options)
     try:
         destination = check_destination(config, directory=config.ray is not None and not batch_file)
-        check_run_paths(config, source.files, destination)
+        check_run_paths(config, source.files, destination, source.directories)
         if batch_file:
             return _run_reported(config, lambda report: run_openai_batch(config, report))
         return _run_reported(config, lambda report: run_job(config, source, destination, report))
@@ -43,9 +43,12 @@ def run(config: RunConfig) -> RunReport:
 def _is_openai_batch(config: RunConfig) -> bool:
     """True when the input is an OpenAI-style batch file (named so, or detected)."""
     if config.input_format == "auto":
+        from io_formats.locations import is_uri
         from io_formats.openai_batch import looks_like_openai_batch
 
-        return looks_like_openai_batch(config.input)
+        if len(config.inputs) > 1 or is_uri(config.inputs[0]):
+            return False  # a batch file is one local JSONL file
+        return looks_like_openai_batch(config.inputs[0])
     return config.input_format == "openai-batch"
 
 

@@ -45,7 +45,7 @@ class RayOptions:
 class RunConfig:
     """One run: input, output, model, columns, engine settings and batch-job behaviour."""
 
-    input: str
+    input: str | tuple[str, ...]  # one INPUT, or several read in order (paths or URIs; "-" is stdin)
     output: str
     model_dir: Path
     columns: ColumnOverrides
@@ -65,6 +65,9 @@ class RunConfig:
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
     progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
     pipeline: bool = True  # read and plan the next window on a worker thread while this one is scored
+    storage_options: tuple[
+        tuple[str, str], ...
+    ] = ()  # --storage-option key=value: endpoint, region (no secrets)
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR_MODES:
@@ -83,8 +86,15 @@ class RunConfig:
             raise ConfigError("RunConfig.progress_seconds", self.progress_seconds, "must be positive")
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError("RunConfig.top_k", self.top_k, "must be at least 1")
+        if not isinstance(self.input, str) and not self.input:
+            raise ConfigError("RunConfig.input", self.input, "names no input")
         if self.resume and self.output == STDOUT:
             raise ConfigError("RunConfig.resume", True, "needs an output file (stdout cannot be resumed)")
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The INPUT arguments in order."""
+        return (self.input,) if isinstance(self.input, str) else tuple(self.input)
 
     @property
     def sink(self) -> str:
@@ -97,7 +107,7 @@ class RunConfig:
         """A hash of everything that decides the output rows, for refusing a mismatched --resume."""
         settings = dataclasses.asdict(self)
         ignored = ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray")
-        for name in (*ignored, "threads", "progress_seconds", "pipeline"):
+        for name in (*ignored, "threads", "progress_seconds", "pipeline", "storage_options"):
             settings.pop(name)
         payload = json.dumps([settings, model_identity, input_identity], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()

@@ -10,13 +10,17 @@ import socket
 import time
 from pathlib import Path
 
+from io_formats import remote
 from io_formats.errors import InputError
+from io_formats.locations import Location
 
 log = logging.getLogger(__name__)
 
 
-def lock_path(destination: Path) -> Path:
+def lock_path(destination: Path | Location) -> Path | Location:
     """The lock file of an output path."""
+    if isinstance(destination, Location):
+        return destination.sibling(".lock")
     return destination.with_name(f"{destination.name}.lock")
 
 
@@ -32,6 +36,8 @@ class OutputLock:
         """The lock a run takes: none for stdout or a dry run."""
         if destination is None or config.dry_run:
             return contextlib.nullcontext()
+        if isinstance(destination, Location):
+            return RemoteOutputLock(destination, config.storage_options)
         return cls(destination)
 
     def __enter__(self) -> OutputLock:
@@ -74,23 +80,21 @@ class OutputLock:
             handle = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
         with os.fdopen(handle, "w") as out:
-            json.dump(record, out)
+            json.dump(_holder_record(), out)
         self.held = True
         return True
 
     def _holder(self) -> dict | None:
         """The lock file's record, or None when it cannot be read."""
         try:
-            holder = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            holder = json.loads(self._read())
+        except (OSError, ValueError, TypeError):
             return None
         return holder if isinstance(holder, dict) else None
+
+    def _read(self) -> str | bytes | None:
+        return self.path.read_text()
 
     @staticmethod
     def _stale(holder: dict) -> bool:
@@ -109,3 +113,35 @@ class OutputLock:
         """Remove a stale lock unless another run replaced it meanwhile."""
         if self._holder() == holder:
             self.path.unlink(missing_ok=True)
+
+
+def _holder_record() -> dict:
+    """Who holds a lock: this process, this host, since now."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+class RemoteOutputLock(OutputLock):
+    """OUTPUT.lock on an object store, created with a conditional write (see io_formats.remote)."""
+
+    def __init__(self, destination: Location, options: tuple[tuple[str, str], ...]) -> None:
+        self.path = lock_path(destination)
+        self.options = options
+        self.held = False
+
+    def release(self) -> None:
+        if self.held:
+            remote.delete(self.path)
+            self.held = False
+
+    def _create(self) -> bool:
+        if not remote.create_exclusive(self.path, json.dumps(_holder_record()).encode(), self.options):
+            return False
+        self.held = True
+        return True
+
+    def _read(self) -> bytes | None:
+        return remote.read_object(self.path)
+
+    def _remove_if_unchanged(self, holder: dict) -> None:
+        if self._holder() == holder:
+            remote.delete(self.path)

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from engine import Group
 from io_formats.errors import InputError
+from io_formats.locations import is_uri
 from io_formats.openai_batch import (
     STDIN,
     BatchError,
@@ -64,8 +65,10 @@ def check_batch_config(config: RunConfig) -> None:
     for option, given in refusals.items():
         if given:
             raise InputError(f"{option} does not apply to an OpenAI batch file (--input-format openai-batch)")
-    if config.input != STDIN and not Path(config.input).is_file():
+    if not isinstance(config.input, str) or (config.input != STDIN and not Path(config.input).is_file()):
         raise InputError(f"input {config.input!r}: an OpenAI batch file is one JSONL file, or - for stdin")
+    if config.output != STDOUT and is_uri(config.output):
+        raise InputError(f"output {config.output!r}: an OpenAI batch output is a local .jsonl file or -")
     if config.output != STDOUT and Path(config.output).suffix.lower() not in (".jsonl", ".ndjson"):
         raise InputError(
             f"output {config.output!r}: an OpenAI batch output is JSONL; give a .jsonl path or -"

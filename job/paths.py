@@ -1,4 +1,8 @@
-"""Every path a run writes, checked against every path it reads and against each other before any scoring."""
+"""Every path a run writes, checked against every path it reads and against each other before any scoring.
+
+Paths are compared as normalized URIs: local paths with `..` and symlinks resolved (also for the parts
+that do not exist yet), object-store paths as scheme://bucket/key with `.` and `..` folded.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ import os
 from pathlib import Path
 
 from io_formats.errors import InputError
+from io_formats.locations import Location
+
+Where = Path | Location  # an InputFile counts through its .location
 
 
 def real(path: str | Path) -> Path:
@@ -13,10 +20,18 @@ def real(path: str | Path) -> Path:
     return Path(os.path.realpath(os.path.abspath(path)))
 
 
-def check_collisions(writes: dict[str, Path], reads: dict[str, Path]) -> None:
+def normalized(where) -> str:
+    """The URI a path or location is compared by."""
+    where = getattr(where, "location", where)
+    if isinstance(where, Location):
+        return where.key()
+    return "file://" + str(real(where))
+
+
+def check_collisions(writes: dict[str, Where], reads: dict[str, Where]) -> None:
     """Refuse a write path that is, contains or lies inside a read path, or that another write path uses."""
-    resolved_writes = {name: real(path) for name, path in writes.items()}
-    resolved_reads = {name: real(path) for name, path in reads.items()}
+    resolved_writes = {name: normalized(path) for name, path in writes.items()}
+    resolved_reads = {name: normalized(path) for name, path in reads.items()}
     for name, path in resolved_writes.items():
         for read_name, read_path in resolved_reads.items():
             if _overlap(path, read_path):
@@ -34,6 +49,7 @@ def check_collisions(writes: dict[str, Path], reads: dict[str, Path]) -> None:
                 )
 
 
-def _overlap(a: Path, b: Path) -> bool:
+def _overlap(a: str, b: str) -> bool:
     """True when a and b are the same path or one lies inside the other."""
-    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+    a, b = a.rstrip("/"), b.rstrip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")

@@ -6,11 +6,15 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
+from pyarrow.fs import FileType
 
+from io_formats import remote
 from io_formats.errors import InputError
+from io_formats.locations import Location, is_uri, parse_location
 from io_formats.parts import PartStore
 from io_formats.writers import durable_replace, exclusive_temp, fsync_directory
 from job.config import STDOUT, RunConfig
@@ -22,13 +26,19 @@ log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
 
 
-def check_destination(config: RunConfig, directory: bool) -> Path | None:
-    """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output."""
+def check_destination(config: RunConfig, directory: bool) -> Path | Location | None:
+    """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output.
+
+    A local output is a Path; an object-store output (s3://, gs://) a Location.
+    """
     if config.output == STDOUT:
         if directory:
             raise InputError("--ray writes a directory of Parquet files; give -o OUTPUT_DIR, not -")
         return None
-    destination = Path(config.output)
+    location = parse_location(config.output, config.storage_options, write=True)
+    if not location.local:
+        return _check_remote_destination(config, location, directory)
+    destination = Path(location.path) if is_uri(config.output) else Path(config.output)
     if not destination.parent.is_dir():
         raise InputError(f"output directory {str(destination.parent)!r} does not exist")
     if destination.is_dir() and not directory:
@@ -40,16 +50,40 @@ def check_destination(config: RunConfig, directory: bool) -> Path | None:
     return destination
 
 
-def check_run_paths(config: RunConfig, input_files: tuple[Path, ...], destination: Path | None) -> None:
+def _check_remote_destination(config: RunConfig, location: Location, directory: bool) -> Location:
+    """The object-store version of the destination checks (the bucket must exist; no directories)."""
+    if directory:
+        raise InputError(f"output {location.uri!r}: --ray writes to a local directory")
+    bucket = location.path.split("/", 1)[0]
+    if "/" not in location.path.strip("/"):
+        raise InputError(
+            f"output {location.uri!r}: give a path inside the bucket ({location.scheme}://BUCKET/KEY)"
+        )
+    if location.fs.get_file_info(bucket).type == FileType.NotFound:
+        raise InputError(f"output bucket {bucket!r} of {location.uri!r} does not exist")
+    info = location.info()
+    if info.type == FileType.Directory:
+        raise InputError(f"output {location.uri!r} is a directory; give a .parquet or .jsonl object path")
+    if info.type == FileType.File and not config.overwrite:
+        raise InputError(f"output {location.uri!r} already exists; pass --overwrite to replace it")
+    return location
+
+
+def check_run_paths(
+    config: RunConfig,
+    input_files: tuple,
+    destination: Path | Location | None,
+    input_directories: tuple = (),
+) -> None:
     """Before any work: no written path may touch a read path or another written path; report writable."""
-    reads: dict[str, Path] = {f"input file {i}": path for i, path in enumerate(input_files)}
-    if config.input != STDOUT and Path(config.input).is_dir():
-        reads["input directory"] = Path(config.input)
+    reads: dict[str, object] = {f"input file {i}": path for i, path in enumerate(input_files)}
+    for i, directory in enumerate(input_directories):
+        reads[f"input directory {i}" if len(input_directories) > 1 else "input directory"] = directory
     reads["model directory"] = Path(config.model_dir)
-    writes: dict[str, Path] = {}
+    writes: dict[str, object] = {}
     if destination is not None:
         writes["output"] = destination
-        writes["checkpoint directory"] = PartStore(destination).dir
+        writes["checkpoint directory"] = parts_dir(destination)
         writes["lock file"] = lock_path(destination)
     errors = errors_path(config)
     if errors is not None:
@@ -58,8 +92,11 @@ def check_run_paths(config: RunConfig, input_files: tuple[Path, ...], destinatio
     if report is not None:
         writes["report"] = report
     check_collisions(writes, reads)
-    if "errors file" in writes:
-        _check_writable("errors file", writes["errors file"], config.overwrite)
+    if isinstance(errors, Location):
+        if errors.exists() and not config.overwrite:
+            raise InputError(f"errors file {errors.uri!r} already exists; pass --overwrite to replace it")
+    elif errors is not None:
+        _check_writable("errors file", errors, config.overwrite)
 
 
 def check_report_path(config: RunConfig) -> None:
@@ -95,18 +132,35 @@ def report_path(config: RunConfig) -> Path | None:
     return Path(config.report) if config.report and config.report != STDOUT else None
 
 
-def errors_path(config: RunConfig) -> Path | None:
+def errors_path(config: RunConfig) -> Path | Location | None:
     """Where --on-error skip lists skipped rows: --errors-file, else OUTPUT.errors.jsonl (stdout: the log)."""
     if config.on_error != "skip" or config.dry_run:
         return None
     if config.errors_file:
-        return Path(config.errors_file)
-    return None if config.output == STDOUT else default_errors_path(Path(config.output))
+        return _local_or_remote(config.errors_file, config)
+    return None if config.output == STDOUT else default_errors_path(_local_or_remote(config.output, config))
 
 
-def default_errors_path(destination: Path) -> Path:
+def _local_or_remote(text: str, config: RunConfig) -> Path | Location:
+    """A written path: a local Path, or a Location on an object store."""
+    if not is_uri(text):
+        return Path(text)
+    location = parse_location(text, config.storage_options, write=True)
+    return Path(location.path) if location.local else location
+
+
+def default_errors_path(destination: Path | Location) -> Path | Location:
     """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
+    if isinstance(destination, Location):
+        return destination.sibling(".errors.jsonl")
     return destination.with_name(f"{destination.name}.errors.jsonl")
+
+
+def parts_dir(destination: Path | Location) -> Path | Location:
+    """OUTPUT.parts: the checkpoint directory of an output."""
+    if isinstance(destination, Location):
+        return destination.sibling(".parts")
+    return PartStore(destination).dir
 
 
 def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
@@ -120,8 +174,9 @@ def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
 class ErrorsSink:
     """Skipped rows: JSONL lines in a temporary file published beside the output, or warnings in the log."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | Location | None) -> None:
         self.path = path
+        self.remote = isinstance(path, Location)
         self.count = 0
         self._tmp: Path | None = None
         self._handle = None
@@ -137,7 +192,7 @@ class ErrorsSink:
                 log.warning("skipped %s", line.rstrip())
             return
         if self._handle is None:
-            self._tmp = exclusive_temp(self.path)
+            self._tmp = _local_temp() if self.remote else exclusive_temp(self.path)
             self._handle = open(self._tmp, "w", encoding="utf-8")
         self._handle.writelines(lines)
 
@@ -146,11 +201,20 @@ class ErrorsSink:
         if self.path is None:
             return
         if self._handle is None:
-            self.path.unlink(missing_ok=True)
+            if self.remote:
+                remote.delete(self.path)
+            else:
+                self.path.unlink(missing_ok=True)
             return
         self._handle.close()
         self._handle = None
-        durable_replace(self._tmp, self.path)
+        if self.remote:
+            try:
+                remote.upload(self._tmp, self.path)
+            finally:
+                self._tmp.unlink(missing_ok=True)
+        else:
+            durable_replace(self._tmp, self.path)
         log.warning("skipped rows are listed in %s", self.path)
 
     def abort(self) -> None:
@@ -162,10 +226,20 @@ class ErrorsSink:
             self._tmp.unlink(missing_ok=True)
 
 
-def remove_leftovers(*paths: Path | None) -> None:
+def _local_temp() -> Path:
+    """A local temporary file for something uploaded to an object store when finished."""
+    handle, name = tempfile.mkstemp(prefix="score-batch-")
+    os.close(handle)
+    return Path(name)
+
+
+def remove_leftovers(*paths: Path | Location | None) -> None:
     """Delete temporary files an interrupted run left beside these paths (the caller holds the output's lock)."""
     for path in paths:
         if path is None:
+            continue
+        if isinstance(path, Location):
+            remote.remove_leftovers(path)
             continue
         for leftover in path.parent.glob(f".{path.name}.tmp-*"):
             if leftover.is_dir():

@@ -123,6 +123,12 @@ def check_ray_run(config: RunConfig) -> None:
         raise InputError("--resume is for local runs; a Ray run retries failed work itself")
     if config.dry_run:
         raise InputError("--dry-run plans on this machine; run it without --ray")
+    from io_formats.locations import is_uri
+
+    if any(is_uri(text) and not text.startswith("file://") for text in (*config.inputs, config.output)):
+        raise InputError(
+            "--ray reads and writes local (or shared) paths; object-store URIs are for local runs for now"
+        )
 
 
 def run_ray(config: RunConfig, source: InputSource, destination: Path, report: RunReport) -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from io_formats import remote
 from io_formats.errors import InputError
-from io_formats.parts import PartStore
+from io_formats.locations import Location
+from io_formats.parts import PartStore, RemotePartStore
 from io_formats.writers import AtomicTableWriter, StdoutJsonlWriter, output_format
 from job.config import RunConfig
 from job.contract import OutputContract
@@ -86,11 +88,12 @@ class StdoutSink(NullSink):
 class PartsSink:
     """One checkpointed Parquet part per window beside OUTPUT; at the end, one merge published atomically."""
 
-    def __init__(self, config: RunConfig, destination: Path) -> None:
+    def __init__(self, config: RunConfig, destination: Path | Location) -> None:
         self.config = config
         self.destination = destination
         self.format = output_format(config.output)
-        self.parts = PartStore(destination)
+        self.remote = isinstance(destination, Location)
+        self.parts = RemotePartStore(destination) if self.remote else PartStore(destination)
         self._previous = self.parts.load() if self.parts.exists() else None
         if self.parts.exists() and not config.resume:
             if not config.overwrite:
@@ -128,7 +131,8 @@ class PartsSink:
 
     def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
         """Merge the parts in window order into OUTPUT (temporary file + rename), list skipped rows, drop parts."""
-        writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format)
+        publish = remote.upload if self.remote else None  # object stores: one upload, then a server-side copy
+        writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format, publish)
         errors = ErrorsSink(errors_path(self.config))
         try:
             if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
@@ -150,8 +154,11 @@ class PartsSink:
             errors.abort()
             raise
         stale = default_errors_path(self.destination)
-        if errors.path != stale:
-            stale.unlink(missing_ok=True)  # an earlier run's list of skipped rows no longer applies
+        if errors.path != stale:  # an earlier run's list of skipped rows no longer applies
+            if self.remote:
+                remote.delete(stale)
+            else:
+                stale.unlink(missing_ok=True)
         self.parts.clear()
         return errors.count
 
@@ -161,7 +168,7 @@ class PartsSink:
             self.parts.clear()
 
 
-def open_sink(config: RunConfig, destination: Path | None) -> NullSink | StdoutSink | PartsSink:
+def open_sink(config: RunConfig, destination: Path | Location | None) -> NullSink | StdoutSink | PartsSink:
     """The sink the config names (destination: the checked output path, None for stdout)."""
     if config.sink == "none":
         return NullSink()

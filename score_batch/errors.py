@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 
 
 class UserError(Exception):
@@ -28,13 +29,21 @@ class EnvironmentFault(Exception):
 
 EXIT_OK, EXIT_BUG, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
+# What pyarrow's object-store filesystems (S3, GCS) and fsspec's HTTP say when the store or the network refuses.
+REMOTE_FAILURE = re.compile(
+    r"AWS Error|Access ?Denied|google::cloud|GCS |curlCode|Could not connect|Couldn't connect|"
+    r"Connection refused|Unable to connect|timed out|ClientConnectorError|NoSuchBucket|SlowDown"
+)
 
 
 def is_environment_error(error: BaseException) -> bool:
-    """True for refusals of the machine: disk full, quota, permission, read-only file system, I/O error."""
-    return isinstance(error, EnvironmentFault) or (
-        isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS
-    )
+    """True for refusals of the machine: disk full, quota, permission, read-only file system, I/O error,
+    and an object store or network that refuses (no credentials, access denied, unreachable endpoint)."""
+    if isinstance(error, EnvironmentFault):
+        return True
+    if not isinstance(error, OSError):
+        return False
+    return error.errno in ENVIRONMENT_ERRNOS or REMOTE_FAILURE.search(str(error)) is not None
 
 
 def exit_code(error: BaseException | None) -> int:

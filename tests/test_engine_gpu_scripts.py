@@ -48,7 +48,14 @@ def test_missing_gpu_skips_or_fails_on_request(monkeypatch):
 
 def test_bench_figures_helpers():
     args = gpu.parse_args(["bench"])
-    assert args.preset == "qwen3-0.6b" and args.methods == ["hf", "flashinfer", "flashinfer+compile", "flex", "flex+compile", "sdpa"]
+    assert args.preset == "qwen3-0.6b" and args.methods == [
+        "hf",
+        "flashinfer",
+        "flashinfer+compile",
+        "flex",
+        "flex+compile",
+        "sdpa",
+    ]
     assert args.out == ROOT / "bench/results/gpu.json"
     preset = gpu.PRESETS["qwen3-0.6b"]
     assert 0.8e9 < gpu.flops_per_token(preset) < 1.0e9  # ≈ 2 × 0.44 B non-embedding weights

@@ -1,0 +1,196 @@
+"""INPUT arguments → the files they mean, in a defined order, with their hive partition values.
+
+An INPUT is a file, a directory or a glob on any filesystem of io_formats.locations. A directory means
+its data files and those of its hive partition directories (`dt=2026-11-22/country=DE/…`), recursively;
+other sub-directories and names starting with `.` or `_` (`_SUCCESS`, `.part.tmp-1`) are not read. A
+glob (`*`, `?`, `[…]` in any segment; `**` for any depth) means the data files it matches, hidden and
+`_` names left out. Order: the INPUTs as given, each one's files sorted by path; rows follow in file
+order, and row_index counts rows over all of them. Every `key=value` directory in a file's path becomes
+a string column `key` (a column the file itself holds wins).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import urllib.parse
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+from io_formats.errors import InputError
+from io_formats.locations import HTTP, Location, has_glob
+
+PARQUET, JSONL = "parquet", "jsonl"
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
+_PARTITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One data file of the input: where it is, its format and compression, and its partition values."""
+
+    location: Location
+    format: str
+    compression: str | None
+    partitions: tuple[tuple[str, str | None], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.location.name
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    def __str__(self) -> str:
+        return self.location.uri
+
+
+def file_format(name: str) -> tuple[str, str | None] | None:
+    """(format, compression) from a file name, or None when it is not a data file we read."""
+    lowered = name.lower()
+    compression = None
+    for suffix, codec in _COMPRESSIONS.items():
+        if lowered.endswith(suffix):
+            lowered, compression = lowered[: -len(suffix)], codec
+            break
+    if lowered.endswith(".parquet") and compression is None:
+        return PARQUET, None
+    if lowered.endswith(_JSONL_SUFFIXES):
+        return JSONL, compression
+    return None
+
+
+def partitions_of(path: str) -> tuple[tuple[str, str | None], ...]:
+    """The key=value directories of a path, in order (a key repeated: the innermost wins)."""
+    found: dict[str, str | None] = {}
+    for segment in path.split("/")[:-1]:
+        match = _PARTITION.match(segment)
+        if match:
+            value = urllib.parse.unquote(match.group(2))
+            found[match.group(1)] = None if value == HIVE_NULL else value
+    return tuple(found.items())
+
+
+def expand(location: Location) -> tuple[list[InputFile], Location | None]:
+    """The files an INPUT means, sorted by path, and the directory it reads from (None for one file)."""
+    if has_glob(location.path) and location.scheme != HTTP:
+        return _glob(location)
+    info = _info(location)
+    if info.type == pafs.FileType.NotFound:
+        raise InputError(f"input {location.uri!r} does not exist")
+    if info.type == pafs.FileType.Directory:
+        return _directory(location), location
+    known = file_format(location.name)
+    if known is None:
+        raise InputError(
+            f"input {location.uri!r}: unknown format; give .parquet, .jsonl (.jsonl.gz, .jsonl.zst) files, "
+            "a directory or a glob of them, or - for JSONL on stdin"
+        )
+    return [InputFile(location, *known, partitions_of(location.path))], None
+
+
+def _info(location: Location) -> pafs.FileInfo:
+    try:
+        return location.info()
+    except FileNotFoundError:
+        return pafs.FileInfo(location.path, pafs.FileType.NotFound)
+
+
+def _directory(location: Location) -> list[InputFile]:
+    """A directory's data files and those of its hive partition directories (one format: Parquet first)."""
+    base = location.path.rstrip("/")
+    selector = pafs.FileSelector(base, recursive=True)
+    found: list[InputFile] = []
+    for entry in location.fs.get_file_info(selector):
+        relative = entry.path[len(base) :].lstrip("/")
+        segments = relative.split("/")
+        if entry.type != pafs.FileType.File or any(s.startswith((".", "_")) for s in segments):
+            continue
+        if not all(_PARTITION.match(s) for s in segments[:-1]):
+            continue  # only hive partition directories are read below a directory
+        known = file_format(segments[-1])
+        if known is not None:
+            found.append(InputFile(location.child(relative), *known, partitions_of(entry.path)))
+    parquet = [f for f in found if f.format == PARQUET]
+    files = sorted(parquet or found, key=lambda f: f.location.path)
+    if not files:
+        raise InputError(
+            f"input directory {location.uri!r} holds no .parquet files (nor .jsonl files; sub-directories other than "
+            "key=value partitions, and names starting with '.' or '_', are not read)"
+        )
+    return files
+
+
+def _glob(location: Location) -> tuple[list[InputFile], Location]:
+    """The data files matching a glob, below its longest directory without wildcards."""
+    segments = location.path.split("/")
+    fixed = next(i for i, s in enumerate(segments) if has_glob(s))
+    base_path = "/".join(segments[:fixed]) or "/"
+    uri_segments = location.uri.split("/")
+    base_uri = "/".join(uri_segments[: len(uri_segments) - (len(segments) - fixed)])
+    base = Location(location.fs, base_path, base_uri, location.scheme)
+    pattern = _glob_regex("/".join(segments[fixed:]))
+    files = []
+    if _info(base).type == pafs.FileType.Directory:
+        for entry in location.fs.get_file_info(pafs.FileSelector(base_path, recursive=True)):
+            relative = entry.path[len(base_path.rstrip("/")) :].lstrip("/")
+            if entry.type != pafs.FileType.File or not pattern.fullmatch(relative):
+                continue
+            if any(s.startswith((".", "_")) for s in relative.split("/")):
+                continue
+            known = file_format(posixpath.basename(relative))
+            if known is not None:
+                files.append(InputFile(base.child(relative), *known, partitions_of(entry.path)))
+    if not files:
+        raise InputError(f"input {location.uri!r} matches no .parquet or .jsonl files")
+    return sorted(files, key=lambda f: f.location.path), base
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """A glob over '/'-separated paths: * ? […] within a segment, ** across segments."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]*/)*")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[":
+            end = pattern.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape(char))
+            else:
+                body = pattern[i + 1 : end].replace("\\", "\\\\")
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return re.compile("".join(out))
+
+
+def check_one_format(files: list[InputFile], label: str) -> str:
+    """The format of all files; InputError when Parquet and JSONL are mixed."""
+    formats = {f.format for f in files}
+    if len(formats) > 1:
+        first = {f.format: f for f in files}
+        raise InputError(
+            f"{label}: mixes Parquet ({first[PARQUET].uri}) and JSONL ({first[JSONL].uri}) files; "
+            "give inputs of one format"
+        )
+    return formats.pop()

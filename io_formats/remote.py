@@ -1,0 +1,132 @@
+"""Writing to object stores, which have no rename: one-step publishing, conditional create, leftovers.
+
+- A finished local file is published by uploading it under a hidden temporary key beside the
+  destination (`.NAME.tmp-…`) and then copying it server-side onto the destination key (S3 CopyObject,
+  GCS rewrite): readers see either the old object or the whole new one, never a partial upload, even
+  when the upload itself is cut off. (S3 copies one object of at most 5 GB this way.)
+- `create_exclusive` writes an object only if none exists: on S3 with boto3's `put_object(IfNoneMatch="*")`
+  (a conditional write every current S3 API honours); elsewhere, or without boto3, it checks then
+  writes, which holds only under a single-writer rule (documented in the README).
+- The next run on an output removes the hidden temporary keys an interrupted run left beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from io_formats.locations import S3, Location, storage_kwargs
+
+log = logging.getLogger(__name__)
+CHUNK = 8 << 20
+
+
+def temp_sibling(destination: Location) -> Location:
+    """A hidden, randomly named key beside destination."""
+    parent = destination.parent()
+    return parent.child(f".{destination.name}.tmp-{secrets.token_hex(8)}")
+
+
+def upload(local: Path, destination: Location) -> None:
+    """Publish a finished local file at destination in one step (temporary key, then server-side copy)."""
+    tmp = temp_sibling(destination)
+    try:
+        with open(local, "rb") as source, tmp.fs.open_output_stream(tmp.path, compression=None) as out:
+            shutil.copyfileobj(source, out, CHUNK)
+        tmp.fs.move(tmp.path, destination.path)
+    except BaseException:
+        delete(tmp)
+        raise
+
+
+def write_object(location: Location, data: bytes) -> None:
+    """Write one object in a single request (replacing any object of that name)."""
+    with location.fs.open_output_stream(location.path, compression=None) as out:
+        out.write(data)
+
+
+def read_object(location: Location) -> bytes | None:
+    """An object's bytes, or None when it does not exist."""
+    try:
+        with location.fs.open_input_stream(location.path, compression=None) as stream:
+            return stream.read()
+    except FileNotFoundError:
+        return None
+
+
+def delete(location: Location) -> None:
+    """Delete an object (already gone is fine)."""
+    try:
+        location.fs.delete_file(location.path)
+    except FileNotFoundError:
+        pass
+
+
+def delete_dir(location: Location) -> None:
+    """Delete a directory prefix and everything under it (already gone is fine)."""
+    try:
+        location.fs.delete_dir(location.path)
+    except FileNotFoundError:
+        pass
+
+
+def list_names(directory: Location) -> list[str]:
+    """Names of the objects directly in a directory prefix (none when it does not exist)."""
+    try:
+        infos = directory.fs.get_file_info(pafs.FileSelector(directory.path, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    return [info.base_name for info in infos if info.type == pafs.FileType.File]
+
+
+def remove_leftovers(destination: Location) -> None:
+    """Delete the hidden temporary keys an interrupted run left beside destination."""
+    prefix = f".{destination.name}.tmp-"
+    parent = destination.parent()
+    for name in list_names(parent):
+        if name.startswith(prefix):
+            delete(parent.child(name))
+            log.info("removed %s, left by an interrupted run", parent.child(name))
+
+
+def create_exclusive(location: Location, data: bytes, options: tuple[tuple[str, str], ...]) -> bool:
+    """Create the object only if it does not exist; False when it does. See the module docstring."""
+    if location.scheme == S3:
+        client = _s3_client(options)
+        if client is not None:
+            from botocore.exceptions import ClientError
+
+            bucket, _, key = location.path.partition("/")
+            try:
+                client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+            except ClientError as error:
+                code = error.response.get("Error", {}).get("Code", "")
+                if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+                    return False
+                raise OSError(f"{location.uri}: AWS Error {code}: {error}") from None
+            return True
+    if location.exists():
+        return False
+    write_object(location, data)  # single-writer rule: no conditional create on this store
+    return True
+
+
+def _s3_client(options: tuple[tuple[str, str], ...]):
+    """A boto3 S3 client with the same endpoint and region (credentials: boto3's standard chain), or None."""
+    try:
+        import boto3
+    except ImportError:
+        log.warning("boto3 is not installed: the S3 output lock is check-then-write (single-writer rule)")
+        return None
+    kwargs = storage_kwargs(options)
+    endpoint = kwargs.get("endpoint_override")
+    client_kwargs = {}
+    if endpoint:
+        client_kwargs["endpoint_url"] = f"{kwargs.get('scheme', 'https')}://{endpoint}"
+    if kwargs.get("region"):
+        client_kwargs["region_name"] = kwargs["region"]
+    return boto3.client("s3", **client_kwargs)
