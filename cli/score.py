@@ -111,6 +111,15 @@ def score(
         str | None,
         typer.Option(help="Comma-separated input columns to copy to the output.", rich_help_panel=COLUMNS),
     ] = None,
+    partition_by: Annotated[
+        str | None,
+        typer.Option(
+            help="Write OUTPUT as a directory of Parquet files partitioned (hive style, col=value/) by these "
+            "comma-separated output columns (ids or kept columns).",
+            rich_help_panel=JOB,
+            show_default=False,
+        ),
+    ] = None,
     label_tokens: Annotated[
         list[str] | None,
         typer.Option(
@@ -433,6 +442,7 @@ def run_config(flags: dict) -> RunConfig:
     return RunConfig(
         input=inputs[0] if len(inputs) == 1 else inputs,
         storage_options=parse_storage_options(flags["storage_option"]),
+        partition_by=comma_list(flags["partition_by"]),
         output=flags["output"],
         model_dir=model_dir,
         columns=ColumnOverrides(

@@ -88,6 +88,10 @@ class RunConfig:
             raise ConfigError("RunConfig.top_k", self.top_k, "must be at least 1")
         if not isinstance(self.input, str) and not self.input:
             raise ConfigError("RunConfig.input", self.input, "names no input")
+        if self.partition_by and self.output == STDOUT:
+            raise ConfigError(
+                "RunConfig.partition_by", self.partition_by, "needs an output directory, not stdout"
+            )
         if self.resume and self.output == STDOUT:
             raise ConfigError("RunConfig.resume", True, "needs an output file (stdout cannot be resumed)")
 
