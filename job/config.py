@@ -68,6 +68,7 @@ class RunConfig:
     storage_options: tuple[
         tuple[str, str], ...
     ] = ()  # --storage-option key=value: endpoint, region (no secrets)
+    partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR_MODES:
