@@ -7,7 +7,13 @@
 - `create_exclusive` writes an object only if none exists: on S3 with boto3's `put_object(IfNoneMatch="*")`
   (a conditional write every current S3 API honours); elsewhere, or without boto3, it checks then
   writes, which holds only under a single-writer rule (documented in the README).
-- The next run on an output removes the hidden temporary keys an interrupted run left beside it.
+- A finished local directory (a partitioned output) is uploaded under a hidden temporary prefix beside
+  the destination, moved into place object by object (server-side copies), and committed by writing
+  `_SUCCESS` last, as Hadoop/Spark committers do: a reader that waits for the marker sees the whole
+  dataset; one that lists the prefix earlier may see part of it. An old dataset being replaced loses
+  its marker first.
+- The next run on an output removes the hidden temporary keys and prefixes an interrupted run left
+  beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from io_formats.locations import S3, Location, storage_kwargs
+from io_formats.writers import SUCCESS
 
 log = logging.getLogger(__name__)
 CHUNK = 8 << 20
@@ -41,6 +48,34 @@ def upload(local: Path, destination: Location) -> None:
     except BaseException:
         delete(tmp)
         raise
+
+
+def upload_directory(local: Path, destination: Location) -> None:
+    """Publish a finished local directory at destination: staged under a hidden prefix, `_SUCCESS` last.
+
+    Replaces an existing dataset there (the caller checked --overwrite): its `_SUCCESS` goes first.
+    """
+    files = sorted(
+        path.relative_to(local).as_posix()
+        for path in local.rglob("*")
+        if path.is_file() and path.relative_to(local).as_posix() != SUCCESS
+    )
+    staging = temp_sibling(destination)
+    try:
+        for name in files:
+            target = staging.child(name)
+            with (
+                open(local / name, "rb") as source,
+                target.fs.open_output_stream(target.path, compression=None) as out,
+            ):
+                shutil.copyfileobj(source, out, CHUNK)
+        delete(destination.child(SUCCESS))  # readers that wait for the marker stop trusting the old data
+        delete_dir(destination)
+        for name in files:
+            staging.fs.move(staging.child(name).path, destination.child(name).path)
+        write_object(destination.child(SUCCESS), b"")
+    finally:
+        delete_dir(staging)
 
 
 def write_object(location: Location, data: bytes) -> None:
@@ -84,13 +119,21 @@ def list_names(directory: Location) -> list[str]:
 
 
 def remove_leftovers(destination: Location) -> None:
-    """Delete the hidden temporary keys an interrupted run left beside destination."""
+    """Delete the hidden temporary keys (and staging prefixes) an interrupted run left beside destination."""
     prefix = f".{destination.name}.tmp-"
     parent = destination.parent()
-    for name in list_names(parent):
-        if name.startswith(prefix):
-            delete(parent.child(name))
-            log.info("removed %s, left by an interrupted run", parent.child(name))
+    try:
+        infos = parent.fs.get_file_info(pafs.FileSelector(parent.path, allow_not_found=True))
+    except FileNotFoundError:
+        infos = []
+    for info in infos:
+        if not info.base_name.startswith(prefix):
+            continue
+        if info.type == pafs.FileType.Directory:
+            delete_dir(parent.child(info.base_name))
+        else:
+            delete(parent.child(info.base_name))
+        log.info("removed %s, left by an interrupted run", parent.child(info.base_name))
 
 
 def create_exclusive(location: Location, data: bytes, options: tuple[tuple[str, str], ...]) -> bool:

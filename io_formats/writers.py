@@ -1,22 +1,29 @@
-"""Output files: streaming Parquet/JSONL writers to an exclusive temporary file, published by atomic rename."""
+"""Output files: streaming Parquet/JSONL writers to an exclusive temporary file, published by atomic rename;
+hive-partitioned Parquet directories written whole into a staging directory (published by the caller)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from io_formats.errors import InputError
 
 STDOUT = "-"
 OUTPUT_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+SUCCESS = "_SUCCESS"  # written last into a finished partitioned output (the Hadoop/Spark committers' marker)
+COMMON_METADATA = "_common_metadata"  # the full output schema, partition columns included (also when empty)
+_WRITTEN_NAME = re.compile(r"part-(\d+)\.parquet")
 
 
 def output_format(path: str) -> str:
@@ -103,6 +110,56 @@ class AtomicTableWriter:
         if self._text is not None:
             self._text.close()
             self._text = None
+
+
+def write_partitioned(
+    tables: Iterable[pa.Table], directory: Path, schema: pa.Schema, partitioning: pa.Schema
+) -> None:
+    """Write tables as hive-partitioned Parquet (`col=value/part-00000000.parquet`, …) into an empty directory.
+
+    Rows keep their order within each partition: one writer thread, and a partition's files numbered in
+    the order they were opened (a partition gets several files only when more than the open-file limit
+    of partitions are written at once). The partition columns live in the directory names, not in the
+    files; `_common_metadata` holds the full schema and `_SUCCESS` is written last. Every file is fsynced.
+    """
+    directory = Path(directory).absolute()
+    written: list[str] = []
+    ds.write_dataset(
+        (batch for table in tables for batch in table.to_batches()),
+        str(directory),
+        schema=schema,
+        format="parquet",
+        partitioning=ds.partitioning(partitioning, flavor="hive"),
+        basename_template="part-{i}.parquet",
+        use_threads=False,  # batches are written in the order given
+        max_partitions=1 << 30,  # per batch: an id column may put every row in its own partition
+        existing_data_behavior="overwrite_or_ignore",
+        file_visitor=lambda file: written.append(file.path),
+    )
+    for name in written:  # part-10 would sort before part-2: zero-pad so name order is row order
+        path = Path(name)
+        number = _WRITTEN_NAME.fullmatch(path.name)
+        if number is not None:
+            path = path.rename(path.with_name(f"part-{int(number.group(1)):08d}.parquet"))
+        _fsync_file(path)
+    pq.write_metadata(schema, directory / COMMON_METADATA)
+    _fsync_file(directory / COMMON_METADATA)
+    partitions = set()
+    for name in written:  # every directory from each file's up to the root gained an entry
+        parent = Path(name).parent
+        while parent != directory and directory in parent.parents:
+            partitions.add(parent)
+            parent = parent.parent
+    for sub in partitions:
+        fsync_directory(sub)
+    (directory / SUCCESS).touch()
+    fsync_directory(directory)
+
+
+def _fsync_file(path: Path) -> None:
+    """Make a file's bytes durable."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 class StdoutJsonlWriter:

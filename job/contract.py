@@ -22,6 +22,20 @@ RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
 QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
 ERROR_FIELDS = (ROW_INDEX, "query_id", "item_id", ERROR)  # one line of the errors file
 RESERVED = ("query_id", "item_id", "score", "rank", "scores", "pooled_hidden_state", ERROR, ROW_INDEX)
+PARTITION_IDS = ("query_id", "item_id")  # --partition-by may name these and the kept columns
+
+
+def check_partition_by(partition_by: tuple[str, ...], keep: tuple[str, ...]) -> None:
+    """--partition-by names output columns that identify rows: the ids or kept columns, each once."""
+    allowed = (*PARTITION_IDS, *keep)
+    for i, name in enumerate(partition_by):
+        if name not in allowed:
+            raise InputError(
+                f"--partition-by names {name!r}, which is not an id or kept column of the output; "
+                f"allowed: {', '.join(allowed)} (add input columns with --keep-columns)"
+            )
+        if name in partition_by[:i]:
+            raise InputError(f"--partition-by names {name!r} twice")
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,12 @@ class OutputContract:
         if self.ranked:
             schema = schema.remove(schema.get_field_index(QUERY_KEY))
         return schema if self.on_error == "record" else schema.remove(schema.get_field_index(ERROR))
+
+    def partition_schema(self, partition_by: tuple[str, ...]) -> pa.Schema:
+        """The hive partitioning of a partitioned output: the named final columns with their types."""
+        check_partition_by(partition_by, self.keep)
+        schema = self.final_schema()
+        return pa.schema([schema.field(name) for name in partition_by])
 
     def ray_schema(self) -> pa.Schema:
         """A Ray run's output files: the final columns plus the row index (files hold no input order)."""

@@ -10,15 +10,16 @@ import tempfile
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pyarrow.fs import FileType
 
 from io_formats import remote
 from io_formats.errors import InputError
 from io_formats.locations import Location, is_uri, parse_location
-from io_formats.parts import PartStore
-from io_formats.writers import durable_replace, exclusive_temp, fsync_directory
+from io_formats.parts import MANIFEST, PartStore
+from io_formats.writers import OUTPUT_FORMATS, SUCCESS, durable_replace, exclusive_temp, fsync_directory
 from job.config import STDOUT, RunConfig
-from job.contract import OutputContract
+from job.contract import OutputContract, check_partition_by
 from job.lock import lock_path
 from job.paths import check_collisions
 
@@ -29,31 +30,55 @@ KEEP_GOING = "(use --on-error record or skip to keep going)"
 def check_destination(config: RunConfig, directory: bool) -> Path | Location | None:
     """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output.
 
-    A local output is a Path; an object-store output (s3://, gs://) a Location.
+    A local output is a Path; an object-store output (s3://, gs://) a Location. With --partition-by the
+    output is a directory too, and the partition columns must be ids or kept columns.
     """
+    partitioned = bool(config.partition_by)
+    if partitioned:
+        check_partition_by(config.partition_by, config.columns.keep_columns)
+    writer = "--partition-by" if partitioned else "--ray"
     if config.output == STDOUT:
         if directory:
-            raise InputError("--ray writes a directory of Parquet files; give -o OUTPUT_DIR, not -")
+            raise InputError(f"{writer} writes a directory of Parquet files; give -o OUTPUT_DIR, not -")
         return None
+    if partitioned and Path(config.output.rstrip("/")).suffix.lower() in OUTPUT_FORMATS:
+        raise InputError(
+            f"output {config.output!r}: --partition-by writes a directory of Parquet files; "
+            "give a directory path (without .parquet or .jsonl)"
+        )
     location = parse_location(config.output, config.storage_options, write=True)
     if not location.local:
         return _check_remote_destination(config, location, directory)
+    directory = directory or partitioned
     destination = Path(location.path) if is_uri(config.output) else Path(config.output)
     if not destination.parent.is_dir():
         raise InputError(f"output directory {str(destination.parent)!r} does not exist")
     if destination.is_dir() and not directory:
         raise InputError(f"output {config.output!r} is a directory; give a .parquet or .jsonl file path")
     if destination.exists() and not destination.is_dir() and directory:
-        raise InputError(f"output {config.output!r} is a file; --ray writes a directory of Parquet files")
+        raise InputError(f"output {config.output!r} is a file; {writer} writes a directory of Parquet files")
     if destination.exists() and not config.overwrite:
         raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
+    if partitioned and destination.is_dir():
+        _check_replaceable_dataset(config.output, [p.name for p in destination.iterdir()])
     return destination
 
 
+def _check_replaceable_dataset(output: str, names: list[str]) -> None:
+    """--overwrite replaces a directory only when it is empty or a finished dataset (it holds _SUCCESS)."""
+    if names and SUCCESS not in names:
+        raise InputError(
+            f"output {output!r} is a directory without a {SUCCESS} marker, so not a dataset this tool "
+            "wrote; --overwrite will not delete it: remove it yourself or choose another path"
+        )
+
+
 def _check_remote_destination(config: RunConfig, location: Location, directory: bool) -> Location:
-    """The object-store version of the destination checks (the bucket must exist; no directories)."""
-    if directory:
-        raise InputError(f"output {location.uri!r}: --ray writes to a local directory")
+    """The object-store version of the destination checks (the bucket must exist; a directory only for a
+    Ray run or --partition-by)."""
+    partitioned = bool(config.partition_by)
+    dataset = directory or partitioned
+    writer = "--partition-by" if partitioned else "--ray"
     bucket = location.path.split("/", 1)[0]
     if "/" not in location.path.strip("/"):
         raise InputError(
@@ -62,11 +87,36 @@ def _check_remote_destination(config: RunConfig, location: Location, directory: 
     if location.fs.get_file_info(bucket).type == FileType.NotFound:
         raise InputError(f"output bucket {bucket!r} of {location.uri!r} does not exist")
     info = location.info()
-    if info.type == FileType.Directory:
+    if info.type == FileType.Directory and not dataset:
         raise InputError(f"output {location.uri!r} is a directory; give a .parquet or .jsonl object path")
-    if info.type == FileType.File and not config.overwrite:
+    if info.type == FileType.File and dataset:
+        raise InputError(
+            f"output {location.uri!r} is an object; {writer} writes a directory of Parquet files"
+        )
+    if (
+        info.type == FileType.Directory
+        and (config.resume or config.overwrite)
+        and _unfinished_publish(location)
+    ):
+        log.info("%s holds a publish of this output cut off midway; this run replaces it", location.uri)
+        return location
+    if info.type != FileType.NotFound and not config.overwrite:
         raise InputError(f"output {location.uri!r} already exists; pass --overwrite to replace it")
+    if info.type == FileType.Directory and partitioned:
+        _check_replaceable_dataset(location.uri, remote.list_names(location) + _subdirectories(location))
     return location
+
+
+def _unfinished_publish(location: Location) -> bool:
+    """A dataset prefix without _SUCCESS while this output's checkpoints remain: a publish cut off midway
+    (object stores publish file by file), which --resume or --overwrite replaces."""
+    return not location.child(SUCCESS).exists() and parts_dir(location).child(MANIFEST).exists()
+
+
+def _subdirectories(location: Location) -> list[str]:
+    """Names of the prefixes directly in a directory prefix."""
+    selector = pafs.FileSelector(location.path, allow_not_found=True)
+    return [info.base_name for info in location.fs.get_file_info(selector) if info.type == FileType.Directory]
 
 
 def check_run_paths(

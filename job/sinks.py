@@ -1,9 +1,12 @@
-"""Where a local run's scored windows go: checkpointed parts merged into a file, stdout, or nowhere (dry run)."""
+"""Where a local run's scored windows go: checkpointed parts merged into a file (or, with --partition-by, a
+hive-partitioned directory), stdout, or nowhere (dry run)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,10 +15,16 @@ from io_formats import remote
 from io_formats.errors import InputError
 from io_formats.locations import Location
 from io_formats.parts import PartStore, RemotePartStore
-from io_formats.writers import AtomicTableWriter, StdoutJsonlWriter, output_format
+from io_formats.writers import (
+    AtomicTableWriter,
+    StdoutJsonlWriter,
+    exclusive_temp,
+    output_format,
+    write_partitioned,
+)
 from job.config import RunConfig
 from job.contract import OutputContract
-from job.policy import ErrorsSink, default_errors_path, errors_path
+from job.policy import ErrorsSink, default_errors_path, errors_path, publish_directory
 from job.ranking import rank_rows
 
 log = logging.getLogger(__name__)
@@ -91,7 +100,7 @@ class PartsSink:
     def __init__(self, config: RunConfig, destination: Path | Location) -> None:
         self.config = config
         self.destination = destination
-        self.format = output_format(config.output)
+        self.format = "parquet" if config.partition_by else output_format(config.output)
         self.remote = isinstance(destination, Location)
         self.parts = RemotePartStore(destination) if self.remote else PartStore(destination)
         self._previous = self.parts.load() if self.parts.exists() else None
@@ -130,27 +139,17 @@ class PartsSink:
         self.parts.write(window, part, input_hash)
 
     def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
-        """Merge the parts in window order into OUTPUT (temporary file + rename), list skipped rows, drop parts."""
-        publish = remote.upload if self.remote else None  # object stores: one upload, then a server-side copy
-        writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format, publish)
+        """Merge the parts in window order into OUTPUT (temporary file or directory, published in one step),
+        list skipped rows, drop parts."""
         errors = ErrorsSink(errors_path(self.config))
         try:
-            if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
-                tables = [self.parts.read(window) for window in self.parts.windows()]
-                kept, failed = contract.split(
-                    pa.concat_tables(tables or [contract.part_schema().empty_table()])
-                )
-                errors.write(failed)
-                writer.write(contract.final_view(rank_rows(kept, contract)))
-            for window in [] if contract.ranked else self.parts.windows():
-                kept, failed = contract.split(self.parts.read(window))
-                errors.write(failed)
-                writer.write(contract.final_view(kept))
-                check()  # a signal during the merge stops it; the parts stay for --resume
-            writer.commit()
+            tables = self._final_tables(contract, check, errors)
+            if self.config.partition_by:
+                self._publish_dataset(tables, contract)
+            else:
+                self._publish_file(tables, contract)
             errors.commit()
         except BaseException:
-            writer.abort()
             errors.abort()
             raise
         stale = default_errors_path(self.destination)
@@ -161,6 +160,51 @@ class PartsSink:
                 stale.unlink(missing_ok=True)
         self.parts.clear()
         return errors.count
+
+    def _final_tables(
+        self, contract: OutputContract, check: Callable[[], None], errors: ErrorsSink
+    ) -> Iterator[pa.Table]:
+        """The output rows in output order, window by window (ranked: all at once); failed rows to errors."""
+        if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
+            tables = [self.parts.read(window) for window in self.parts.windows()]
+            kept, failed = contract.split(pa.concat_tables(tables or [contract.part_schema().empty_table()]))
+            errors.write(failed)
+            yield contract.final_view(rank_rows(kept, contract))
+            return
+        for window in self.parts.windows():
+            kept, failed = contract.split(self.parts.read(window))
+            errors.write(failed)
+            yield contract.final_view(kept)
+            check()  # a signal during the merge stops it; the parts stay for --resume
+
+    def _publish_file(self, tables: Iterator[pa.Table], contract: OutputContract) -> None:
+        """One file: a temporary file renamed onto OUTPUT (object stores: one upload, then a server-side copy)."""
+        publish = remote.upload if self.remote else None
+        writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format, publish)
+        try:
+            for table in tables:
+                writer.write(table)
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+
+    def _publish_dataset(self, tables: Iterator[pa.Table], contract: OutputContract) -> None:
+        """--partition-by: hive-partitioned Parquet in a staging directory, published whole (a local rename;
+        object stores: uploaded under a hidden prefix, moved into place, _SUCCESS last)."""
+        partitioning = contract.partition_schema(self.config.partition_by)
+        if self.remote:
+            staging = Path(tempfile.mkdtemp(prefix="score-batch-output-"))
+        else:
+            staging = exclusive_temp(self.destination, directory=True)
+        try:
+            write_partitioned(tables, staging, contract.final_schema(), partitioning)
+            if self.remote:
+                remote.upload_directory(staging, self.destination)
+            else:
+                publish_directory(staging, self.destination)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def abort(self, keep_checkpoints: bool) -> None:
         """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""
