@@ -3,6 +3,24 @@
 Each actor loads the model once and scores batches of complete query groups with the same code as a
 local run (group_window → Scorer → output_columns), so scores and schema match a local run; every
 output row also carries the input's `row_index`. Ray restarts a dead actor and retries its batch.
+
+Reading: the input (any INPUT a local run takes: several inputs, globs, hive partitions, s3://, gs://,
+https://, compressed JSONL) is listed once on the driver (io_formats.readers.open_source), split into
+read units (Parquet row groups, whole JSONL files) with the input row index of each unit's first row,
+and each unit is read inside a Ray task by io_formats' own readers on the unit's filesystem (the
+pickled pyarrow filesystem keeps --storage-option settings; credentials come from the workers'
+standard chain). Ray Data's read_parquet/read_json are not used: they give no row's position in its
+file (blocks are split, merged and reordered across read tasks), infer JSON types per block, fail a
+whole read on one broken line and type hive partition values by guessing; the local run defines
+row_index as file order then row order, unifies types over the whole input and turns unreadable
+lines into row errors. Reading units with the same readers keeps row_index, types and errors identical.
+
+Writing: each scored block is written by a Ray task as Parquet (hive `col=value/` directories with
+--partition-by, pyarrow's hive flavor as in a local run) into a hidden staging directory beside
+OUTPUT on OUTPUT's filesystem, under a name derived from the block's rows (a retried task rewrites the
+same file). Locally the staging directory is then renamed onto OUTPUT; on an object store its objects
+are moved (server-side copies) under OUTPUT and `_SUCCESS` is written last. Both hold
+`_common_metadata` (the full schema) and `_SUCCESS`.
 """
 
 from __future__ import annotations
@@ -12,15 +30,27 @@ import os
 import pickle
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from engine.scorer import load_planner
+from io_formats import remote
 from io_formats.errors import InputError
-from io_formats.readers import InputSource, column_types, input_mapping, read_unit, read_units
+from io_formats.locations import Location
+from io_formats.readers import (
+    InputSource,
+    ReadUnit,
+    column_types,
+    input_mapping,
+    read_unit,
+    read_units,
+)
 from io_formats.writers import exclusive_temp
 from job.config import RayOptions, RunConfig
 from job.contract import ERROR, ROW_INDEX, OutputContract
@@ -43,13 +73,29 @@ RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
 FAULT_ONCE_ENV = "SCORE_BATCH_FAULT_ONCE"  # fault injection for tests: a marker file path
+SUCCESS = "_SUCCESS"  # written last: the output is complete (the Hadoop/Spark committers' marker)
+COMMON_METADATA = "_common_metadata"  # the output's full schema (also when no row was written)
 
 
-def _read_rows(batch: dict, mapping, types: dict) -> dict:
-    """Ray Data stage: read units → rows keyed by query group (pickled InputRows)."""
+def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
+    """Read units as plain rows (file position, row group or -1, first row index); the source travels once."""
+    position = {id(file): index for index, file in enumerate(source.files)}
+    return [
+        {
+            "file": position[id(unit.file)],
+            "row_group": -1 if unit.row_group is None else unit.row_group,
+            "first_row": unit.first_row,
+        }
+        for unit in units
+    ]
+
+
+def _read_rows(batch: dict, source: InputSource, mapping, types: dict) -> dict:
+    """Ray Data stage: read units (on their own filesystem) → rows keyed by query group (pickled InputRows)."""
     keys, blobs = [], []
-    for unit in batch["unit"]:
-        for row in read_unit(pickle.loads(unit), mapping, types):
+    for file, group, first in zip(batch["file"], batch["row_group"], batch["first_row"]):
+        unit = ReadUnit(source, source.files[int(file)], None if group < 0 else int(group), int(first))
+        for row in read_unit(unit, mapping, types):
             keys.append(_group_key(row, mapping.layout))
             blobs.append(pickle.dumps(row))
     return {"group": keys, "rows": blobs}
@@ -123,28 +169,23 @@ def check_ray_run(config: RunConfig) -> None:
         raise InputError("--resume is for local runs; a Ray run retries failed work itself")
     if config.dry_run:
         raise InputError("--dry-run plans on this machine; run it without --ray")
-    from io_formats.locations import is_uri
-
-    if any(is_uri(text) and not text.startswith("file://") for text in (*config.inputs, config.output)):
-        raise InputError(
-            "--ray reads and writes local (or shared) paths; object-store URIs are for local runs for now"
-        )
 
 
-def run_ray(config: RunConfig, source: InputSource, destination: Path, report: RunReport) -> None:
-    """Run a checked job on Ray Data, filling report; writes a directory of Parquet files at destination."""
+def run_ray(config: RunConfig, source: InputSource, destination: Path | Location, report: RunReport) -> None:
+    """Run a checked job on Ray Data, filling report; writes a directory of Parquet files at destination
+    (a local Path, or a Location on an object store)."""
     import ray
 
     options = config.ray or RayOptions()
     started = time.perf_counter()
     report.ray_workers = options.num_workers
     report.versions["ray"] = ray.__version__
-    with OutputLock(destination):
+    with OutputLock.for_run(config, destination):
         _run_locked(config, options, source, destination, report, started)
 
 
 def _run_locked(
-    config, options: RayOptions, source, destination: Path, report: RunReport, started: float
+    config, options: RayOptions, source, destination: Path | Location, report: RunReport, started: float
 ) -> None:
     """The Ray run, once the paths are checked and the output directory is ours."""
     import ray
@@ -161,6 +202,8 @@ def _run_locked(
     contract = OutputContract.from_types(
         mapping, types, pooled_dim, config.on_error, config.rank, config.top_k
     )
+    partitioning = _partitioning(contract, config.partition_by)
+    total_rows = source.total_rows() or 0
 
     if not ray.is_initialized():
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages
@@ -178,15 +221,15 @@ def _run_locked(
     if gpus is None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 and config.engine.device != "cpu" else 0
 
-    dataset = ray.data.from_items([{"unit": pickle.dumps(u)} for u in units], override_num_blocks=len(units))
+    dataset = ray.data.from_items(_unit_rows(units, source), override_num_blocks=len(units))
     dataset = dataset.map_batches(
         _read_rows,
-        fn_args=(mapping, types),
+        fn_args=(source, mapping, types),
         batch_size=1,
         num_cpus=LIGHT_CPUS,
     )
     if mapping.layout == "long":
-        partitions = max(2 * options.num_workers, -(-(source.total_rows() or 0) // ROWS_PER_PARTITION))
+        partitions = max(2 * options.num_workers, -(-total_rows // ROWS_PER_PARTITION))
         dataset = dataset.groupby("group", num_partitions=partitions).map_groups(
             _collapse_group, batch_format="pyarrow", num_cpus=LIGHT_CPUS
         )
@@ -201,7 +244,7 @@ def _run_locked(
         num_cpus=options.cpus_per_worker,
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
-    staging = exclusive_temp(destination, directory=True)
+    staging = _Staging.beside(destination)
     errors = ErrorsSink(errors_path(config))
     try:
         try:
@@ -215,24 +258,143 @@ def _run_locked(
                 enforce_fail(contract, failed, source.label)
                 errors.write(failed)
             if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
-                _write_ranked(dataset, contract, staging)
+                counts = _write_ranked(dataset, contract, staging, partitioning)
             else:
-                dataset = dataset.map_batches(_output_rows, fn_args=(contract,), batch_format="pyarrow")
-                dataset.write_parquet(str(staging))
+                counts = dataset.map_batches(
+                    _write_block,
+                    fn_args=(contract, staging.fs, staging.path, partitioning),
+                    batch_size=None,
+                    batch_format="pyarrow",
+                    num_cpus=LIGHT_CPUS,
+                ).take_all()
         except Exception as error:
             user_error = _user_error(error)
             if user_error is not None:
                 raise user_error from None
             raise
-        publish_directory(staging, destination)
+        staging.publish(destination, contract.ray_schema())
         errors.commit()
     except BaseException:
         errors.abort()
         raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        staging.remove()
     report.items_skipped = errors.count
-    _fill_report(report, destination, config, started)
+    _fill_report(report, counts, total_rows, config, started)
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """The hidden directory beside OUTPUT that the write tasks fill, on OUTPUT's filesystem."""
+
+    fs: pafs.FileSystem
+    path: str  # absolute local path, or bucket/key prefix
+    local: Path | None  # the local staging directory (None on an object store)
+    location: Location | None  # the staging prefix on an object store (None locally)
+
+    @classmethod
+    def beside(cls, destination: Path | Location) -> _Staging:
+        if isinstance(destination, Location):
+            staging = remote.temp_sibling(destination)  # `.NAME.tmp-…`: the next run removes leftovers
+            return cls(destination.fs, staging.path, None, staging)
+        local = exclusive_temp(destination, directory=True).absolute()
+        return cls(pafs.LocalFileSystem(), str(local), local, None)
+
+    def publish(self, destination: Path | Location, schema: pa.Schema) -> None:
+        """Make the written files OUTPUT in one step; `_SUCCESS` says the directory is complete."""
+        pq.write_metadata(schema, f"{self.path}/{COMMON_METADATA}", filesystem=self.fs)
+        if self.local is not None:
+            (self.local / SUCCESS).touch()
+            publish_directory(self.local, destination)
+            return
+        _move_into_place(self.location, destination)
+
+    def remove(self) -> None:
+        """Drop what is left of the staging directory (nothing after a local publish)."""
+        if self.local is not None:
+            shutil.rmtree(self.local, ignore_errors=True)
+        else:
+            remote.delete_dir(self.location)
+
+
+def _move_into_place(staging: Location, destination: Location) -> None:
+    """Object stores: the staged objects moved under OUTPUT (server-side copies), `_SUCCESS` written last.
+
+    An old dataset at OUTPUT (replaced under --overwrite, already checked) loses its `_SUCCESS` first, so
+    a reader that waits for the marker never mixes old and new files; one that lists OUTPUT before the
+    marker appears may see part of the new files.
+    """
+    base = staging.path.rstrip("/")
+    selector = pafs.FileSelector(base, recursive=True)
+    names = sorted(
+        info.path[len(base) :].lstrip("/")
+        for info in staging.fs.get_file_info(selector)
+        if info.type == pafs.FileType.File and not info.path.endswith("/")
+    )
+    remote.delete(destination.child(SUCCESS))
+    remote.delete_dir(destination)
+    for name in names:
+        staging.fs.move(staging.child(name).path, destination.child(name).path)
+    remote.write_object(destination.child(SUCCESS), b"")
+
+
+def _partitioning(contract: OutputContract, partition_by: tuple[str, ...]) -> pa.Schema | None:
+    """The hive partitioning of a --partition-by output: the named output columns with their types."""
+    if not partition_by:
+        return None
+    schema = contract.ray_schema()
+    missing = [name for name in partition_by if name not in schema.names or name == ROW_INDEX]
+    if missing:
+        raise InputError(
+            f"--partition-by names {missing[0]!r}, which is not a column of the output "
+            f"({', '.join(contract.final_schema().names)})"
+        )
+    return pa.schema([schema.field(name) for name in partition_by])
+
+
+def _write_block(
+    part: pa.Table, contract: OutputContract, fs: pafs.FileSystem, directory: str, partitioning
+) -> pa.Table:
+    """Ray Data stage: one scored block (part schema) → Parquet file(s) in the staging directory; its counts."""
+    kept, _ = contract.split(part)
+    _write_files(contract.ray_view(kept), fs, directory, partitioning, _block_name(part))
+    return _counts(part)
+
+
+def _block_name(part: pa.Table) -> str:
+    """A file name stem fixed by the block's rows, so a retried write task replaces its own files."""
+    if part.num_rows == 0:
+        return "part-empty"
+    first = pc.min(part[ROW_INDEX]).as_py()
+    return f"part-{first:012d}-{part.num_rows}"
+
+
+def _write_files(
+    table: pa.Table, fs: pafs.FileSystem, directory: str, partitioning: pa.Schema | None, stem: str
+) -> None:
+    """Rows in the Ray schema as one Parquet file, or one per partition (`col=value/`, pyarrow's hive flavor)."""
+    if table.num_rows == 0:
+        return
+    if partitioning is None:
+        pq.write_table(table, f"{directory}/{stem}.parquet", filesystem=fs)
+        return
+    ds.write_dataset(
+        table,
+        directory,
+        filesystem=fs,
+        format="parquet",
+        partitioning=ds.partitioning(partitioning, flavor="hive"),
+        basename_template=f"{stem}-{{i}}.parquet",
+        use_threads=False,
+        max_partitions=1 << 30,  # an id column may put every row in its own partition
+        existing_data_behavior="overwrite_or_ignore",
+    )
+
+
+def _counts(part: pa.Table) -> pa.Table:
+    """A scored block's items and failed items (as a local run counts them, before --on-error skip)."""
+    failed = part.num_rows - part[ERROR].null_count
+    return pa.table({"items": [part.num_rows], "failed": [failed]})
 
 
 def _user_error(error: BaseException) -> UserError | None:
@@ -249,14 +411,16 @@ def _user_error(error: BaseException) -> UserError | None:
     return None
 
 
-def _write_ranked(dataset, contract: OutputContract, staging: Path) -> None:
-    """All scored rows in input order, ranked per query, written as one Parquet file of the Ray schema."""
+def _write_ranked(dataset, contract: OutputContract, staging: _Staging, partitioning) -> list[dict]:
+    """All scored rows in input order, ranked per query, written from the driver in the Ray schema."""
     import ray
 
     tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
     rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
     kept, _ = contract.split(rows)
-    pq.write_table(contract.ray_view(rank_rows(kept, contract)), staging / "part-00000.parquet")
+    ranked = contract.ray_view(rank_rows(kept, contract))
+    _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
+    return _counts(rows).to_pylist()
 
 
 def _failed_rows(table: pa.Table) -> pa.Table:
@@ -276,16 +440,13 @@ def _sorted_table(rows: list[dict], contract: OutputContract) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=contract.part_schema())
 
 
-def _fill_report(report: RunReport, destination: Path, config: RunConfig, started: float) -> None:
-    """Counts read back from the written files."""
-    names = ["score", ROW_INDEX] + ([ERROR] if config.on_error == "record" else [])
-    table = pq.read_table(destination, columns=names)
-    report.rows_read = len(pc.unique(table.column(ROW_INDEX)))
-    if config.on_error == "record":
-        report.items_failed = table.num_rows - table.column(ERROR).null_count
-    else:
-        report.items_failed = report.items_skipped
-    report.items = table.num_rows + report.items_skipped
-    report.items_scored = int(pc.sum(pc.is_valid(table.column("score"))).as_py() or 0)
+def _fill_report(
+    report: RunReport, counts: list[dict], total_rows: int, config: RunConfig, started: float
+) -> None:
+    """Counts from the write tasks (every input row is read by one of them)."""
+    report.rows_read = total_rows
+    report.items = sum(count["items"] for count in counts)
+    report.items_failed = sum(count["failed"] for count in counts)
+    report.items_scored = report.items - report.items_failed
     report.seconds_total = report.seconds_scoring = round(time.perf_counter() - started, 3)
     report.finish()

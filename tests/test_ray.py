@@ -1,17 +1,22 @@
 """score-batch --ray on a local Ray (CPU, 2 workers): same rows and scores as a local run, a killed actor
-retried, per-row errors under --on-error, and a clear exit without Ray installed."""
+retried, per-row errors under --on-error, hive partitions, globs and S3 read in Ray tasks, --partition-by,
+and a clear exit without Ray installed."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
 from tests.test_cli import LABEL_FLAGS, write_jsonl
 from tests.test_cli import run_cli as run_in_process
+from tests.test_object_stores import keys, partitioned, s3, s3_server  # noqa: F401  (moto fixtures)
 
 
 def run_cli(*args, **kwargs):
@@ -81,8 +86,11 @@ def test_ray_nested_jsonl_with_skip(qwen3_causal, tmp_path):
         {"query": "Tokyo is a city in", "items": [" Japan", " the country"], "tag": "b"},
         {"query": "héllo wörld", "items": [" ünïcödé"], "tag": "c"},
     ]
-    src = write_jsonl(tmp_path / "in.jsonl", nested)
-    common = [src, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "skip", "--keep-columns", "tag", "-q"]
+    src = write_jsonl(tmp_path / "in.jsonl", nested[:2])
+    compressed = tmp_path / "more.jsonl.gz"  # a second INPUT, gzip-compressed
+    compressed.write_bytes(gzip.compress("".join(json.dumps(row) + "\n" for row in nested[2:]).encode()))
+    common = [src, compressed, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "skip", "--keep-columns"]
+    common += ["tag", "-q"]
     common += ["--max-item-tokens", "64"]
     local = run_cli(*common, "-o", tmp_path / "local.parquet")
     assert local.returncode == 0, local.stderr
@@ -116,3 +124,110 @@ def test_ray_usage_errors_and_missing_ray(qwen3_causal, tmp_path):
     failed = run_cli(bad, "-o", tmp_path / "out", "--ray", "--model", qwen3_causal, *LABEL_FLAGS, "-q")
     assert failed.returncode == 2 and "row 1: column 'item' is null" in failed.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _hive_and_glob(tmp_path) -> tuple[list[str], list[dict]]:
+    """Two INPUTs: a hive-partitioned directory (dt=…/country=…) and a glob; the rows in read order."""
+    rows = _rows()
+    hive = tmp_path / "hive"
+    ordered = []
+    layout = {
+        ("2026-11-22", "DE"): rows[:20],
+        ("2026-11-22", "US"): rows[20:40],
+        ("2026-11-23", "DE"): rows[40:52],
+    }
+    for (dt, country), part in layout.items():
+        directory = hive / f"dt={dt}" / f"country={country}"
+        directory.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(part), directory / "part-0.parquet", row_group_size=8)
+        ordered += [{**row, "dt": dt, "country": country} for row in part]
+    (hive / "dt=2026-11-22" / "_SUCCESS").write_text("")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    for name, part in (("b-1", rows[52:62]), ("b-2", rows[62:])):
+        pq.write_table(
+            pa.Table.from_pylist([{**row, "country": "JP"} for row in part]), extra / f"{name}.parquet"
+        )
+        ordered += [{**row, "dt": None, "country": "JP"} for row in part]
+    pq.write_table(pa.Table.from_pylist(rows[:3]), extra / "c-1.parquet")  # not matched by the glob
+    return [str(hive), str(extra / "b-*.parquet")], ordered
+
+
+def test_ray_reads_hive_partitions_and_a_glob_like_a_local_run_and_partitions_its_output(
+    qwen3_causal, tmp_path
+):
+    pytest.importorskip("ray")
+    inputs, ordered = _hive_and_glob(tmp_path)
+    common = [*inputs, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "record", "-q"]
+    common += ["--keep-columns", "country"]
+    local = run_cli(*common, "-o", tmp_path / "local.parquet")
+    assert local.returncode == 0, local.stderr
+    out = tmp_path / "out"
+    result = run_cli(*common, "-o", out, "--ray", "--num-workers", "2", "--report", tmp_path / "ray.json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ray_table = _compare(out, tmp_path / "local.parquet", error_column=True)
+    assert ray_table.column("row_index").to_pylist() == list(range(len(ordered)))
+    assert ray_table.column("country").to_pylist() == [row["country"] for row in ordered]
+    assert ray_table.column("item_id").to_pylist() == [row["item_id"] for row in ordered]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("_")) == ["_SUCCESS", "_common_metadata"]
+    report = json.loads((tmp_path / "ray.json").read_text())
+    assert (report["rows_read"], report["items"], report["items_failed"]) == (len(ordered), len(ordered), 1)
+
+    by_country = tmp_path / "by-country"
+    result = run_cli(*common, "-o", by_country, "--ray", "--num-workers", "2", "--partition-by", "country")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in by_country.iterdir()) == [
+        "_SUCCESS",
+        "_common_metadata",
+        "country=DE",
+        "country=JP",
+        "country=US",
+    ]
+    for file in by_country.glob("country=*/*.parquet"):
+        assert "country" not in pq.read_schema(file).names  # the value lives in the directory name
+    partitioning = ds.partitioning(pa.schema([("country", pa.string())]), flavor="hive")
+    back = ds.dataset(by_country, format="parquet", partitioning=partitioning).to_table()
+    back = back.select(ray_table.column_names).sort_by("row_index")
+    assert back.equals(ray_table)
+
+
+def test_ray_reads_and_writes_s3(qwen3_causal, s3, tmp_path):  # noqa: F811
+    pytest.importorskip("ray")
+    client, bucket, options = s3
+    ordered = partitioned(client, bucket)
+    local_in = tmp_path / "reference.parquet"
+    pq.write_table(pa.Table.from_pylist(ordered), local_in)
+    flags = ["--model", qwen3_causal, *LABEL_FLAGS, "--keep-columns", "dt,country", "-q"]
+    local = run_cli(local_in, "-o", tmp_path / "local.parquet", *flags)
+    assert local.returncode == 0, local.stderr
+    glob = f"s3://{bucket}/candidates/dt=*/country=*/*.parquet"
+    ray_flags = [*flags, *options, "--ray", "--num-workers", "2"]
+    result = run_cli(glob, "-o", f"s3://{bucket}/scores", *ray_flags, "--partition-by", "country")
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = keys(client, bucket, "scores")
+    assert written[-1] == "scores/_SUCCESS" or "scores/_SUCCESS" in written
+    assert {key.split("/")[1] for key in written} == {
+        "_SUCCESS",
+        "_common_metadata",
+        "country=DE",
+        "country=US",
+    }
+    assert not [key for key in keys(client, bucket) if "/." in key or key.startswith(".")]  # no staging left
+    tables = []
+    for key in written:
+        if key.endswith(".parquet"):
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            country = key.split("/")[1].split("=", 1)[1]
+            table = pq.read_table(io.BytesIO(body))
+            tables.append(table.append_column("country", pa.array([country] * table.num_rows)))
+    got = pa.concat_tables(tables).sort_by("row_index")
+    reference = pq.read_table(tmp_path / "local.parquet")
+    assert got.column("row_index").to_pylist() == list(range(len(ordered)))
+    for name in ("query_id", "item_id", "dt", "country"):
+        assert got.column(name).to_pylist() == reference.column(name).to_pylist(), name
+        assert got.schema.field(name).type == reference.schema.field(name).type, name
+    ours = np.array(got.column("score").to_pylist(), dtype=np.float64)
+    theirs = np.array(reference.column("score").to_pylist(), dtype=np.float64)
+    assert np.nanmax(np.abs(ours - theirs)) <= 1e-6
+    again = run_cli(glob, "-o", f"s3://{bucket}/scores", *ray_flags)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
