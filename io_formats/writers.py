@@ -40,10 +40,20 @@ def exclusive_temp(destination: Path, directory: bool = False) -> Path:
     """A new hidden file (or directory) beside destination, created exclusively (no planted name is followed)."""
     prefix = f".{destination.name}.tmp-"
     if directory:
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=destination.parent))
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=destination.parent))
+        path.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would survive the rename: published like mkdir
+        return path
     handle, name = tempfile.mkstemp(prefix=prefix, dir=destination.parent)
+    os.fchmod(handle, 0o666 & ~_umask())  # mkstemp's 0600 would survive the rename: published like open()
     os.close(handle)
     return Path(name)
+
+
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def durable_replace(source: Path, destination: Path) -> None:

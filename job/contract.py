@@ -111,7 +111,14 @@ class OutputContract:
         """The hive partitioning of a partitioned output: the named final columns with their types."""
         check_partition_by(partition_by, self.keep)
         schema = self.final_schema()
-        return pa.schema([schema.field(name) for name in partition_by])
+        fields = [schema.field(name) for name in partition_by]
+        for field in fields:
+            if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
+                raise InputError(
+                    f"--partition-by {field.name!r}: a column of type {field.type} cannot name a directory; "
+                    "partition by a column of numbers, text, dates or booleans"
+                )
+        return pa.schema(fields)
 
     def ray_schema(self) -> pa.Schema:
         """A Ray run's output files: the final columns plus the row index (files hold no input order)."""

@@ -53,6 +53,8 @@ def _run_locked(
     contract = OutputContract.from_types(
         mapping, column_types(source, mapping), pooled_dim, config.on_error, config.rank, config.top_k
     )
+    if config.partition_by:
+        contract.partition_schema(config.partition_by)  # refuse unusable partition columns before scoring
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
     progress = Progress(
         source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
@@ -66,6 +68,7 @@ def _run_locked(
         plan = None if number in listed else planner.plan(grouped.groups)
         return Prepared(number, rows, window_hash(rows), grouped, plan)
 
+    windows_read = 0
     try:
         with StopSignals() as stop:
             for window in prefetched(enumerate(windows), prepare, config.pipeline):
@@ -75,6 +78,7 @@ def _run_locked(
                     window.input_hash,
                     window.grouped,
                 )
+                windows_read = number + 1
                 report.rows_read += len(rows)
                 progress.add_rows(len(rows))
                 if sink.done(number, input_hash):
@@ -105,6 +109,7 @@ def _run_locked(
                 sink.write(number, part, contract, input_hash)
                 stop.check()
             report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
+            sink.check_read(windows_read)
             report.items_skipped = sink.commit(contract, stop.check)
     except UserError:
         sink.abort(keep_checkpoints=False)  # the input or settings must change, which invalidates the parts

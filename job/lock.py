@@ -15,6 +15,7 @@ from io_formats.errors import InputError
 from io_formats.locations import Location
 
 log = logging.getLogger(__name__)
+UNREADABLE_LOCK_SECONDS = 10.0  # a lock file written in one small write is readable well within this
 
 
 def lock_path(destination: Path | Location) -> Path | Location:
@@ -53,7 +54,11 @@ class OutputLock:
             if self._create():
                 return
             holder = self._holder()
-            if holder is None:  # vanished or unreadable mid-write: look again
+            if holder is None and self._abandoned():
+                log.warning("removing the unreadable lock %s (a run died while writing it)", self.path)
+                self.path.unlink(missing_ok=True)
+                continue
+            if holder is None:  # vanished or still being written: look again
                 time.sleep(0.05)
                 continue
             if not self._stale(holder):
@@ -80,10 +85,23 @@ class OutputLock:
             handle = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(handle, "w") as out:
-            json.dump(_holder_record(), out)
+        try:
+            with os.fdopen(handle, "w") as out:
+                json.dump(_holder_record(), out)
+        except BaseException:  # a half-written lock would block every later run
+            self.path.unlink(missing_ok=True)
+            raise
         self.held = True
         return True
+
+    def _abandoned(self) -> bool:
+        """True for a local lock file that is still unreadable long after it was created."""
+        if not isinstance(self.path, Path):
+            return False
+        try:
+            return time.time() - self.path.stat().st_mtime > UNREADABLE_LOCK_SECONDS
+        except OSError:
+            return False
 
     def _holder(self) -> dict | None:
         """The lock file's record, or None when it cannot be read."""

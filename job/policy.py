@@ -59,7 +59,7 @@ def check_destination(config: RunConfig, directory: bool) -> Path | Location | N
         raise InputError(f"output {config.output!r} is a file; {writer} writes a directory of Parquet files")
     if destination.exists() and not config.overwrite:
         raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-    if partitioned and destination.is_dir():
+    if directory and destination.is_dir():  # a Ray or partitioned output replaces only a dataset
         _check_replaceable_dataset(config.output, [p.name for p in destination.iterdir()])
     return destination
 
@@ -102,7 +102,7 @@ def _check_remote_destination(config: RunConfig, location: Location, directory: 
         return location
     if info.type != FileType.NotFound and not config.overwrite:
         raise InputError(f"output {location.uri!r} already exists; pass --overwrite to replace it")
-    if info.type == FileType.Directory and partitioned:
+    if info.type == FileType.Directory and dataset:
         _check_replaceable_dataset(location.uri, remote.list_names(location) + _subdirectories(location))
     return location
 
@@ -142,11 +142,13 @@ def check_run_paths(
     if report is not None:
         writes["report"] = report
     check_collisions(writes, reads)
+    # --resume may replace the errors file too: a run cut off after publishing it, before its output.
+    replaceable = config.overwrite or config.resume
     if isinstance(errors, Location):
-        if errors.exists() and not config.overwrite:
+        if errors.exists() and not replaceable:
             raise InputError(f"errors file {errors.uri!r} already exists; pass --overwrite to replace it")
     elif errors is not None:
-        _check_writable("errors file", errors, config.overwrite)
+        _check_writable("errors file", errors, replaceable)
 
 
 def check_report_path(config: RunConfig) -> None:

@@ -24,6 +24,7 @@ from io_formats.writers import (
 )
 from job.config import RunConfig
 from job.contract import OutputContract
+from job.paths import normalized
 from job.policy import ErrorsSink, default_errors_path, errors_path, publish_directory
 from job.ranking import rank_rows
 
@@ -43,6 +44,9 @@ class NullSink:
 
     def start(self, fingerprint: str) -> None:
         """Nothing to record."""
+
+    def check_read(self, windows_read: int) -> None:
+        """Nothing was checkpointed before."""
 
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Drop the rows."""
@@ -138,22 +142,34 @@ class PartsSink:
         """Checkpoint the window (all rows, failed ones included)."""
         self.parts.write(window, part, input_hash)
 
+    def check_read(self, windows_read: int) -> None:
+        """Refuse to merge checkpoints of windows this run did not read (the input got shorter since)."""
+        beyond = [window for window in self.parts.windows() if window >= windows_read]
+        if beyond:
+            raise InputError(
+                f"cannot --resume: the checkpoints in {str(self.parts.dir)!r} hold window {beyond[0]}, but the input "
+                f"now ends after {windows_read} windows (it changed since); pass --overwrite (without "
+                "--resume) to start over"
+            )
+
     def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
         """Merge the parts in window order into OUTPUT (temporary file or directory, published in one step),
         list skipped rows, drop parts."""
         errors = ErrorsSink(errors_path(self.config))
         try:
             tables = self._final_tables(contract, check, errors)
+            # The errors file is published before the output: an output never appears without its list.
             if self.config.partition_by:
-                self._publish_dataset(tables, contract)
+                self._publish_dataset(tables, contract, errors.commit)
             else:
-                self._publish_file(tables, contract)
-            errors.commit()
+                self._publish_file(tables, contract, errors.commit)
         except BaseException:
             errors.abort()
             raise
         stale = default_errors_path(self.destination)
-        if errors.path != stale:  # an earlier run's list of skipped rows no longer applies
+        if errors.path is None or normalized(errors.path) != normalized(
+            stale
+        ):  # an earlier run's list is stale
             if self.remote:
                 remote.delete(stale)
             else:
@@ -177,19 +193,25 @@ class PartsSink:
             yield contract.final_view(kept)
             check()  # a signal during the merge stops it; the parts stay for --resume
 
-    def _publish_file(self, tables: Iterator[pa.Table], contract: OutputContract) -> None:
-        """One file: a temporary file renamed onto OUTPUT (object stores: one upload, then a server-side copy)."""
+    def _publish_file(
+        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None]
+    ) -> None:
+        """One file: a temporary file renamed onto OUTPUT (object stores: one upload, then a server-side copy);
+        ready() runs once every row is written, before the output appears."""
         publish = remote.upload if self.remote else None
         writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format, publish)
         try:
             for table in tables:
                 writer.write(table)
+            ready()
             writer.commit()
         except BaseException:
             writer.abort()
             raise
 
-    def _publish_dataset(self, tables: Iterator[pa.Table], contract: OutputContract) -> None:
+    def _publish_dataset(
+        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None]
+    ) -> None:
         """--partition-by: hive-partitioned Parquet in a staging directory, published whole (a local rename;
         object stores: uploaded under a hidden prefix, moved into place, _SUCCESS last)."""
         partitioning = contract.partition_schema(self.config.partition_by)
@@ -199,6 +221,7 @@ class PartsSink:
             staging = exclusive_temp(self.destination, directory=True)
         try:
             write_partitioned(tables, staging, contract.final_schema(), partitioning)
+            ready()
             if self.remote:
                 remote.upload_directory(staging, self.destination)
             else:

@@ -228,3 +228,97 @@ def test_pipeline_off_gives_the_same_output_and_errors(job, qwen3_causal, tmp_pa
         )
         assert failed.returncode == 2 and "row 9" in failed.stderr
         assert not (tmp_path / "x.parquet").exists() and not (tmp_path / "x.parquet.parts").exists()
+
+
+def test_resume_refuses_checkpoints_beyond_a_shorter_input(qwen3_causal, tmp_path, monkeypatch):
+    from io_formats.parts import PartStore
+
+    rows = "".join(json.dumps(row) + "\n" for row in many_rows(10, 6))
+    out = tmp_path / "out.parquet"
+    base = ["-", "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6"]
+    original, written = PartStore.write, []
+
+    def write_then_stop(self, window, table, input_hash):
+        original(self, window, table, input_hash)
+        written.append(window)
+        if len(written) == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(PartStore, "write", write_then_stop)
+    assert run_cli(*base, stdin=rows).returncode == 143
+    monkeypatch.setattr(PartStore, "write", original)
+    shorter = "".join(rows.splitlines(keepends=True)[:12])  # 2 windows where 5 were checkpointed
+    resumed = run_cli(*base, "--resume", stdin=shorter)
+    assert resumed.returncode == 2 and "input now ends after 2 windows" in resumed.stderr
+    assert not out.exists()
+
+
+def test_errors_file_named_like_the_default_survives(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": " a"}, {"query": None, "item": " b"}])
+    out = tmp_path / "out.parquet"
+    spelled = tmp_path / "sub" / ".." / "out.parquet.errors.jsonl"
+    (tmp_path / "sub").mkdir()
+    result = run_cli(
+        data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "skip", "--errors-file", spelled
+    )
+    assert result.returncode == 0, result.stderr
+    assert [
+        json.loads(line)["row_index"]
+        for line in (tmp_path / "out.parquet.errors.jsonl").read_text().splitlines()
+    ] == [1]
+
+
+def test_abandoned_empty_lock_is_taken_over_and_outputs_are_world_readable(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": " a"}])
+    out = tmp_path / "out.parquet"
+    lock = tmp_path / "out.parquet.lock"
+    lock.write_text("")  # a run died between creating the lock and writing its holder
+    os.utime(lock, (1, 1))
+    previous = os.umask(0o022)
+    try:
+        result = run_cli(data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS)
+    finally:
+        os.umask(previous)
+    assert result.returncode == 0, result.stderr
+    assert "unreadable lock" in result.stderr and not lock.exists()
+    assert out.stat().st_mode & 0o777 == 0o644
+
+
+def test_ray_style_overwrite_never_deletes_a_directory_it_did_not_write(tmp_path):
+    from engine import EngineConfig
+    from io_formats.schema import ColumnOverrides
+    from job.config import RayOptions, RunConfig
+    from job.policy import check_destination
+
+    precious = tmp_path / "projects"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    config = RunConfig(
+        input="in.jsonl",
+        output=str(precious),
+        model_dir=tmp_path,
+        columns=ColumnOverrides(),
+        engine=EngineConfig(),
+        overwrite=True,
+        ray=RayOptions(),
+    )
+    with pytest.raises(Exception, match="will not delete it"):
+        check_destination(config, directory=True)
+
+
+def test_partition_by_a_list_column_exits_2_before_scoring(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": " a", "tags": ["x", "y"]}])
+    result = run_cli(
+        data,
+        "-o",
+        tmp_path / "out",
+        "--model",
+        qwen3_causal,
+        *LABEL_FLAGS,
+        "--keep-columns",
+        "tags",
+        "--partition-by",
+        "tags",
+    )
+    assert result.returncode == 2 and "cannot name a directory" in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.parts").exists()
