@@ -17,7 +17,14 @@ from io_formats import remote
 from io_formats.errors import InputError
 from io_formats.locations import Location, is_uri, parse_location
 from io_formats.parts import MANIFEST, PartStore
-from io_formats.writers import OUTPUT_FORMATS, SUCCESS, durable_replace, exclusive_temp, fsync_directory
+from io_formats.writers import (
+    OUTPUT_FORMATS,
+    SUCCESS,
+    durable_replace,
+    exclusive_temp,
+    fsync_directory,
+    output_format,
+)
 from job.config import STDOUT, RunConfig
 from job.contract import OutputContract, check_partition_by
 from job.lock import lock_path
@@ -55,6 +62,8 @@ def check_destination(config: RunConfig, directory: bool) -> Path | Location | N
         raise InputError(f"output directory {str(destination.parent)!r} does not exist")
     if destination.is_dir() and not directory:
         raise InputError(f"output {config.output!r} is a directory; give a .parquet or .jsonl file path")
+    if not directory:
+        output_format(config.output)  # a .csv output fails here, in a dry run too
     if destination.exists() and not destination.is_dir() and directory:
         raise InputError(f"output {config.output!r} is a file; {writer} writes a directory of Parquet files")
     if destination.exists() and not config.overwrite:

@@ -106,6 +106,9 @@ class PartsSink:
         self.destination = destination
         self.format = "parquet" if config.partition_by else output_format(config.output)
         self.remote = isinstance(destination, Location)
+        if not self.remote and destination.exists() and not config.overwrite:
+            # Checked again under the lock: a run that finished after this one's preflight published it.
+            raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
         self.parts = RemotePartStore(destination) if self.remote else PartStore(destination)
         self._previous = self.parts.load() if self.parts.exists() else None
         if self.parts.exists() and not config.resume:
