@@ -151,16 +151,19 @@ class OutputContract:
 
     def final_view(self, part: pa.Table) -> pa.Table:
         """Part rows in the final schema."""
-        schema = self.final_schema()
-        return part.select(schema.names).cast(schema)
+        return _view(part, self.final_schema())
 
     def ray_view(self, part: pa.Table) -> pa.Table:
         """Part rows in the Ray output schema."""
-        schema = self.ray_schema()
-        return part.select(schema.names).cast(schema)
+        return _view(part, self.ray_schema())
 
     @staticmethod
     def error_lines(failed: pa.Table) -> list[str]:
         """The errors-file JSONL lines of failed rows: row_index, query_id, item_id, error."""
         rows = failed.select(list(ERROR_FIELDS)).to_pylist()
         return [json.dumps(row, default=str, ensure_ascii=False) + "\n" for row in rows]
+
+
+def _view(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The columns of schema, in its order and types."""
+    return part.select(schema.names).cast(schema)

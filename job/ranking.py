@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from engine.ranking import ranks, top_k_order
 
+from engine.ranking import ranks, top_k_order
 from job.contract import QUERY_KEY, RANK, OutputContract
 
 
@@ -32,3 +32,9 @@ def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
     rank_column = pa.array([rank_of.get(p) for p in order], pa.int32())
     schema = contract.ranked_schema()
     return ranked.add_column(schema.get_field_index(RANK), schema.field(RANK), rank_column)
+
+
+def rank_parts(parts: list[pa.Table], contract: OutputContract) -> tuple[pa.Table, pa.Table]:
+    """Part tables of a whole run (input order) → (the output rows ranked, the failed rows to list)."""
+    kept, failed = contract.split(pa.concat_tables(parts or [contract.part_schema().empty_table()]))
+    return rank_rows(kept, contract), failed

@@ -63,7 +63,7 @@ from job.policy import (
     publish_directory,
     remove_leftovers,
 )
-from job.ranking import rank_rows
+from job.ranking import rank_parts
 from job.report import RunReport
 from job.windows import group_window, output_columns, query_group_key
 from score_batch.errors import UserError
@@ -417,8 +417,7 @@ def _write_ranked(dataset, contract: OutputContract, staging: _Staging, partitio
 
     tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
     rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
-    kept, _ = contract.split(rows)
-    ranked = contract.ray_view(rank_rows(kept, contract))
+    ranked = contract.ray_view(rank_parts([rows], contract)[0])  # failed rows are listed by the caller
     _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
     return _counts(rows).to_pylist()
 

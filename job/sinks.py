@@ -26,7 +26,7 @@ from job.config import RunConfig
 from job.contract import OutputContract
 from job.paths import normalized
 from job.policy import ErrorsSink, default_errors_path, errors_path, publish_directory
-from job.ranking import rank_rows
+from job.ranking import rank_parts
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,9 @@ class StdoutSink(NullSink):
     def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
         """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
         if contract.ranked:
-            kept, failed = contract.split(
-                pa.concat_tables(self._held or [contract.part_schema().empty_table()])
-            )
+            ranked, failed = rank_parts(self._held, contract)
             self.errors.write(failed)
-            self._print(rank_rows(kept, contract), contract)
+            self._print(ranked, contract)
         self.errors.commit()
         return self.errors.count
 
@@ -185,10 +183,11 @@ class PartsSink:
     ) -> Iterator[pa.Table]:
         """The output rows in output order, window by window (ranked: all at once); failed rows to errors."""
         if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
-            tables = [self.parts.read(window) for window in self.parts.windows()]
-            kept, failed = contract.split(pa.concat_tables(tables or [contract.part_schema().empty_table()]))
+            ranked, failed = rank_parts(
+                [self.parts.read(window) for window in self.parts.windows()], contract
+            )
             errors.write(failed)
-            yield contract.final_view(rank_rows(kept, contract))
+            yield contract.final_view(ranked)
             return
         for window in self.parts.windows():
             kept, failed = contract.split(self.parts.read(window))
