@@ -231,3 +231,18 @@ def test_ray_reads_and_writes_s3(qwen3_causal, s3, tmp_path):  # noqa: F811
     assert np.nanmax(np.abs(ours - theirs)) <= 1e-6
     again = run_cli(glob, "-o", f"s3://{bucket}/scores", *ray_flags)
     assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+def test_ray_top_k_equals_the_local_ranking(qwen3_causal, tmp_path):
+    from tests.test_rankings_and_ops import ranking_rows
+
+    data = write_jsonl(tmp_path / "in.jsonl", ranking_rows())
+    common = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "record", "--top-k", "2"]
+    local = run_in_process(*common, "-o", tmp_path / "local.parquet")
+    assert local.returncode == 0, local.stderr
+    ray = run_cli(*common, "-o", tmp_path / "ray_out", "--ray", "--num-workers", "1", "-q")
+    assert ray.returncode == 0, ray.stderr
+    expected = pq.read_table(tmp_path / "local.parquet").to_pylist()
+    got = ds.dataset(tmp_path / "ray_out", format="parquet").to_table().to_pylist()
+    assert [(r["item_id"], r["rank"]) for r in got] == [(r["item_id"], r["rank"]) for r in expected]
+    assert max(abs(a["score"] - b["score"]) for a, b in zip(got, expected) if a["score"] is not None) <= 1e-6
