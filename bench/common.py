@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import platform
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from score_batch.engine import Group
 
-from engine import Group
-from score_batch.tiny_models import BASE_CORPUS, build_model, build_tokenizer
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: tests/ holds the tiny-model fixtures
+from tests.tiny_models import BASE_CORPUS, build_model, build_tokenizer  # noqa: E402
 
 # A small but real Qwen3: 4 layers, hidden 256, GQA 8/4 heads of 32 (about 1.6M non-embedding weights).
 BENCH_MODEL = dict(

@@ -30,10 +30,9 @@ from common import (
     max_abs_diff,
     text_workload,
 )
+from score_batch.engine import EngineConfig, Scorer, ScoringConfig
+from score_batch.engine.config import DTYPES
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
-
-from engine import EngineConfig, Scorer, ScoringConfig
-from engine.config import DTYPES
 
 REPEATS = 3  # every method's time is the best of this many runs
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 from common import LABELS, Shape, best_of, build_bench_model, hf_pairs, max_abs_diff, text_workload
-
-from engine import EngineConfig, Group, Scorer, ScoringConfig
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 
 PRESETS = {
     "qwen3-0.6b": dict(

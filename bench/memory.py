@@ -34,7 +34,17 @@ def peak_rss(rows: int, tmp: Path) -> dict:
     data, out, report = tmp / f"in-{rows}.jsonl", tmp / f"out-{rows}.parquet", tmp / f"report-{rows}.json"
     write_input(data, rows)
     subprocess.run(
-        [sys.executable, "-m", "cli.main", str(data), "-o", str(out), "--report", str(report), "--quiet"],
+        [
+            sys.executable,
+            "-m",
+            "score_batch.cli.main",
+            str(data),
+            "-o",
+            str(out),
+            "--report",
+            str(report),
+            "--quiet",
+        ],
         cwd=REPO,
         check=True,
     )

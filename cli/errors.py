@@ -6,8 +6,9 @@ import logging
 import os
 import sys
 
-from cli.flags import in_flag_words
-from job import Stopped
+from score_batch.cli.flags import in_flag_words
+from score_batch.job import Stopped
+
 from score_batch.errors import UserError, exit_code, is_environment_error
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import sys
 import typer
 
 LOG_FORMATS = ("text", "json")
-PACKAGES = ("cli", "engine", "io_formats", "job", "score_batch")  # the loggers the command shows
+PACKAGES = ("score_batch",)  # the logger root the command shows: every module logs under score_batch.*
 
 
 class JsonLines(logging.Formatter):

@@ -6,12 +6,12 @@ import sys
 from typing import Annotated
 
 import typer
+from score_batch.cli.errors import exit_code_for
+from score_batch.cli.models import models
+from score_batch.cli.score import HELP, score
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from cli.errors import exit_code_for
-from cli.models import models
-from cli.score import HELP, score
 from score_batch import __version__
 from score_batch.errors import EXIT_USAGE
 

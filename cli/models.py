@@ -7,11 +7,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from score_batch.cli.flags import in_flag_words
+from score_batch.engine.model_source import resolve_model_dir
+from score_batch.engine.models import read_model_info
+from score_batch.engine.profiles import builtin_profiles, choose_profile
 
-from cli.flags import in_flag_words
-from engine.model_source import resolve_model_dir
-from engine.models import read_model_info
-from engine.profiles import builtin_profiles, choose_profile
 from score_batch.errors import UserError
 
 # (models, heads, packing, notes): what the tests cover, family by family.

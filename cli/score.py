@@ -7,18 +7,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from score_batch.cli.flags import comma_ints, comma_list
+from score_batch.cli.logs import setup_logging
+from score_batch.engine.config import EngineConfig
+from score_batch.engine.model_source import resolve_model_dir
+from score_batch.engine.profiles import choose_profile, scoring_config
+from score_batch.io_formats.locations import parse_storage_options, split_inputs
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.job.config import DEFAULT_WINDOW_ROWS, RayOptions, RunConfig
 
-import job
-from cli.flags import comma_ints, comma_list
-from cli.logs import setup_logging
-from engine.config import EngineConfig
-from engine.model_source import resolve_model_dir
-from engine.profiles import choose_profile, scoring_config
-from io_formats.locations import parse_storage_options, split_inputs
-from io_formats.schema import ColumnOverrides
-from job.config import DEFAULT_WINDOW_ROWS, RayOptions, RunConfig
+from score_batch import job
+from score_batch.demo import demo_model_path
 
-DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"  # package data: found from a wheel too
+DEMO_MODEL_DIR = Path(demo_model_path())  # package data: found from a wheel too
 COLUMNS = "Input columns"
 SCORING = "Scoring"
 ENGINE = "Engine"

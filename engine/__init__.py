@@ -1,10 +1,10 @@
 """Prefill-only multi-item scoring engine."""
 
-from engine.config import EngineConfig, ScoringConfig
-from engine.errors import ScoringInputError, SettingError
-from engine.ranking import ranks, top_k_order
-from engine.scorer import Scorer
-from engine.types import Group, GroupResult
+from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.engine.errors import ScoringInputError, SettingError
+from score_batch.engine.ranking import ranks, top_k_order
+from score_batch.engine.scorer import Scorer
+from score_batch.engine.types import Group, GroupResult
 
 __all__ = [
     "EngineConfig",

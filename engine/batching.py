@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from engine.packing import ItemRef, Pack
+from score_batch.engine.packing import ItemRef, Pack
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.attention.registry import BACKEND_CLASSES
-from engine.errors import SettingError
+from score_batch.engine.attention.registry import BACKEND_CLASSES
+from score_batch.engine.errors import SettingError
 
 PACKING_MODES = ("auto", "mis", "single")
 BACKENDS = ("auto", *BACKEND_CLASSES)

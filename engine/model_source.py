@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from engine.errors import ScoringInputError
+from score_batch.engine.errors import ScoringInputError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-
-from engine.errors import ScoringInputError, SettingError
-from engine.model_source import check_weight_files
+from score_batch.engine.errors import ScoringInputError, SettingError
+from score_batch.engine.model_source import check_weight_files
 
 log = logging.getLogger(__name__)
 
@@ -260,9 +259,8 @@ def load_model(
     info: ModelInfo, dtype: torch.dtype, device: torch.device, trust_remote_code: bool, allow_pickle: bool
 ) -> LoadedModel:
     """Load weights (safetensors unless allow_pickle); decoders get our attention function plugged in."""
+    from score_batch.engine.attention import HF_ATTENTION_NAME, register_with_transformers
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    from engine.attention import HF_ATTENTION_NAME, register_with_transformers
 
     weights = check_weight_files(info.path)  # headers only: a damaged file is named before a long load
     has_safetensors = weights == "safetensors"

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from engine.config import ScoringConfig
-from engine.packing import ItemRef
-from engine.types import Group
+from score_batch.engine.config import ScoringConfig
+from score_batch.engine.packing import ItemRef
+from score_batch.engine.types import Group
 
 
 @dataclass(frozen=True)

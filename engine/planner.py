@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.batching import Batch, make_batches
-from engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
-from engine.errors import SettingError
-from engine.packing import ItemRef, Pack, mis_pack, single_pack, split_items
-from engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
-from engine.tokenize import TokenizedGroup, tokenize_group
-from engine.types import Group
+from score_batch.engine.batching import Batch, make_batches
+from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
+from score_batch.engine.errors import SettingError
+from score_batch.engine.packing import ItemRef, Pack, mis_pack, single_pack, split_items
+from score_batch.engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
+from score_batch.engine.tokenize import TokenizedGroup, tokenize_group
+from score_batch.engine.types import Group
 
 
 @dataclass(frozen=True)

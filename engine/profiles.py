@@ -16,11 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from engine.config import ScoringConfig
-from engine.errors import ScoringInputError, SettingError
+from score_batch.engine.config import ScoringConfig
+from score_batch.engine.errors import ScoringInputError, SettingError
 
 PROFILE_FILE = "score_batch.json"
-BUILTIN_PACKAGE = "engine.builtin_profiles"
+BUILTIN_PACKAGE = "score_batch.engine.builtin_profiles"
 META_KEYS = ("description", "models")
 FIELD_TYPES = typing.get_type_hints(ScoringConfig)
 PROFILE_KEYS = tuple(f.name for f in dataclasses.fields(ScoringConfig))

@@ -14,22 +14,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from engine.attention import PLAN_KWARG
-from engine.attention.base import Workload
-from engine.attention.registry import make_backend, select_backend
-from engine.batching import Batch
-from engine.compiled import OpaquePlan, compile_backbone
-from engine.config import EngineConfig, ScoringConfig
-from engine.errors import ScoringInputError, SettingError
-from engine.heads import classifier_scores, label_scores, pooled_vectors
-from engine.model_source import resolve_model_dir
-from engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
-from engine.pairs import PairBatch
-from engine.planner import PlanLimits, Planner, WorkPlan, default_delimiter, resolve_label_ids
-from engine.profiles import Profile, resolve_scoring
-from engine.ranking import top_k_order
-from engine.types import Group, GroupResult
+from score_batch.engine.attention import PLAN_KWARG
+from score_batch.engine.attention.base import Workload
+from score_batch.engine.attention.registry import make_backend, select_backend
+from score_batch.engine.batching import Batch
+from score_batch.engine.compiled import OpaquePlan, compile_backbone
+from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.engine.errors import ScoringInputError, SettingError
+from score_batch.engine.heads import classifier_scores, label_scores, pooled_vectors
+from score_batch.engine.model_source import resolve_model_dir
+from score_batch.engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
+from score_batch.engine.pairs import PairBatch
+from score_batch.engine.planner import PlanLimits, Planner, WorkPlan, default_delimiter, resolve_label_ids
+from score_batch.engine.profiles import Profile, resolve_scoring
+from score_batch.engine.ranking import top_k_order
+from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import ScoringConfig
-from engine.types import Group
+from score_batch.engine.config import ScoringConfig
+from score_batch.engine.types import Group
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
 

@@ -17,9 +17,8 @@ import urllib.parse
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
-
-from io_formats.errors import InputError
-from io_formats.locations import HTTP, Location, has_glob
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import HTTP, Location, has_glob
 
 PARQUET, JSONL = "parquet", "jsonl"
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.fs as pafs
-
-from io_formats.errors import InputError
+from score_batch.io_formats.errors import InputError
 
 LOCAL, S3, GCS, HTTP, HF = "file", "s3", "gs", "https", "hf"
 _SCHEMES = {"file": LOCAL, "s3": S3, "s3a": S3, "gs": GCS, "gcs": GCS, "https": HTTP, "http": HTTP, "hf": HF}

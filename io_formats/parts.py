@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from io_formats import remote
-from io_formats.errors import InputError
-from io_formats.locations import Location
-from io_formats.writers import durable_replace, exclusive_temp
+from score_batch.io_formats import remote
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
+from score_batch.io_formats.writers import durable_replace, exclusive_temp
 
 MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)

@@ -27,11 +27,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.listing import InputFile, check_one_format, expand
+from score_batch.io_formats.locations import Location, parse_location
+from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 
-from io_formats.errors import InputError
-from io_formats.listing import InputFile, check_one_format, expand
-from io_formats.locations import Location, parse_location
-from io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 from score_batch.errors import is_environment_error
 
 STDIN = "-"

@@ -24,9 +24,8 @@ import shutil
 from pathlib import Path
 
 import pyarrow.fs as pafs
-
-from io_formats.locations import S3, Location, storage_kwargs
-from io_formats.writers import SUCCESS
+from score_batch.io_formats.locations import S3, Location, storage_kwargs
+from score_batch.io_formats.writers import SUCCESS
 
 log = logging.getLogger(__name__)
 CHUNK = 8 << 20

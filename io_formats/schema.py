@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from io_formats.errors import InputError
+from score_batch.io_formats.errors import InputError
 
 LAYOUTS = ("long", "nested")
 

@@ -16,8 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-
-from io_formats.errors import InputError
+from score_batch.io_formats.errors import InputError
 
 STDOUT = "-"
 OUTPUT_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}

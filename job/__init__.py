@@ -5,13 +5,12 @@ from and who scores them. Imports engine and io_formats, never the CLI.
 """
 
 import torch
-
-from io_formats.readers import open_source
-from job.config import RayOptions, RunConfig
-from job.policy import check_destination, check_report_path, check_run_paths
-from job.report import RunReport, settings_of, versions
-from job.resources import available_cpus
-from job.signals import Stopped
+from score_batch.io_formats.readers import open_source
+from score_batch.job.config import RayOptions, RunConfig
+from score_batch.job.policy import check_destination, check_report_path, check_run_paths
+from score_batch.job.report import RunReport, settings_of, versions
+from score_batch.job.resources import available_cpus
+from score_batch.job.signals import Stopped
 
 
 def run(config: RunConfig) -> RunReport:
@@ -19,14 +18,14 @@ def run(config: RunConfig) -> RunReport:
     torch.set_num_threads(config.threads or available_cpus())
     batch_file = _is_openai_batch(config)
     if batch_file:
-        from job.openai_batch import run_openai_batch
+        from score_batch.job.openai_batch import run_openai_batch
     elif config.ray is not None:
-        from job.ray_run import check_ray_run
-        from job.ray_run import run_ray as run_job
+        from score_batch.job.ray_run import check_ray_run
+        from score_batch.job.ray_run import run_ray as run_job
 
         check_ray_run(config)
     else:
-        from job.local import run_local as run_job
+        from score_batch.job.local import run_local as run_job
     # Every path is checked before the report can be written, so a report never replaces a file it must not.
     check_report_path(config)
     source = open_source(config.inputs, config.storage_options)
@@ -43,8 +42,8 @@ def run(config: RunConfig) -> RunReport:
 def _is_openai_batch(config: RunConfig) -> bool:
     """True when the input is an OpenAI-style batch file (named so, or detected)."""
     if config.input_format == "auto":
-        from io_formats.locations import is_uri
-        from io_formats.openai_batch import looks_like_openai_batch
+        from score_batch.io_formats.locations import is_uri
+        from score_batch.io_formats.openai_batch import looks_like_openai_batch
 
         if len(config.inputs) > 1 or is_uri(config.inputs[0]):
             return False  # a batch file is one local JSONL file

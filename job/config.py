@@ -8,8 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import EngineConfig
-from io_formats.schema import ColumnOverrides
+from score_batch.engine import EngineConfig
+from score_batch.io_formats.schema import ColumnOverrides
+
 from score_batch.errors import ConfigError
 
 ON_ERROR_MODES = ("fail", "record", "skip")

@@ -12,9 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from io_formats.errors import InputError
-from io_formats.schema import ColumnMapping
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.schema import ColumnMapping
 
 ROW_INDEX = "row_index"  # the input row an output row came from (0-based; JSONL: line number - 1)
 ERROR = "error"

@@ -7,26 +7,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.planner import Planner, WorkPlan
-from engine.scorer import ResolvedSetup, Scorer, load_planner
-from io_formats.errors import InputError
-from io_formats.readers import InputSource, column_types, read_windows
-from job.config import RunConfig, model_identity
-from job.contract import OutputContract
-from job.lock import OutputLock
-from job.policy import (
+from score_batch.engine.planner import Planner, WorkPlan
+from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.readers import InputSource, column_types, read_windows
+from score_batch.job.config import RunConfig, model_identity
+from score_batch.job.contract import OutputContract
+from score_batch.job.lock import OutputLock
+from score_batch.job.policy import (
     KEEP_GOING,
     default_errors_path,
     enforce_fail,
     errors_path,
     remove_leftovers,
 )
-from job.prefetch import prefetched
-from job.progress import Progress
-from job.report import RunReport
-from job.signals import StopSignals
-from job.sinks import open_sink
-from job.windows import WindowGroups, group_window, output_columns, window_hash
+from score_batch.job.prefetch import prefetched
+from score_batch.job.progress import Progress
+from score_batch.job.report import RunReport
+from score_batch.job.signals import StopSignals
+from score_batch.job.sinks import open_sink
+from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash
+
 from score_batch.errors import UserError
 
 log = logging.getLogger(__name__)

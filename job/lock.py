@@ -10,9 +10,9 @@ import socket
 import time
 from pathlib import Path
 
-from io_formats import remote
-from io_formats.errors import InputError
-from io_formats.locations import Location
+from score_batch.io_formats import remote
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
 
 log = logging.getLogger(__name__)
 UNREADABLE_LOCK_SECONDS = 10.0  # a lock file written in one small write is readable well within this

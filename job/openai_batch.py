@@ -14,12 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
-from engine import Group
-from io_formats.errors import InputError
-from io_formats.locations import is_uri
-from io_formats.openai_batch import (
+from score_batch.engine import Group
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import is_uri
+from score_batch.io_formats.openai_batch import (
     STDIN,
     BatchError,
     BatchRequest,
@@ -29,14 +27,15 @@ from io_formats.openai_batch import (
     score_body,
     success_line,
 )
-from io_formats.schema import ColumnOverrides
-from io_formats.writers import durable_replace, exclusive_temp
-from job.config import STDOUT, RunConfig
-from job.local import load_engine
-from job.lock import OutputLock
-from job.policy import check_destination, check_run_paths, remove_leftovers
-from job.report import RunReport
-from job.signals import StopSignals
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.io_formats.writers import durable_replace, exclusive_temp
+from score_batch.job.config import STDOUT, RunConfig
+from score_batch.job.local import load_engine
+from score_batch.job.lock import OutputLock
+from score_batch.job.policy import check_destination, check_run_paths, remove_leftovers
+from score_batch.job.report import RunReport
+from score_batch.job.signals import StopSignals
+from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted

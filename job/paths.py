@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from io_formats.errors import InputError
-from io_formats.locations import Location
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
 
 Where = Path | Location  # an InputFile counts through its .location
 

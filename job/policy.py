@@ -12,12 +12,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyarrow.fs import FileType
-
-from io_formats import remote
-from io_formats.errors import InputError
-from io_formats.locations import Location, is_uri, parse_location
-from io_formats.parts import MANIFEST, PartStore
-from io_formats.writers import (
+from score_batch.io_formats import remote
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location, is_uri, parse_location
+from score_batch.io_formats.parts import MANIFEST, PartStore
+from score_batch.io_formats.writers import (
     OUTPUT_FORMATS,
     SUCCESS,
     durable_replace,
@@ -25,10 +24,10 @@ from io_formats.writers import (
     fsync_directory,
     output_format,
 )
-from job.config import STDOUT, RunConfig
-from job.contract import OutputContract, check_partition_by
-from job.lock import lock_path
-from job.paths import check_collisions
+from score_batch.job.config import STDOUT, RunConfig
+from score_batch.job.contract import OutputContract, check_partition_by
+from score_batch.job.lock import lock_path
+from score_batch.job.paths import check_collisions
 
 log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"

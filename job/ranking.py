@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pyarrow as pa
-
-from engine.ranking import ranks, top_k_order
-from job.contract import QUERY_KEY, RANK, OutputContract
+from score_batch.engine.ranking import ranks, top_k_order
+from score_batch.job.contract import QUERY_KEY, RANK, OutputContract
 
 
 def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:

@@ -38,12 +38,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-
-from engine.scorer import load_planner
-from io_formats import remote
-from io_formats.errors import InputError
-from io_formats.locations import Location
-from io_formats.readers import (
+from score_batch.engine.scorer import load_planner
+from score_batch.io_formats import remote
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
+from score_batch.io_formats.readers import (
     InputSource,
     ReadUnit,
     column_types,
@@ -51,11 +50,11 @@ from io_formats.readers import (
     read_unit,
     read_units,
 )
-from io_formats.writers import exclusive_temp
-from job.config import RayOptions, RunConfig
-from job.contract import ERROR, ROW_INDEX, OutputContract
-from job.lock import OutputLock
-from job.policy import (
+from score_batch.io_formats.writers import exclusive_temp
+from score_batch.job.config import RayOptions, RunConfig
+from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
+from score_batch.job.lock import OutputLock
+from score_batch.job.policy import (
     ErrorsSink,
     default_errors_path,
     enforce_fail,
@@ -63,9 +62,10 @@ from job.policy import (
     publish_directory,
     remove_leftovers,
 )
-from job.ranking import rank_parts
-from job.report import RunReport
-from job.windows import group_window, output_columns, query_group_key
+from score_batch.job.ranking import rank_parts
+from score_batch.job.report import RunReport
+from score_batch.job.windows import group_window, output_columns, query_group_key
+
 from score_batch.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,7 @@ class ScoreActor:
 
     def __init__(self, config: RunConfig, contract: OutputContract, threads: int) -> None:
         import torch
-
-        from engine.scorer import Scorer
+        from score_batch.engine.scorer import Scorer
 
         torch.set_num_threads(max(1, threads))
         self.config = config

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from io_formats.writers import durable_replace, exclusive_temp
+from score_batch.io_formats.writers import durable_replace, exclusive_temp
+
 from score_batch import __version__
 from score_batch.errors import exit_code
 

@@ -10,23 +10,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
-
-from io_formats import remote
-from io_formats.errors import InputError
-from io_formats.locations import Location
-from io_formats.parts import PartStore, RemotePartStore
-from io_formats.writers import (
+from score_batch.io_formats import remote
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
+from score_batch.io_formats.parts import PartStore, RemotePartStore
+from score_batch.io_formats.writers import (
     AtomicTableWriter,
     StdoutJsonlWriter,
     exclusive_temp,
     output_format,
     write_partitioned,
 )
-from job.config import RunConfig
-from job.contract import OutputContract
-from job.paths import normalized
-from job.policy import ErrorsSink, default_errors_path, errors_path, publish_directory
-from job.ranking import rank_parts
+from score_batch.job.config import RunConfig
+from score_batch.job.contract import OutputContract
+from score_batch.job.paths import normalized
+from score_batch.job.policy import ErrorsSink, default_errors_path, errors_path, publish_directory
+from score_batch.job.ranking import rank_parts
 
 log = logging.getLogger(__name__)
 

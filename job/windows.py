@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine import Group, GroupResult
-from io_formats.readers import InputRow
-from job.contract import ERROR, QUERY_KEY, ROW_INDEX, OutputContract
+from score_batch.engine import Group, GroupResult
+from score_batch.io_formats.readers import InputRow
+from score_batch.job.contract import ERROR, QUERY_KEY, ROW_INDEX, OutputContract
 
 
 @dataclass

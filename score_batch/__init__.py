@@ -1,8 +1,38 @@
-"""score-batch's own namespace: the version and the error classes shared by engine, io_formats and job."""
+"""score-batch's public namespace: the version, the error classes, and the Python API (`Scorer`, `demo_model_path`).
 
+The code lives in the checkout's top-level folders (cli/, engine/, io_formats/, job/); they are
+installed as subpackages of score_batch (score_batch.engine, ...) so that a user's own folder named
+`engine/` or `job/` beside their script cannot shadow them.
+"""
+
+from __future__ import annotations
+
+import os
 from importlib import metadata
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CHECKOUT = os.path.dirname(_HERE)
+if not os.path.isdir(os.path.join(_HERE, "engine")) and os.path.isfile(
+    os.path.join(_CHECKOUT, "engine", "__init__.py")
+):  # a source checkout or an editable install: the subpackages sit beside this folder
+    __path__.append(_CHECKOUT)  # noqa: F821 - a package's __path__ is defined by the import system
 
 try:
     __version__ = metadata.version("score-batch")
 except metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+source"
+
+__all__ = ["Scorer", "__version__", "demo_model_path"]
+
+
+def __getattr__(name: str):
+    """Import the Python API on first use, so `score-batch --version` never imports torch."""
+    if name == "Scorer":
+        from score_batch.engine.scorer import Scorer
+
+        return Scorer
+    if name == "demo_model_path":
+        from score_batch.demo import demo_model_path
+
+        return demo_model_path
+    raise AttributeError(f"module 'score_batch' has no attribute {name!r}")

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from score_batch.tiny_models import build_tokenizer, tiny_config
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # the checkout: tests/ holds the tiny-model fixtures
+from tests.tiny_models import build_tokenizer, tiny_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_data"
 MODEL_DIR = Path(__file__).resolve().parent.parent / "cli" / "demo_model"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from score_batch.tiny_models import ENCODER_PAIR_STYLES, build_model, build_tokenizer
+from tests.tiny_models import ENCODER_PAIR_STYLES, build_model, build_tokenizer
 
 
 class ModelZoo:

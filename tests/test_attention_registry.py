@@ -6,11 +6,10 @@ import logging
 
 import pytest
 import torch
-
-from engine.attention.base import Workload
-from engine.attention.registry import BACKEND_CLASSES, choose_backend, select_backend
-from engine.config import BACKENDS
-from engine.errors import SettingError
+from score_batch.engine.attention.base import Workload
+from score_batch.engine.attention.registry import BACKEND_CLASSES, choose_backend, select_backend
+from score_batch.engine.config import BACKENDS
+from score_batch.engine.errors import SettingError
 
 MISSING_REQUESTS = "ModuleNotFoundError: No module named 'requests'"
 
@@ -92,6 +91,6 @@ def test_explicit_backends_that_fit_are_kept():
 
 
 def test_auto_logs_its_choice(caplog):
-    with caplog.at_level(logging.INFO, logger="engine.attention.registry"):
+    with caplog.at_level(logging.INFO, logger="score_batch.engine.attention.registry"):
         assert select_backend("auto", need("cpu", torch.float32)) == "split"
     assert "attention backend split: flashinfer does not run on cpu" in caplog.text

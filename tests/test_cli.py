@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from score_batch.cli.main import app
 from typer.testing import CliRunner
 
-from cli.main import app
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def run_cli(
         command = (
             [sys.executable, *map(str, args)]
             if python_args
-            else [sys.executable, "-m", "cli.main", *map(str, args)]
+            else [sys.executable, "-m", "score_batch.cli.main", *map(str, args)]
         )
         done = subprocess.run(
             command,

@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
+from score_batch.engine.compiled import OpaquePlan, compilable_modules
+from score_batch.engine.errors import SettingError
 from torch._dynamo.utils import counters
-
-from engine import EngineConfig, Group, Scorer, ScoringConfig
-from engine.compiled import OpaquePlan, compilable_modules
-from engine.errors import SettingError
 
 WORDS = "the quick brown fox jumps over the lazy dog Tokyo is a city in Japan red running shoes".split()
 

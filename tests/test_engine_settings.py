@@ -8,9 +8,8 @@ import tokenize
 from pathlib import Path
 
 import pytest
-
-from engine.config import EngineConfig, ScoringConfig
-from engine.errors import SettingError
+from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.engine.errors import SettingError
 
 STRING_TOKENS = {
     tokenize.STRING,

@@ -102,7 +102,7 @@ def test_leftover_temporary_files_are_removed_by_the_next_run(job):
 def test_sigterm_during_the_merge_exits_143_and_resume_finishes(job, monkeypatch):
     base, reference, tmp_path = job
     out = tmp_path / "out.parquet"
-    from io_formats.parts import PartStore
+    from score_batch.io_formats.parts import PartStore
 
     original = PartStore.read
     calls = []
@@ -127,9 +127,9 @@ def test_sigterm_during_the_merge_exits_143_and_resume_finishes(job, monkeypatch
 def test_disk_full_exits_3_with_one_line_and_resume_works_after(job, monkeypatch):
     base, reference, tmp_path = job
     out = tmp_path / "out.parquet"
-    import io_formats.parts
+    from score_batch.io_formats import parts as parts_module
 
-    original = io_formats.parts.pq.write_table
+    original = parts_module.pq.write_table
     written = []
 
     def fill_up(table, where, *args, **kwargs):
@@ -138,13 +138,13 @@ def test_disk_full_exits_3_with_one_line_and_resume_works_after(job, monkeypatch
         written.append(where)
         return original(table, where, *args, **kwargs)
 
-    monkeypatch.setattr(io_formats.parts.pq, "write_table", fill_up)
+    monkeypatch.setattr(parts_module.pq, "write_table", fill_up)
     full = run_cli(*base, "-o", out)
     assert full.returncode == 3
     assert "No space left on device" in full.stderr and "Traceback" not in full.stderr
     assert "bug" not in full.stderr
     assert not out.exists() and not list((tmp_path / "out.parquet.parts").glob(".*tmp*"))
-    monkeypatch.setattr(io_formats.parts.pq, "write_table", original)
+    monkeypatch.setattr(parts_module.pq, "write_table", original)
     resumed = run_cli(*base, "-o", out, "--resume", "--report", tmp_path / "report.json")
     assert resumed.returncode == 0, resumed.stderr
     assert pq.read_table(out).equals(pq.read_table(reference))
@@ -231,7 +231,7 @@ def test_pipeline_off_gives_the_same_output_and_errors(job, qwen3_causal, tmp_pa
 
 
 def test_resume_refuses_checkpoints_beyond_a_shorter_input(qwen3_causal, tmp_path, monkeypatch):
-    from io_formats.parts import PartStore
+    from score_batch.io_formats.parts import PartStore
 
     rows = "".join(json.dumps(row) + "\n" for row in many_rows(10, 6))
     out = tmp_path / "out.parquet"
@@ -285,10 +285,10 @@ def test_abandoned_empty_lock_is_taken_over_and_outputs_are_world_readable(qwen3
 
 
 def test_ray_style_overwrite_never_deletes_a_directory_it_did_not_write(tmp_path):
-    from engine import EngineConfig
-    from io_formats.schema import ColumnOverrides
-    from job.config import RayOptions, RunConfig
-    from job.policy import check_destination
+    from score_batch.engine import EngineConfig
+    from score_batch.io_formats.schema import ColumnOverrides
+    from score_batch.job.config import RayOptions, RunConfig
+    from score_batch.job.policy import check_destination
 
     precious = tmp_path / "projects"
     precious.mkdir()

@@ -1,10 +1,9 @@
 """FlashInfer multi-item metadata, built on the CPU, reproduces the reference mask exactly."""
 
 import numpy as np
-
-from engine.attention.flashinfer_plan import build_metadata, kernel_mask, pack_item_positions
-from engine.batching import collate
-from engine.packing import ItemRef, attention_mask, mis_pack, single_pack
+from score_batch.engine.attention.flashinfer_plan import build_metadata, kernel_mask, pack_item_positions
+from score_batch.engine.batching import collate
+from score_batch.engine.packing import ItemRef, attention_mask, mis_pack, single_pack
 
 
 def _pack(query_len, item_lens):

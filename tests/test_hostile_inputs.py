@@ -14,10 +14,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.readers import (
+    column_types,
+    input_mapping,
+    open_source,
+    read_unit,
+    read_units,
+    read_windows,
+)
+from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
 
-from io_formats.errors import InputError
-from io_formats.readers import column_types, input_mapping, open_source, read_unit, read_units, read_windows
-from io_formats.schema import ColumnOverrides, resolve_columns
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 TEXT = {"query": "I pledge allegiance", "item": " to"}

@@ -33,7 +33,7 @@ def many_rows(n_queries: int = 40, items: int = 6) -> list[dict]:
 
 def start_cli(*args) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "cli.main", *map(str, args)],
+        [sys.executable, "-m", "score_batch.cli.main", *map(str, args)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
+from score_batch.engine.errors import SettingError
+from score_batch.engine.model_source import check_weight_files
+from score_batch.engine.planner import Planner
+from score_batch.engine.scorer import load_planner
 
-from engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
-from engine.errors import SettingError
-from engine.model_source import check_weight_files
-from engine.planner import Planner
-from engine.scorer import load_planner
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
@@ -298,7 +298,7 @@ def test_token_id_input_obeys_the_position_limit(short_model):
 
 
 def test_rope_scaling_extends_the_position_limit(tmp_path, short_model):
-    from engine.models import read_model_info
+    from score_batch.engine.models import read_model_info
 
     raw = json.loads((short_model / "config.json").read_text())
     raw["rope_scaling"] = {

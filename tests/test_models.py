@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from score_batch.engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError
+from score_batch.engine.models import read_model_info
+from score_batch.engine.scorer import load_planner
 from transformers import AutoConfig
-
-from engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError
-from engine.models import read_model_info
-from engine.scorer import load_planner
 
 
 def _config_dir(tmp_path, model_type: str, architecture: str, **extra):

@@ -232,8 +232,8 @@ def test_output_inside_the_input_prefix_is_refused(qwen3_causal, s3):
 
 
 def test_lock_is_a_conditional_create(s3):
-    from io_formats.locations import parse_location, parse_storage_options
-    from io_formats.remote import create_exclusive
+    from score_batch.io_formats.locations import parse_location, parse_storage_options
+    from score_batch.io_formats.remote import create_exclusive
 
     _, bucket, options = s3
     storage = parse_storage_options([options[1]])

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.openai_batch import looks_like_openai_batch, parse_request
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.job.config import RunConfig
+from score_batch.job.openai_batch import run_openai_batch
+from score_batch.job.report import RunReport
 
-from engine import EngineConfig, Group, Scorer, ScoringConfig
-from io_formats.errors import InputError
-from io_formats.openai_batch import looks_like_openai_batch, parse_request
-from io_formats.schema import ColumnOverrides
-from job.config import RunConfig
-from job.openai_batch import run_openai_batch
-from job.report import RunReport
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 
 LABELS = (" to", " the")  # the labels of tests.test_cli.LABEL_FLAGS

@@ -2,8 +2,14 @@
 
 import numpy as np
 import pytest
-
-from engine.packing import ItemRef, attention_mask, mis_pack, mis_pack_length, single_pack, split_items
+from score_batch.engine.packing import (
+    ItemRef,
+    attention_mask,
+    mis_pack,
+    mis_pack_length,
+    single_pack,
+    split_items,
+)
 
 D = 99
 

@@ -125,7 +125,7 @@ def test_progress_lines_appear_during_a_run_when_stderr_is_a_pipe(qwen3_causal, 
     command = [
         sys.executable,
         "-m",
-        "cli.main",
+        "score_batch.cli.main",
         data,
         "-o",
         tmp_path / "o.parquet",

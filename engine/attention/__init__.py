@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.attention.base import AttentionPlan
+from score_batch.engine.attention.base import AttentionPlan
 
 HF_ATTENTION_NAME = "score_batch"
 PLAN_KWARG = "attention_plan"

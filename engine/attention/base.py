@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
-
-from engine.batching import Batch
+from score_batch.engine.batching import Batch
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,10 @@ tests/gpu/ checks it against the sdpa backend; bench/gpu_check.sh runs those tes
 from __future__ import annotations
 
 import torch
-
-from engine.attention.base import Capabilities
-from engine.attention.flashinfer_plan import MAX_ITEM_TOKENS, MultiItemMetadata, build_metadata
-from engine.batching import Batch
-from engine.errors import SettingError
+from score_batch.engine.attention.base import Capabilities
+from score_batch.engine.attention.flashinfer_plan import MAX_ITEM_TOKENS, MultiItemMetadata, build_metadata
+from score_batch.engine.batching import Batch
+from score_batch.engine.errors import SettingError
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 

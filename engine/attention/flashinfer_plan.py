@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from engine.batching import Batch
-from engine.packing import DELIMITER_SEGMENT, Pack
+from score_batch.engine.batching import Batch
+from score_batch.engine.packing import DELIMITER_SEGMENT, Pack
 
 MAX_ITEM_TOKENS = int(np.iinfo(np.uint16).max)  # token_pos_in_items is uint16
 

@@ -12,11 +12,10 @@ import warnings
 import numpy as np
 import torch
 import torch.nn.functional as F
+from score_batch.engine.attention.base import Capabilities
+from score_batch.engine.batching import Batch
+from score_batch.engine.packing import QUERY_SEGMENT
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-from engine.attention.base import Capabilities
-from engine.batching import Batch
-from engine.packing import QUERY_SEGMENT
 
 FLEX_BLOCK_SIZE = 128
 BUCKETS_PER_OCTAVE = 4  # padding stays under one block or a quarter of the batch, whichever is larger

@@ -7,13 +7,12 @@ import logging
 from collections.abc import Callable
 
 import torch
-
-from engine.attention.base import AttentionBackend, Workload
-from engine.attention.flashinfer import FlashInferBackend
-from engine.attention.flex import FlexBackend
-from engine.attention.sdpa import SdpaBackend
-from engine.attention.split import SplitBackend
-from engine.errors import SettingError
+from score_batch.engine.attention.base import AttentionBackend, Workload
+from score_batch.engine.attention.flashinfer import FlashInferBackend
+from score_batch.engine.attention.flex import FlexBackend
+from score_batch.engine.attention.sdpa import SdpaBackend
+from score_batch.engine.attention.split import SplitBackend
+from score_batch.engine.errors import SettingError
 
 log = logging.getLogger(__name__)
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-
-from engine.attention.base import Capabilities
-from engine.attention.softcap import attention
-from engine.batching import Batch
-from engine.packing import attention_mask
+from score_batch.engine.attention.base import Capabilities
+from score_batch.engine.attention.softcap import attention
+from score_batch.engine.batching import Batch
+from score_batch.engine.packing import attention_mask
 
 
 class SdpaPlan:

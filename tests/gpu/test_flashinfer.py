@@ -13,12 +13,12 @@ from tests.gpu.need import need_gpu
 pytestmark = pytest.mark.gpu
 need_gpu("flashinfer")
 
-from engine import EngineConfig, Group, Scorer, ScoringConfig  # noqa: E402
-from engine.attention.flashinfer import FlashInferBackend  # noqa: E402
-from engine.attention.flex import FlexBackend  # noqa: E402
-from engine.attention.sdpa import SdpaBackend  # noqa: E402
-from engine.batching import collate  # noqa: E402
-from engine.packing import ItemRef, mis_pack, single_pack  # noqa: E402
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig  # noqa: E402
+from score_batch.engine.attention.flashinfer import FlashInferBackend  # noqa: E402
+from score_batch.engine.attention.flex import FlexBackend  # noqa: E402
+from score_batch.engine.attention.sdpa import SdpaBackend  # noqa: E402
+from score_batch.engine.batching import collate  # noqa: E402
+from score_batch.engine.packing import ItemRef, mis_pack, single_pack  # noqa: E402
 
 CUDA = torch.device("cuda")
 GROUPS = [
