@@ -35,6 +35,7 @@ RUN_BATCH_HELP = (
     "[bold]Example[/bold]\n\n"
     "  score-batch run-batch -i requests.jsonl -o results.jsonl --model BAAI/bge-reranker-base"
 )
+BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by run_config, not copied from their option
 RUN_BATCH_FIXED = {"input_format": "openai-batch"}  # what run-batch means, so it takes no --input-format
 
 
@@ -71,7 +72,7 @@ def run_config(options: ScoreOptions):
         log.info("scoring profile: %s (%s)", profile.name, profile.source)
     scoring = scoring_config(profile, from_options(options, ScoringConfig))  # None: not given, the profile's
     return RunConfig(
-        **from_options(options, RunConfig, built=("RunConfig.model_dir", "RunConfig.ray")),
+        **from_options(options, RunConfig, built=BUILT),
         model_dir=model_dir,
         columns=ColumnOverrides(**from_options(options, ColumnOverrides)),
         engine=EngineConfig(**from_options(options, EngineConfig), scoring=scoring),
