@@ -1,4 +1,4 @@
-"""The score-batch command line: one Typer app with `score` (the default command) and `models`."""
+"""The score-batch command line: one Typer app with `score` (the default command), `run-batch` and `models`."""
 
 from __future__ import annotations
 

@@ -159,9 +159,9 @@ ApplySoftmaxOpt = Annotated[
 ActivationOpt = Annotated[
     Activation | None,
     typer.Option(
-        help="How score is made from a classifier's logits: auto (as sentence-transformers' CrossEncoder: the "
-        "model's activation_fn, else sigmoid for one label, softmax for several), none (the raw value), "
-        "sigmoid or softmax \\[default: auto].",
+        help="How score is made from a classifier's logits (scores stays raw): auto (as sentence-transformers' "
+        "CrossEncoder: the model's activation_fn, else sigmoid for one label, else the softmax probability of "
+        "the --score-index class), none (the raw value), sigmoid or softmax \\[default: auto].",
         rich_help_panel=SCORING,
         show_default=False,
     ),
