@@ -52,27 +52,24 @@ class ReportingCommand(TyperCommand):
         try:
             return super().parse_args(ctx, args)
         except TyperException as error:
-            report = self._raw_value(ctx, given, "report")
-            if (
-                report and getattr(error, "param", None) is not None
-            ):  # a bad value, not a malformed command line
-                failure = UserError(error.format_message())
-                write_failure_report(
-                    report, failure, overwrite=bool(self._raw_value(ctx, given, "overwrite"))
-                )
+            report = self._given(ctx, given, "report")
+            if report and getattr(error, "param", None) is not None:  # a bad value, not an unknown flag
+                overwrite = bool(self._given(ctx, given, "overwrite"))
+                write_failure_report(report, UserError(error.format_message()), overwrite=overwrite)
             raise
 
-    def _raw_value(self, ctx, args: list[str], name: str) -> object:
-        """A parameter's value as given (unconverted) on a command line that failed to parse, or from its
-        environment variable; None when absent or when the command line cannot be read at all."""
+    def _given(self, ctx, args: list[str], name: str) -> object:
+        """A parameter's value on a command line that failed to parse (else from its environment variable),
+        converted to its type; None when absent, unreadable or itself bad."""
+        param = next((p for p in self.params if p.name == name), None)
         try:
             values, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+            value = values.get(name)
+            if value is None and param is not None:
+                value = param.resolve_envvar_value(ctx)
+            return None if value is None or param is None else param.process_value(ctx, value)
         except TyperException:
             return None
-        if values.get(name) is not None:
-            return values[name]
-        param = next((p for p in self.params if p.name == name), None)
-        return param.resolve_envvar_value(ctx) if param is not None else None
 
 
 def write_failure_report(report: str, error: BaseException, *, overwrite: bool) -> None:
