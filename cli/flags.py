@@ -22,11 +22,8 @@ OPTION_OF = {  # config fields set by an option of another name (or built from i
     "RunConfig.ray": "ray",
     "RayOptions.address": "ray_address",
 }
-NESTED = (
-    "RunConfig.columns",
-    "RunConfig.engine",
-    "EngineConfig.scoring",
-)  # built from their own fields' flags
+# Nested configs, built from their own fields' flags.
+NESTED = ("RunConfig.columns", "RunConfig.engine", "EngineConfig.scoring")
 FLAGLESS = ("RayOptions.groups_per_batch",)  # Python API only: the command keeps the default
 OPTION_NAMES = tuple(field.name for field in dataclasses.fields(ScoreOptions))
 _HINTS = typing.get_type_hints(ScoreOptions, include_extras=True)
