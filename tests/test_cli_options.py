@@ -13,9 +13,11 @@ import typer
 from score_batch.cli import flags
 from score_batch.cli.main import app
 from score_batch.cli.options import (
+    Activation,
     Backend,
     Device,
     Dtype,
+    HiveTypes,
     InputFormat,
     OnError,
     Packing,
@@ -102,6 +104,18 @@ def test_every_option_sets_a_config_field(option):
 )
 def test_literal_choices_equal_the_configs_choices(choice, values):
     assert set(typing.get_args(choice)) == set(values)
+
+
+def test_activation_choices_equal_the_engines():
+    activation = pytest.importorskip("score_batch.engine.activation", reason="lands with the engine branch")
+    assert set(typing.get_args(Activation)) == set(activation.ACTIVATION_CHOICES)
+
+
+def test_hive_types_choices_equal_run_configs():
+    if not has_field(RunConfig, "hive_types"):
+        pytest.skip("RunConfig.hive_types lands with the io branch")
+    annotation = typing.get_type_hints(RunConfig)["hive_types"]
+    assert set(typing.get_args(HiveTypes)) == set(typing.get_args(annotation))
 
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s) and s not in BUILT])
