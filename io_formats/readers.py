@@ -35,6 +35,7 @@ from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolv
 from score_batch.errors import is_environment_error
 
 STDIN = "-"
+BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
 BOM = b"\xef\xbb\xbf"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
@@ -108,6 +109,12 @@ class InputSource:
             return sum(info.num_rows for info in _parquet_infos(self))
         return _jsonl_scan(self).rows
 
+    def spool_path(self) -> Path:
+        """Standard input spooled to a temporary file (read on first call; stdin sources only)."""
+        if self.path != STDIN:
+            raise ValueError("only a stdin source has a spool")
+        return _stdin_spool(self)
+
     def close(self) -> None:
         """Delete the stdin spool, if any (reading the source again spools nothing: stdin is consumed)."""
         if self._state.cleanup is not None:
@@ -171,7 +178,14 @@ def read_windows(
 
 def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapping:
     """The column mapping of an input, from the columns of all its files or all its JSONL lines."""
-    return resolve_columns(_columns(source), overrides, source.label)
+    columns = _columns(source)
+    if columns is not None and BATCH_ENVELOPE <= set(columns) and not overrides.query_col:
+        if "query" not in columns and "query_tokens" not in columns:
+            raise InputError(
+                f"{source.label}: the lines are OpenAI batch requests (custom_id, url, body), not query/item "
+                "rows; give --input-format openai-batch"
+            )
+    return resolve_columns(columns, overrides, source.label)
 
 
 def column_types(source: InputSource, mapping: ColumnMapping) -> dict[str, pa.DataType]:
