@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.listing import InputFile, check_one_format, expand
+from score_batch.io_formats.listing import HiveTypes, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 
@@ -87,6 +87,7 @@ class InputSource:
     format: str  # "parquet" or "jsonl"
     files: tuple[InputFile, ...]
     directories: tuple[Location, ...] = ()  # the directories (or glob bases) the files were found in
+    partition_types: tuple[tuple[str, pa.DataType], ...] = ()  # hive partition keys and their Arrow types
     _state: _SourceState = field(default_factory=_SourceState, compare=False, hash=False, repr=False)
 
     @property
@@ -121,16 +122,23 @@ class InputSource:
             self._state.cleanup()
 
 
-def open_source(paths: str | Sequence[str], storage_options: tuple[tuple[str, str], ...] = ()) -> InputSource:
+def open_source(
+    paths: str | Sequence[str],
+    storage_options: tuple[tuple[str, str], ...] = (),
+    hive_types: HiveTypes = "infer",
+) -> InputSource:
     """Check the INPUT arguments and say which format and files they mean (see io_formats.listing).
 
     Each is a local path, file://, s3://, gs://, https:// or hf:// URI naming a file, a directory (its
     data files and hive partition directories; names starting with `.` or `_` are left out) or a glob;
     `-` is JSONL on stdin (alone). All files must be of one format (Parquet, or JSONL plain or compressed).
+    Hive partition values are typed over all the files (io_formats.listing.type_partitions).
     """
     given = [paths] if isinstance(paths, str) else list(paths)
     if not given:
         raise InputError("give at least one INPUT")
+    if hive_types not in ("infer", "string"):
+        raise InputError(f"--hive-types {hive_types}: give infer or string")
     if STDIN in given:
         if len(given) > 1:
             raise InputError("- (stdin) cannot be combined with other inputs")
@@ -148,7 +156,10 @@ def open_source(paths: str | Sequence[str], storage_options: tuple[tuple[str, st
         if file.location.key() in seen:
             raise InputError(f"input file {file.uri!r} is named twice by the inputs; each file is read once")
         seen.add(file.location.key())
-    return InputSource(label, check_one_format(files, label), tuple(files), tuple(directories))
+    files, types = type_partitions(files, hive_types)
+    return InputSource(
+        label, check_one_format(files, label), tuple(files), tuple(directories), tuple(types.items())
+    )
 
 
 def read_windows(
@@ -291,9 +302,10 @@ def _parquet_infos(source: InputSource) -> list[_ParquetInfo]:
                 if _is_environment(error):
                     raise
                 raise InputError(f"{file}: not a readable Parquet file ({_describe(error, file)})") from None
+            partition_types = dict(source.partition_types)
             for key, _ in file.partitions:
                 if key not in schema.names:
-                    schema = schema.append(pa.field(key, pa.string()))
+                    schema = schema.append(pa.field(key, partition_types.get(key, pa.string())))
             infos.append(
                 _ParquetInfo(
                     file,

@@ -18,7 +18,7 @@ def run(config: RunConfig) -> RunReport:
     torch.set_num_threads(config.threads or available_cpus())
     # Every path is checked before the report can be written, so a report never replaces a file it must not.
     check_report_path(config)
-    source = open_source(config.inputs, config.storage_options)
+    source = open_source(config.inputs, config.storage_options, config.hive_types)
     try:
         from score_batch.job.openai_batch import is_openai_batch, run_openai_batch
 
