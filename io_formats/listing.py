@@ -20,6 +20,7 @@ import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -27,7 +28,22 @@ import pyarrow.fs as pafs
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import HTTP, Location, has_glob
 
-PARQUET, JSONL = "parquet", "jsonl"
+
+class InputFormat(str, Enum):
+    """What an input holds: Parquet or JSONL query/item rows, or OpenAI-style batch requests (JSONL)."""
+
+    PARQUET = "parquet"
+    JSONL = "jsonl"
+    OPENAI_BATCH = "openai-batch"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+PARQUET, JSONL = InputFormat.PARQUET, InputFormat.JSONL
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
 _PARTITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
@@ -43,7 +59,7 @@ class InputFile:
     """One data file of the input: where it is, its format and compression, and its partition values."""
 
     location: Location
-    format: str
+    format: InputFormat
     compression: str | None
     partitions: tuple[tuple[str, Any], ...] = ()  # (key, value): a string, or typed by type_partitions
 
@@ -57,6 +73,12 @@ class InputFile:
 
     def __str__(self) -> str:
         return self.location.uri
+
+    def with_partitions(self, record: dict) -> dict:
+        """A record with this file's partition values added (a column the file holds wins)."""
+        for key, value in self.partitions:
+            record.setdefault(key, value)
+        return record
 
 
 def _integer(text: str) -> int:
@@ -119,7 +141,7 @@ def _parses(parse: Callable[[str], Any], text: str) -> bool:
     return True
 
 
-def file_format(name: str) -> tuple[str, str | None] | None:
+def file_format(name: str) -> tuple[InputFormat, str | None] | None:
     """(format, compression) from a file name, or None when it is not a data file we read."""
     lowered = name.lower()
     compression = None
@@ -254,7 +276,7 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(out))
 
 
-def check_one_format(files: list[InputFile], label: str) -> str:
+def check_one_format(files: list[InputFile], label: str) -> InputFormat:
     """The format of all files; InputError when Parquet and JSONL are mixed."""
     formats = {f.format for f in files}
     if len(formats) > 1:

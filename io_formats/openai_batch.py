@@ -103,6 +103,17 @@ def is_request_record(record: Any) -> bool:
     return isinstance(record, dict) and all(key in record for key in ("custom_id", "url", "body"))
 
 
+@dataclass(frozen=True)
+class BatchFileReader:
+    """An OpenAI-style batch file (a local JSONL file, the stdin spool, or "-" for stdin itself) → requests."""
+
+    path: str | Path
+
+    def requests(self) -> Iterator[BatchRequest]:
+        """The request lines in order, parsed (see read_requests)."""
+        return read_requests(self.path)
+
+
 def read_requests(path: str | Path) -> Iterator[BatchRequest]:
     """The request lines of a batch file (or stdin), parsed; blank lines are skipped, bad lines carry an error."""
     index = 0

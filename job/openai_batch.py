@@ -19,15 +19,16 @@ from typing import Literal
 import numpy as np
 from score_batch.engine import Group
 from score_batch.engine.planner import Planner
+from score_batch.io_formats import readers
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.listing import InputFormat
 from score_batch.io_formats.locations import is_uri
 from score_batch.io_formats.openai_batch import (
     STDIN,
     BatchError,
+    BatchFileReader,
     BatchRequest,
     error_line,
-    looks_like_openai_batch,
-    read_requests,
     rerank_body,
     score_body,
     success_line,
@@ -50,15 +51,8 @@ Activation = Literal["none", "sigmoid", "softmax"]
 
 
 def is_openai_batch(input_format: str, source: InputSource) -> bool:
-    """True when the run reads an OpenAI-style batch file: named so, or (auto) one local file or stdin
-    whose first non-blank line is a request (stdin is sniffed on its spool)."""
-    if input_format != "auto":
-        return input_format == "openai-batch"
-    if source.path == STDIN:
-        return looks_like_openai_batch(source.spool_path())
-    if len(source.files) != 1 or not source.files[0].location.local or source.directories:
-        return False  # a batch file is one local JSONL file
-    return looks_like_openai_batch(source.files[0].location.path)
+    """True when the run reads an OpenAI-style batch file (io_formats.readers.input_format decides)."""
+    return readers.input_format(source, input_format) == InputFormat.OPENAI_BATCH
 
 
 def run_openai_batch(config: RunConfig, report: RunReport, source: InputSource | None = None) -> None:
@@ -70,9 +64,9 @@ def run_openai_batch(config: RunConfig, report: RunReport, source: InputSource |
     check_batch_config(config)
     destination = check_destination(config, directory=False)
     check_run_paths(config, () if config.input == STDIN else (Path(config.input),), destination)
-    lines = source.spool_path() if source is not None and config.input == STDIN else config.input
+    batch = readers.batch_reader(source) if source is not None else BatchFileReader(config.input)
     with OutputLock.for_run(config, destination):
-        _run_locked(config, destination, report, started, lines)
+        _run_locked(config, destination, report, started, batch)
 
 
 def check_batch_config(config: RunConfig) -> None:
@@ -103,9 +97,9 @@ def check_batch_config(config: RunConfig) -> None:
 
 
 def _run_locked(
-    config: RunConfig, destination: Path | None, report: RunReport, started: float, requests: str | Path
+    config: RunConfig, destination: Path | None, report: RunReport, started: float, batch: BatchFileReader
 ) -> None:
-    """The run, once the paths are checked and the output is ours; requests: the file (or "-") to read."""
+    """The run, once the paths are checked and the output is ours."""
     if destination is not None and not config.dry_run:
         remove_leftovers(destination)
     scorer, planner, setup = load_engine(config, report)
@@ -127,7 +121,7 @@ def _run_locked(
     scoring_started = time.perf_counter()
     try:
         with StopSignals() as stop:
-            for window in _windows(read_requests(requests), config.window_rows):
+            for window in _windows(batch.requests(), config.window_rows):
                 report.rows_read += len(window)
                 groups, owners = _groups(window, planner)
                 plan = planner.plan(groups) if groups else None
