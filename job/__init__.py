@@ -16,39 +16,27 @@ from score_batch.job.signals import Stopped
 def run(config: RunConfig) -> RunReport:
     """Run one job (locally, on Ray, or an OpenAI-style batch file); the report is written however it ends."""
     torch.set_num_threads(config.threads or available_cpus())
-    batch_file = _is_openai_batch(config)
-    if batch_file:
-        from score_batch.job.openai_batch import run_openai_batch
-    elif config.ray is not None:
-        from score_batch.job.ray_run import check_ray_run
-        from score_batch.job.ray_run import run_ray as run_job
-
-        check_ray_run(config)
-    else:
-        from score_batch.job.local import run_local as run_job
     # Every path is checked before the report can be written, so a report never replaces a file it must not.
     check_report_path(config)
-    source = open_source(config.inputs, config.storage_options)
+    source = open_source(config.inputs, config.storage_options, config.hive_types)
     try:
+        from score_batch.job.openai_batch import is_openai_batch, run_openai_batch
+
+        batch_file = is_openai_batch(config.input_format, source)  # stdin: sniffed on its spool
+        if not batch_file and config.ray is not None:
+            from score_batch.job.ray_run import check_ray_run
+            from score_batch.job.ray_run import run_ray as run_job
+
+            check_ray_run(config)
+        elif not batch_file:
+            from score_batch.job.local import run_local as run_job
         destination = check_destination(config, directory=config.ray is not None and not batch_file)
         check_run_paths(config, source.files, destination, source.directories)
         if batch_file:
-            return _run_reported(config, lambda report: run_openai_batch(config, report))
+            return _run_reported(config, lambda report: run_openai_batch(config, report, source))
         return _run_reported(config, lambda report: run_job(config, source, destination, report))
     finally:
         source.close()
-
-
-def _is_openai_batch(config: RunConfig) -> bool:
-    """True when the input is an OpenAI-style batch file (named so, or detected)."""
-    if config.input_format == "auto":
-        from score_batch.io_formats.locations import is_uri
-        from score_batch.io_formats.openai_batch import looks_like_openai_batch
-
-        if len(config.inputs) > 1 or is_uri(config.inputs[0]):
-            return False  # a batch file is one local JSONL file
-        return looks_like_openai_batch(config.inputs[0])
-    return config.input_format == "openai-batch"
 
 
 def _run_reported(config: RunConfig, work) -> RunReport:
