@@ -48,7 +48,6 @@ class OutputContract:
     query_ids_given: bool  # the input has a query-id column; else the row index is the query id
     ranked: bool = False  # add a rank column; rows of a query come out best first
     top_k: int | None = None  # keep only the top_k scored items of each query
-    row_is_query: bool = False  # nested layout: each input row is one query (its own ranking)
 
     @classmethod
     def from_types(
@@ -69,8 +68,7 @@ class OutputContract:
         id_types = (typed(mapping.query_id, pa.int64()), typed(mapping.item_id, pa.int64()))
         kept = tuple((name, typed(name, pa.string())) for name in mapping.keep)
         ranked = rank or top_k is not None
-        nested = mapping.layout == "nested"
-        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k, nested)
+        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k)
 
     @property
     def keep(self) -> tuple[str, ...]:

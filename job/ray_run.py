@@ -255,9 +255,10 @@ def _run_locked(
                     dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all(), contract
                 )
                 enforce_fail(contract, failed, source.label)
-                errors.write(failed)
+                if not contract.ranked:  # ranked runs list them with their query's generated id
+                    errors.write(failed)
             if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
-                counts = _write_ranked(dataset, contract, staging, partitioning)
+                counts = _write_ranked(dataset, contract, staging, partitioning, errors)
             else:
                 counts = dataset.map_batches(
                     _write_block,
@@ -410,14 +411,20 @@ def _user_error(error: BaseException) -> UserError | None:
     return None
 
 
-def _write_ranked(dataset, contract: OutputContract, staging: _Staging, partitioning) -> list[dict]:
-    """All scored rows in input order, ranked per query, written from the driver in the Ray schema."""
+def _write_ranked(
+    dataset, contract: OutputContract, staging: _Staging, partitioning, errors: ErrorsSink
+) -> list[dict]:
+    """All scored rows in input order, ranked per query, written from the driver in the Ray schema; failed
+    rows (--on-error skip) to errors."""
     import ray
 
     tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
     rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
-    ranked = contract.ray_view(rank_parts([rows], contract)[0])  # failed rows are listed by the caller
-    _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
+    ranked, failed = rank_parts([rows], contract)
+    errors.write(failed)
+    _write_files(
+        contract.ray_view(ranked), staging.fs, staging.path, partitioning, "part-000000000000-ranked"
+    )
     return _counts(rows).to_pylist()
 
 
