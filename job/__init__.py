@@ -8,6 +8,7 @@ import torch
 from score_batch.io_formats.readers import open_source
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.policy import check_destination, check_report_path, check_run_paths
+from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, settings_of, versions
 from score_batch.job.resources import available_cpus
 from score_batch.job.signals import Stopped
@@ -33,14 +34,16 @@ def run(config: RunConfig) -> RunReport:
         destination = check_destination(config, directory=config.ray is not None and not batch_file)
         check_run_paths(config, source.files, destination, source.directories)
         if batch_file:
-            return _run_reported(config, lambda report: run_openai_batch(config, report, source))
+            return _run_reported(
+                config, lambda report: run_openai_batch(config, report, source), batch_file=True
+            )
         return _run_reported(config, lambda report: run_job(config, source, destination, report))
     finally:
         source.close()
 
 
-def _run_reported(config: RunConfig, work) -> RunReport:
-    """Run work(report) with the report written however it ends."""
+def _run_reported(config: RunConfig, work, batch_file: bool = False) -> RunReport:
+    """Run work(report) with the report written however it ends; warn when items failed."""
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
     try:
         work(report)
@@ -50,6 +53,7 @@ def _run_reported(config: RunConfig, work) -> RunReport:
         raise
     report.end(None)
     _write_report(config, report)
+    warn_failed_items(report, config, batch_file)
     return report
 
 

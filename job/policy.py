@@ -275,7 +275,7 @@ class ErrorsSink:
                 self._tmp.unlink(missing_ok=True)
         else:
             durable_replace(self._tmp, self.path)
-        log.warning("skipped rows are listed in %s", self.path)
+        log.info("skipped rows are listed in %s", self.path)  # the run's one warning names it too
 
     def abort(self) -> None:
         """Drop the unpublished list."""
