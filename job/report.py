@@ -47,6 +47,9 @@ class RunReport:
     device: str = ""
     dry_run: bool = False
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
+    score_stats: dict = field(
+        default_factory=dict
+    )  # job.score_stats.ScoreStats.summary() of the scored items
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
 
