@@ -7,6 +7,7 @@ from and who scores them. Imports engine and io_formats, never the CLI.
 import torch
 from score_batch.io_formats.readers import open_source
 from score_batch.job.config import RayOptions, RunConfig
+from score_batch.job.contract import check_kept_columns
 from score_batch.job.policy import check_destination, check_report_path, check_run_paths
 from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, settings_of, versions
@@ -19,6 +20,8 @@ def run(config: RunConfig) -> RunReport:
     torch.set_num_threads(config.threads or available_cpus())
     # Every path is checked before the report can be written, so a report never replaces a file it must not.
     check_report_path(config)
+    ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
+    check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled)  # before any model load
     source = open_source(config.inputs, config.storage_options, config.hive_types)
     try:
         from score_batch.job.openai_batch import is_openai_batch, run_openai_batch
