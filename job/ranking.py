@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from score_batch.engine.ranking import ranks, top_k_order
 from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import QUERY_KEY, RANK, ROW_INDEX, OutputContract
@@ -34,11 +35,9 @@ def with_group_ids(part: pa.Table, contract: OutputContract) -> pa.Table:
     """Without an id column, give every row the generated query id of its group: its first row's index."""
     if contract.query_ids_given or part.num_rows == 0:
         return part
-    first: dict[str, int] = {}
-    for key, index in zip(part[QUERY_KEY].to_pylist(), part[ROW_INDEX].to_pylist()):
-        if key not in first or index < first[key]:
-            first[key] = index
-    ids = pa.array([first[key] for key in part[QUERY_KEY].to_pylist()], part.schema.field("query_id").type)
+    firsts = part.select([QUERY_KEY, ROW_INDEX]).group_by(QUERY_KEY).aggregate([(ROW_INDEX, "min")])
+    group = pc.index_in(part[QUERY_KEY], value_set=firsts[QUERY_KEY])  # (rows,) each row's group
+    ids = firsts[f"{ROW_INDEX}_min"].take(group).cast(part.schema.field("query_id").type)
     return part.set_column(part.schema.get_field_index("query_id"), "query_id", ids)
 
 
