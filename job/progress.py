@@ -75,13 +75,14 @@ def _duration(seconds: float) -> str:
 
 
 def failed_items_warning(report: RunReport, config: RunConfig, batch_file: bool = False) -> str | None:
-    """One line saying how many items failed and where they went; None when every item was scored."""
-    if not report.items_failed:
+    """One line saying how many items failed and where they went; None when every item was scored (and for
+    batch files, whose driver counts failed requests in its own line)."""
+    if not report.items_failed or batch_file:
         return None
     count = f"{report.items_failed} of {report.items} items"
     if config.dry_run:
         return f"dry run: {count} would fail (--on-error {config.on_error})"
-    if config.on_error == "skip" and not batch_file:
+    if config.on_error == "skip":
         path = errors_path(config)
         if path is None:  # -o - without --errors-file: one warning line per row, above
             where = "the log above, one line each (pass --errors-file to keep them in a file)"

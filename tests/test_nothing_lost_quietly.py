@@ -109,3 +109,20 @@ def test_a_dry_run_warns_about_the_items_that_would_fail(qwen3_causal, data, tmp
     assert result.returncode == 0, result.stderr
     (line,) = warnings(result.stderr)
     assert "dry run: 1 of 12 items would fail" in line
+
+
+def test_a_batch_file_under_quiet_names_the_failed_request_and_counts_once(qwen3_causal, tmp_path):
+    requests = [
+        {
+            "custom_id": "r1",
+            "method": "POST",
+            "url": "/v1/rerank",
+            "body": {"query": "q", "documents": [" a"]},
+        },
+        {"custom_id": "r2", "method": "POST", "url": "/v1/rerank", "body": {"query": "q"}},
+    ]
+    data = write_jsonl(tmp_path / "batch.jsonl", requests)
+    result = run_cli(data, "--model", qwen3_causal, *LABEL_FLAGS, "-q", "-o", "-")
+    assert result.returncode == 0, result.stderr
+    lines = warnings(result.stderr)
+    assert len(lines) == 2 and "'r2'" in lines[0] and "1 of 2 requests failed" in lines[1]
