@@ -64,6 +64,7 @@ from score_batch.job.policy import (
 )
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
+from score_batch.job.score_stats import scores_summary, written_score_stats
 from score_batch.job.windows import group_window, output_columns, query_group_key
 
 from score_batch.errors import UserError
@@ -258,7 +259,7 @@ def _run_locked(
                 if not contract.ranked:  # ranked runs list them with their query's generated id
                     errors.write(failed)
             if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
-                counts = _write_ranked(dataset, contract, staging, partitioning, errors)
+                counts = _write_ranked(dataset, contract, staging, partitioning, errors, report)
             else:
                 counts = dataset.map_batches(
                     _write_block,
@@ -267,6 +268,7 @@ def _run_locked(
                     batch_format="pyarrow",
                     num_cpus=LIGHT_CPUS,
                 ).take_all()
+                report.score_stats = written_score_stats(staging.path, staging.fs)  # no items per query
         except Exception as error:
             user_error = _user_error(error)
             if user_error is not None:
@@ -412,14 +414,15 @@ def _user_error(error: BaseException) -> UserError | None:
 
 
 def _write_ranked(
-    dataset, contract: OutputContract, staging: _Staging, partitioning, errors: ErrorsSink
+    dataset, contract: OutputContract, staging: _Staging, partitioning, errors: ErrorsSink, report: RunReport
 ) -> list[dict]:
     """All scored rows in input order, ranked per query, written from the driver in the Ray schema; failed
-    rows (--on-error skip) to errors."""
+    rows (--on-error skip) to errors; the scores' distribution (before --top-k) to the report."""
     import ray
 
     tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
     rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
+    report.score_stats = scores_summary([rows["score"]])
     ranked, failed = rank_parts([rows], contract)
     errors.write(failed)
     _write_files(

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 SAMPLE_SIZE = 100_000  # scores kept for the quantiles: 800 kB; rank error of a sampled quantile ≲ 0.5 points
 QUANTILES = (0.01, 0.05, 0.25, 0.50, 0.75, 0.95, 0.99)
@@ -111,6 +113,21 @@ class ScoreStats:
             scores["mean"] = self._sum / self.count
         scores["quantiles"] = "exact" if self.exact else f"sampled ({self.sample_size} scores)"
         return {"scores": scores, "items_per_query": _size_summary(self._sizes)}
+
+
+def scores_summary(batches: Iterable[pa.Array | pa.ChunkedArray]) -> dict:
+    """The report's `scores` numbers alone (no items per query) over batches of scores."""
+    stats = ScoreStats()
+    for batch in batches:
+        stats.add_scores(batch)
+    return {"scores": stats.summary()["scores"]}
+
+
+def written_score_stats(directory: str, filesystem: pafs.FileSystem) -> dict:
+    """scores_summary read back from the `score` column of a directory of Parquet files (an unranked Ray run's
+    output, whose scores are never gathered in one place); one column, streamed batch by batch."""
+    dataset = ds.dataset(directory, filesystem=filesystem, format="parquet")
+    return scores_summary(batch.column(0) for batch in dataset.to_batches(columns=["score"]))
 
 
 def _float_array(scores) -> np.ndarray:

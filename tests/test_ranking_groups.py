@@ -207,11 +207,10 @@ def test_ray_ranking_groups_equal_the_local_ones(qwen3_causal, tmp_path):
     rows[3]["item"] = None
     data = write_jsonl(tmp_path / "in.jsonl", rows)
     common = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "skip", "--top-k", "2"]
-    local = run_cli(*common, "-o", tmp_path / "local.parquet")
+    local = run_cli(*common, "-o", tmp_path / "local.parquet", "--report", tmp_path / "local.json")
     assert local.returncode == 0, local.stderr
-    ray = run_cli(
-        *common, "-o", tmp_path / "ray_out", "--ray", "--num-workers", "1", "-q", fresh_process=True
-    )
+    ray_flags = ["--ray", "--num-workers", "1", "-q", "--report", tmp_path / "ray.json"]
+    ray = run_cli(*common, "-o", tmp_path / "ray_out", *ray_flags, fresh_process=True)
     assert ray.returncode == 0, ray.stderr
     expected = pq.read_table(tmp_path / "local.parquet").to_pylist()
     got = ds.dataset(tmp_path / "ray_out", format="parquet").to_table().to_pylist()
@@ -219,3 +218,10 @@ def test_ray_ranking_groups_equal_the_local_ones(qwen3_causal, tmp_path):
     assert [tuple(r[k] for k in keys) for r in got] == [tuple(r[k] for k in keys) for r in expected]
     local_errors = (tmp_path / "local.parquet.errors.jsonl").read_text()
     assert (tmp_path / "ray_out.errors.jsonl").read_text() == local_errors
+    # The report's score distribution covers every scored item (before --top-k), on Ray as locally.
+    ray_stats = json.loads((tmp_path / "ray.json").read_text())["score_stats"]["scores"]
+    local_stats = json.loads((tmp_path / "local.json").read_text())["score_stats"]["scores"]
+    assert ray_stats["count"] == local_stats["count"] == len(rows) - 1
+    for name in ("min", "p05", "p50", "p95", "max", "mean"):
+        assert ray_stats[name] == pytest.approx(local_stats[name], abs=1e-6), name
+    assert ray_stats["max"] == max(row["score"] for row in got)

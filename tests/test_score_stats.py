@@ -147,3 +147,23 @@ def test_merged_accumulators_equal_one_over_both_streams():
     assert summary["count"] == 100_000 and summary["min"] == first.min() and summary["max"] == second.max()
     assert summary["mean"] == pytest.approx(np.concatenate([first, second]).mean(), rel=1e-12)
     assert abs(np.mean(left._sample >= 2) - 0.3) <= 0.035 and left._sample.size == 2_000
+
+
+def test_scores_read_back_from_a_partitioned_directory(tmp_path):
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+    from score_batch.job.score_stats import written_score_stats
+
+    rng = np.random.default_rng(2)
+    scores = rng.normal(size=300).astype(np.float32)
+    table = pa.table({"score": scores, "country": np.array(["US", "DE", "FR"])[np.arange(300) % 3]})
+    table = table.set_column(
+        0, "score", pa.array([None if i % 50 == 0 else float(s) for i, s in enumerate(scores)], pa.float32())
+    )
+    ds.write_dataset(
+        table, tmp_path / "out", format="parquet", partitioning=["country"], partitioning_flavor="hive"
+    )
+    got = written_score_stats(str(tmp_path / "out"), pafs.LocalFileSystem())["scores"]
+    kept = np.array([s for i, s in enumerate(scores) if i % 50], np.float64)
+    assert got["count"] == kept.size and got["min"] == kept.min() and got["max"] == kept.max()
+    assert [got[name] for name in NAMES] == pytest.approx(list(np.quantile(kept, QUANTILES)), abs=1e-12)
