@@ -102,6 +102,14 @@ def resolve_activation(
             "does not apply to a CausalLM model: its label scores are probabilities already; use "
             "apply_softmax for a softmax over the label tokens",
         )
+    if requested == "softmax" and num_labels == 1:
+        from score_batch.engine.errors import SettingError
+
+        raise SettingError(
+            "ScoringConfig.activation",
+            requested,
+            "makes every score 1.0 for a one-label head; use sigmoid or none",
+        )
     if requested != "auto":
         return ResolvedActivation(requested, "set explicitly")
     if model_activation is not None:
