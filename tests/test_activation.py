@@ -67,6 +67,7 @@ def test_light_engine_modules_import_without_torch():
         "import sys\n"
         "import score_batch.engine, score_batch.engine.config, score_batch.engine.model_source\n"
         "import score_batch.engine.profiles, score_batch.engine.activation, score_batch.engine.ranking\n"
+        "import score_batch.engine.model_kind\n"
         "from score_batch.engine import EngineConfig, ScoringConfig, Group, GroupResult, activate\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n"
     )
