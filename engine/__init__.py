@@ -1,19 +1,35 @@
-"""Prefill-only multi-item scoring engine."""
+"""Prefill-only multi-item scoring engine.
 
-from score_batch.engine.config import EngineConfig, ScoringConfig
-from score_batch.engine.errors import ScoringInputError, SettingError
-from score_batch.engine.ranking import ranks, top_k_order
-from score_batch.engine.scorer import Scorer
-from score_batch.engine.types import Group, GroupResult
+Light names (configs, errors, records, rankings) import without torch; `Scorer` and the other heavy names
+load torch and transformers on first use, so the command line starts fast.
+"""
 
-__all__ = [
-    "EngineConfig",
-    "Group",
-    "GroupResult",
-    "Scorer",
-    "ScoringConfig",
-    "ScoringInputError",
-    "SettingError",
-    "ranks",
-    "top_k_order",
-]
+from __future__ import annotations
+
+from importlib import import_module
+
+_EXPORTS = {
+    "EngineConfig": "score_batch.engine.config",
+    "ScoringConfig": "score_batch.engine.config",
+    "ScoringInputError": "score_batch.engine.errors",
+    "SettingError": "score_batch.engine.errors",
+    "ranks": "score_batch.engine.ranking",
+    "top_k_order": "score_batch.engine.ranking",
+    "Group": "score_batch.engine.types",
+    "GroupResult": "score_batch.engine.types",
+    "activate": "score_batch.engine.activation",
+    "ResolvedActivation": "score_batch.engine.activation",
+    "Scorer": "score_batch.engine.scorer",
+    "ResolvedSetup": "score_batch.engine.setup",
+    "load_planner": "score_batch.engine.setup",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Import an exported name's module on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'score_batch.engine' has no attribute {name!r}")
+    return getattr(import_module(module), name)

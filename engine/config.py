@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-from score_batch.engine.attention.registry import BACKEND_CLASSES
+from score_batch.engine.activation import ACTIVATION_CHOICES, ActivationChoice
 from score_batch.engine.errors import SettingError
 
-PACKING_MODES = ("auto", "mis", "single")
-BACKENDS = ("auto", *BACKEND_CLASSES)
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda")
-TRUNCATE_POLICIES = ("error", "item-tail", "query-head")
+# Choices as Literal types; the tuples list them for checks and messages. Torch-free: the attention registry
+# (which imports torch) checks that BackendName names exactly its backends.
+Packing = Literal["auto", "mis", "single"]
+BackendName = Literal["auto", "flashinfer", "flex", "split", "sdpa"]
+DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
+DeviceName = Literal["auto", "cpu", "cuda"]
+Truncate = Literal["error", "item-tail", "query-head"]
+PACKING_MODES: tuple[str, ...] = get_args(Packing)
+BACKENDS: tuple[str, ...] = get_args(BackendName)
+DTYPES: tuple[str, ...] = get_args(DtypeName)
+DEVICES: tuple[str, ...] = get_args(DeviceName)
+TRUNCATE_POLICIES: tuple[str, ...] = get_args(Truncate)
 SGLANG_DEFAULT_DELIMITER = 9999
 
 
@@ -28,15 +36,19 @@ class ScoringConfig:
     query_template: str | None = None
     item_template: str | None = None
     item_first: bool = False
-    packing: str = "auto"  # auto: mis when the model allows it, else single
+    packing: Packing = "auto"  # auto: mis when the model allows it, else single
     delimiter_token_id: int | None = None
     max_query_tokens: int | None = None
     max_item_tokens: int | None = None
-    truncate: str = "error"
+    truncate: Truncate = "error"
+    activation: ActivationChoice = (
+        "auto"  # of the `score` column; auto: as CrossEncoder (engine/activation.py)
+    )
 
     def __post_init__(self) -> None:
         _check_choice("ScoringConfig.packing", self.packing, PACKING_MODES)
         _check_choice("ScoringConfig.truncate", self.truncate, TRUNCATE_POLICIES)
+        _check_choice("ScoringConfig.activation", self.activation, ACTIVATION_CHOICES)
         if self.label_tokens and self.label_token_ids:
             raise SettingError(
                 "ScoringConfig.label_token_ids",
@@ -57,9 +69,9 @@ class ScoringConfig:
 class EngineConfig:
     """How to run: device, dtype, attention backend and token budgets."""
 
-    device: str = "auto"
-    dtype: str = "auto"
-    backend: str = "auto"
+    device: DeviceName = "auto"
+    dtype: DtypeName = "auto"
+    backend: BackendName = "auto"
     max_batch_tokens: int | None = None
     max_pack_tokens: int = 8192
     trust_remote_code: bool = False

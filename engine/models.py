@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 from dataclasses import dataclass
@@ -11,45 +10,19 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from score_batch.engine.errors import ScoringInputError, SettingError
+from score_batch.engine.model_kind import (  # noqa: F401 - re-exported: callers import these from here
+    ATTENTION_LAYER_TYPES,
+    ENCODER_DECODER_MODEL_TYPES,
+    ENCODER_MODEL_TYPES,
+    POSITION_OFFSET_MODEL_TYPES,
+    RECURRENT_MODEL_TYPES,
+    model_kind,
+    read_config_json,
+    read_json_file,
+)
 from score_batch.engine.model_source import check_weight_files
 
 log = logging.getLogger(__name__)
-
-ENCODER_MODEL_TYPES = {
-    "bert",
-    "roberta",
-    "xlm-roberta",
-    "modernbert",
-    "deberta",
-    "deberta-v2",
-    "distilbert",
-    "electra",
-    "albert",
-    "camembert",
-    "mpnet",
-}
-ENCODER_DECODER_MODEL_TYPES = {"t5", "bart", "mt5", "umt5", "mbart", "pegasus"}
-# Position ids of RoBERTa-style models start after the padding index, so two positions are unusable.
-POSITION_OFFSET_MODEL_TYPES = {"roberta", "xlm-roberta", "camembert"}
-RECURRENT_MODEL_TYPES = {
-    "mamba",
-    "mamba2",
-    "rwkv",
-    "jamba",
-    "falcon_h1",
-    "falcon_mamba",
-    "qwen3_next",
-    "recurrent_gemma",
-    "zamba",
-    "zamba2",
-    "bamba",
-    "lfm2",
-    "granitemoehybrid",
-    "nemotron_h",
-    "minimax",
-    "xlstm",
-}
-ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
 @dataclass(frozen=True)
@@ -82,60 +55,24 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     from transformers import AutoConfig
 
     path = Path(path)
-    if not path.is_dir():
-        raise ScoringInputError(
-            f"model directory {str(path)!r} does not exist (give a local Hugging Face model directory)"
-        )
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ScoringInputError(f"{str(path)!r} has no config.json; it is not a Hugging Face model directory")
-    raw = read_json_file(config_file, "a JSON object of model settings")
-    if raw.get("auto_map") and not trust_remote_code:
-        raise SettingError(
-            "EngineConfig.trust_remote_code",
-            trust_remote_code,
-            f"refuses model {str(path)!r}: it needs custom code (auto_map in config.json); set it to True if you "
-            "trust that code",
-        )
+    read_config_json(path, trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     except (ValueError, KeyError, OSError) as error:
         raise ScoringInputError(f"cannot read the config of {str(path)!r}: {error}") from error
-    architecture = (config.architectures or ["?"])[0]
-    if architecture.endswith("ForCausalLM"):
-        kind = "causal"
-    elif architecture.endswith("ForSequenceClassification"):
-        kind = "classifier"
-    else:
-        raise ScoringInputError(
-            f"model {str(path)!r} is a {architecture}; score-batch scores *ForCausalLM and *ForSequenceClassification models"
-        )
-    model_type = config.model_type
-    where = f"model {str(path)!r} ({model_type})"
-    if model_type in ENCODER_DECODER_MODEL_TYPES or getattr(config, "is_encoder_decoder", False):
-        raise ScoringInputError(f"{where} is an encoder-decoder model, which score-batch does not run")
-    encoder = model_type in ENCODER_MODEL_TYPES
-    if encoder and kind != "classifier":
-        raise ScoringInputError(
-            f"{where} is a bidirectional encoder; score-batch runs encoders only as *ForSequenceClassification "
-            "cross-encoders"
-        )
     text_config = config.get_text_config()
+    shape = model_kind(
+        path,
+        (config.architectures or ["?"])[0],
+        config.model_type,
+        set(getattr(text_config, "layer_types", None) or []),
+        getattr(config, "is_encoder_decoder", False),
+    )
+    architecture, model_type, kind, encoder = shape.architecture, shape.model_type, shape.kind, shape.encoder
     heads = getattr(text_config, "num_attention_heads", None)  # absent in purely recurrent models
     head_dim = getattr(text_config, "head_dim", None) or (text_config.hidden_size // heads if heads else 0)
     layer_types = set(getattr(text_config, "layer_types", None) or [])
-    recurrent = model_type in RECURRENT_MODEL_TYPES or bool(layer_types - ATTENTION_LAYER_TYPES)
-    refusal = None
-    if encoder:
-        refusal = (
-            f"{where} is a bidirectional encoder: every token sees every other, so items cannot share a "
-            "packed sequence; it runs unpacked, one (query, item) pair per row (ScoringConfig.packing='single' or 'auto')"
-        )
-    elif recurrent:
-        refusal = (
-            f"{where} has recurrent or linear-attention layers whose state would leak from one packed item "
-            "into the next; run it with ScoringConfig.packing='single' (or 'auto')"
-        )
+    recurrent, refusal = shape.isolate_sequences, shape.mis_refusal
     max_positions = getattr(text_config, "max_position_embeddings", None)
     if max_positions and model_type in POSITION_OFFSET_MODEL_TYPES:
         max_positions -= 2
@@ -207,22 +144,6 @@ TOKENIZER_JSON_FILES = (
     "special_tokens_map.json",
     "added_tokens.json",
 )
-
-
-def read_json_file(file: Path, what: str) -> dict:
-    """Parse a JSON object file of a model directory; a truncated or invalid one is a ScoringInputError naming it."""
-    where = f"{file.name} in {str(file.parent)!r}"
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ScoringInputError(f"{where} cannot be read: {error}") from None
-    try:
-        value = json.loads(text)
-    except ValueError as error:
-        raise ScoringInputError(f"{where} is truncated or not valid JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise ScoringInputError(f"{where} is not {what} (it holds a JSON {type(value).__name__})")
-    return value
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):

@@ -88,12 +88,12 @@ def make_pair_batches(groups: list[PairGroup], max_batch_tokens: int, pad_id: in
         width = pairs[start][0]  # the longest row of the batch sets its width
         rows = max(1, max_batch_tokens // max(width, 1))
         chunk = pairs[start : start + rows]
-        batches.append(_pad([ref for _, ref in chunk], groups, width, pad_id))
+        batches.append(pad_pairs([ref for _, ref in chunk], groups, width, pad_id))
         start += len(chunk)
     return batches
 
 
-def _pad(refs: list[ItemRef], groups: list[PairGroup], width: int, pad_id: int) -> PairBatch:
+def pad_pairs(refs: list[ItemRef], groups: list[PairGroup], width: int, pad_id: int) -> PairBatch:
     """Right-pad the pairs of refs to width."""
     input_ids = np.full((len(refs), width), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(refs), width), dtype=np.int64)

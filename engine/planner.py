@@ -22,7 +22,7 @@ class PlanLimits:
     delimiter_token_id: int
     vocab_size: int
     isolate_sequences: bool = False
-    pair_max_length: int | None = None  # set for encoder cross-encoders: pairs run unpacked and padded
+    pair_max_length: int | None = None  # encoder cross-encoders: the longest (query, item) pair
     pad_token_id: int = 0
     # The model's position limit (max_position_embeddings) for decoders: every reference sequence
     # (query + item) must fit it; None when the model has no such limit (encoders use pair_max_length).
@@ -43,71 +43,90 @@ class PlanStats:
 
 
 @dataclass
-class WorkPlan:
-    """Everything decided before the forward passes of one call."""
+class PackedPlan:
+    """Everything decided before the forward passes of one call, for packed (decoder) scoring."""
 
-    tokenized: list[TokenizedGroup] | list[PairGroup]
-    batches: list[Batch] | list[PairBatch]
+    tokenized: list[TokenizedGroup]
+    batches: list[Batch]
+    stats: PlanStats = field(default_factory=PlanStats)
+
+
+@dataclass
+class PairPlan:
+    """Everything decided before the forward passes of one call, for unpacked encoder pairs."""
+
+    tokenized: list[PairGroup]  # the encoded pairs of each group (named as PackedPlan's for callers)
+    batches: list[PairBatch]
     stats: PlanStats = field(default_factory=PlanStats)
 
 
 @dataclass(frozen=True)
-class Planner:
-    """Plans calls for one tokenizer, scoring config and limits (no model needed: dry runs use it)."""
+class PackedPlanner:
+    """Plans packed calls for one tokenizer, scoring config and limits (no model needed: dry runs use it)."""
 
     tokenizer: object
     cfg: ScoringConfig
     limits: PlanLimits
 
-    def plan(self, groups: list[Group]) -> WorkPlan:
-        """Tokenize, pack and batch groups."""
-        return plan_work(groups, self.tokenizer, self.cfg, self.limits)
+    def plan(self, groups: list[Group]) -> PackedPlan:
+        """Tokenize, pack (MIS or single) and batch the groups of one call."""
+        cfg, limits = self.cfg, self.limits
+        tokenized = [
+            tokenize_group(
+                g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions
+            )
+            for g in groups
+        ]
+        packs: list[Pack] = []
+        for group_index, group in enumerate(tokenized):
+            packs.extend(_group_packs(group_index, group, cfg, limits))
+        budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
+        batches = make_batches(packs, budget)
+        stats = PlanStats(
+            groups=len(groups),
+            items=sum(len(g.item_ids) for g in tokenized),
+            failed_items=sum(e is not None for g in tokenized for e in g.errors),
+            packs=len(packs),
+            batches=len(batches),
+            packed_tokens=sum(len(p) for p in packs),
+            pairwise_tokens=sum(
+                len(g.reference_sequence(i))
+                for g in tokenized
+                for i, ids in enumerate(g.item_ids)
+                if ids is not None
+            ),
+        )
+        return PackedPlan(tokenized=tokenized, batches=batches, stats=stats)
 
 
-def plan_work(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLimits) -> WorkPlan:
-    """Tokenize, pack (MIS or single) and batch the groups of one call."""
-    if limits.pair_max_length is not None:
-        return _plan_pairs(groups, tokenizer, cfg, limits)
-    tokenized = [
-        tokenize_group(g, tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions)
-        for g in groups
-    ]
-    packs: list[Pack] = []
-    for group_index, group in enumerate(tokenized):
-        packs.extend(_group_packs(group_index, group, cfg, limits))
-    budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
-    batches = make_batches(packs, budget)
-    stats = PlanStats(
-        groups=len(groups),
-        items=sum(len(g.item_ids) for g in tokenized),
-        failed_items=sum(e is not None for g in tokenized for e in g.errors),
-        packs=len(packs),
-        batches=len(batches),
-        packed_tokens=sum(len(p) for p in packs),
-        pairwise_tokens=sum(
-            len(g.reference_sequence(i))
-            for g in tokenized
-            for i, ids in enumerate(g.item_ids)
-            if ids is not None
-        ),
-    )
-    return WorkPlan(tokenized=tokenized, batches=batches, stats=stats)
+@dataclass(frozen=True)
+class PairPlanner:
+    """Plans encoder cross-encoder calls: (query, item) pairs, padded and batched (no packing)."""
+
+    tokenizer: object
+    cfg: ScoringConfig
+    limits: PlanLimits
+
+    def plan(self, groups: list[Group]) -> PairPlan:
+        """Encode (query, item) pairs and batch them padded."""
+        limits = self.limits
+        encoded = [encode_pairs(g, self.tokenizer, self.cfg, limits.pair_max_length) for g in groups]
+        batches = make_pair_batches(encoded, limits.max_batch_tokens, limits.pad_token_id)
+        stats = PlanStats(
+            groups=len(groups),
+            items=sum(len(g.item_ids) for g in encoded),
+            failed_items=sum(e is not None for g in encoded for e in g.errors),
+            packs=sum(len(b.item_refs) for b in batches),
+            batches=len(batches),
+            packed_tokens=sum(b.num_tokens for b in batches),
+            pairwise_tokens=sum(len(ids) for g in encoded for ids in g.item_ids if ids is not None),
+        )
+        return PairPlan(tokenized=encoded, batches=batches, stats=stats)
 
 
-def _plan_pairs(groups: list[Group], tokenizer, cfg: ScoringConfig, limits: PlanLimits) -> WorkPlan:
-    """Encode (query, item) pairs and batch them padded, for encoder cross-encoders."""
-    encoded = [encode_pairs(g, tokenizer, cfg, limits.pair_max_length) for g in groups]
-    batches = make_pair_batches(encoded, limits.max_batch_tokens, limits.pad_token_id)
-    stats = PlanStats(
-        groups=len(groups),
-        items=sum(len(g.item_ids) for g in encoded),
-        failed_items=sum(e is not None for g in encoded for e in g.errors),
-        packs=sum(len(b.item_refs) for b in batches),
-        batches=len(batches),
-        packed_tokens=sum(b.num_tokens for b in batches),
-        pairwise_tokens=sum(len(ids) for g in encoded for ids in g.item_ids if ids is not None),
-    )
-    return WorkPlan(tokenized=encoded, batches=batches, stats=stats)
+# Names for callers that hold either kind (the job layer); the engine picks one kind at load.
+Planner = PackedPlanner | PairPlanner
+WorkPlan = PackedPlan | PairPlan
 
 
 def _group_packs(

@@ -72,6 +72,8 @@ def _typed(source: str, key: str, value: Any) -> Any:
 def _matches(value: Any, expected: Any) -> bool:
     """True when a JSON value fits a type annotation (bool is never an int here)."""
     origin = typing.get_origin(expected)
+    if origin is typing.Literal:
+        return isinstance(value, str) and value in typing.get_args(expected)
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, option) for option in typing.get_args(expected))
     if expected is type(None):
@@ -87,6 +89,8 @@ def _matches(value: Any, expected: Any) -> bool:
 def _describe(expected: Any) -> str:
     """A type annotation in JSON words."""
     origin = typing.get_origin(expected)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(json.dumps(choice) for choice in typing.get_args(expected))
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(option) for option in typing.get_args(expected))
     if origin is tuple:
@@ -167,7 +171,9 @@ def checked_overrides(overrides: dict) -> dict:
         if value is None:
             continue
         as_json = list(value) if isinstance(value, tuple) else value
-        if not _matches(as_json, FIELD_TYPES[key]):
+        if typing.get_origin(FIELD_TYPES[key]) is typing.Literal and isinstance(value, str):
+            pass  # ScoringConfig itself names the choices
+        elif not _matches(as_json, FIELD_TYPES[key]):
             raise SettingError(f"ScoringConfig.{key}", value, f"must be {_describe_python(FIELD_TYPES[key])}")
         checked[key] = tuple(value) if isinstance(value, list | tuple) else value
     return checked
@@ -176,6 +182,8 @@ def checked_overrides(overrides: dict) -> dict:
 def _describe_python(expected: Any) -> str:
     """A type annotation in Python words (a tuple field accepts a list or a tuple)."""
     origin = typing.get_origin(expected)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(expected))
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe_python(option) for option in typing.get_args(expected))
     if origin is tuple:

@@ -1,7 +1,9 @@
-"""The engine's public entry point: load once, then score groups with prefill-only forwards.
+"""The public facade: load a model once, then score groups, or `predict`/`rank` pairs as CrossEncoder does.
 
-`Scorer.from_pretrained` resolves scoring profiles as the command line does; `predict`, `rank` and `rank_many`
-are the pair-level API (CrossEncoder style) over `score`, which takes `Group`s.
+`Scorer(model, device=...)` resolves scoring profiles as the command line does; `predict` and `rank` follow
+sentence-transformers' CrossEncoder (shapes, types, activations, dict keys) over `score`, which takes `Group`s.
+The work happens in a runner chosen once at load: packed decoders (engine/packed_runner.py) or encoder pairs
+(engine/pair_runner.py).
 """
 
 from __future__ import annotations
@@ -9,189 +11,76 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
-from score_batch.engine.attention import PLAN_KWARG
-from score_batch.engine.attention.base import Workload
-from score_batch.engine.attention.registry import make_backend, select_backend
-from score_batch.engine.batching import Batch
-from score_batch.engine.compiled import OpaquePlan, compile_backbone
-from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.engine.activation import ResolvedActivation, model_activation_fn
+from score_batch.engine.config import EngineConfig
+from score_batch.engine.crossencoder import (
+    Text,
+    ce_default_activation_fn,
+    ce_outputs,
+    is_singular_input,
+    pair_of,
+    ranking_group,
+)
 from score_batch.engine.errors import ScoringInputError, SettingError
-from score_batch.engine.heads import classifier_scores, label_scores, pooled_vectors
 from score_batch.engine.model_source import resolve_model_dir
-from score_batch.engine.models import LoadedModel, ModelInfo, load_model, load_tokenizer, read_model_info
-from score_batch.engine.pairs import PairBatch
-from score_batch.engine.planner import PlanLimits, Planner, WorkPlan, default_delimiter, resolve_label_ids
+from score_batch.engine.models import load_model
+from score_batch.engine.packed_runner import PackedRunner
+from score_batch.engine.pair_runner import PairRunner
+from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.profiles import Profile, resolve_scoring
-from score_batch.engine.ranking import top_k_order
+from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers of the old module
+    DEFAULT_BATCH_TOKENS,
+    ResolvedSetup,
+    load_planner,
+    resolve_device,
+    resolve_dtype,
+    resolve_packing,
+    resolve_setup,
+)
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_TOKENS = {"cpu": 4096, "cuda": 65536}  # cpu: see docs/scaling_batch-tokens.png
-Text = str | list[int]  # a query or an item: text, or token ids used as given
 _ITEM_NUMBER = re.compile(
     r"\bitem \d+\b"
 )  # the item's index inside an internal group means nothing to the caller
-
-
-@dataclass(frozen=True)
-class ResolvedSetup:
-    """Everything resolved from an EngineConfig and a model directory before weights load."""
-
-    info: ModelInfo
-    device: torch.device
-    dtype: torch.dtype
-    backend: str
-    limits: PlanLimits
-    label_ids: tuple[int, ...]
-    num_scores: int
-    packing: str  # "mis" or "single", resolved from "auto"
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' → cuda when available, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise SettingError("EngineConfig.device", name, "needs a CUDA device, and none is available")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' → bfloat16 on CUDA, float32 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
-def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> str:
-    """'auto' → mis when the model allows it, else single; an explicit mis on such a model is refused."""
-    if cfg.packing == "mis" and info.mis_refusal and (info.encoder or not cfg.item_first):
-        raise SettingError("ScoringConfig.packing", cfg.packing, f"does not apply: {info.mis_refusal}")
-    if cfg.packing == "auto":
-        return "single" if info.mis_refusal else "mis"
-    return cfg.packing
-
-
-def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig) -> int | None:
-    """The longest encoder pair (None for decoders), refusing limits that only packing knows."""
-    if not info.encoder:
-        return None
-    packing_only = {
-        "max_query_tokens": cfg.max_query_tokens is not None,
-        "max_item_tokens": cfg.max_item_tokens is not None,
-        "truncate": cfg.truncate == "query-head",
-    }
-    for name, given in packing_only.items():
-        if given:
-            raise SettingError(
-                f"ScoringConfig.{name}",
-                getattr(cfg, name),
-                "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
-                "limited per (query, item) pair by its own maximum length (use ScoringConfig.truncate='item-tail')",
-            )
-    return min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
-
-
-def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
-    """Check the model against the config and resolve devices, budgets, packing and labels."""
-    cfg = config.scoring
-    packing = resolve_packing(info, cfg)
-    device = resolve_device(config.device)
-    label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
-    if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
-        log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
-    num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
-    if cfg.apply_softmax and num_scores == 1:
-        remedy = (
-            "use apply_softmax=False for the label token's probability, or give two labels (e.g. ' no', ' yes')"
-            if info.kind == "causal"
-            else "this classifier has num_labels=1: use apply_softmax=False for its raw logit"
-        )
-        raise SettingError(
-            "ScoringConfig.apply_softmax",
-            cfg.apply_softmax,
-            f"makes every score 1.0 with a single score per item (a softmax over one value); {remedy}",
-        )
-    if not -num_scores <= cfg.score_index < num_scores:
-        raise SettingError(
-            "ScoringConfig.score_index", cfg.score_index, f"is out of range for {num_scores} scores per item"
-        )
-    limits = PlanLimits(
-        max_pack_tokens=config.max_pack_tokens,
-        max_batch_tokens=config.max_batch_tokens or DEFAULT_BATCH_TOKENS[device.type],
-        delimiter_token_id=default_delimiter(cfg.delimiter_token_id, tokenizer, info.vocab_size),
-        vocab_size=info.vocab_size,
-        isolate_sequences=info.isolate_sequences,
-        pair_max_length=_pair_max_length(info, cfg, config),
-        pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
-        max_positions=None if info.encoder else info.max_length,
-    )
-    dtype = resolve_dtype(config.dtype, device)
-    if config.compile and info.encoder:
-        raise SettingError(
-            "EngineConfig.compile",
-            config.compile,
-            f"does not apply to {info.architecture}: only decoder layers are compiled, and an encoder "
-            "cross-encoder runs its own attention over padded pairs",
-        )
-    if info.encoder:
-        backend = "hf"  # the model's own attention over padded pairs
-    else:
-        need = Workload(
-            device=device.type,
-            dtype=dtype,
-            head_dim=info.head_dim,
-            softcap=info.attention_softcap is not None,
-            sliding_window=info.sliding_window is not None,
-            max_pack_tokens=config.max_pack_tokens,
-        )
-        backend = select_backend(config.backend, need)
-    return ResolvedSetup(info, device, dtype, backend, limits, label_ids, num_scores, packing)
-
-
-def load_planner(model_dir, config: EngineConfig) -> tuple[Planner, ResolvedSetup]:
-    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights."""
-    model_dir = resolve_model_dir(model_dir)
-    info = read_model_info(model_dir, config.trust_remote_code)
-    tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-    setup = resolve_setup(info, config, tokenizer)
-    return Planner(tokenizer, replace(config.scoring, packing=setup.packing), setup.limits), setup
+Runner = PackedRunner | PairRunner
 
 
 class Scorer:
-    """Scores groups of (query, items) with one loaded model; safe to call repeatedly."""
+    """Scores (query, item) pairs with one loaded model; safe to call repeatedly.
+
+    Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI
+    does (see from_pretrained); keyword arguments named like ScoringConfig's fields override the profile.
+    """
 
     def __init__(
-        self, model: LoadedModel, planner: Planner, config: EngineConfig, setup: ResolvedSetup
+        self,
+        model_name_or_path: str | Path,
+        device: str | None = None,
+        *,
+        config: EngineConfig | None = None,
+        profile: str | None = None,
+        **scoring_overrides,
     ) -> None:
-        self.model = model
-        self.planner = planner
-        self.tokenizer = planner.tokenizer
-        self.config = config
-        self.setup = setup
-        self.backend = None if setup.info.encoder else make_backend(setup.backend, setup.device)
-        self._label_ids = torch.tensor(setup.label_ids, dtype=torch.long, device=setup.device)
-        self.compiled: list[str] = []  # the backbone modules torch.compile runs (EngineConfig.compile)
-        if config.compile:
-            self.compiled = compile_backbone(model.backbone)
-            if not self.compiled:
-                raise SettingError(
-                    "EngineConfig.compile",
-                    config.compile,
-                    f"finds no decoder layers with norms, MLPs or attention modules in {setup.info.architecture}",
-                )
-            log.info(
-                "compiling %d modules of %s (norms, MLPs, attention around the kernel); token count dynamic",
-                len(self.compiled),
-                setup.info.architecture,
-            )
-        self.profile: Profile | None = None  # the scoring profile from_pretrained applied, if any
+        config = config or EngineConfig()
+        if device is not None:
+            config = replace(config, device=_device_name(device))
+        model_dir = resolve_model_dir(model_name_or_path)
+        scoring, chosen = resolve_scoring(
+            str(model_name_or_path), model_dir, config.scoring, profile, scoring_overrides
+        )
+        if chosen is not None:
+            log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
+        self._attach(
+            _load_runner(model_dir, replace(config, scoring=scoring)), replace(config, scoring=scoring)
+        )
+        self.profile: Profile | None = chosen  # the scoring profile applied, if any
 
     @classmethod
     def from_pretrained(
@@ -211,34 +100,71 @@ class Scorer:
         A config whose `scoring` is not the default ScoringConfig() is taken as given: no profile is looked up
         (keyword overrides still apply, and `profile` with it is an error). `Scorer.load` skips profiles always.
         """
-        config = config or EngineConfig()
-        model_dir = resolve_model_dir(model)
-        scoring, chosen = resolve_scoring(str(model), model_dir, config.scoring, profile, scoring_overrides)
-        if chosen is not None:
-            log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
-        scorer = cls.load(model_dir, replace(config, scoring=scoring))
-        scorer.profile = chosen
-        return scorer
+        return cls(model, config=config, profile=profile, **scoring_overrides)
 
     @classmethod
     def load(cls, model: str | Path, config: EngineConfig) -> Scorer:
         """Load a model directory or a cached hub id with exactly `config` (no profile is looked up)."""
-        planner, setup = load_planner(model, config)
-        loaded = load_model(
-            setup.info, setup.dtype, setup.device, config.trust_remote_code, config.allow_pickle
-        )
-        log.info(
-            "loaded %s on %s (%s, backend %s)",
-            setup.info.architecture,
-            setup.device,
-            setup.dtype,
-            setup.backend,
-        )
-        return cls(loaded, planner, config, setup)
+        scorer = cls.__new__(cls)
+        scorer._attach(_load_runner(model, config), config)
+        scorer.profile = None
+        return scorer
+
+    def _attach(self, runner: Runner, config: EngineConfig) -> None:
+        """Hold the runner chosen at load."""
+        self._runner = runner
+        self.config = config
+
+    # --- what was loaded ----------------------------------------------------------------------------
+
+    @property
+    def setup(self) -> ResolvedSetup:
+        """Everything resolved at load (device, dtype, backend, limits, labels, activation, runner kind)."""
+        return self._runner.setup
+
+    @property
+    def activation(self) -> ResolvedActivation:
+        """The activation of the `score` column and why it was chosen."""
+        return self._runner.setup.activation
+
+    @property
+    def planner(self) -> Planner:
+        """The tokenizer, scoring settings and limits that plan calls (no model needed)."""
+        return self._runner.planner
+
+    @planner.setter
+    def planner(self, planner: Planner) -> None:
+        self._runner.planner = planner
+
+    @property
+    def tokenizer(self):
+        """The model's tokenizer."""
+        return self._runner.planner.tokenizer
+
+    @property
+    def model(self):
+        """The loaded model (LoadedModel: the whole module, its backbone and its head)."""
+        return self._runner.model
+
+    @property
+    def backend(self):
+        """The attention backend of a packed decoder; None for an encoder (its own attention)."""
+        return self._runner.backend
+
+    @property
+    def compiled(self) -> list[str]:
+        """The backbone modules torch.compile runs (EngineConfig.compile)."""
+        return self._runner.compiled
+
+    # --- groups --------------------------------------------------------------------------------------
 
     def plan(self, groups: Sequence[Group]) -> WorkPlan:
         """Tokenize, pack and batch groups without running the model."""
-        return self.planner.plan(list(groups))
+        return self._runner.plan(list(groups))
+
+    def run(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
+        """Run a plan's batches and assemble per-group results in input order."""
+        return self._runner.run(plan, on_items)
 
     def score(
         self, groups: Sequence[Group], on_items: Callable[[int], None] | None = None
@@ -246,219 +172,241 @@ class Scorer:
         """Score every item of every group; failed items carry NaN scores and an error."""
         return self.run(self.plan(groups), on_items)
 
+    # --- CrossEncoder-compatible pairs ---------------------------------------------------------------
+
     def predict(
         self,
-        pairs: Sequence[tuple[Text, Text]],
+        inputs,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        apply_softmax: bool | None = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device=None,
+        pool=None,
+        chunk_size: int | None = None,
+        *,
         batch_size_hint: int | None = None,
         return_errors: bool = False,
-    ) -> np.ndarray | tuple[np.ndarray, list[str | None]]:
-        """The `score` of each (query, item) pair, float32 in input order; NaN where an item failed.
+    ):
+        """CrossEncoder.predict: the score of each (query, item) pair, in input order.
 
-        Pairs with the same query (equal text, or equal token ids) are scored as one group, so the query is
-        computed once (multi-item scoring) wherever the pairs sit in the input. batch_size_hint: at most about
-        this many pairs are planned and scored at a time (whole groups; a bigger group runs alone); None = all.
-        return_errors=True also returns, per pair, None or why it was not scored.
+        Returns a float32 array of shape (n,) for one-label models and (n, labels) otherwise; a scalar (or a
+        (labels,) row) for one pair given as a single (query, item); a tensor with convert_to_tensor; a list of
+        tensors with convert_to_numpy=False. activation_fn (a callable on the logits tensor) defaults to the
+        model's CrossEncoder activation (its config's activation_fn, else a sigmoid for one label, else none),
+        or to ScoringConfig.activation when that is set. Pairs with the same query are scored as one group
+        (multi-item scoring). batch_size, device, pool and chunk_size only tune CrossEncoder's own batching
+        and are accepted and ignored (ours plans by tokens); batch_size_hint: at most about this many pairs
+        planned at a time. Failed pairs are NaN (return_errors=True also returns the reason per pair).
         """
-        pairs = list(pairs)
-        groups: dict[object, tuple[Text, list[Text], list[int]]] = {}
-        for index, pair in enumerate(pairs):
-            query, item = _pair(pair, index)
-            key = query if isinstance(query, str) else ("ids", tuple(query))
-            _, items, positions = groups.setdefault(key, (query, [], []))
-            items.append(item)
-            positions.append(index)
-        scores = np.full(len(pairs), np.nan, np.float32)
-        errors: list[str | None] = [None] * len(pairs)
-        ordered = list(groups.values())
-        results = self._score_chunked([Group(q, items) for q, items, _ in ordered], batch_size_hint)
-        for (_, _, positions), result in zip(ordered, results):
-            scores[positions] = result.score
-            for position, error in zip(positions, result.errors):
-                if error is not None:
-                    errors[position] = f"pairs[{position}]: {_ITEM_NUMBER.sub('item', error)}"
-        _warn_failed(errors)
-        return (scores, errors) if return_errors else scores
+        _refuse_prompts(prompt_name, prompt)
+        _check_batch_size(batch_size)
+        singular = is_singular_input(inputs)
+        pairs = (
+            [inputs] if singular else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
+        )
+        raw, _, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar)
+        fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        result = ce_outputs(
+            raw, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, self.setup.device, singular
+        )
+        return (result, errors) if return_errors else result
 
     def rank(
-        self, query: Text, items: Sequence[Text], top_k: int | None = None, return_items: bool = False
+        self,
+        query: Text,
+        documents: Sequence[Text],
+        top_k: int | None = None,
+        return_documents: bool = False,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        apply_softmax: bool | None = None,
+        convert_to_numpy: bool | None = None,
+        convert_to_tensor: bool | None = None,
+        device=None,
+        pool=None,
+        chunk_size: int | None = None,
     ) -> list[dict]:
-        """Items sorted best first, as {"corpus_id": index in items, "score": float} (+ "text" with return_items).
+        """CrossEncoder.rank: documents sorted best first as {"corpus_id", "score"} (+ "text" with return_documents).
 
-        Equal scores keep input order; top_k keeps the best top_k; items that failed (see `predict`) are left out.
+        Scores are predict's (the model's CrossEncoder activation, or activation_fn) for one-label models;
+        a multi-label head (which CrossEncoder refuses) ranks by the `score` column (the activated score_index
+        class), or by activation_fn's score_index column when given. Equal scores keep input order; top_k keeps
+        the best top_k; documents that failed are left out. apply_softmax, convert_to_numpy and
+        convert_to_tensor have no effect, as in CrossEncoder.
         """
-        return self.rank_many([(query, items)], top_k=top_k, return_items=return_items)[0]
+        return self.rank_many(
+            [(query, documents)],
+            top_k=top_k,
+            return_documents=return_documents,
+            activation_fn=activation_fn,
+            show_progress_bar=show_progress_bar,
+            _prompts=(prompt_name, prompt),
+            _batch_size=batch_size,
+        )[0]
 
     def rank_many(
         self,
-        queries_and_items: Sequence[tuple[Text, Sequence[Text]]],
+        queries_and_documents: Sequence[tuple[Text, Sequence[Text]]],
         top_k: int | None = None,
-        return_items: bool = False,
+        return_documents: bool = False,
         batch_size_hint: int | None = None,
+        activation_fn: Callable | None = None,
+        show_progress_bar: bool | None = None,
+        _prompts: tuple[str | None, str | None] = (None, None),
+        _batch_size: int = 32,
     ) -> list[list[dict]]:
-        """`rank` for many queries at once (batched together): one sorted list of records per (query, items)."""
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise ScoringInputError(f"top_k must be a positive integer or None, got {top_k!r}")
-        groups = [_ranking_group(entry, index) for index, entry in enumerate(queries_and_items)]
-        results = self._score_chunked(groups, batch_size_hint)
+        """`rank` for many queries at once (scored together): one sorted list of records per (query, documents)."""
+        _refuse_prompts(*_prompts)
+        _check_batch_size(_batch_size)
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+            raise ScoringInputError(f"top_k must be a non-negative integer or None, got {top_k!r}")
+        groups = [ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
+        results = self._score_chunked(groups, batch_size_hint, show_progress_bar)
         rankings = []
         errors: list[str | None] = []
         for number, (group, result) in enumerate(zip(groups, results)):
-            order = top_k_order(result.score.tolist(), top_k)
-            rankings.append(
-                [
-                    {"corpus_id": i, "score": float(result.score[i])}
-                    | ({"text": group.items[i]} if return_items else {})
-                    for i in order
-                ]
-            )
+            values = self._ranking_scores(result, activation_fn)
+            records = [
+                {"corpus_id": i, "score": values[i]} | ({"text": group.items[i]} if return_documents else {})
+                for i in range(len(group.items))
+                if not np.isnan(values[i])
+            ]
+            rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
             errors.extend(
-                None if e is None else f"queries_and_items[{number}]: {_ITEM_NUMBER.sub('item', e)}"
-                for e in result.errors
+                None if e is None else f"queries_and_documents[{number}]: {_ITEM_NUMBER.sub('item', e)}"
+                for e in result.failures
             )
         _warn_failed(errors)
         return rankings
 
-    def _score_chunked(self, groups: list[Group], batch_size_hint: int | None) -> list[GroupResult]:
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def _ranking_scores(self, result: GroupResult, activation_fn: Callable | None) -> list[float]:
+        """The values rank sorts by (module doc of rank), as Python floats of float32 values."""
+        raw = result.raw if result.raw is not None else result.scores
+        one_label = raw.ndim == 2 and raw.shape[1] == 1
+        if activation_fn is None and not one_label:
+            return result.score.tolist()
+        fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        values = fn(torch.from_numpy(np.ascontiguousarray(raw, np.float32)))  # [n, labels]
+        column = values[:, 0] if one_label else values[:, self.config.scoring.score_index]
+        return column.float().tolist()
+
+    def _default_activation_fn(self) -> Callable:
+        """CrossEncoder's default activation for this model, or ScoringConfig.activation when set explicitly."""
+        return ce_default_activation_fn(
+            self.config.scoring.activation,
+            self.setup.info.kind,
+            self.setup.num_scores,
+            model_activation_fn(self.setup.info.path),
+        )
+
+    def _score_pairs(
+        self, pairs: list, batch_size_hint: int | None, show_progress_bar: bool | None
+    ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query."""
+        groups: dict[object, tuple[Text, list[Text], list[int]]] = {}
+        for index, pair in enumerate(pairs):
+            query, item = pair_of(pair, index)
+            key = query if isinstance(query, str) else ("ids", tuple(query))
+            _, items, positions = groups.setdefault(key, (query, [], []))
+            items.append(item)
+            positions.append(index)
+        raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
+        score = np.full(len(pairs), np.nan, np.float32)
+        errors: list[str | None] = [None] * len(pairs)
+        ordered = list(groups.values())
+        results = self._score_chunked(
+            [Group(q, items) for q, items, _ in ordered], batch_size_hint, show_progress_bar
+        )
+        for (_, _, positions), result in zip(ordered, results):
+            raw[positions] = result.raw if result.raw is not None else result.scores
+            score[positions] = result.score
+            for position, error in zip(positions, result.failures):
+                if error is not None:
+                    errors[position] = f"pairs[{position}]: {_ITEM_NUMBER.sub('item', error)}"
+        _warn_failed(errors)
+        return raw, score, errors
+
+    def _score_chunked(
+        self, groups: list[Group], batch_size_hint: int | None, show_progress_bar: bool | None = None
+    ) -> list[GroupResult]:
         """score() over runs of whole groups of about batch_size_hint items each (None: all at once)."""
-        if batch_size_hint is None:
-            return self.score(groups)
-        if isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1:
+        if batch_size_hint is not None and (
+            isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
+        ):
             raise ScoringInputError(
                 f"batch_size_hint must be a positive integer or None, got {batch_size_hint!r}"
             )
-        results: list[GroupResult] = []
-        chunk: list[Group] = []
+        chunks: list[list[Group]] = [[]]
         size = 0
         for group in groups:
-            if chunk and size + len(group.items) > batch_size_hint:
-                results.extend(self.score(chunk))
-                chunk, size = [], 0
-            chunk.append(group)
+            if chunks[-1] and batch_size_hint is not None and size + len(group.items) > batch_size_hint:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(group)
             size += len(group.items)
-        if chunk:
-            results.extend(self.score(chunk))
-        return results
-
-    def run(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
-        """Run a plan's batches and assemble per-group results in input order."""
-        cfg = self.config.scoring
-        hidden = self.setup.info.hidden_size
-        scores = [
-            np.full((len(g.item_ids), self.setup.num_scores), np.nan, np.float32) for g in plan.tokenized
-        ]
-        pooled = [
-            np.full((len(g.item_ids), hidden), np.nan, np.float32) if cfg.pooled_hidden_states else None
-            for g in plan.tokenized
-        ]
-        with torch.inference_mode():
-            for batch in plan.batches:
-                batch_scores, batch_pooled = self._run_batch(batch)
-                for row, ref in enumerate(batch.item_refs):
-                    scores[ref.group][ref.item] = batch_scores[row]
-                    if batch_pooled is not None:
-                        pooled[ref.group][ref.item] = batch_pooled[row]
-                if on_items is not None:
-                    on_items(len(batch.item_refs))
-        return [
-            GroupResult(
-                scores=s,
-                score=s[:, cfg.score_index].copy() if s.shape[0] else np.zeros(0, np.float32),
-                pooled=p,
-                errors=list(g.errors),
-            )
-            for s, p, g in zip(scores, pooled, plan.tokenized)
-        ]
-
-    def _run_batch(self, batch: Batch | PairBatch) -> tuple[np.ndarray, np.ndarray | None]:
-        """One prefill-only forward over a ragged batch; heads run on the score rows only."""
-        if isinstance(batch, PairBatch):
-            return self._run_pairs(batch)
-        device = self.setup.device
-        input_ids = torch.from_numpy(batch.token_ids).to(device, non_blocking=True)[None]  # [1, num_tokens]
-        position_ids = torch.from_numpy(batch.positions).to(device, non_blocking=True)[
-            None
-        ]  # [1, num_tokens]
-        score_rows = torch.from_numpy(batch.score_rows).to(device, non_blocking=True)  # [num_items]
-        plan = self.backend.plan(batch, device)
-        if self.compiled:
-            plan = OpaquePlan(plan)  # compiled attention modules break their graph at attend, untraced
-        output = self.model.backbone(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False, **{PLAN_KWARG: plan}
-        )
-        rows = output.last_hidden_state[0, score_rows]  # [num_items, hidden]
-        cfg = self.config.scoring
-        head = self.model.head
-        if self.setup.info.kind == "causal":
-            scores = label_scores(
-                rows,
-                head.weight,
-                head.bias,
-                self._label_ids,
-                cfg.apply_softmax,
-                self.model.final_logit_softcap,
-            )  # [num_items, num_labels]
-        else:
-            scores = classifier_scores(head(rows), cfg.apply_softmax)  # [num_items, num_labels]
-        pooled = pooled_vectors(rows, cfg.normalize).cpu().numpy() if cfg.pooled_hidden_states else None
-        return scores.cpu().numpy(), pooled
-
-    def _run_pairs(self, batch: PairBatch) -> tuple[np.ndarray, np.ndarray | None]:
-        """An encoder's own forward over padded pairs; pooled = the input of its classification head."""
-        device = self.setup.device
-        inputs = {
-            "input_ids": torch.from_numpy(batch.input_ids).to(device),  # [rows, width]
-            "attention_mask": torch.from_numpy(batch.attention_mask).to(device),  # [rows, width]
-        }
-        if batch.token_type_ids is not None:
-            inputs["token_type_ids"] = torch.from_numpy(batch.token_type_ids).to(device)
-        captured: list[torch.Tensor] = []
-        hook = self.model.backbone.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+        progress = _progress(sum(len(g.items) for g in groups)) if show_progress_bar else None
         try:
-            logits = self.model.model(**inputs).logits  # [rows, num_labels]
+            on_items = progress.update if progress is not None else None
+            results: list[GroupResult] = []
+            for chunk in chunks:
+                if chunk:
+                    results.extend(self.score(chunk, on_items) if on_items else self.score(chunk))
+            return results
         finally:
-            hook.remove()
-        cfg = self.config.scoring
-        scores = classifier_scores(logits, cfg.apply_softmax).cpu().numpy()
-        if not cfg.pooled_hidden_states:
-            return scores, None
-        hidden = captured[0]  # [rows, width, hidden], the backbone's last hidden state
-        if getattr(self.model.model.config, "classifier_pooling", "cls") == "mean":
-            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [rows, width, 1]
-            rows = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
-        else:
-            rows = hidden[:, 0]  # [rows, hidden], the CLS token
-        return scores, pooled_vectors(rows, cfg.normalize).cpu().numpy()
+            if progress is not None:
+                progress.close()
 
 
-def _text(value, where: str) -> Text:
-    """A query or item as the engine takes it: a str, or a list of int token ids."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple | np.ndarray) and all(
-        isinstance(t, int | np.integer) and not isinstance(t, bool) for t in value
-    ):
-        return [int(t) for t in value]
-    raise ScoringInputError(f"{where} must be a str or a list of int token ids, got {type(value).__name__}")
-
-
-def _pair(pair, index: int) -> tuple[Text, Text]:
-    """One (query, item) of predict's input, checked."""
-    if isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2:
-        raise ScoringInputError(f"pairs[{index}] must be a (query, item) pair, got {pair!r:.80}")
-    return _text(pair[0], f"pairs[{index}][0] (the query)"), _text(pair[1], f"pairs[{index}][1] (the item)")
-
-
-def _ranking_group(entry, index: int) -> Group:
-    """One (query, items) of rank_many's input as a Group, checked (a str of items is a common slip)."""
-    where = f"queries_and_items[{index}]"
-    if isinstance(entry, str | bytes) or not isinstance(entry, Sequence) or len(entry) != 2:
-        raise ScoringInputError(f"{where} must be a (query, items) pair, got {entry!r:.80}")
-    query, items = entry
-    if isinstance(items, str | bytes) or not isinstance(items, Sequence | np.ndarray):
-        raise ScoringInputError(f"{where}: items must be a list of items, got {type(items).__name__}")
-    return Group(
-        _text(query, f"{where} query"), [_text(item, f"{where} items[{i}]") for i, item in enumerate(items)]
+def _load_runner(model: str | Path, config: EngineConfig) -> Runner:
+    """Resolve the setup, load the weights and build the runner the model needs (chosen once, here)."""
+    planner, setup = load_planner(model, config)
+    loaded = load_model(setup.info, setup.dtype, setup.device, config.trust_remote_code, config.allow_pickle)
+    log.info(
+        "loaded %s on %s (%s, backend %s)", setup.info.architecture, setup.device, setup.dtype, setup.backend
     )
+    if setup.runner == "pairs":
+        return PairRunner(loaded, planner, setup)
+    return PackedRunner(loaded, planner, setup, config.compile)
+
+
+def _device_name(device) -> str:
+    """A CrossEncoder-style device argument as EngineConfig.device (auto, cpu or cuda)."""
+    text = str(device)
+    if text in ("auto", "cpu", "cuda", "cuda:0"):
+        return text.removesuffix(":0")
+    raise SettingError("EngineConfig.device", text, "is not one of auto, cpu, cuda")
+
+
+def _refuse_prompts(prompt_name: str | None, prompt: str | None) -> None:
+    """CrossEncoder prompts change the input text; say what to use instead of ignoring them."""
+    if prompt_name is not None or prompt is not None:
+        raise ScoringInputError(
+            "prompt and prompt_name are not supported; put the text around queries and items in "
+            "ScoringConfig.query_template / item_template (e.g. Scorer(model, query_template='Query: {query}'))"
+        )
+
+
+def _check_batch_size(batch_size) -> None:
+    """CrossEncoder refuses a batch_size below 1; ours plans by tokens and otherwise ignores it."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
+
+
+def _progress(total: int):
+    """A tqdm bar over scored items."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Scoring", unit="item")
 
 
 def _warn_failed(errors: list[str | None]) -> None:

@@ -19,9 +19,23 @@ class Group:
 
 @dataclass
 class GroupResult:
-    """Per-item results of one group; rows of failed items hold NaN and an error message."""
+    """Per-item results of one group; rows of failed items hold NaN and an error message.
 
-    scores: np.ndarray  # [num_items, num_scores] float32
-    score: np.ndarray  # [num_items] float32, scores[:, score_index]
+    `errors` are found before the model runs (tokenization, limits); `item_errors` after it (a non-finite
+    output the item gives on its own). `failures` merges both. An empty item_errors means none.
+    """
+
+    scores: np.ndarray  # [num_items, num_scores] float32, the Score-API column (docs/semantics.md)
+    score: np.ndarray  # [num_items] float32, the activated relevance number of each item
     pooled: np.ndarray | None  # [num_items, hidden] float32, only when asked for
     errors: list[str | None]
+    item_errors: tuple[str | None, ...] = ()  # one per item when set: "non-finite score (nan) for item 2"
+    raw: np.ndarray | None = (
+        None  # [num_items, num_scores] float32 before activation/softmax (classifier logits)
+    )
+
+    @property
+    def failures(self) -> list[str | None]:
+        """Each item's error, whichever step found it; None for a scored item."""
+        found = list(self.item_errors) or [None] * len(self.errors)
+        return [before or after for before, after in zip(self.errors, found)]

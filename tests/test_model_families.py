@@ -91,7 +91,9 @@ def test_encoder_scores_equal_sentence_transformers_cross_encoder(zoo):
     results = make_scorer(model_dir, "classifier", backend="auto").score(groups)
     pairs = [(g.query, item) for g in groups for item in g.items]
     expected = st.CrossEncoder(str(model_dir), device="cpu").predict(pairs, activation_fn=torch.nn.Identity())
-    ours = np.concatenate([r.score for r in results])
+    ours = np.concatenate(
+        [r.scores[:, 0] for r in results]
+    )  # the raw logit: `scores` keeps the Score-API contract
     assert max_abs_diff(expected, ours) <= 1e-4
 
 

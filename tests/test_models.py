@@ -71,3 +71,25 @@ def test_remote_code_needs_flag(tmp_path):
 def test_not_a_model_directory(tmp_path):
     with pytest.raises(ScoringInputError, match="config.json"):
         read_model_info(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "family, kind",
+    [("qwen3", "causal"), ("qwen3", "classifier"), ("bert", "classifier"), ("gemma2", "causal")],
+)
+def test_torch_free_model_kind_equals_read_model_info(zoo, family, kind):
+    from score_batch.engine.model_kind import read_model_kind
+
+    path = zoo.get(family, kind)
+    info, shape = read_model_info(path), read_model_kind(path)
+    assert (shape.architecture, shape.model_type, shape.kind, shape.encoder) == (
+        info.architecture,
+        info.model_type,
+        info.kind,
+        info.encoder,
+    )
+    assert (shape.mis_refusal, shape.isolate_sequences, shape.packings) == (
+        info.mis_refusal,
+        info.isolate_sequences,
+        info.packings,
+    )

@@ -169,3 +169,31 @@ def test_encoder_on_the_command_line(tmp_path, zoo):
     assert table.column_names[:4] == ["query_id", "item_id", "score", "scores"]
     assert table.schema.field("pooled_hidden_state").type.list_size == 64
     assert np.isfinite(table.column("score").to_numpy()).all()
+
+
+def test_a_profile_may_set_the_activation_and_a_bad_one_is_named():
+    from score_batch.engine.errors import ScoringInputError
+    from score_batch.engine.profiles import parse_profile, scoring_config
+
+    profile = parse_profile("p", "p.json", '{"activation": "none", "apply_softmax": false}')
+    assert scoring_config(profile, {}).activation == "none"
+    assert scoring_config(profile, {"activation": "sigmoid"}).activation == "sigmoid"
+    with pytest.raises(
+        ScoringInputError, match='\'activation\' must be one of "auto", "none", "sigmoid", "softmax"'
+    ):
+        parse_profile("p", "p.json", '{"activation": "tanh"}')
+
+
+def test_a_profiles_activation_reaches_the_scorer(zoo, copy_model):
+    import json
+
+    from score_batch import Scorer
+
+    model_dir = copy_model(zoo.get("qwen3", "classifier", num_labels=1))
+    (model_dir / "score_batch.json").write_text(json.dumps({"activation": "none"}))
+    scorer = Scorer(model_dir, device="cpu")
+    assert scorer.activation.name == "none" and scorer.activation.reason == "set explicitly"
+    from score_batch.engine import Group
+
+    result = scorer.score([Group("Tokyo", [" Japan"])])[0]
+    assert result.score[0] == result.scores[0, 0] == result.raw[0, 0]

@@ -1,0 +1,142 @@
+"""The `score` column's activation: which one a model gets (`auto`) and the math (numpy only, no torch).
+
+`auto` follows sentence-transformers' CrossEncoder: the model's own `sentence_transformers.activation_fn`
+(config_sentence_transformers.json, config.json, or the older `sbert_ce_default_activation_function`) wins;
+else a one-label head gets a sigmoid. Where CrossEncoder keeps a multi-label head's raw logits, `auto` takes
+the softmax probability of the `score_index` class, so that ranking by `score` is a relevance order.
+CausalLM label scores are probabilities already and are never activated again (docs/semantics.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Activation = Literal["none", "sigmoid", "softmax"]
+ActivationChoice = Literal["auto", "none", "sigmoid", "softmax"]
+ACTIVATIONS: tuple[str, ...] = get_args(Activation)
+ACTIVATION_CHOICES: tuple[str, ...] = get_args(ActivationChoice)
+ModelKind = Literal["causal", "classifier"]
+
+# Activation classes a CrossEncoder config names (torch.nn.<Name> under any module path) → ours.
+TORCH_ACTIVATIONS: dict[str, Activation] = {"Sigmoid": "sigmoid", "Identity": "none", "Softmax": "softmax"}
+
+
+@dataclass(frozen=True)
+class ResolvedActivation:
+    """The activation the `score` column gets, and why (said once in the run log)."""
+
+    name: Activation
+    reason: str
+
+
+def activate(
+    scores: np.ndarray,  # [n, labels] raw per-item values (classifier logits, or CausalLM label scores)
+    activation: Activation,
+    score_index: int,
+) -> np.ndarray:  # [n] float32
+    """The `score` of each item: the score_index column, raw, through a sigmoid, or softmaxed over the labels."""
+    values = np.asarray(scores, dtype=np.float32)
+    if values.ndim != 2:
+        raise ValueError(f"activate expects scores of shape [n, labels], got shape {values.shape}")
+    if activation == "none":
+        return values[:, score_index].copy()
+    if activation == "sigmoid":
+        column = values[:, score_index].astype(np.float64)
+        with np.errstate(over="ignore"):
+            return (1.0 / (1.0 + np.exp(-column))).astype(np.float32)
+    if activation == "softmax":
+        wide = values.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            shifted = wide - wide.max(axis=1, keepdims=True)  # [n, labels]; a NaN row stays NaN
+            exp = np.exp(shifted)
+            return (exp[:, score_index] / exp.sum(axis=1)).astype(np.float32)
+    raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
+
+
+def model_activation_fn(model_dir: str | Path) -> tuple[str, str] | None:
+    """The activation function a model's files name for CrossEncoder, as (dotted path, where), or None.
+
+    Looked up as CrossEncoder does: config_sentence_transformers.json "activation_fn" first, then
+    config.json "sentence_transformers": {"activation_fn": …}, then config.json
+    "sbert_ce_default_activation_function" (sentence-transformers < 4).
+    """
+    model_dir = Path(model_dir)
+    st_config = _json_object(model_dir / "config_sentence_transformers.json")
+    if isinstance(st_config.get("activation_fn"), str):
+        return st_config["activation_fn"], "config_sentence_transformers.json activation_fn"
+    config = _json_object(model_dir / "config.json")
+    nested = config.get("sentence_transformers")
+    if isinstance(nested, dict) and isinstance(nested.get("activation_fn"), str):
+        return nested["activation_fn"], "config.json sentence_transformers.activation_fn"
+    if isinstance(config.get("sbert_ce_default_activation_function"), str):
+        return config[
+            "sbert_ce_default_activation_function"
+        ], "config.json sbert_ce_default_activation_function"
+    return None
+
+
+def resolve_activation(
+    requested: ActivationChoice,
+    kind: ModelKind,
+    num_labels: int,
+    model_activation: tuple[str, str] | None = None,
+) -> ResolvedActivation:
+    """Resolve ScoringConfig.activation for a model: explicit values as given, `auto` per model (module doc)."""
+    if kind == "causal":
+        if requested in ("auto", "none"):
+            what = "P(label token) over the whole vocabulary, or a softmax over the labels with apply_softmax"
+            return ResolvedActivation("none", f"CausalLM label scores are probabilities already ({what})")
+        from score_batch.engine.errors import SettingError
+
+        raise SettingError(
+            "ScoringConfig.activation",
+            requested,
+            "does not apply to a CausalLM model: its label scores are probabilities already; use "
+            "apply_softmax for a softmax over the label tokens",
+        )
+    if requested == "softmax" and num_labels == 1:
+        from score_batch.engine.errors import SettingError
+
+        raise SettingError(
+            "ScoringConfig.activation",
+            requested,
+            "makes every score 1.0 for a one-label head; use sigmoid or none",
+        )
+    if requested != "auto":
+        return ResolvedActivation(requested, "set explicitly")
+    if model_activation is not None:
+        path, where = model_activation
+        name = TORCH_ACTIVATIONS.get(path.rsplit(".", 1)[-1]) if path.startswith("torch.") else None
+        if name is not None:
+            return ResolvedActivation(name, f"the model's {where} is {path}")
+        log.warning(
+            "the model's %s is %s, which score-batch does not apply (it applies torch.nn Sigmoid, Identity and "
+            "Softmax); using the default activation instead (set the activation explicitly to choose)",
+            where,
+            path,
+        )
+    if num_labels == 1:
+        return ResolvedActivation(
+            "sigmoid", "a one-label head: sigmoid of its logit, as CrossEncoder, vLLM and TEI"
+        )
+    return ResolvedActivation(
+        "softmax",
+        f"a {num_labels}-label head: softmax probability of the score_index class, a relevance order",
+    )
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON object file, or {} when it is missing or not an object (the model loader reports broken files)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,101 @@
+"""Encoder cross-encoders: padded (query, item) pair batches through the model's own forward."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from score_batch.engine.config import ScoringConfig
+from score_batch.engine.heads import classifier_scores, pooled_vectors
+from score_batch.engine.models import LoadedModel
+from score_batch.engine.pairs import PairBatch, pad_pairs
+from score_batch.engine.planner import PairPlan, PairPlanner
+from score_batch.engine.results import ResultTable, non_finite_rows
+from score_batch.engine.setup import ResolvedSetup
+from score_batch.engine.types import Group, GroupResult
+
+log = logging.getLogger(__name__)
+
+Outputs = tuple[
+    np.ndarray, np.ndarray, np.ndarray | None
+]  # raw [rows, scores], scores [rows, scores], pooled
+
+
+class PairRunner:
+    """Runs PairPlans of one loaded encoder cross-encoder (its own attention over padded pairs)."""
+
+    def __init__(self, model: LoadedModel, planner: PairPlanner, setup: ResolvedSetup) -> None:
+        self.model = model
+        self.planner = planner
+        self.setup = setup
+        self.backend = None  # no attention plan: the model's own attention
+        self.compiled: list[str] = []  # encoders are never compiled (refused at setup)
+
+    @property
+    def cfg(self) -> ScoringConfig:
+        """The scoring settings the planner encodes with."""
+        return self.planner.cfg
+
+    def plan(self, groups: list[Group]) -> PairPlan:
+        """Encode and batch the pairs of groups without running the model."""
+        return self.planner.plan(groups)
+
+    def run(self, plan: PairPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
+        """Run a plan's batches; a non-finite row is scored again alone and fails only if it stays so."""
+        cfg = self.cfg
+        table = ResultTable(
+            [len(g.item_ids) for g in plan.tokenized],
+            self.setup.num_scores,
+            self.setup.info.hidden_size if cfg.pooled_hidden_states else None,
+        )
+        with torch.inference_mode():
+            for batch in plan.batches:
+                raw, scores, pooled = self._forward(batch)
+                bad = non_finite_rows(raw)  # [rows]
+                for row, ref in enumerate(batch.item_refs):
+                    if not bad[row]:
+                        table.put(ref, raw[row], scores[row], None if pooled is None else pooled[row])
+                        continue
+                    alone = pad_pairs(
+                        [ref],
+                        plan.tokenized,
+                        len(plan.tokenized[ref.group].item_ids[ref.item]),
+                        self.planner.limits.pad_token_id,
+                    )
+                    raw1, scores1, pooled1 = self._forward(alone)
+                    if non_finite_rows(raw1)[0]:
+                        table.fail(ref, raw1[0])
+                    else:
+                        table.put(ref, raw1[0], scores1[0], None if pooled1 is None else pooled1[0])
+                if on_items is not None:
+                    on_items(len(batch.item_refs))
+        return table.results([g.errors for g in plan.tokenized], self.setup.activation, cfg.score_index)
+
+    def _forward(self, batch: PairBatch) -> Outputs:
+        """An encoder's own forward over padded pairs; pooled = the input of its classification head."""
+        device = self.setup.device
+        inputs = {
+            "input_ids": torch.from_numpy(batch.input_ids).to(device),  # [rows, width]
+            "attention_mask": torch.from_numpy(batch.attention_mask).to(device),  # [rows, width]
+        }
+        if batch.token_type_ids is not None:
+            inputs["token_type_ids"] = torch.from_numpy(batch.token_type_ids).to(device)
+        captured: list[torch.Tensor] = []
+        hook = self.model.backbone.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
+        try:
+            logits = self.model.model(**inputs).logits.float()  # [rows, num_labels]
+        finally:
+            hook.remove()
+        cfg = self.cfg
+        scores = classifier_scores(logits, cfg.apply_softmax).cpu().numpy()
+        if not cfg.pooled_hidden_states:
+            return logits.cpu().numpy(), scores, None
+        hidden = captured[0]  # [rows, width, hidden], the backbone's last hidden state
+        if getattr(self.model.model.config, "classifier_pooling", "cls") == "mean":
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [rows, width, 1]
+            rows = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
+        else:
+            rows = hidden[:, 0]  # [rows, hidden], the CLS token
+        return logits.cpu().numpy(), scores, pooled_vectors(rows, cfg.normalize).cpu().numpy()

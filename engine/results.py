@@ -1,0 +1,65 @@
+"""Per-item outputs of a run collected into GroupResults; non-finite outputs found and named."""
+
+from __future__ import annotations
+
+import numpy as np
+from score_batch.engine.activation import ResolvedActivation, activate
+from score_batch.engine.packing import ItemRef
+from score_batch.engine.types import GroupResult
+
+
+def non_finite_rows(raw: np.ndarray) -> np.ndarray:  # raw: [rows, num_scores] → [rows] bool
+    """Rows holding a NaN or an infinity in any score."""
+    return ~np.isfinite(raw).all(axis=1)
+
+
+def non_finite_message(raw_row: np.ndarray, item: int) -> str:
+    """The item error of a row that stays non-finite when scored alone, naming the item and the value."""
+    value = next(float(v) for v in raw_row if not np.isfinite(v))
+    return f"non-finite score ({value}) for item {item}"
+
+
+class ResultTable:
+    """NaN-initialised per-group arrays that batches fill item by item, then GroupResults."""
+
+    def __init__(self, item_counts: list[int], num_scores: int, pooled_dim: int | None) -> None:
+        self.raw = [np.full((n, num_scores), np.nan, np.float32) for n in item_counts]
+        self.scores = [np.full((n, num_scores), np.nan, np.float32) for n in item_counts]
+        self.pooled = [
+            None if pooled_dim is None else np.full((n, pooled_dim), np.nan, np.float32) for n in item_counts
+        ]
+        self.item_errors: list[list[str | None]] = [[None] * n for n in item_counts]
+
+    def put(self, ref: ItemRef, raw: np.ndarray, scores: np.ndarray, pooled: np.ndarray | None) -> None:
+        """Store one item's outputs ([num_scores], [num_scores], [hidden] or None)."""
+        self.raw[ref.group][ref.item] = raw
+        self.scores[ref.group][ref.item] = scores
+        if pooled is not None and self.pooled[ref.group] is not None:
+            self.pooled[ref.group][ref.item] = pooled
+
+    def fail(self, ref: ItemRef, raw: np.ndarray) -> None:
+        """Mark an item whose output is non-finite on its own: an item error, NaN everywhere."""
+        self.item_errors[ref.group][ref.item] = non_finite_message(raw, ref.item)
+        self.raw[ref.group][ref.item] = np.nan
+        self.scores[ref.group][ref.item] = np.nan
+        if self.pooled[ref.group] is not None:
+            self.pooled[ref.group][ref.item] = np.nan
+
+    def results(
+        self, errors: list[list[str | None]], activation: ResolvedActivation, score_index: int
+    ) -> list[GroupResult]:
+        """GroupResults in group order; `score` is the activated value of each item (docs/semantics.md)."""
+        out = []
+        for g, group_errors in enumerate(errors):
+            source = self.scores[g] if activation.name == "none" else self.raw[g]
+            out.append(
+                GroupResult(
+                    scores=self.scores[g],
+                    score=activate(source, activation.name, score_index),
+                    pooled=self.pooled[g],
+                    errors=list(group_errors),
+                    item_errors=tuple(self.item_errors[g]),
+                    raw=self.raw[g],
+                )
+            )
+        return out

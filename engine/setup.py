@@ -1,0 +1,177 @@
+"""Setup resolution: an EngineConfig and a model directory → devices, budgets, packing, labels, activation, runner.
+
+Everything here runs before any weight loads (dry runs and the Ray driver use it alone).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from score_batch.engine.activation import ResolvedActivation, model_activation_fn, resolve_activation
+from score_batch.engine.attention.base import Workload
+from score_batch.engine.attention.registry import select_backend
+from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.engine.errors import SettingError
+from score_batch.engine.model_source import resolve_model_dir
+from score_batch.engine.models import ModelInfo, load_tokenizer, read_model_info
+from score_batch.engine.planner import (
+    PackedPlanner,
+    PairPlanner,
+    PlanLimits,
+    default_delimiter,
+    resolve_label_ids,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_TOKENS = {"cpu": 4096, "cuda": 65536}  # cpu: see docs/scaling_batch-tokens.png
+RunnerKind = Literal["packed", "pairs"]  # packed: decoders, our attention; pairs: encoders, padded pairs
+PLANNERS: dict[RunnerKind, type[PackedPlanner] | type[PairPlanner]] = {
+    "packed": PackedPlanner,
+    "pairs": PairPlanner,
+}
+
+
+@dataclass(frozen=True)
+class ResolvedSetup:
+    """Everything resolved from an EngineConfig and a model directory before weights load."""
+
+    info: ModelInfo
+    device: torch.device
+    dtype: torch.dtype
+    backend: str  # an attention backend name, or "hf" for encoders (their own attention)
+    limits: PlanLimits
+    label_ids: tuple[int, ...]
+    num_scores: int
+    packing: Literal["mis", "single"]  # resolved from "auto"
+    activation: ResolvedActivation = ResolvedActivation("none", "not resolved")
+    runner: RunnerKind = "packed"
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' → cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SettingError("EngineConfig.device", name, "needs a CUDA device, and none is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' → bfloat16 on CUDA, float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "single"]:
+    """'auto' → mis when the model allows it, else single; an explicit mis on such a model is refused."""
+    if cfg.packing == "mis" and info.mis_refusal and (info.encoder or not cfg.item_first):
+        raise SettingError("ScoringConfig.packing", cfg.packing, f"does not apply: {info.mis_refusal}")
+    if cfg.packing == "auto":
+        return "single" if info.mis_refusal else "mis"
+    return cfg.packing
+
+
+def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig) -> int | None:
+    """The longest encoder pair (None for decoders), refusing limits that only packing knows."""
+    if not info.encoder:
+        return None
+    packing_only = {
+        "max_query_tokens": cfg.max_query_tokens is not None,
+        "max_item_tokens": cfg.max_item_tokens is not None,
+        "truncate": cfg.truncate == "query-head",
+    }
+    for name, given in packing_only.items():
+        if given:
+            raise SettingError(
+                f"ScoringConfig.{name}",
+                getattr(cfg, name),
+                "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
+                "limited per (query, item) pair by its own maximum length (use ScoringConfig.truncate='item-tail')",
+            )
+    return min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
+
+
+def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int) -> None:
+    """Refuse a softmax over one score and a score_index outside the scores."""
+    if cfg.apply_softmax and num_scores == 1:
+        remedy = (
+            "use apply_softmax=False for the label token's probability, or give two labels (e.g. ' no', ' yes')"
+            if info.kind == "causal"
+            else "this classifier has num_labels=1: use apply_softmax=False for its raw logit"
+        )
+        raise SettingError(
+            "ScoringConfig.apply_softmax",
+            cfg.apply_softmax,
+            f"makes every score 1.0 with a single score per item (a softmax over one value); {remedy}",
+        )
+    if not -num_scores <= cfg.score_index < num_scores:
+        raise SettingError(
+            "ScoringConfig.score_index", cfg.score_index, f"is out of range for {num_scores} scores per item"
+        )
+
+
+def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
+    """The attention backend of a decoder; "hf" for an encoder, which runs its own attention over padded pairs."""
+    if config.compile and info.encoder:
+        raise SettingError(
+            "EngineConfig.compile",
+            config.compile,
+            f"does not apply to {info.architecture}: only decoder layers are compiled, and an encoder "
+            "cross-encoder runs its own attention over padded pairs",
+        )
+    if info.encoder:
+        return "hf"
+    need = Workload(
+        device=device.type,
+        dtype=dtype,
+        head_dim=info.head_dim,
+        softcap=info.attention_softcap is not None,
+        sliding_window=info.sliding_window is not None,
+        max_pack_tokens=config.max_pack_tokens,
+    )
+    return select_backend(config.backend, need)
+
+
+def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
+    """Check the model against the config and resolve devices, budgets, packing, labels and activation."""
+    cfg = config.scoring
+    packing = resolve_packing(info, cfg)
+    device = resolve_device(config.device)
+    label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
+    if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
+        log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
+    num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
+    _check_scores(info, cfg, num_scores)
+    activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
+    limits = PlanLimits(
+        max_pack_tokens=config.max_pack_tokens,
+        max_batch_tokens=config.max_batch_tokens or DEFAULT_BATCH_TOKENS[device.type],
+        delimiter_token_id=default_delimiter(cfg.delimiter_token_id, tokenizer, info.vocab_size),
+        vocab_size=info.vocab_size,
+        isolate_sequences=info.isolate_sequences,
+        pair_max_length=_pair_max_length(info, cfg, config),
+        pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+        max_positions=None if info.encoder else info.max_length,
+    )
+    dtype = resolve_dtype(config.dtype, device)
+    backend = _backend(info, config, device, dtype)
+    runner: RunnerKind = "pairs" if info.encoder else "packed"
+    return ResolvedSetup(
+        info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner
+    )
+
+
+def load_planner(model_dir, config: EngineConfig) -> tuple[PackedPlanner | PairPlanner, ResolvedSetup]:
+    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights."""
+    model_dir = resolve_model_dir(model_dir)
+    info = read_model_info(model_dir, config.trust_remote_code)
+    tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
+    setup = resolve_setup(info, config, tokenizer)
+    log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
+    planner = PLANNERS[setup.runner](tokenizer, replace(config.scoring, packing=setup.packing), setup.limits)
+    return planner, setup
