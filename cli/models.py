@@ -76,12 +76,12 @@ def models(
 def _describe(model: str) -> str:
     """One model's architecture, kind, allowed packing and profile, or why it cannot run."""
     from score_batch.engine.model_source import resolve_model_dir
-    from score_batch.engine.models import read_model_info
+    from score_batch.engine.model_kind import read_model_kind
     from score_batch.engine.profiles import choose_profile
 
     try:
         path = resolve_model_dir(model)
-        info = read_model_info(path)
+        info = read_model_kind(path)
         profile = choose_profile(None, model, path)
     except UserError as error:
         raise typer.BadParameter(user_message(error), param_hint="--model") from None

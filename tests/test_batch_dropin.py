@@ -132,6 +132,7 @@ def logits(cross_encoder) -> np.ndarray:
 
 
 def _run(model_dir: Path, tmp_path: Path, requests: list[dict], scoring: ScoringConfig) -> list[dict]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in requests))
     config = RunConfig(

@@ -50,7 +50,6 @@ def test_a_bad_flag_value_is_refused_without_heavy_imports():
     assert not names & {"torch", "transformers"}
 
 
-@pytest.mark.xfail(reason="engine.profiles becomes torch-free with the engine branch", strict=False)
 def test_models_imports_no_torch():
     names, done = imported_modules("models")
     assert done.returncode == 0, done.stderr[-2000:]
