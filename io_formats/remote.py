@@ -77,6 +77,28 @@ def upload_directory(local: Path, destination: Location) -> None:
         delete_dir(staging)
 
 
+def move_into_place(staging: Location, destination: Location) -> None:
+    """Objects written under a staging prefix moved under destination (server-side copies), `_SUCCESS` last.
+
+    An old dataset at destination (replaced under --overwrite, already checked) loses its `_SUCCESS`
+    first, so a reader that waits for the marker never mixes old and new files; one that lists the
+    prefix before the marker appears may see part of the new files.
+    """
+    base = staging.path.rstrip("/")
+    selector = pafs.FileSelector(base, recursive=True)
+    names = sorted(
+        info.path[len(base) :].lstrip("/")
+        for info in staging.fs.get_file_info(selector)
+        if info.type == pafs.FileType.File and not info.path.endswith("/")
+    )
+    delete(destination.child(SUCCESS))
+    delete_dir(destination)
+    for name in names:
+        if name != SUCCESS:
+            staging.fs.move(staging.child(name).path, destination.child(name).path)
+    write_object(destination.child(SUCCESS), b"")
+
+
 def write_object(location: Location, data: bytes) -> None:
     """Write one object in a single request (replacing any object of that name)."""
     with location.fs.open_output_stream(location.path, compression=None) as out:

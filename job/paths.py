@@ -10,9 +10,6 @@ import os
 from pathlib import Path
 
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location
-
-Where = Path | Location  # an InputFile counts through its .location
 
 
 def real(path: str | Path) -> Path:
@@ -21,14 +18,13 @@ def real(path: str | Path) -> Path:
 
 
 def normalized(where) -> str:
-    """The URI a path or location is compared by."""
-    where = getattr(where, "location", where)
-    if isinstance(where, Location):
-        return where.key()
-    return "file://" + str(real(where))
+    """The URI a path is compared by: a Target, a Location or an InputFile by its key(), a Path resolved."""
+    where = getattr(where, "location", where)  # an InputFile counts through its location
+    key = getattr(where, "key", None)
+    return key() if callable(key) else "file://" + str(real(where))
 
 
-def check_collisions(writes: dict[str, Where], reads: dict[str, Where]) -> None:
+def check_collisions(writes: dict[str, object], reads: dict[str, object]) -> None:
     """Refuse a write path that is, contains or lies inside a read path, or that another write path uses."""
     resolved_writes = {name: normalized(path) for name, path in writes.items()}
     resolved_reads = {name: normalized(path) for name, path in reads.items()}

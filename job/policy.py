@@ -1,30 +1,21 @@
-"""Rules shared by local and Ray runs: the destination guard, the errors sink, on-error, publishing."""
+"""Rules shared by local and Ray runs: the destination guard, the run's paths, the errors sink, on-error,
+leftovers. Every written path is a Target (io_formats.target): the same code for local files and object
+stores."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from pyarrow.fs import FileType
-from score_batch.io_formats import remote
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location, is_uri, parse_location
-from score_batch.io_formats.parts import MANIFEST, PartStore
-from score_batch.io_formats.writers import (
-    OUTPUT_FORMATS,
-    SUCCESS,
-    durable_replace,
-    exclusive_temp,
-    fsync_directory,
-    output_format,
-)
-from score_batch.job.config import STDOUT, RunConfig
+from score_batch.io_formats.parts import MANIFEST
+from score_batch.io_formats.target import LocalTarget, Target, target
+from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
+from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract, check_partition_by
 from score_batch.job.lock import lock_path
 from score_batch.job.paths import check_collisions
@@ -33,15 +24,16 @@ log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
 
 
-def check_destination(config: RunConfig, directory: bool) -> Path | Location | None:
+def check_destination(config: RunConfig, directory: bool) -> Target | None:
     """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output.
 
-    A local output is a Path; an object-store output (s3://, gs://) a Location. With --partition-by the
-    output is a directory too, and the partition columns must be ids or kept columns.
+    With --partition-by the output is a directory too, and the partition columns must be ids or kept
+    columns.
     """
     partitioned = bool(config.partition_by)
     if partitioned:
         check_partition_by(config.partition_by, config.columns.keep_columns)
+    dataset = directory or partitioned
     writer = "--partition-by" if partitioned else "--ray"
     if config.output == STDOUT:
         if directory:
@@ -52,24 +44,36 @@ def check_destination(config: RunConfig, directory: bool) -> Path | Location | N
             f"output {config.output!r}: --partition-by writes a directory of Parquet files; "
             "give a directory path (without .parquet or .jsonl)"
         )
-    location = parse_location(config.output, config.storage_options, write=True)
-    if not location.local:
-        return _check_remote_destination(config, location, directory)
-    directory = directory or partitioned
-    destination = Path(location.path) if is_uri(config.output) else Path(config.output)
-    if not destination.parent.is_dir():
-        raise InputError(f"output directory {str(destination.parent)!r} does not exist")
-    if destination.is_dir() and not directory:
+    destination = target(config.output, config.storage_options)
+    missing = destination.missing_container()
+    if missing is not None:
+        raise InputError(missing)
+    kind = destination.info().type
+    if kind == FileType.Directory and not dataset:
         raise InputError(f"output {config.output!r} is a directory; give a .parquet or .jsonl file path")
-    if not directory:
+    if not dataset:
         output_format(config.output)  # a .csv output fails here, in a dry run too
-    if destination.exists() and not destination.is_dir() and directory:
+    if kind == FileType.File and dataset:
         raise InputError(f"output {config.output!r} is a file; {writer} writes a directory of Parquet files")
-    if destination.exists() and not config.overwrite:
+    if (
+        kind == FileType.Directory
+        and (config.resume or config.overwrite)
+        and _unfinished_publish(destination)
+    ):
+        log.info("%s holds a publish of this output cut off midway; this run replaces it", destination)
+        return destination
+    if kind != FileType.NotFound and not config.overwrite and not completed(config):
         raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-    if directory and destination.is_dir():  # a Ray or partitioned output replaces only a dataset
-        _check_replaceable_dataset(config.output, [p.name for p in destination.iterdir()])
+    if kind == FileType.Directory and dataset and config.overwrite:  # only a dataset is replaced
+        _check_replaceable_dataset(config.output, destination.list_names() + destination.list_directories())
     return destination
+
+
+def completed(config: RunConfig) -> bool:
+    """True when --resume finds the existing output recorded as complete (checked against the input later)."""
+    from score_batch.job.completion import Completion
+
+    return config.resume and Completion(config).exists()
 
 
 def _check_replaceable_dataset(output: str, names: list[str]) -> None:
@@ -81,146 +85,132 @@ def _check_replaceable_dataset(output: str, names: list[str]) -> None:
         )
 
 
-def _check_remote_destination(config: RunConfig, location: Location, directory: bool) -> Location:
-    """The object-store version of the destination checks (the bucket must exist; a directory only for a
-    Ray run or --partition-by)."""
-    partitioned = bool(config.partition_by)
-    dataset = directory or partitioned
-    writer = "--partition-by" if partitioned else "--ray"
-    bucket = location.path.split("/", 1)[0]
-    if "/" not in location.path.strip("/"):
-        raise InputError(
-            f"output {location.uri!r}: give a path inside the bucket ({location.scheme}://BUCKET/KEY)"
-        )
-    if location.fs.get_file_info(bucket).type == FileType.NotFound:
-        raise InputError(f"output bucket {bucket!r} of {location.uri!r} does not exist")
-    info = location.info()
-    if info.type == FileType.Directory and not dataset:
-        raise InputError(f"output {location.uri!r} is a directory; give a .parquet or .jsonl object path")
-    if info.type == FileType.File and dataset:
-        raise InputError(
-            f"output {location.uri!r} is an object; {writer} writes a directory of Parquet files"
-        )
-    if (
-        info.type == FileType.Directory
-        and (config.resume or config.overwrite)
-        and _unfinished_publish(location)
-    ):
-        log.info("%s holds a publish of this output cut off midway; this run replaces it", location.uri)
-        return location
-    if info.type != FileType.NotFound and not config.overwrite:
-        raise InputError(f"output {location.uri!r} already exists; pass --overwrite to replace it")
-    if info.type == FileType.Directory and dataset:
-        _check_replaceable_dataset(location.uri, remote.list_names(location) + _subdirectories(location))
-    return location
-
-
-def _unfinished_publish(location: Location) -> bool:
+def _unfinished_publish(destination: Target) -> bool:
     """A dataset prefix without _SUCCESS while this output's checkpoints remain: a publish cut off midway
     (object stores publish file by file), which --resume or --overwrite replaces."""
-    return not location.child(SUCCESS).exists() and parts_dir(location).child(MANIFEST).exists()
+    return (
+        destination.publishes_in_steps
+        and not destination.child(SUCCESS).exists()
+        and parts_dir(destination).child(MANIFEST).exists()
+    )
 
 
-def _subdirectories(location: Location) -> list[str]:
-    """Names of the prefixes directly in a directory prefix."""
-    selector = pafs.FileSelector(location.path, allow_not_found=True)
-    return [info.base_name for info in location.fs.get_file_info(selector) if info.type == FileType.Directory]
+def default_errors_path(destination: Target) -> Target:
+    """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
+    return destination.sibling(".errors.jsonl")
+
+
+def parts_dir(destination: Target) -> Target:
+    """OUTPUT.parts: the checkpoint directory of an output."""
+    return destination.sibling(".parts")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path one run writes, resolved once in preflight; later phases take them from here."""
+
+    output: Target | None  # None: stdout
+    parts: Target | None  # OUTPUT.parts/: the checkpoints (None: stdout or a dry run)
+    lock: Target | None  # OUTPUT.lock (None: stdout or a dry run)
+    errors: Target | None  # where --on-error skip lists skipped rows (None: the log, or not skipping)
+    default_errors: Target | None  # OUTPUT.errors.jsonl: an earlier run's list, removed when stale
+    report: Target | None  # --report FILE (None: none, or stderr)
+
+    @classmethod
+    def resolve(cls, config: RunConfig, destination: Target | None) -> RunPaths:
+        """The paths of a run whose output was checked by check_destination (destination None: stdout)."""
+        writes = destination is not None and not config.dry_run
+        errors = None
+        if config.on_error == "skip" and not config.dry_run:
+            if config.errors_file:
+                errors = target(config.errors_file, config.storage_options)
+            elif destination is not None:
+                errors = default_errors_path(destination)
+        report = LocalTarget(config.report) if config.report and config.report != STDOUT else None
+        return cls(
+            destination,
+            parts_dir(destination) if writes else None,
+            lock_path(destination) if writes else None,
+            errors,
+            default_errors_path(destination) if writes else None,
+            report,
+        )
+
+    @property
+    def leftovers(self) -> tuple[Target, ...]:
+        """Targets beside which an interrupted run may have left temporary files (the output's lock held)."""
+        return tuple(p for p in (self.output, self.default_errors, self.errors) if p is not None)
+
+    def writes(self) -> dict[str, Target]:
+        """Every written path by what it is, for the collision checks."""
+        named = {
+            "output": self.output,
+            "checkpoint directory": self.parts,
+            "lock file": self.lock,
+            "errors file": self.errors,
+            "report": self.report,
+        }
+        return {name: path for name, path in named.items() if path is not None}
 
 
 def check_run_paths(
-    config: RunConfig,
-    input_files: tuple,
-    destination: Path | Location | None,
-    input_directories: tuple = (),
-) -> None:
-    """Before any work: no written path may touch a read path or another written path; report writable."""
+    config: RunConfig, input_files: tuple, destination: Target | None, input_directories: tuple = ()
+) -> RunPaths:
+    """Before any work: no written path may touch a read path or another written path; the errors file
+    writable. Returns the run's paths, resolved once."""
+    destination = _compat_target(destination)
+    paths = RunPaths.resolve(config, destination)
     reads: dict[str, object] = {f"input file {i}": path for i, path in enumerate(input_files)}
     for i, directory in enumerate(input_directories):
         reads[f"input directory {i}" if len(input_directories) > 1 else "input directory"] = directory
     reads["model directory"] = Path(config.model_dir)
-    writes: dict[str, object] = {}
-    if destination is not None:
-        writes["output"] = destination
-        writes["checkpoint directory"] = parts_dir(destination)
-        writes["lock file"] = lock_path(destination)
-    errors = errors_path(config)
-    if errors is not None:
-        writes["errors file"] = errors
-    report = report_path(config)
-    if report is not None:
-        writes["report"] = report
+    writes = paths.writes()
+    if destination is not None and config.dry_run:  # a dry run writes nothing, but checks as the run would
+        writes["checkpoint directory"], writes["lock file"] = parts_dir(destination), lock_path(destination)
     check_collisions(writes, reads)
     # --resume may replace the errors file too: a run cut off after publishing it, before its output.
-    replaceable = config.overwrite or config.resume
-    if isinstance(errors, Location):
-        if errors.exists() and not replaceable:
-            raise InputError(f"errors file {errors.uri!r} already exists; pass --overwrite to replace it")
-    elif errors is not None:
-        _check_writable("errors file", errors, replaceable)
+    if paths.errors is not None:
+        check_side_file("errors file", paths.errors, config.overwrite or config.resume)
+    return paths
+
+
+def _compat_target(destination) -> Target | None:
+    """A local Path as a Target: job/openai_batch.py still passes check_destination's old Path."""
+    return LocalTarget(destination) if isinstance(destination, Path) else destination
 
 
 def check_report_path(config: RunConfig) -> None:
     """The report must be writable; an existing one is replaced only by --overwrite, --resume or a retry."""
-    report = report_path(config)
-    if report is not None:
-        replaceable = config.overwrite or config.resume or _failed_report(report)
-        _check_writable("report", report, replaceable)
+    if config.report:
+        check_report_file(config.report, config.overwrite or config.resume)
 
 
-def _failed_report(path: Path) -> bool:
+def check_report_file(report: str, replaceable: bool) -> None:
+    """A --report path (- is stderr) must be writable; an existing report is replaced only when replaceable
+    or when it is a failed run's report."""
+    if report != STDOUT:
+        path = LocalTarget(report)
+        check_side_file("report", path, replaceable or _failed_report(path))
+
+
+def _failed_report(path: Target) -> bool:
     """True when path holds the report of a run that did not succeed."""
     try:
-        return json.loads(path.read_text()).get("status") != "succeeded"
+        return json.loads(path.read_bytes() or b"").get("status") != "succeeded"
     except (OSError, ValueError, AttributeError):
         return False
 
 
-def _check_writable(name: str, path: Path, replaceable: bool) -> None:
+def check_side_file(name: str, path: Target, replaceable: bool) -> None:
     """A side file (errors file, report) must be creatable now, and replaced only when allowed."""
     if path.is_dir():
-        raise InputError(f"{name} {str(path)!r} is a directory; give a file path")
-    if not path.parent.is_dir():
-        raise InputError(f"{name} directory {str(path.parent)!r} does not exist")
+        raise InputError(f"{name} {path.uri!r} is a directory; give a file path")
+    if path.local_path is not None and not path.local_path.parent.is_dir():
+        raise InputError(f"{name} directory {str(Path(path.uri).parent)!r} does not exist")
     if path.exists() and not replaceable:
-        raise InputError(f"{name} {str(path)!r} already exists; pass --overwrite to replace it")
-    probe = exclusive_temp(path)  # proves the directory takes new files before hours of scoring
-    probe.unlink()
-
-
-def report_path(config: RunConfig) -> Path | None:
-    """Where the JSON report goes (None: no report, or stderr for -)."""
-    return Path(config.report) if config.report and config.report != STDOUT else None
-
-
-def errors_path(config: RunConfig) -> Path | Location | None:
-    """Where --on-error skip lists skipped rows: --errors-file, else OUTPUT.errors.jsonl (stdout: the log)."""
-    if config.on_error != "skip" or config.dry_run:
-        return None
-    if config.errors_file:
-        return _local_or_remote(config.errors_file, config)
-    return None if config.output == STDOUT else default_errors_path(_local_or_remote(config.output, config))
-
-
-def _local_or_remote(text: str, config: RunConfig) -> Path | Location:
-    """A written path: a local Path, or a Location on an object store."""
-    if not is_uri(text):
-        return Path(text)
-    location = parse_location(text, config.storage_options, write=True)
-    return Path(location.path) if location.local else location
-
-
-def default_errors_path(destination: Path | Location) -> Path | Location:
-    """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
-    if isinstance(destination, Location):
-        return destination.sibling(".errors.jsonl")
-    return destination.with_name(f"{destination.name}.errors.jsonl")
-
-
-def parts_dir(destination: Path | Location) -> Path | Location:
-    """OUTPUT.parts: the checkpoint directory of an output."""
-    if isinstance(destination, Location):
-        return destination.sibling(".parts")
-    return PartStore(destination).dir
+        raise InputError(f"{name} {path.uri!r} already exists; pass --overwrite to replace it")
+    if path.local_path is not None:
+        path.temp_sibling().delete()  # proves the directory takes new files before hours of scoring
 
 
 def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
@@ -232,11 +222,10 @@ def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
 
 
 class ErrorsSink:
-    """Skipped rows: JSONL lines in a temporary file published beside the output, or warnings in the log."""
+    """Skipped rows: JSONL lines in a staging file published at the errors target, or warnings in the log."""
 
-    def __init__(self, path: Path | Location | None) -> None:
+    def __init__(self, path: Target | None) -> None:
         self.path = path
-        self.remote = isinstance(path, Location)
         self.count = 0
         self._tmp: Path | None = None
         self._handle = None
@@ -252,7 +241,7 @@ class ErrorsSink:
                 log.warning("skipped %s", line.rstrip())
             return
         if self._handle is None:
-            self._tmp = _local_temp() if self.remote else exclusive_temp(self.path)
+            self._tmp = self.path.staging_file()
             self._handle = open(self._tmp, "w", encoding="utf-8")
         self._handle.writelines(lines)
 
@@ -261,20 +250,14 @@ class ErrorsSink:
         if self.path is None:
             return
         if self._handle is None:
-            if self.remote:
-                remote.delete(self.path)
-            else:
-                self.path.unlink(missing_ok=True)
+            self.path.delete()
             return
         self._handle.close()
         self._handle = None
-        if self.remote:
-            try:
-                remote.upload(self._tmp, self.path)
-            finally:
-                self._tmp.unlink(missing_ok=True)
-        else:
-            durable_replace(self._tmp, self.path)
+        try:
+            self.path.publish_file(self._tmp)
+        finally:
+            self._tmp.unlink(missing_ok=True)
         log.warning("skipped rows are listed in %s", self.path)
 
     def abort(self) -> None:
@@ -286,37 +269,8 @@ class ErrorsSink:
             self._tmp.unlink(missing_ok=True)
 
 
-def _local_temp() -> Path:
-    """A local temporary file for something uploaded to an object store when finished."""
-    handle, name = tempfile.mkstemp(prefix="score-batch-")
-    os.close(handle)
-    return Path(name)
-
-
-def remove_leftovers(*paths: Path | Location | None) -> None:
+def remove_leftovers(*paths: Target | None) -> None:
     """Delete temporary files an interrupted run left beside these paths (the caller holds the output's lock)."""
     for path in paths:
-        if path is None:
-            continue
-        if isinstance(path, Location):
-            remote.remove_leftovers(path)
-            continue
-        for leftover in path.parent.glob(f".{path.name}.tmp-*"):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
+        for leftover in _compat_target(path).remove_leftovers() if path is not None else ():
             log.info("removed %s, left by an interrupted run", leftover)
-
-
-def publish_directory(staging: Path, destination: Path) -> None:
-    """Move a finished staging directory to the destination, replacing an old one (already allowed)."""
-    if destination.exists():
-        old = exclusive_temp(destination, directory=True)
-        os.rmdir(old)
-        destination.rename(old)
-        staging.rename(destination)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(destination)
-    fsync_directory(destination.parent)
