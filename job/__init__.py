@@ -75,7 +75,8 @@ def _run_phases(config: RunConfig, report: RunReport) -> None:
             remove_leftovers(*checked.paths.leftovers)
             runner.score(config, checked, report)
     finally:
-        checked.source.close()
+        if checked.source is not None:  # a batch-file runner has no table source
+            checked.source.close()
 
 
 def _resolve(config: RunConfig) -> Runner | None:

@@ -25,7 +25,7 @@ PLACEHOLDER_POOLED_DIM = 1  # the pooled column's width is not needed to know it
 class Checked:
     """What preflight established about a table run: the open input, the checked output and the columns."""
 
-    source: InputSource
+    source: InputSource | None  # the table input (None: a runner that reads its input itself)
     paths: RunPaths  # every path the run writes
     mapping: ColumnMapping
     types: dict[str, pa.DataType]
