@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.lock import OutputLock
-from score_batch.job.policy import check_report_path, remove_leftovers
+from score_batch.job.paths import check_report_path
+from score_batch.job.policy import remove_leftovers
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.resources import available_cpus
 from score_batch.job.signals import Stopped, StopSignals

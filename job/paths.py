@@ -1,4 +1,5 @@
-"""Every path a run writes, checked against every path it reads and against each other before any scoring.
+"""Every path a run writes (RunPaths, resolved once in preflight), checked against every path it reads
+and against each other before any scoring.
 
 Paths are compared as normalized URIs: local paths with `..` and symlinks resolved (also for the parts
 that do not exist yet), object-store paths as scheme://bucket/key with `.` and `..` folded.
@@ -6,10 +7,16 @@ that do not exist yet), object-store paths as scheme://bucket/key with `.` and `
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.target import LocalTarget, Target, target
+from score_batch.io_formats.writers import STDOUT
+from score_batch.job.config import RunConfig
+from score_batch.job.lock import lock_path
 
 
 def real(path: str | Path) -> Path:
@@ -49,3 +56,115 @@ def _overlap(a: str, b: str) -> bool:
     """True when a and b are the same path or one lies inside the other."""
     a, b = a.rstrip("/"), b.rstrip("/")
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def default_errors_path(destination: Target) -> Target:
+    """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
+    return destination.sibling(".errors.jsonl")
+
+
+def parts_dir(destination: Target) -> Target:
+    """OUTPUT.parts: the checkpoint directory of an output."""
+    return destination.sibling(".parts")
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path one run writes, resolved once in preflight; later phases take them from here."""
+
+    output: Target | None  # None: stdout
+    parts: Target | None  # OUTPUT.parts/: the checkpoints (None: stdout or a dry run)
+    lock: Target | None  # OUTPUT.lock (None: stdout or a dry run)
+    errors: Target | None  # where --on-error skip lists skipped rows (None: the log, or not skipping)
+    default_errors: Target | None  # OUTPUT.errors.jsonl: an earlier run's list, removed when stale
+    report: Target | None  # --report FILE (None: none, or stderr)
+
+    @classmethod
+    def resolve(cls, config: RunConfig, destination: Target | None) -> RunPaths:
+        """The paths of a run whose output was checked by check_destination (destination None: stdout)."""
+        writes = destination is not None and not config.dry_run
+        errors = None
+        if config.on_error == "skip" and not config.dry_run:
+            if config.errors_file:
+                errors = target(config.errors_file, config.storage_options)
+            elif destination is not None:
+                errors = default_errors_path(destination)
+        report = LocalTarget(config.report) if config.report and config.report != STDOUT else None
+        return cls(
+            destination,
+            parts_dir(destination) if writes else None,
+            lock_path(destination) if writes else None,
+            errors,
+            default_errors_path(destination) if writes else None,
+            report,
+        )
+
+    @property
+    def leftovers(self) -> tuple[Target, ...]:
+        """Targets beside which an interrupted run may have left temporary files (the output's lock held)."""
+        return tuple(p for p in (self.output, self.default_errors, self.errors) if p is not None)
+
+    def writes(self) -> dict[str, Target]:
+        """Every written path by what it is, for the collision checks."""
+        named = {
+            "output": self.output,
+            "checkpoint directory": self.parts,
+            "lock file": self.lock,
+            "errors file": self.errors,
+            "report": self.report,
+        }
+        return {name: path for name, path in named.items() if path is not None}
+
+
+def check_run_paths(
+    config: RunConfig, input_files: tuple, destination: Target | None, input_directories: tuple = ()
+) -> RunPaths:
+    """Before any work: no written path may touch a read path or another written path; the errors file
+    writable. Returns the run's paths, resolved once."""
+    paths = RunPaths.resolve(config, destination)
+    reads: dict[str, object] = {f"input file {i}": path for i, path in enumerate(input_files)}
+    for i, directory in enumerate(input_directories):
+        reads[f"input directory {i}" if len(input_directories) > 1 else "input directory"] = directory
+    reads["model directory"] = Path(config.model_dir)
+    writes = paths.writes()
+    if destination is not None and config.dry_run:  # a dry run writes nothing, but checks as the run would
+        writes["checkpoint directory"], writes["lock file"] = parts_dir(destination), lock_path(destination)
+    check_collisions(writes, reads)
+    # --resume may replace the errors file too: a run cut off after publishing it, before its output.
+    if paths.errors is not None:
+        check_side_file("errors file", paths.errors, config.overwrite or config.resume)
+    return paths
+
+
+def check_report_path(config: RunConfig) -> None:
+    """The report must be writable; an existing one is replaced only by --overwrite, --resume or a retry."""
+    if config.report:
+        check_report_file(config.report, config.overwrite or config.resume)
+
+
+def check_report_file(report: str, replaceable: bool) -> None:
+    """A --report path (- is stderr) must be writable; an existing report is replaced only when replaceable
+    or when it is a failed run's report."""
+    if report != STDOUT:
+        path = LocalTarget(report)
+        check_side_file("report", path, replaceable or _failed_report(path))
+
+
+def _failed_report(path: Target) -> bool:
+    """True when path holds the report of a run that did not succeed."""
+    try:
+        return json.loads(path.read_bytes() or b"").get("status") != "succeeded"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_side_file(name: str, path: Target, replaceable: bool) -> None:
+    """A side file (errors file, report) must be creatable now, and replaced only when allowed."""
+    if path.is_dir():
+        raise InputError(f"{name} {path.uri!r} is a directory; give a file path")
+    if path.local_path is not None and not path.local_path.parent.is_dir():
+        raise InputError(f"{name} directory {str(Path(path.uri).parent)!r} does not exist")
+    if path.exists() and not replaceable:
+        raise InputError(f"{name} {path.uri!r} already exists; pass --overwrite to replace it")
+    if path.local_path is not None:
+        path.temp_sibling().delete()  # proves the directory takes new files before hours of scoring

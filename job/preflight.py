@@ -16,7 +16,8 @@ from score_batch.io_formats.readers import InputSource, column_types, input_mapp
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.job.config import RunConfig
 from score_batch.job.contract import ROW_INDEX, OutputContract
-from score_batch.job.policy import RunPaths, check_destination, check_run_paths
+from score_batch.job.paths import RunPaths, check_run_paths
+from score_batch.job.policy import check_destination
 
 PLACEHOLDER_POOLED_DIM = 1  # the pooled column's width is not needed to know its name
 

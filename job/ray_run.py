@@ -48,10 +48,8 @@ from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import COMMON_METADATA
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
-from score_batch.job.policy import (
-    ErrorsSink,
-    enforce_fail,
-)
+from score_batch.job.errors_sink import ErrorsSink
+from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, output_contract, preflight
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport

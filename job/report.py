@@ -112,7 +112,7 @@ def report_failure(
     """
     if not report:
         return
-    from score_batch.job.policy import check_report_file
+    from score_batch.job.paths import check_report_file
 
     try:
         check_report_file(report, replaceable=overwrite or resume)

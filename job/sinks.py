@@ -18,8 +18,8 @@ from score_batch.io_formats.writers import (
 from score_batch.job.completion import stamped
 from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract
-from score_batch.job.paths import normalized
-from score_batch.job.policy import ErrorsSink, RunPaths
+from score_batch.job.errors_sink import ErrorsSink
+from score_batch.job.paths import RunPaths, normalized
 from score_batch.job.ranking import rank_parts
 
 log = logging.getLogger(__name__)
