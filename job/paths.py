@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import has_glob
 from score_batch.io_formats.target import LocalTarget, Target, target
 from score_batch.io_formats.writers import STDOUT
 from score_batch.job.config import RunConfig
@@ -137,9 +138,54 @@ def check_run_paths(
 
 
 def check_report_path(config: RunConfig) -> None:
-    """The report must be writable; an existing one is replaced only by --overwrite, --resume or a retry."""
-    if config.report:
-        check_report_file(config.report, config.overwrite or config.resume)
+    """The report must be writable, and no path the run reads or writes; an existing one is replaced only
+    by --overwrite, --resume or a retry. Checked first: a report written on a later failure never lands on
+    the output, an input or the model."""
+    if not config.report:
+        return
+    check_report_file(config.report, config.overwrite or config.resume)
+    if config.report == STDOUT:
+        return
+    report = {"report": LocalTarget(config.report)}
+    named = _named_paths(config)
+    for name, where in named.items():
+        if name.startswith(("input", "model")):
+            check_collisions(report, {name: where})
+        else:
+            check_collisions({name: where, **report}, {})
+
+
+def _named_paths(config: RunConfig) -> dict[str, object]:
+    """The paths a run will touch as the arguments name them (inputs before listing; globs by their base)."""
+    named: dict[str, object] = {"model directory": Path(config.model_dir)}
+    for i, text in enumerate(config.inputs):
+        if text != STDOUT:
+            base = _glob_base(text)
+            named[
+                f"input file {i}" if base == text and not os.path.isdir(text) else f"input directory {i}"
+            ] = base
+    try:
+        output = None if config.output == STDOUT else target(config.output, config.storage_options)
+        errors = target(config.errors_file, config.storage_options) if config.errors_file else None
+    except InputError:  # preflight names the bad path, with the report written
+        return named
+    if output is not None:
+        named.update(
+            output=output, **{"checkpoint directory": parts_dir(output), "lock file": lock_path(output)}
+        )
+        named["errors file"] = errors or default_errors_path(output)
+    elif errors is not None:
+        named["errors file"] = errors
+    return named
+
+
+def _glob_base(text: str) -> str:
+    """An INPUT up to its first glob component (the directory a glob searches)."""
+    parts = text.split("/")
+    for i, part in enumerate(parts):
+        if has_glob(part):
+            return "/".join(parts[:i]) or "."
+    return text
 
 
 def check_report_file(report: str, replaceable: bool) -> None:

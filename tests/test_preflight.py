@@ -116,9 +116,11 @@ def early_failures(tmp_path, model):
     data = write_jsonl(tmp_path / "in.jsonl", ROWS)
     existing = tmp_path / "exists.parquet"
     existing.write_bytes(b"x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
     return {
         "missing input": [tmp_path / "missing.jsonl", "-o", tmp_path / "a.parquet"],
-        "empty glob": [str(tmp_path / "nothing-*.jsonl"), "-o", tmp_path / "b.parquet"],
+        "empty glob": [str(empty / "nothing-*.jsonl"), "-o", tmp_path / "b.parquet"],
         "output exists": [data, "-o", existing],
         "bad flag value": [data, "-o", tmp_path / "c.parquet", "--partition-by", "query_id"],
         "output is the input": [data, "-o", data.with_name("./in.jsonl")],
