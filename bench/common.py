@@ -71,17 +71,44 @@ def text_workload(tokenizer, shape: Shape, seed: int = 0) -> list[Group]:
     ]
 
 
-def hf_pairs(model, tokenizer, groups: list[Group], kind: str, label_ids, batch_size: int = 32):
-    """What a careful user writes: pairs sorted by length, right-padded batches, the head at the last real token.
+@dataclass(frozen=True)
+class HfBatch:
+    """One right-padded batch of (query + item) pairs, built on the host before any timer starts."""
 
-    Returns (scores per group [items, num_scores], tokens run including padding).
-    """
+    ids: torch.Tensor  # [rows, width] int64 token ids, zero-padded
+    mask: torch.Tensor  # [rows, width] int64 attention mask
+    refs: tuple[tuple[int, int], ...]  # (group, item) of each row
+    lengths: tuple[int, ...]  # real tokens of each row
+
+
+def hf_prepare(tokenizer, groups: list[Group], batch_size: int = 32) -> list[HfBatch]:
+    """What a careful user builds: (query + item) pairs sorted by length, right-padded batches (host tensors)."""
     pairs = []
     for g, group in enumerate(groups):
         query = tokenizer(group.query)["input_ids"]
         for i, item in enumerate(group.items):
             pairs.append((g, i, query + tokenizer(item, add_special_tokens=False)["input_ids"]))
     pairs.sort(key=lambda p: len(p[2]))
+    batches = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        width = max(len(p[2]) for p in chunk)
+        ids = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, (_, _, seq) in enumerate(chunk):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        batches.append(
+            HfBatch(ids, mask, tuple((g, i) for g, i, _ in chunk), tuple(len(p[2]) for p in chunk))
+        )
+    return batches
+
+
+def hf_run(model, batches: list[HfBatch], groups: list[Group], kind: str, label_ids):
+    """The plain-HF forward of prepared batches: host tensors in, host scores out (the head at the last real token).
+
+    Returns (scores per group [items, num_scores], tokens run including padding).
+    """
     num_scores = len(label_ids) if kind == "causal" else model.config.num_labels
     out = [np.zeros((len(g.items), num_scores), np.float32) for g in groups]
     tokens = 0
@@ -89,36 +116,37 @@ def hf_pairs(model, tokenizer, groups: list[Group], kind: str, label_ids, batch_
     head = model.lm_head if kind == "causal" else model.score
     device = model.device
     with torch.inference_mode():
-        for start in range(0, len(pairs), batch_size):
-            chunk = pairs[start : start + batch_size]
-            width = max(len(p[2]) for p in chunk)
-            tokens += width * len(chunk)
-            ids = torch.zeros((len(chunk), width), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, (_, _, seq) in enumerate(chunk):
-                ids[row, : len(seq)] = torch.tensor(seq)
-                mask[row, : len(seq)] = 1
-            ids, mask = ids.to(device), mask.to(device)
+        for batch in batches:
+            tokens += batch.ids.numel()
+            ids, mask = batch.ids.to(device), batch.mask.to(device)
             hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state  # [rows, width, hidden]
-            last = hidden[torch.arange(len(chunk), device=device), mask.sum(1) - 1]  # [rows, hidden]
+            last = hidden[torch.arange(len(batch.refs), device=device), mask.sum(1) - 1]  # [rows, hidden]
             logits = head(last).float()
             scores = torch.log_softmax(logits, -1)[:, list(label_ids)].exp() if kind == "causal" else logits
             scores = scores.cpu().numpy()  # [rows, num_scores]
-            for row, (g, i, _) in enumerate(chunk):
+            for row, (g, i) in enumerate(batch.refs):
                 out[g][i] = scores[row]
     return out, tokens
 
 
-def timed(fn, *args, **kwargs):
-    """(result, seconds) of one call."""
-    start = time.perf_counter()
+def hf_pairs(model, tokenizer, groups: list[Group], kind: str, label_ids, batch_size: int = 32):
+    """hf_prepare then hf_run: the plain-HF baseline end to end from text.
+
+    Returns (scores per group [items, num_scores], tokens run including padding).
+    """
+    return hf_run(model, hf_prepare(tokenizer, groups, batch_size), groups, kind, label_ids)
+
+
+def timed(fn, *args, clock=time.perf_counter, **kwargs):
+    """(result, seconds) of one call, read on clock."""
+    start = clock()
     result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start
+    return result, clock() - start
 
 
-def best_of(repeats: int, fn, *args, **kwargs):
+def best_of(repeats: int, fn, *args, clock=time.perf_counter, **kwargs):
     """(result of the first call, fastest seconds) over repeats calls of fn(*args, **kwargs)."""
-    runs = [timed(fn, *args, **kwargs) for _ in range(repeats)]
+    runs = [timed(fn, *args, clock=clock, **kwargs) for _ in range(repeats)]
     return runs[0][0], min(seconds for _, seconds in runs)
 
 

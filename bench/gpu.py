@@ -2,13 +2,16 @@
 
     python bench/gpu.py versions --out FILE
     python bench/gpu.py warmup --out FILE
-    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf flashinfer flashinfer+compile flex flex+compile sdpa]
+    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf flashinfer ...]
                               [--device cuda] [--dtype bfloat16] [--out bench/results/gpu.json]
 
 The bench model has random weights (speed does not depend on their values; scores are compared with
-plain HF on the same weights). Every time is the best of 3 runs after a warm-up run that includes
-FlashInfer's JIT and torch.compile. MFU counts 2 FLOPs per non-embedding weight per token (attention
-scores not counted) against the data-sheet dense bf16 peak of the device.
+plain HF on the same weights). Timing boundaries, the same for both sides: tokenization, HF's padded
+pair tensors and score-batch's plan (tokenize, pack, batch) are built BEFORE the timer; the timer covers
+host token ids → device → forward → scores back on the host. Every time is the best of 3 runs after a
+warm-up run that includes FlashInfer's JIT and torch.compile. FLOPs and MFU: bench/flops.py (dense and
+attention FLOPs apart, MFU without and with attention, the peak of the exact device name). The JSON
+report is rewritten after every method, so a later failure keeps the earlier figures.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
-from common import LABELS, Shape, best_of, build_bench_model, hf_pairs, max_abs_diff, text_workload
+from common import LABELS, Shape, best_of, build_bench_model, hf_prepare, hf_run, max_abs_diff, text_workload
+from flops import causal_pairs, dense_flops_per_token, figures, pack_pairs, peak_flops
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 
 PRESETS = {
@@ -46,12 +52,14 @@ PRESETS = {
     ),
 }
 WORKLOADS = {"a": Shape(16, 100, 1500, 40), "b": Shape(32, 50, 200, 30)}
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}  # data sheets, dense
+METHODS = ("hf", "flashinfer", "flashinfer+compile", "flex", "flex+compile", "sdpa", "split")
+DEFAULT_METHODS = ["hf", "flashinfer", "flashinfer+compile", "flex", "flex+compile", "sdpa"]
 REPEATS = 3
+CLOCK = time.perf_counter  # the bench's one clock (tests put a fake one here)
 
 
 def versions() -> dict:
-    """Python, torch, CUDA, transformers and flashinfer versions, and the device."""
+    """Python, torch, CUDA, transformers and flashinfer versions, and the exact device name."""
     import transformers
 
     try:
@@ -72,16 +80,8 @@ def versions() -> dict:
 
 
 def flops_per_token(cfg: dict) -> float:
-    """2 × non-embedding weights of a Qwen3 layer stack (q/k/v/o projections and the gated MLP)."""
-    h, d = cfg["hidden_size"], cfg["head_dim"]
-    attention = h * d * (2 * cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"])
-    mlp = 3 * h * cfg["intermediate_size"]
-    return 2.0 * cfg["num_hidden_layers"] * (attention + mlp)
-
-
-def peak_flops(device_name: str) -> float | None:
-    """Data-sheet dense bf16 peak for a known device name, else None."""
-    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in device_name), None)
+    """Dense FLOPs per token (bench/flops.py); kept for older callers."""
+    return dense_flops_per_token(cfg)
 
 
 def warmup(out: Path) -> dict:
@@ -102,9 +102,9 @@ def warmup(out: Path) -> dict:
         groups = [Group(" the quick brown fox" * 20, [" jumps over", " the lazy dog" * 10])]
         _, first = _timed_sync(scorer.score, groups)
         _, second = _timed_sync(scorer.score, groups)
-    figures = {"first_call_s": round(first, 2), "warm_call_s": round(second, 4), **versions()}
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    return figures
+    report = {"first_call_s": round(first, 2), "warm_call_s": round(second, 4), **versions()}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def _timed_sync(fn, *args):
@@ -130,50 +130,102 @@ def _peak_gib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
 
 
-def run_workload(model_dir: Path, shape: Shape, args, cfg: dict) -> dict:
-    """All methods on one workload: items/s, packed tokens/s, MFU, peak memory, max |diff| vs plain HF."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def hf_attended_pairs(batches) -> tuple[int, int]:
+    """(real tokens, attended pairs) of prepared plain-HF batches: each pair is one causal sequence."""
+    lengths = [n for batch in batches for n in batch.lengths]
+    return sum(lengths), sum(causal_pairs(n) for n in lengths)
+
+
+def plan_attended_pairs(plan) -> int:
+    """Attended pairs of a score-batch plan: its packs under the multi-item mask, or its padded pairs."""
+    total = 0
+    for batch in plan.batches:
+        if hasattr(batch, "packs"):
+            total += sum(pack_pairs(pack.segments) for pack in batch.packs)
+        else:  # PairBatch: one causal sequence per row
+            total += sum(causal_pairs(int(n)) for n in batch.attention_mask.sum(1))
+    return total
+
+
+def run_workload(model_dir: Path, shape: Shape, args, cfg: dict, on_row=lambda rows: None) -> dict:
+    """All methods on one workload: items/s, tokens/s, FLOPs, MFU, peak memory, max |diff| vs plain HF.
+
+    on_row(rows) is called after every method (the caller writes the report); a method that fails is
+    recorded with its error and the others still run.
+    """
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     groups = text_workload(tokenizer, shape)
     items = sum(len(g.items) for g in groups)
     label_ids = [tokenizer.encode(t, add_special_tokens=False)[0] for t in LABELS]
-    per_token = flops_per_token(cfg)
-    peak = peak_flops(versions()["device"])
+    peak, _ = peak_flops(versions()["device"])
     rows, reference = {}, None
-    if "hf" in args.methods:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
-        model = model.to(args.device).eval()
-        hf_pairs(model, tokenizer, groups[:1], "causal", label_ids, args.hf_batch)  # warm-up
-        _reset_peak()
-        (reference, tokens), seconds = best_of(
-            REPEATS, _synced, hf_pairs, model, tokenizer, groups, "causal", label_ids, args.hf_batch
-        )
-        rows["hf_pairs"] = _figures(items, tokens, seconds, per_token, peak, 0.0)
-        del model
-    for method in [m for m in args.methods if m != "hf"]:
-        backend, _, extra = method.partition("+")  # "flashinfer+compile": compiled decoder layers
-        config = EngineConfig(
-            device=args.device,
-            dtype=args.dtype,
-            backend=backend,
-            max_batch_tokens=args.max_batch_tokens,
-            compile=extra == "compile",
-            scoring=ScoringConfig(label_tokens=LABELS),
-        )
-        scorer = Scorer.from_pretrained(model_dir, config)
-        plan = scorer.plan(groups)
-        scorer.run(plan)  # warm-up: JIT, compilation, allocator
-        _reset_peak()
-        results, seconds = best_of(REPEATS, _synced, scorer.run, plan)
-        diff = None if reference is None else max_abs_diff(results, reference)
-        rows[method] = _figures(items, plan.stats.packed_tokens, seconds, per_token, peak, diff)
-        rows[method]["pairwise_tokens"] = plan.stats.pairwise_tokens
-        del scorer
-    if "hf_pairs" in rows:
-        for row in rows.values():
-            row["speedup_vs_hf"] = round(row["items_per_s"] / rows["hf_pairs"]["items_per_s"], 2)
+    for method in args.methods:
+        name = "hf_pairs" if method == "hf" else method
+        try:
+            if method == "hf":
+                reference, rows[name] = _hf_row(
+                    model_dir, tokenizer, groups, items, label_ids, args, cfg, peak
+                )
+            else:
+                rows[name] = _engine_row(model_dir, method, groups, items, reference, args, cfg, peak)
+        except Exception as error:  # the report keeps it; bench() exits non-zero at the end
+            rows[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        _speedups(rows)
+        on_row(rows)
     return {"shape": shape.__dict__, "items": items, "methods": rows}
+
+
+def _hf_row(model_dir, tokenizer, groups, items, label_ids, args, cfg, peak):
+    """(scores, row) of plain HF over padded pairs; the pair tensors are built before the timer."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
+    model = model.to(args.device).eval()
+    batches = hf_prepare(tokenizer, groups, args.hf_batch)  # untimed: tokenization and host tensors
+    hf_run(model, batches[:1], groups, "causal", label_ids)  # warm-up
+    _reset_peak()
+    (reference, tokens_run), seconds = best_of(
+        REPEATS, _synced, hf_run, model, batches, groups, "causal", label_ids, clock=CLOCK
+    )
+    useful, pairs = hf_attended_pairs(batches)
+    row = _figures(items, tokens_run, useful, pairs, seconds, cfg, peak, 0.0)
+    del model
+    return reference, row
+
+
+def _engine_row(model_dir, method, groups, items, reference, args, cfg, peak):
+    """One score-batch method's row; the plan (tokenize, pack, batch) is built before the timer."""
+    backend, _, extra = method.partition("+")  # "flashinfer+compile": compiled decoder layers
+    config = EngineConfig(
+        device=args.device,
+        dtype=args.dtype,
+        backend=backend,
+        max_batch_tokens=args.max_batch_tokens,
+        compile=extra == "compile",
+        scoring=ScoringConfig(label_tokens=LABELS),
+    )
+    scorer = Scorer.from_pretrained(model_dir, config)
+    plan = scorer.plan(groups)  # untimed: tokenization and packing
+    scorer.run(plan)  # warm-up: JIT, compilation, allocator
+    _reset_peak()
+    results, seconds = best_of(REPEATS, _synced, scorer.run, plan, clock=CLOCK)
+    diff = None if reference is None else max_abs_diff(results, reference)
+    tokens = plan.stats.packed_tokens
+    row = _figures(items, tokens, tokens, plan_attended_pairs(plan), seconds, cfg, peak, diff)
+    row["pairwise_tokens"] = plan.stats.pairwise_tokens
+    del scorer
+    return row
+
+
+def _speedups(rows: dict) -> None:
+    """speedup_vs_hf of every finished row once plain HF has a time."""
+    base = rows.get("hf_pairs", {}).get("items_per_s")
+    if base:
+        for row in rows.values():
+            if "items_per_s" in row:
+                row["speedup_vs_hf"] = round(row["items_per_s"] / base, 2)
 
 
 def _synced(fn, *args):
@@ -183,37 +235,71 @@ def _synced(fn, *args):
     return result
 
 
-def _figures(items, tokens, seconds, per_token, peak, diff) -> dict:
-    """One method's row."""
-    row = {
+def _figures(items, tokens_run, useful_tokens, pairs, seconds, cfg, peak, diff) -> dict:
+    """One method's row: throughput on the tokens it ran, FLOPs and MFU on the useful (unpadded) ones."""
+    return {
         "items_per_s": round(items / seconds, 1),
-        "tokens_run": int(tokens),
-        "tokens_per_s": round(tokens / seconds),
+        "tokens_run": int(tokens_run),
+        "useful_tokens": int(useful_tokens),
+        "tokens_per_s": round(tokens_run / seconds),
         "seconds": round(seconds, 4),
+        "attended_pairs": int(pairs),
+        **figures(cfg, useful_tokens, pairs, seconds, peak),
         "peak_gib": _peak_gib(),
         "max_abs_diff_vs_hf": diff,
     }
-    row["mfu"] = None if peak is None else round(tokens * per_token / seconds / peak, 4)
-    return row
 
 
-def bench(args) -> dict:
-    """Build the preset model once and run every workload; write the JSON report."""
+def bench(args, argv: list[str]) -> dict:
+    """Build the preset model once and run every workload; the JSON report is rewritten after every method."""
     preset = dict(PRESETS[args.preset])
     vocab_size = preset.pop("vocab_size")
+    info = versions()
+    peak, peak_source = peak_flops(info["device"])
+    report = {
+        "command": shlex.join(["python", "bench/gpu.py", *argv]),
+        "device": info["device"],
+        "versions": info,
+        "peak_bf16_flops": peak,
+        "peak_source": peak_source,
+        "timing": "best of 3 after a warm-up; tokenization, HF pair tensors and the score-batch plan are "
+        "built before the timer; timed: host token ids to host scores",
+        "preset": args.preset,
+        "model": preset,
+        "dtype": args.dtype,
+        "dense_flops_per_token": dense_flops_per_token(preset),
+        "workloads": {},
+    }
+
+    def write(workload: str, result: dict) -> None:
+        report["workloads"][workload] = result
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_bench_model(Path(tmp), "causal", vocab_size=vocab_size, **preset)
-        report = {
-            "preset": args.preset,
-            "model": preset,
-            "dtype": args.dtype,
-            "flops_per_token": flops_per_token(preset),
-            "versions": versions(),
-            "workloads": {w: run_workload(model_dir, _shape(w, args), args, preset) for w in args.workloads},
-        }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+        for w in args.workloads:
+            shape = _shape(w, args)
+            partial = {"shape": shape.__dict__, "methods": {}}
+            result = run_workload(
+                model_dir,
+                shape,
+                args,
+                preset,
+                on_row=lambda rows, w=w, p=partial: write(w, {**p, "methods": rows}),
+            )
+            write(w, result)
     return report
+
+
+def failed_methods(report: dict) -> list[str]:
+    """workload/method of every row that recorded an error."""
+    return [
+        f"{w}/{m}"
+        for w, result in report["workloads"].items()
+        for m, row in result["methods"].items()
+        if "error" in row
+    ]
 
 
 def _shape(workload: str, args) -> Shape:
@@ -234,7 +320,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument(
         "--methods",
         nargs="+",
-        default=["hf", "flashinfer", "flashinfer+compile", "flex", "flex+compile", "sdpa"],
+        choices=METHODS,
+        default=DEFAULT_METHODS,
+        help="hf always runs first when named",
     )
     run.add_argument("--queries", type=int, default=None, help="override the workload's number of queries")
     run.add_argument("--device", default="cuda")
@@ -242,23 +330,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--max-batch-tokens", type=int, default=None)
     run.add_argument("--hf-batch", type=int, default=32, help="pairs per plain-HF batch")
     run.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.command == "bench":  # plain HF first: it is every other method's reference
+        args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != "hf")
+    return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     if args.command == "versions":
         args.out.write_text(json.dumps(versions(), indent=2) + "\n")
         print(args.out.read_text())
     elif args.command == "warmup":
         print(json.dumps(warmup(args.out), indent=2))
     else:
-        report = bench(args)
+        report = bench(args, argv)
+        print(f"{report['device']}: peak {report['peak_source']}")
         for name, workload in report["workloads"].items():
             print(f"workload {name}: {workload['shape']}, {workload['items']} items")
             for method, row in workload["methods"].items():
-                print(f"  {method:12} {json.dumps(row)}")
+                print(f"  {method:18} {json.dumps({k: v for k, v in row.items() if k != 'traceback'})}")
+        failed = failed_methods(report)
+        if failed:
+            print(f"failed: {', '.join(failed)} (errors in {args.out})", file=sys.stderr)
+            return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

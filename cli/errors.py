@@ -6,10 +6,9 @@ import logging
 import os
 import sys
 
-from score_batch.cli.flags import in_flag_words
-from score_batch.job import Stopped
+from score_batch.cli.flags import as_flags
 
-from score_batch.errors import UserError, exit_code, is_environment_error
+from score_batch.errors import ConfigError, UserError, exit_code, is_environment_error
 
 log = logging.getLogger(__name__)
 
@@ -19,15 +18,22 @@ def exit_code_for(error: BaseException) -> int:
     if isinstance(error, BrokenPipeError):
         # The reader went away (`score-batch … -o - | head`): the normal end of a pipe, not a failure.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    elif isinstance(error, Stopped):
+    elif isinstance(getattr(error, "signum", None), int):  # job.Stopped, by the rule exit_code() uses
         log.error("stopped by %s; completed windows are checkpointed: rerun with --resume to continue", error)
     elif isinstance(error, UserError):
-        _say(in_flag_words(str(error)))
+        _say(user_message(error))
     elif is_environment_error(error):
         _say(f"{error} (the machine refused; fix it and rerun, with --resume where parts were checkpointed)")
     else:
         log.error("unexpected failure (a bug: please report it)", exc_info=error)
     return exit_code(error)
+
+
+def user_message(error: UserError) -> str:
+    """A user error in command-line words: a ConfigError's setting spelled as the flags that give it."""
+    if isinstance(error, ConfigError):
+        return f"{as_flags(error.setting, error.value)} {error.problem}"
+    return str(error)
 
 
 def _say(message: str) -> None:

@@ -1,30 +1,94 @@
-"""Flag text helpers: comma lists, and the one table from config fields to the flags that set them."""
+"""The one table from config fields to the flags that set them, and a setting spelled as a command line.
+
+A config field Owner.field (ScoringConfig.truncate, RunConfig.window_rows, …) is set by the ScoreOptions
+field of the same name, except where OPTION_OF names another one. Error messages name the flag through
+the same table (ConfigError.setting → flag_of), so the mapping and the messages cannot disagree.
+"""
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import shlex
+import typing
 
 import typer
+from score_batch.cli.options import ScoreOptions
 
-CONFIG_OWNERS = ("ScoringConfig", "EngineConfig", "RunConfig", "RayOptions", "ColumnOverrides")
-FIELD_FLAGS = {  # fields whose flag is not --field-name
-    "RunConfig.input": "INPUT",
-    "RunConfig.output": "-o/--output",
-    "RunConfig.model_dir": "--model",
-    "RayOptions.address": "--ray-address",
-    "ColumnOverrides.keep_columns": "--keep-columns",
+from score_batch.errors import ConfigError
+
+OPTION_OF = {  # config fields set by an option of another name (or built from it)
+    "RunConfig.model_dir": "model",
+    "RunConfig.storage_options": "storage_option",
+    "RunConfig.ray": "ray",
+    "RayOptions.address": "ray_address",
 }
-SETTING = re.compile(rf"\b({'|'.join(CONFIG_OWNERS)})\.(\w+)")
+# Nested configs, built from their own fields' flags.
+NESTED = ("RunConfig.columns", "RunConfig.engine", "EngineConfig.scoring")
+FLAGLESS = ("RayOptions.groups_per_batch",)  # Python API only: the command keeps the default
+OPTION_NAMES = tuple(field.name for field in dataclasses.fields(ScoreOptions))
+_HINTS = typing.get_type_hints(ScoreOptions, include_extras=True)
+
+
+def option_of(setting: str) -> str | None:
+    """The ScoreOptions field that sets config field Owner.field, or None when no flag sets it."""
+    if setting in OPTION_OF:
+        return OPTION_OF[setting]
+    name = setting.rpartition(".")[2]
+    return name if name in OPTION_NAMES and setting not in NESTED + FLAGLESS else None
 
 
 def flag_of(setting: str) -> str:
-    """The flag that sets a config field named Owner.field."""
-    return FIELD_FLAGS.get(setting) or "--" + setting.split(".", 1)[1].replace("_", "-")
+    """The flag that sets a config field (`ScoringConfig.score_index` → `--score-index`); the setting itself
+    when no flag sets it (a Python-only setting)."""
+    option = option_of(setting)
+    return _names(option)[0] if option else setting
 
 
-def in_flag_words(message: str) -> str:
-    """A library message with every Owner.field=value spelled as the flag that sets it."""
-    return SETTING.sub(lambda match: flag_of(match.group(0)), message)
+def as_flags(setting: str, value: object) -> str:
+    """A setting and its value as the command line that gives it: `--truncate item-tail`, `--resume`,
+    `--label-tokens ' no' --label-tokens ' yes'`, `--keep-columns a,b`."""
+    option = option_of(setting)
+    if option is None:
+        return f"{setting} {_word(value)}"
+    flag, off = _names(option)
+    if value is True or value is None or value == ():
+        return flag
+    if value is False:
+        return off or f"{flag} false"
+    if isinstance(value, list | tuple):
+        if _repeatable(option):
+            return " ".join(f"{flag} {_word('='.join(v) if isinstance(v, tuple) else v)}" for v in value)
+        return f"{flag} {_word(','.join(map(str, value)))}"
+    return f"{flag} {_word(value)}"
+
+
+def _declared(option: str) -> typer.models.ParameterInfo:
+    """The typer.Option / typer.Argument declared for a ScoreOptions field."""
+    return next(m for m in typing.get_args(_HINTS[option]) if isinstance(m, typer.models.ParameterInfo))
+
+
+def _names(option: str) -> tuple[str, str | None]:
+    """An option's long flag (INPUT for the argument) and its --no- form, if declared."""
+    info = _declared(option)
+    if isinstance(info, typer.models.ArgumentInfo):
+        return option.upper(), None
+    # In Annotated form, typer.Option's first positional argument (stored as `default`) is a flag name.
+    decls = [info.default] if isinstance(info.default, str) else []
+    names = [name for decl in (*decls, *(info.param_decls or ())) for name in decl.split("/")]
+    long = [name for name in names if name.startswith("--") and not name.startswith("--no-")]
+    off = [name for name in names if name.startswith("--no-")]
+    return (long[0] if long else "--" + option.replace("_", "-")), (off[0] if off else None)
+
+
+def _repeatable(option: str) -> bool:
+    """True for a flag given once per value (a list option): --label-tokens ' no' --label-tokens ' yes'."""
+    value_type = typing.get_args(_HINTS[option])[0]
+    return any(typing.get_origin(t) is list for t in (value_type, *typing.get_args(value_type)))
+
+
+def _word(value: object) -> str:
+    """One shell word: quoted only when the shell needs it (spaces, quotes, empty)."""
+    return shlex.quote(str(value))
 
 
 def comma_list(value: str | None) -> tuple[str, ...]:
@@ -32,13 +96,11 @@ def comma_list(value: str | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
 
-def comma_ints(value: str | None, flag: str) -> tuple[int, ...] | None:
-    """'1,2,3' → (1, 2, 3), with a usage error naming the flag."""
+def comma_ints(value: str | None, setting: str) -> tuple[int, ...] | None:
+    """'1,2,3' → (1, 2, 3); a ConfigError naming the setting (so its flag) for anything else."""
     if value is None:
         return None
     try:
         return tuple(int(v) for v in comma_list(value))
     except ValueError:
-        raise typer.BadParameter(
-            f"{value!r} is not a comma-separated list of integers", param_hint=flag
-        ) from None
+        raise ConfigError(setting, value, "is not a comma-separated list of integers") from None

@@ -1,4 +1,4 @@
-"""Logging for the command: one handler on stderr for the project's packages, quiet libraries."""
+"""Logging for the command: one handler on stderr for the project's loggers, quiet libraries."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import json
 import logging
 import sys
 
-import typer
+from score_batch.cli.options import LogFormat
 
-LOG_FORMATS = ("text", "json")
-PACKAGES = ("score_batch",)  # the logger root the command shows: every module logs under score_batch.*
+ROOT_LOGGER = "score_batch"  # every module logs under score_batch.*
 
 
 class JsonLines(logging.Formatter):
@@ -27,16 +26,12 @@ class JsonLines(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def setup_logging(quiet: bool, log_format: str = "text") -> None:
-    """Log to stderr: rich on a terminal, else 'score-batch: LEVEL: message' lines or JSON lines."""
-    if log_format not in LOG_FORMATS:
-        raise typer.BadParameter(
-            f"{log_format!r} is not one of {', '.join(LOG_FORMATS)}", param_hint="--log-format"
-        )
-    import transformers
+def setup_logging(quiet: bool, log_format: LogFormat = "text") -> None:
+    """Log to stderr: rich on a terminal, else 'score-batch: LEVEL: message' lines or JSON lines.
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    quiet drops progress and summaries (INFO) only: warnings, such as the count of skipped or failed
+    rows, and errors still show.
+    """
     handler: logging.Handler
     if log_format == "json":
         handler = logging.StreamHandler(sys.stderr)
@@ -48,7 +43,14 @@ def setup_logging(quiet: bool, log_format: str = "text") -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("score-batch: %(levelname)s: %(message)s"))
-    for name in PACKAGES:
-        logger = logging.getLogger(name)
-        logger.handlers = [handler]
-        logger.setLevel(logging.ERROR if quiet else logging.INFO)
+    logger = logging.getLogger(ROOT_LOGGER)
+    logger.handlers = [handler]
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+
+
+def quiet_libraries() -> None:
+    """Silence transformers' own warnings and progress bars (imported here: only a run needs it)."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()

@@ -1,4 +1,4 @@
-"""The score-batch command line: one Typer app with `score` (the default command) and `models`."""
+"""The score-batch command line: one Typer app with `score` (the default command), `run-batch` and `models`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import sys
 from typing import Annotated
 
 import typer
+from score_batch.cli.command import ReportingCommand, command_from
 from score_batch.cli.errors import exit_code_for
 from score_batch.cli.models import models
-from score_batch.cli.score import HELP, score
+from score_batch.cli.options import RunBatchOptions, ScoreOptions
+from score_batch.cli.score import HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
@@ -43,7 +45,8 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Offline batch scoring of (query, item) pairs with multi-item packed transformers.\n\n"
-    "[bold]score-batch INPUT -o OUTPUT[/bold] runs [bold]score[/bold] (see score-batch score --help).\n\n"
+    "[bold]score-batch INPUT -o OUTPUT[/bold] runs [bold]score[/bold] (see score-batch score --help); "
+    "[bold]score-batch run-batch -i IN -o OUT[/bold] scores a vLLM-style batch file.\n\n"
     "Every option of score can also come from an environment variable SCORE_BATCH_<OPTION> "
     "(SCORE_BATCH_MODEL, SCORE_BATCH_ON_ERROR, …); flags win.\n\n"
     "Exit codes: 0 done; 2 bad input or flags; 3 the machine refused (disk full, permission); "
@@ -67,7 +70,11 @@ def main(
     """Offline batch scoring of (query, item) pairs."""
 
 
-app.command("score", help=HELP, context_settings={"auto_envvar_prefix": "SCORE_BATCH"})(score)
+ENV = {"auto_envvar_prefix": "SCORE_BATCH"}
+app.command("score", cls=ReportingCommand, help=HELP, context_settings=ENV)(command_from(ScoreOptions, score))
+app.command("run-batch", cls=ReportingCommand, help=RUN_BATCH_HELP, context_settings=ENV)(
+    command_from(RunBatchOptions, score, RUN_BATCH_FIXED)
+)
 app.command(
     "models", help="Show the supported model families, the packing each allows, and the built-in profiles."
 )(models)

@@ -5,12 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from score_batch.cli.flags import in_flag_words
-from score_batch.engine.model_source import resolve_model_dir
-from score_batch.engine.models import read_model_info
-from score_batch.engine.profiles import builtin_profiles, choose_profile
+from score_batch.cli.errors import user_message
 
 from score_batch.errors import UserError
 
@@ -56,6 +51,11 @@ def models(
         typer.Option(help="Also describe this model (a local directory or a cached hub id)."),
     ] = None,
 ) -> None:
+    """Print the supported families and the built-in profiles (and describe --model)."""
+    from rich.console import Console
+    from rich.table import Table
+    from score_batch.engine.profiles import builtin_profiles
+
     console = Console()
     families = Table(title="Supported models", show_lines=True)
     for column in ("models", "heads", "packing", "notes"):
@@ -75,12 +75,16 @@ def models(
 
 def _describe(model: str) -> str:
     """One model's architecture, kind, allowed packing and profile, or why it cannot run."""
+    from score_batch.engine.model_source import resolve_model_dir
+    from score_batch.engine.models import read_model_info
+    from score_batch.engine.profiles import choose_profile
+
     try:
         path = resolve_model_dir(model)
         info = read_model_info(path)
         profile = choose_profile(None, model, path)
     except UserError as error:
-        raise typer.BadParameter(in_flag_words(str(error)), param_hint="--model") from None
+        raise typer.BadParameter(user_message(error), param_hint="--model") from None
     lines = [
         f"[bold]{model}[/bold] → {path}",
         f"  {info.architecture} ({info.model_type}), {info.kind}{', encoder' if info.encoder else ''}",

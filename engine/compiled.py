@@ -15,9 +15,14 @@ to flex's token buckets with static shapes was measured and rejected: every buck
 kind again and the shared RMSNorm code reaches dynamo's recompile limit (8) after four buckets, after
 which it silently runs eager; and on CPU it was slower than eager (padding copies), where dynamic was faster.
 Modules of the same class share their graphs (dynamo treats their parameters as inputs).
+
+torch._dynamo (about 1.7 s to import) is imported only when compilation is asked for: by compile_backbone
+and by the first OpaquePlan.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -79,13 +84,26 @@ class OpaquePlan:
     """A batch's attention plan whose `attend` dynamo never traces: the compiled graph breaks there.
 
     Only the type is guarded, so a new plan per batch compiles nothing new. Functions compiled on their
-    own inside attend (compiled flex_attention) still run compiled.
+    own inside attend (compiled flex_attention) still run compiled. Instances are of a subclass made on
+    first use, whose attend is wrapped by torch.compiler.disable (that import is what waits until then).
     """
+
+    def __new__(cls, plan) -> OpaquePlan:
+        return object.__new__(_untraced_plan_class())
 
     def __init__(self, plan) -> None:
         self.plan = plan
 
-    @torch.compiler.disable
     def attend(self, query, key, value, scaling, sliding_window, softcap=None):
         """The wrapped plan's attend, run eagerly."""
         return self.plan.attend(query, key, value, scaling, sliding_window, softcap)
+
+
+@functools.cache
+def _untraced_plan_class() -> type[OpaquePlan]:
+    """OpaquePlan's subclass whose attend dynamo skips (imports torch._dynamo, once)."""
+
+    class UntracedPlan(OpaquePlan):
+        attend = torch.compiler.disable(OpaquePlan.attend)
+
+    return UntracedPlan

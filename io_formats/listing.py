@@ -6,25 +6,52 @@ other sub-directories and names starting with `.` or `_` (`_SUCCESS`, `.part.tmp
 glob (`*`, `?`, `[…]` in any segment; `**` for any depth) means the data files it matches, hidden and
 `_` names left out. Order: the INPUTs as given, each one's files sorted by path; rows follow in file
 order, and row_index counts rows over all of them. Every `key=value` directory in a file's path becomes
-a string column `key` (a column the file itself holds wins).
+a column `key` (a column the file itself holds wins), typed over all the files' values as DuckDB's
+hive_types_autocast and polars type them: dates (YYYY-MM-DD) → date32, timestamps → timestamp[us],
+integers → int64, anything else (or a mix) → string; `hive_types="string"` keeps every value a string.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import posixpath
 import re
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import HTTP, Location, has_glob
 
-PARQUET, JSONL = "parquet", "jsonl"
+
+class InputFormat(str, Enum):
+    """What an input holds: Parquet or JSONL query/item rows, or OpenAI-style batch requests (JSONL)."""
+
+    PARQUET = "parquet"
+    JSONL = "jsonl"
+    OPENAI_BATCH = "openai-batch"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+PARQUET, JSONL = InputFormat.PARQUET, InputFormat.JSONL
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
 _PARTITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+HiveTypes = Literal["infer", "string"]
+_INTEGER = re.compile(r"[+-]?\d+")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?")
 
 
 @dataclass(frozen=True)
@@ -32,9 +59,9 @@ class InputFile:
     """One data file of the input: where it is, its format and compression, and its partition values."""
 
     location: Location
-    format: str
+    format: InputFormat
     compression: str | None
-    partitions: tuple[tuple[str, str | None], ...] = ()
+    partitions: tuple[tuple[str, Any], ...] = ()  # (key, value): a string, or typed by type_partitions
 
     @property
     def name(self) -> str:
@@ -47,8 +74,74 @@ class InputFile:
     def __str__(self) -> str:
         return self.location.uri
 
+    def with_partitions(self, record: dict) -> dict:
+        """A record with this file's partition values added (a column the file holds wins)."""
+        for key, value in self.partitions:
+            record.setdefault(key, value)
+        return record
 
-def file_format(name: str) -> tuple[str, str | None] | None:
+
+def _integer(text: str) -> int:
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(text)
+    return value
+
+
+# Partition value types tried in DuckDB's order (DATE, TIMESTAMP, BIGINT): (pattern, parser, Arrow type).
+_HIVE_TYPES: tuple[tuple[re.Pattern, Callable[[str], Any], pa.DataType], ...] = (
+    (_DATE, datetime.date.fromisoformat, pa.date32()),
+    (_TIMESTAMP, datetime.datetime.fromisoformat, pa.timestamp("us")),
+    (_INTEGER, _integer, pa.int64()),
+)
+
+
+def type_partitions(
+    files: list[InputFile], hive_types: HiveTypes
+) -> tuple[list[InputFile], dict[str, pa.DataType]]:
+    """The files with their partition values typed over all of them, and each partition key's Arrow type.
+
+    A key is a date, timestamp or integer column when every non-null value of it parses as one (the first
+    such type, in DuckDB's order); otherwise, or with hive_types "string", its values stay strings.
+    """
+    values: dict[str, list[str]] = {}
+    for file in files:
+        for key, value in file.partitions:
+            values.setdefault(key, [])
+            if value is not None:
+                values[key].append(value)
+    parsers: dict[str, Callable[[str], Any]] = {}
+    types: dict[str, pa.DataType] = {key: pa.string() for key in values}
+    if hive_types == "infer":
+        for key, texts in values.items():
+            for pattern, parse, dtype in _HIVE_TYPES:
+                if texts and all(pattern.fullmatch(text) and _parses(parse, text) for text in texts):
+                    parsers[key], types[key] = parse, dtype
+                    break
+    if not parsers:
+        return files, types
+    typed = [
+        dataclasses.replace(
+            file,
+            partitions=tuple(
+                (key, parsers[key](value) if key in parsers and value is not None else value)
+                for key, value in file.partitions
+            ),
+        )
+        for file in files
+    ]
+    return typed, types
+
+
+def _parses(parse: Callable[[str], Any], text: str) -> bool:
+    try:
+        parse(text)
+    except ValueError:
+        return False
+    return True
+
+
+def file_format(name: str) -> tuple[InputFormat, str | None] | None:
     """(format, compression) from a file name, or None when it is not a data file we read."""
     lowered = name.lower()
     compression = None
@@ -183,7 +276,7 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(out))
 
 
-def check_one_format(files: list[InputFile], label: str) -> str:
+def check_one_format(files: list[InputFile], label: str) -> InputFormat:
     """The format of all files; InputError when Parquet and JSONL are mixed."""
     formats = {f.format for f in files}
     if len(formats) > 1:

@@ -137,6 +137,8 @@ _FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}
 
 def filesystem(scheme: str, options: tuple[tuple[str, str], ...] = ()) -> pafs.FileSystem:
     """The pyarrow filesystem of a scheme with --storage-option settings (one instance per settings)."""
+    if scheme == S3:
+        options = s3_options(options)
     cache_key = (scheme, tuple(sorted(options)))
     if cache_key in _FILESYSTEMS:
         return _FILESYSTEMS[cache_key]
@@ -154,6 +156,33 @@ def filesystem(scheme: str, options: tuple[tuple[str, str], ...] = ()) -> pafs.F
         raise InputError(f"{scheme}:// needs pyarrow built with it ({error})") from None
     _FILESYSTEMS[cache_key] = fs
     return fs
+
+
+S3_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # as boto3 and the AWS CLI read them
+
+
+def s3_options(options: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """--storage-option pairs for S3 with the endpoint resolved once, for every client (pyarrow's filesystem
+    and the boto3 client of the lock): `endpoint_override` given wins, else AWS_ENDPOINT_URL_S3, else
+    AWS_ENDPOINT_URL (pyarrow's S3FileSystem does not read these variables itself; boto3 does)."""
+    if any(key == "endpoint_override" for key, _ in options):
+        return options
+    for name in S3_ENDPOINT_VARIABLES:
+        value = os.environ.get(name, "").strip().rstrip("/")
+        if value:
+            return (*options, ("endpoint_override", value))
+    return options
+
+
+def s3_client_kwargs(options: tuple[tuple[str, str], ...]) -> dict:
+    """boto3.client("s3", **kwargs) settings matching filesystem(S3, options): endpoint URL and region."""
+    kwargs = storage_kwargs(s3_options(options))
+    client: dict = {}
+    if kwargs.get("endpoint_override"):
+        client["endpoint_url"] = f"{kwargs.get('scheme', 'https')}://{kwargs['endpoint_override']}"
+    if kwargs.get("region"):
+        client["region_name"] = kwargs["region"]
+    return client
 
 
 def storage_kwargs(options: tuple[tuple[str, str], ...]) -> dict:

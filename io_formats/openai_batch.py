@@ -21,15 +21,13 @@ SCORE_URLS = ("/v1/score", "/score")
 RERANK_URLS = ("/v1/rerank", "/rerank", "/v2/rerank")
 # The score body's (queries, items) field pairs, as vLLM's ScoreRequest variants name them.
 SCORE_FIELDS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
-# Body fields that would change scores per request; a request that sets one (non-null) gets an error line.
-UNSUPPORTED_FIELDS = {
-    "truncate_prompt_tokens": "truncation is set for the whole run (--truncate, --max-query-tokens, --max-item-tokens)",
-    "use_activation": "the activation is set for the whole run (the scoring profile, --apply-softmax)",
-    "activation": "the activation is set for the whole run (the scoring profile, --apply-softmax)",
-    "softmax": "the activation is set for the whole run (the scoring profile, --apply-softmax)",
-    "mm_processor_kwargs": "multimodal inputs are not supported",
-}
+# Body fields a request may not set (non-null): an error line each.
+UNSUPPORTED_FIELDS = {"mm_processor_kwargs": "multimodal inputs are not supported"}
+# Per-request activation switches, in the order vLLM reads them (get_use_activation: the first one set wins;
+# softmax and activation are vLLM's deprecated spellings of use_activation).
+ACTIVATION_FIELDS = ("softmax", "activation", "use_activation")
 DETECT_LIMIT = 64 << 20  # bytes of the first non-blank line read to detect the format
+BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,8 @@ class BatchRequest:
     item_query: list[int] = field(default_factory=list)  # index into queries, per item
     top_n: int = 0  # rerank: keep the best top_n results (0: all)
     return_documents: bool = True  # rerank: include each document's text
+    use_activation: bool | None = None  # None: the run's own score; False: the raw value; True: activated
+    truncate_prompt_tokens: int | None = None  # keep the last N tokens of each (query, item) pair; None: off
     error: BatchError | None = None
 
     def grouped(self) -> list[tuple[str, list[int]]]:
@@ -69,31 +69,52 @@ class BatchRequest:
         return list(zip(self.queries, positions))
 
 
-def looks_like_openai_batch(path: str) -> bool:
+def looks_like_openai_batch(path: str | Path) -> bool:
     """True when path is a file whose first non-blank line is a JSON object with custom_id, url and body.
 
-    stdin ("-"), directories, Parquet files and anything unreadable are not batch files here.
+    A UTF-8 byte order mark and CRLF line ends (files saved by Windows editors) are allowed. Directories,
+    Parquet files and anything unreadable are not batch files; stdin ("-") is sniffed by the caller on
+    its spool (io_formats.readers.InputSource.spool_path).
     """
-    if path == STDIN:
+    if str(path) == STDIN:
         return False
     p = Path(path)
     if not p.is_file() or p.suffix.lower() == ".parquet":
         return False
     try:
         with open(p, "rb") as handle:
+            first = True
             while True:
                 raw = handle.readline(DETECT_LIMIT)
+                if first and raw.startswith(BOM):
+                    raw = raw[len(BOM) :]
+                first = False
                 if not raw:
                     return False
                 if raw.strip():
                     break
-        record = json.loads(raw.decode("utf-8"))
+        return is_request_record(json.loads(raw.decode("utf-8")))
     except (OSError, ValueError):
         return False
+
+
+def is_request_record(record: Any) -> bool:
+    """True for a parsed line that is a batch request envelope (custom_id, url and body)."""
     return isinstance(record, dict) and all(key in record for key in ("custom_id", "url", "body"))
 
 
-def read_requests(path: str) -> Iterator[BatchRequest]:
+@dataclass(frozen=True)
+class BatchFileReader:
+    """An OpenAI-style batch file (a local JSONL file, the stdin spool, or "-" for stdin itself) → requests."""
+
+    path: str | Path
+
+    def requests(self) -> Iterator[BatchRequest]:
+        """The request lines in order, parsed (see read_requests)."""
+        return read_requests(self.path)
+
+
+def read_requests(path: str | Path) -> Iterator[BatchRequest]:
     """The request lines of a batch file (or stdin), parsed; blank lines are skipped, bad lines carry an error."""
     index = 0
     for line, raw in _nonblank_lines(path):
@@ -101,9 +122,9 @@ def read_requests(path: str) -> Iterator[BatchRequest]:
         index += 1
 
 
-def _nonblank_lines(path: str) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) of every non-blank line."""
-    if path == STDIN:
+def _nonblank_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
+    if str(path) == STDIN:
         yield from _numbered(sys.stdin.buffer)
         return
     with open(path, "rb") as handle:
@@ -112,6 +133,8 @@ def _nonblank_lines(path: str) -> Iterator[tuple[int, bytes]]:
 
 def _numbered(handle) -> Iterator[tuple[int, bytes]]:
     for number, raw in enumerate(handle, start=1):
+        if number == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
         if raw.strip():
             yield number, raw
 
@@ -192,9 +215,39 @@ def _check_unsupported(body: dict) -> None:
             raise _BodyError("unsupported_parameter", f"body.{name} is not supported: {why}")
 
 
+def _parse_switches(request: BatchRequest, body: dict) -> None:
+    """The per-request settings both endpoints share: activation and truncation (vLLM's and TEI's names)."""
+    _check_unsupported(body)
+    for name in (*ACTIVATION_FIELDS, "raw_scores"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise _BodyError("invalid_body", f"body.{name} must be true or false, not {_json_type(value)}")
+    given = [(name, body[name]) for name in ACTIVATION_FIELDS if body.get(name) is not None]
+    use_activation = given[0][1] if given else None
+    if body.get("raw_scores") is not None:  # TEI: raw_scores true is use_activation false
+        activated = not body["raw_scores"]
+        if use_activation is not None and use_activation != activated:
+            raise _BodyError(
+                "invalid_body",
+                f"body.raw_scores {_json_bool(body['raw_scores'])} contradicts body.{given[0][0]} "
+                f"{_json_bool(use_activation)}",
+            )
+        use_activation = activated
+    request.use_activation = use_activation
+    truncate = body.get("truncate_prompt_tokens")
+    if truncate is not None:
+        if not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < -1 or truncate == 0:
+            raise _BodyError(
+                "invalid_body",
+                "body.truncate_prompt_tokens must be a positive integer (tokens kept) or -1 (the model's "
+                f"limit), not {truncate!r}",
+            )
+        request.truncate_prompt_tokens = None if truncate == -1 else truncate
+
+
 def _parse_score(request: BatchRequest, body: dict) -> None:
     """text_1 (one or N) against text_2 (N): 1:1, 1:N or N:N pairs, as vLLM's score endpoint."""
-    _check_unsupported(body)
+    _parse_switches(request, body)
     present = [pair for pair in SCORE_FIELDS if pair[0] in body and pair[1] in body]
     if not present:
         partial = [name for pair in SCORE_FIELDS for name in pair if name in body]
@@ -228,30 +281,32 @@ def _parse_score(request: BatchRequest, body: dict) -> None:
 
 
 def _parse_rerank(request: BatchRequest, body: dict) -> None:
-    """One query against its documents; results sorted best first, top_n kept."""
-    _check_unsupported(body)
-    for name in ("query", "documents"):
+    """One query against its documents; results sorted best first, top_n kept (TEI's texts/return_text too)."""
+    _parse_switches(request, body)
+    documents_field = "texts" if "texts" in body and "documents" not in body else "documents"
+    for name in ("query", documents_field):
         if name not in body:
             raise _BodyError("invalid_body", f"body has no {name!r}")
     query = body["query"]
     if not isinstance(query, str):
         raise _BodyError("invalid_body", f"body.query must be a string, not {_json_type(query)}")
-    documents = _texts(body["documents"], "documents")
+    documents = _texts(body[documents_field], documents_field)
     if not documents:
-        raise _BodyError("invalid_body", "body.documents is empty: give at least one document")
+        raise _BodyError("invalid_body", f"body.{documents_field} is empty: give at least one document")
     top_n = body.get("top_n", 0)
     if top_n is None:
         top_n = 0
     if not isinstance(top_n, int) or isinstance(top_n, bool):
         raise _BodyError("invalid_body", f"body.top_n must be an integer, not {_json_type(top_n)}")
-    return_documents = body.get("return_documents", True)
-    if return_documents is None:
-        return_documents = True
-    if not isinstance(return_documents, bool):
-        raise _BodyError(
-            "invalid_body", f"body.return_documents must be true or false, not {_json_type(return_documents)}"
-        )
-    request.item_field = "documents"
+    return_documents = True
+    for name in ("return_text", "return_documents"):  # TEI's name, then vLLM/Cohere's (it wins)
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise _BodyError("invalid_body", f"body.{name} must be true or false, not {_json_type(value)}")
+        return_documents = value
+    request.item_field = documents_field
     request.queries, request.items, request.item_query = [query], documents, [0] * len(documents)
     request.top_n = max(top_n, 0)
     request.return_documents = return_documents
@@ -273,6 +328,10 @@ def _texts(value: Any, name: str) -> list[str]:
     raise _BodyError(
         "invalid_body", f"body.{name} must be a string or a list of strings, not {_json_type(value)}"
     )
+
+
+def _json_bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 def _json_type(value: Any) -> str:
@@ -329,10 +388,8 @@ def rerank_body(request: BatchRequest, scores: list[float], prompt_tokens: int, 
         order = order[: request.top_n]
     results = []
     for i in order:
-        result: dict[str, Any] = {"index": i}
-        if request.return_documents:
-            result["document"] = {"text": request.items[i]}
-        result["relevance_score"] = _finite(scores[i])
+        document = {"text": request.items[i] if request.return_documents else None}
+        result: dict[str, Any] = {"index": i, "document": document, "relevance_score": _finite(scores[i])}
         results.append(result)
     return {
         "id": f"rerank-{request.index}",

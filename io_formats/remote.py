@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 import pyarrow.fs as pafs
-from score_batch.io_formats.locations import S3, Location, storage_kwargs
+from score_batch.io_formats.locations import S3, Location, s3_client_kwargs
 from score_batch.io_formats.writers import SUCCESS
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,4 @@ def _s3_client(options: tuple[tuple[str, str], ...]):
     except ImportError:
         log.warning("boto3 is not installed: the S3 output lock is check-then-write (single-writer rule)")
         return None
-    kwargs = storage_kwargs(options)
-    endpoint = kwargs.get("endpoint_override")
-    client_kwargs = {}
-    if endpoint:
-        client_kwargs["endpoint_url"] = f"{kwargs.get('scheme', 'https')}://{endpoint}"
-    if kwargs.get("region"):
-        client_kwargs["region_name"] = kwargs["region"]
-    return boto3.client("s3", **client_kwargs)
+    return boto3.client("s3", **s3_client_kwargs(options))  # the endpoint resolved as for the data path

@@ -81,12 +81,9 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
     return ColumnMapping(layout, query, items, query_id, item_id, tuple(overrides.keep_columns))
 
 
-# Output columns a kept column may not replace (the job's contract also writes the row index).
-RESERVED = ("query_id", "item_id", "score", "scores", "pooled_hidden_state", "error", "row_index")
-
-
 def _check_keep(keep: tuple[str, ...], query_id: str | None, item_id: str | None) -> None:
-    """Kept columns must be new output columns: not an id column, not a reserved name, not twice."""
+    """Kept columns must be new output columns: not an id column, not twice (the names the job writes itself
+    are refused by job.contract.check_kept_columns)."""
     seen: set[str] = set()
     for name in keep:
         if name in seen:
@@ -97,9 +94,6 @@ def _check_keep(keep: tuple[str, ...], query_id: str | None, item_id: str | None
                 raise InputError(
                     f"--keep-columns: {name!r} is already in the output as {output}; leave it out"
                 )
-    clash = [name for name in keep if name in RESERVED]
-    if clash:
-        raise InputError(f"--keep-columns {_list(clash)} would overwrite output columns of the same name")
 
 
 def _empty_input_mapping(overrides: ColumnOverrides) -> ColumnMapping:

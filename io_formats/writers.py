@@ -3,6 +3,8 @@ hive-partitioned Parquet directories written whole into a staging directory (pub
 
 from __future__ import annotations
 
+import datetime
+import io
 import json
 import math
 import os
@@ -20,19 +22,39 @@ from score_batch.io_formats.errors import InputError
 
 STDOUT = "-"
 OUTPUT_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+JSONL_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}  # the compressed JSONL inputs read too
 SUCCESS = "_SUCCESS"  # written last into a finished partitioned output (the Hadoop/Spark committers' marker)
 COMMON_METADATA = "_common_metadata"  # the full output schema, partition columns included (also when empty)
 _WRITTEN_NAME = re.compile(r"part-(\d+)\.parquet")
 
 
 def output_format(path: str) -> str:
-    """'parquet' or 'jsonl' from the output path ('-' is JSONL on stdout)."""
+    """'parquet' or 'jsonl' from the output path ('-' is JSONL on stdout; .jsonl.gz/.zst/.bz2 are JSONL)."""
+    return _output_kind(str(path))[0]
+
+
+def output_compression(path: str) -> str | None:
+    """The codec of a compressed JSONL output (gzip, zstd, bz2) from its name, or None."""
+    return _output_kind(str(path))[1]
+
+
+def _output_kind(path: str) -> tuple[str, str | None]:
+    """(format, compression) of an output path; InputError for a name that is neither."""
     if path == STDOUT:
-        return "jsonl"
-    fmt = OUTPUT_FORMATS.get(Path(path).suffix.lower())
-    if fmt is None:
-        raise InputError(f"output {path!r}: give a .parquet or .jsonl path, or - for JSONL on stdout")
-    return fmt
+        return "jsonl", None
+    name = Path(path).name.lower()
+    stem, suffix = os.path.splitext(name)
+    compression = JSONL_COMPRESSIONS.get(suffix)
+    if compression is not None:
+        stem, suffix = os.path.splitext(stem)
+    fmt = OUTPUT_FORMATS.get(suffix)
+    if fmt is None or (compression is not None and fmt != "jsonl"):
+        raise InputError(
+            f"output {path!r}: give a .parquet, .jsonl (or .jsonl.gz, .jsonl.zst) path, or - for JSONL on stdout"
+        )
+    if compression is not None and not pa.Codec.is_available(compression):
+        raise InputError(f"output {path!r}: this pyarrow cannot write {compression}; give another suffix")
+    return fmt, compression
 
 
 def exclusive_temp(destination: Path, directory: bool = False) -> Path:
@@ -89,12 +111,23 @@ class AtomicTableWriter:
             os.close(handle)
             self.tmp = Path(name)
         self._parquet = pq.ParquetWriter(self.tmp, schema) if fmt == "parquet" else None
-        self._text = open(self.tmp, "w", encoding="utf-8") if fmt == "jsonl" else None
+        self._text = None
+        self._compressed = None
+        if fmt == "jsonl":
+            codec = output_compression(str(path))
+            if codec is None:
+                self._text = open(self.tmp, "w", encoding="utf-8")
+            else:
+                self._compressed = pa.CompressedOutputStream(str(self.tmp), codec)
 
     def write(self, table: pa.Table) -> None:
-        """Append a table (one Parquet row group, or JSONL lines)."""
+        """Append a table (one Parquet row group, or JSONL lines, compressed as the name says)."""
         if self._parquet is not None:
             self._parquet.write_table(table)
+        elif self._compressed is not None:
+            text = io.StringIO()
+            write_jsonl(table, text)
+            self._compressed.write(text.getvalue().encode("utf-8"))
         else:
             write_jsonl(table, self._text)
 
@@ -119,6 +152,9 @@ class AtomicTableWriter:
         if self._text is not None:
             self._text.close()
             self._text = None
+        if self._compressed is not None:
+            self._compressed.close()  # writes the codec's trailer
+            self._compressed = None
 
 
 def write_partitioned(
@@ -199,6 +235,8 @@ def _json_value(value: Any) -> Any:
     """JSON-safe value: non-finite floats become null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, (datetime.date, datetime.time)):  # typed hive partition values, kept columns
+        return value.isoformat()
     if isinstance(value, list):
         return [_json_value(v) for v in value]
     return value

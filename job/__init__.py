@@ -22,10 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from score_batch.io_formats.readers import open_source
 from score_batch.job.config import RayOptions, RunConfig
+from score_batch.job.contract import check_kept_columns
 from score_batch.job.lock import OutputLock
 from score_batch.job.paths import check_report_path
 from score_batch.job.policy import remove_leftovers
+from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.resources import available_cpus
 from score_batch.job.signals import Stopped, StopSignals
@@ -37,7 +40,7 @@ log = logging.getLogger(__name__)
 class Runner:
     """Where windows come from and where scoring happens: its preflight and its score-and-publish phase."""
 
-    preflight: Callable  # (config) -> Checked
+    preflight: Callable  # (config, source) -> Checked
     score: Callable  # (config, checked, report) -> None: load, score windows, publish
 
 
@@ -47,9 +50,10 @@ def run(config: RunConfig) -> RunReport:
     check_report_path(config)  # before the report can be written, so it never replaces a file it must not
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
     started = time.perf_counter()
+    batch_file = False
     try:
         with StopSignals(immediate=True):  # preflight and model load stop at once; scoring defers
-            _run_phases(config, report)
+            batch_file = _run_phases(config, report)
     except BaseException as error:
         report.end(error)
         _write_report(config, report)
@@ -57,32 +61,39 @@ def run(config: RunConfig) -> RunReport:
     report.seconds_total = round(time.perf_counter() - started, 3)
     report.end(None)
     _write_report(config, report)
+    warn_failed_items(report, config, batch_file)
     return report
 
 
-def _run_phases(config: RunConfig, report: RunReport) -> None:
-    """resolve → preflight → lock → score windows → publish (the report is the caller's)."""
-    runner = _resolve(config)
-    if runner is None:  # a batch file: its driver (job/openai_batch.py) runs its own phases
-        from score_batch.job.openai_batch import run_openai_batch
-
-        run_openai_batch(config, report)
-        return
-    checked = runner.preflight(config)
+def _run_phases(config: RunConfig, report: RunReport) -> bool:
+    """resolve → preflight → lock → score windows → publish (the report is the caller's); True for a
+    batch file."""
+    ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
+    check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled)  # needs no input
+    source = open_source(config.inputs, config.storage_options, config.hive_types)
     try:
+        runner = _resolve(config, source)
+        if runner is None:  # a batch file: its driver (job/openai_batch.py) runs its own phases
+            from score_batch.job.openai_batch import run_openai_batch
+
+            run_openai_batch(config, report, source)
+            return True
+        checked = runner.preflight(config, source)
         with OutputLock.for_paths(checked.paths):
             if _already_complete(config, checked, report):
-                return
+                return False
             remove_leftovers(*checked.paths.leftovers)
             runner.score(config, checked, report)
+        return False
     finally:
-        if checked.source is not None:  # a batch-file runner has no table source
-            checked.source.close()
+        source.close()
 
 
-def _resolve(config: RunConfig) -> Runner | None:
+def _resolve(config: RunConfig, source) -> Runner | None:
     """The runner the config names (None: an OpenAI-style batch file)."""
-    if _is_openai_batch(config):
+    from score_batch.job.openai_batch import is_openai_batch
+
+    if is_openai_batch(config.input_format, source):  # stdin: sniffed on its spool
         return None
     if config.ray is not None:
         from score_batch.job.ray_run import check_ray_preflight, run_ray
@@ -108,18 +119,6 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     report.already_complete = True
     log.warning("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True
-
-
-def _is_openai_batch(config: RunConfig) -> bool:
-    """True when the input is an OpenAI-style batch file (named so, or detected)."""
-    if config.input_format == "auto":
-        from score_batch.io_formats.locations import is_uri
-        from score_batch.io_formats.openai_batch import looks_like_openai_batch
-
-        if len(config.inputs) > 1 or is_uri(config.inputs[0]):
-            return False  # a batch file is one local JSONL file
-        return looks_like_openai_batch(config.inputs[0])
-    return config.input_format == "openai-batch"
 
 
 def _write_report(config: RunConfig, report: RunReport) -> None:

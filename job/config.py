@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from score_batch.engine import EngineConfig
 from score_batch.io_formats.schema import ColumnOverrides
@@ -70,6 +71,7 @@ class RunConfig:
         tuple[str, str], ...
     ] = ()  # --storage-option key=value: endpoint, region (no secrets)
     partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
+    hive_types: Literal["infer", "string"] = "infer"  # --hive-types: input partition values typed, or strings
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR_MODES:

@@ -20,8 +20,28 @@ ERROR = "error"
 RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
 QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
 ERROR_FIELDS = (ROW_INDEX, "query_id", "item_id", ERROR)  # one line of the errors file
-RESERVED = ("query_id", "item_id", "score", "rank", "scores", "pooled_hidden_state", ERROR, ROW_INDEX)
-PARTITION_IDS = ("query_id", "item_id")  # --partition-by may name these and the kept columns
+ID_COLUMNS = ("query_id", "item_id")
+PARTITION_IDS = ID_COLUMNS  # --partition-by may name these and the kept columns
+
+
+def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool) -> None:
+    """--keep-columns may not name a column the job writes itself (OutputContract.written_columns); needs no
+    weights and no input, so preflight runs it before anything loads."""
+    for name in OutputContract.written_columns(ranked=ranked, pooled=pooled):
+        if name not in keep:
+            continue
+        if name in ID_COLUMNS:
+            raise InputError(f"--keep-columns: {name!r} is already in the output as {name}; leave it out")
+        if name == QUERY_KEY:
+            raise InputError(
+                f"--keep-columns {name!r}: with --rank / --top-k that name is taken by a column of the "
+                "checkpoint parts; rename the input column"
+            )
+        when = " with --rank / --top-k" if name == RANK else ""
+        raise InputError(
+            f"--keep-columns {name!r} would overwrite the output column of the same name{when}; "
+            "rename the input column"
+        )
 
 
 def check_partition_by(partition_by: tuple[str, ...], keep: tuple[str, ...]) -> None:
@@ -48,7 +68,6 @@ class OutputContract:
     query_ids_given: bool  # the input has a query-id column; else the row index is the query id
     ranked: bool = False  # add a rank column; rows of a query come out best first
     top_k: int | None = None  # keep only the top_k scored items of each query
-    row_is_query: bool = False  # nested layout: each input row is one query (its own ranking)
 
     @classmethod
     def from_types(
@@ -60,7 +79,12 @@ class OutputContract:
         rank: bool = False,
         top_k: int | None = None,
     ) -> OutputContract:
-        """Types of the whole input (io_formats.readers.column_types); absent ids are row indexes (int64)."""
+        """Types of the whole input (io_formats.readers.column_types); absent ids are row indexes (int64).
+
+        Refuses kept columns that would overwrite a written column (check_kept_columns).
+        """
+        ranked = rank or top_k is not None
+        check_kept_columns(mapping.keep, ranked=ranked, pooled=pooled_dim is not None)
 
         def typed(column: str | None, default: pa.DataType) -> pa.DataType:
             dtype = types.get(column) if column else None
@@ -68,9 +92,14 @@ class OutputContract:
 
         id_types = (typed(mapping.query_id, pa.int64()), typed(mapping.item_id, pa.int64()))
         kept = tuple((name, typed(name, pa.string())) for name in mapping.keep)
-        ranked = rank or top_k is not None
-        nested = mapping.layout == "nested"
-        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k, nested)
+        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k)
+
+    @staticmethod
+    def written_columns(*, ranked: bool, pooled: bool) -> tuple[str, ...]:
+        """Every column the job writes besides the kept ones, in any of its files (checkpoint parts, the final
+        output, Ray files, the errors file): the names a kept column may not take. Read off the schemas."""
+        probe = OutputContract((pa.null(), pa.null()), (), 1 if pooled else None, "record", False, ranked)
+        return tuple((probe.ranked_schema() if ranked else probe.part_schema()).names)
 
     @property
     def keep(self) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ class ErrorsSink:
             self.path.publish_file(self._tmp)
         finally:
             self._tmp.unlink(missing_ok=True)
-        log.warning("skipped rows are listed in %s", self.path)
+        log.info("skipped rows are listed in %s", self.path)  # the run's one warning names it too
 
     def abort(self) -> None:
         """Drop the unpublished list."""

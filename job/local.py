@@ -22,6 +22,7 @@ from score_batch.job.prefetch import prefetched
 from score_batch.job.preflight import Checked, output_contract
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
+from score_batch.job.score_stats import ScoreStats
 from score_batch.job.signals import StopSignals
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash
@@ -57,6 +58,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
 
     windows_read = 0
     digests: list[str] = []  # every window's input hash: the completion record's input digest
+    stats = ScoreStats()  # the scored windows' score distribution and items per query, for the report
     try:
         with StopSignals() as stop:
             for window in prefetched(enumerate(windows), prepare, config.pipeline):
@@ -89,6 +91,8 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
                     results = scorer.run(plan, advance)
                 columns = output_columns(rows, grouped, results, contract)
                 part = contract.part_table(columns)
+                stats.add_scores(part["score"])
+                stats.add_query_sizes(len(refs) for refs in grouped.refs)
                 failed = part.num_rows - part["error"].null_count
                 report.items += part.num_rows
                 report.items_failed += failed
@@ -100,6 +104,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
                 sink.write(number, part, contract, input_hash)
                 stop.check()
             report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
+            report.score_stats = stats.summary()
             sink.check_read(windows_read)
             fingerprint = completion_fingerprint(config, content_digest(digests))
             report.items_skipped = sink.commit(contract, stop.check, fingerprint)

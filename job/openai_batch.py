@@ -8,25 +8,32 @@ parsed or scored gets an error line and the run goes on (the batch format's own 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
 from score_batch.engine import Group
+from score_batch.engine.planner import Planner
+from score_batch.io_formats import readers
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.listing import InputFormat
 from score_batch.io_formats.locations import is_uri
 from score_batch.io_formats.openai_batch import (
     STDIN,
     BatchError,
+    BatchFileReader,
     BatchRequest,
     error_line,
-    read_requests,
     rerank_body,
     score_body,
     success_line,
 )
+from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import durable_replace, exclusive_temp
 from score_batch.job.config import STDOUT, RunConfig
@@ -39,16 +46,27 @@ from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
+UNLIMITED = 1 << 40  # token limits of the planner that measures whole pairs for truncate_prompt_tokens
+Activation = Literal["none", "sigmoid", "softmax"]
 
 
-def run_openai_batch(config: RunConfig, report: RunReport) -> None:
-    """Score every request of a batch file and write one response line per request, filling report."""
+def is_openai_batch(input_format: str, source: InputSource) -> bool:
+    """True when the run reads an OpenAI-style batch file (io_formats.readers.input_format decides)."""
+    return readers.input_format(source, input_format) == InputFormat.OPENAI_BATCH
+
+
+def run_openai_batch(config: RunConfig, report: RunReport, source: InputSource | None = None) -> None:
+    """Score every request of a batch file and write one response line per request, filling report.
+
+    source: the opened input; for stdin its spool is read (stdin itself is read when none is given).
+    """
     started = time.perf_counter()
     check_batch_config(config)
     destination = check_destination(config, directory=False)
     check_run_paths(config, () if config.input == STDIN else (Path(config.input),), destination)
+    batch = readers.batch_reader(source) if source is not None else BatchFileReader(config.input)
     with OutputLock.for_run(config, destination):
-        _run_locked(config, destination, report, started)
+        _run_locked(config, destination, report, started, batch)
 
 
 def check_batch_config(config: RunConfig) -> None:
@@ -78,12 +96,17 @@ def check_batch_config(config: RunConfig) -> None:
         )
 
 
-def _run_locked(config: RunConfig, destination: Path | None, report: RunReport, started: float) -> None:
+def _run_locked(
+    config: RunConfig, destination: Path | None, report: RunReport, started: float, batch: BatchFileReader
+) -> None:
     """The run, once the paths are checked and the output is ours."""
     if destination is not None and not config.dry_run:
         remove_leftovers(destination)
     scorer, planner, setup = load_engine(config, report)
     model, created = str(config.model_dir), int(time.time())
+    switches = _Switches(
+        getattr(config.engine.scoring, "activation", "auto"), config.engine.scoring.score_index
+    )
     failures = _Failures()
     progress = tqdm(
         unit="item",
@@ -98,9 +121,9 @@ def _run_locked(config: RunConfig, destination: Path | None, report: RunReport, 
     scoring_started = time.perf_counter()
     try:
         with StopSignals() as stop:
-            for window in _windows(read_requests(config.input), config.window_rows):
+            for window in _windows(batch.requests(), config.window_rows):
                 report.rows_read += len(window)
-                groups, owners = _groups(window)
+                groups, owners = _groups(window, planner)
                 plan = planner.plan(groups) if groups else None
                 results = None
                 if plan is not None:
@@ -114,11 +137,13 @@ def _run_locked(config: RunConfig, destination: Path | None, report: RunReport, 
                         results = scorer.run(plan, advance)
                 lines = []
                 for number, request in enumerate(window):
-                    line, error = _response(request, number, owners, plan, results, model, created)
+                    line, error = _response(request, number, owners, plan, results, model, created, switches)
                     items = len(request.items)
                     report.items += items
+                    report.requests += 1
                     if error is not None:
                         report.items_failed += items
+                        report.requests_failed += 1
                         failures.add(request, error)
                     elif scorer is not None:
                         report.items_scored += items
@@ -152,36 +177,109 @@ def _windows(requests, window_items: int):
         yield window
 
 
-def _groups(window: list[BatchRequest]) -> tuple[list[Group], dict[int, list[tuple[int, list[int]]]]]:
-    """The engine groups of a window's good requests, and per request its (group index, item positions)."""
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """Some items of a request: the engine group scoring them (None: refused) and their request positions."""
+
+    group: int | None
+    positions: list[int]
+    refused: str | None = None  # why these items are not scored (group None)
+
+
+Owners = dict[int, list[_Part]]  # request number → its parts
+
+
+def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], Owners]:
+    """The engine groups of a window's good requests, and per request its (group index, item positions).
+
+    A request with truncate_prompt_tokens N has each pair longer than N tokens scored as its own group of
+    token ids: the pair's last N tokens (what vLLM keeps); encoder cross-encoders build pairs from text, so
+    there such a pair gets an error instead.
+    """
     groups: list[Group] = []
-    owners: dict[int, list[tuple[int, list[int]]]] = {}
+    owners: Owners = {}
     for number, request in enumerate(window):
         if request.error is not None:
             continue
         owners[number] = []
         for query, positions in request.grouped():
-            owners[number].append((len(groups), positions))
-            groups.append(Group(query, [request.items[p] for p in positions]))
+            items = [request.items[p] for p in positions]
+            cut: dict[int, Group | str] = {}
+            if request.truncate_prompt_tokens is not None:
+                cut = _truncated(query, items, request.truncate_prompt_tokens, planner)
+            kept = [k for k in range(len(positions)) if k not in cut]
+            if kept:
+                owners[number].append(_Part(len(groups), [positions[k] for k in kept]))
+                groups.append(Group(query, [items[k] for k in kept]))
+            for k, group in cut.items():
+                if isinstance(group, str):
+                    owners[number].append(_Part(None, [positions[k]], group))
+                else:
+                    owners[number].append(_Part(len(groups), [positions[k]]))
+                    groups.append(group)
     return groups, owners
 
 
-def _response(request, number, owners, plan, results, model, created) -> tuple[str, BatchError | None]:
+def _truncated(query: str, items: list[str], keep: int, planner: Planner) -> dict[int, Group | str]:
+    """Per item whose whole (query, item) sequence is over keep tokens: its last keep tokens as a token-id group
+    (split so the query keeps what is left of it), or why it cannot be cut."""
+    limits = dataclasses.replace(
+        planner.limits,
+        max_pack_tokens=UNLIMITED,
+        max_positions=None,
+        pair_max_length=None if planner.limits.pair_max_length is None else UNLIMITED,
+    )
+    cfg = dataclasses.replace(planner.cfg, max_query_tokens=None, max_item_tokens=None, truncate="error")
+    measured = dataclasses.replace(planner, cfg=cfg, limits=limits).plan([Group(query, items)]).tokenized[0]
+    cut: dict[int, Group | str] = {}
+    for k, ids in enumerate(measured.item_ids):
+        if ids is None:
+            continue  # the run's own planning reports why
+        if planner.limits.pair_max_length is not None:
+            if len(ids) > keep:
+                cut[k] = (
+                    f"truncate_prompt_tokens {keep}: the pair has {len(ids)} tokens, and an encoder "
+                    "cross-encoder's pairs cannot be cut to their last tokens (use --truncate item-tail)"
+                )
+            continue
+        sequence = measured.reference_sequence(k)
+        if len(sequence) <= keep:
+            continue
+        tail = sequence[-keep:]
+        query_len = min(len(measured.query_ids), keep)
+        if measured.item_first:  # item then query: the query keeps its last tokens
+            cut[k] = Group(tail[len(tail) - query_len :], [tail[: len(tail) - query_len]])
+        else:  # query then item: what is left of the query (at least one token) leads
+            lead = max(1, len(measured.query_ids) - (len(sequence) - keep))
+            cut[k] = Group(tail[:lead], [tail[lead:]])
+    return cut
+
+
+def _response(
+    request, number, owners, plan, results, model, created, switches: _Switches
+) -> tuple[str, BatchError | None]:
     """A request's output line, and its error (None when it was scored, or planned in a dry run)."""
     if request.error is not None:
         return error_line(request, request.error), request.error
     scores = [math.nan] * len(request.items)
     errors: list[str | None] = [None] * len(request.items)
     tokens = 0
-    for group_index, positions in owners[number]:
-        planned = plan.tokenized[group_index]
-        for k, position in enumerate(positions):
+    for part in owners[number]:
+        if part.group is None:
+            for position in part.positions:
+                errors[position] = part.refused
+            continue
+        planned = plan.tokenized[part.group]
+        values = None
+        if results is not None:
+            result = results[part.group]
+            values = switches.values(result.scores, result.score, request.use_activation)
+        for k, position in enumerate(part.positions):
             errors[position] = planned.errors[k]
             if planned.errors[k] is None:
                 tokens += len(getattr(planned, "query_ids", [])) + len(planned.item_ids[k])
-            if results is not None:
-                result = results[group_index]
-                scores[position] = float(result.score[k])
+            if values is not None:
+                scores[position] = float(values[k])
                 if errors[position] is None and result.errors[k] is not None:
                     errors[position] = result.errors[k]
                 if errors[position] is None and not math.isfinite(scores[position]):
@@ -200,6 +298,38 @@ def _response(request, number, owners, plan, results, model, created) -> tuple[s
     if request.endpoint == "rerank":
         return success_line(request, rerank_body(request, scores, tokens, model)), None
     return success_line(request, score_body(request, scores, tokens, model, created)), None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Switches:
+    """A request's use_activation applied to the engine's results, as vLLM's PoolingParams.use_activation.
+
+    None: the run's own `score` (what a table run writes). False: the raw value, entry score_index of
+    `scores`. True: the activated value: the run's `score` when the run applies an activation (its
+    --activation, `auto` by default: the model's own, as vLLM's default use_activation=true), else a
+    sigmoid (one score per item) or softmax (several) over `scores`.
+    """
+
+    run_activation: str  # the run's ScoringConfig.activation (auto | none | sigmoid | softmax)
+    score_index: int
+
+    def values(self, scores: np.ndarray, score: np.ndarray, use_activation: bool | None) -> np.ndarray:
+        """[n] values of one group's items; scores: [n, num_scores], score: [n] (the run's)."""
+        if use_activation is None:
+            return score
+        if not use_activation:
+            return scores[:, self.score_index]
+        if self.run_activation != "none":
+            return score
+        activation: Activation = "sigmoid" if scores.shape[1] == 1 else "softmax"
+        return _activate(scores, activation, self.score_index)
+
+
+def _activate(scores: np.ndarray, activation: Activation, score_index: int) -> np.ndarray:
+    """engine.activation.activate (imported when needed: it arrives with the engine's activation work)."""
+    from score_batch.engine.activation import activate
+
+    return activate(scores, activation, score_index)
 
 
 class _Failures:
@@ -252,4 +382,4 @@ class _LineSink:
             self.tmp.unlink(missing_ok=True)
 
 
-__all__ = ["check_batch_config", "run_openai_batch"]
+__all__ = ["check_batch_config", "is_openai_batch", "run_openai_batch"]

@@ -23,6 +23,7 @@ from score_batch.job.paths import (
     check_run_paths,
     check_side_file,
     default_errors_path,
+    errors_path,
     parts_dir,
 )
 
@@ -127,6 +128,7 @@ __all__ = [
     "check_side_file",
     "default_errors_path",
     "enforce_fail",
+    "errors_path",
     "parts_dir",
     "remove_leftovers",
 ]

@@ -1,4 +1,6 @@
-"""Progress on stderr: a bar on a terminal, else a log line every few seconds (rows, items/s, ETA)."""
+"""Progress on stderr: a bar on a terminal, else a log line every few seconds (rows, items/s, ETA); and the
+one warning a run with failed items ends with (shown under --quiet too, which hides only progress and summary).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +8,9 @@ import logging
 import sys
 import time
 
+from score_batch.job.config import STDOUT, RunConfig
+from score_batch.job.policy import errors_path
+from score_batch.job.report import RunReport
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
@@ -67,3 +72,29 @@ def _duration(seconds: float) -> str:
         return "unknown"
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def failed_items_warning(report: RunReport, config: RunConfig, batch_file: bool = False) -> str | None:
+    """One line saying how many items failed and where they went; None when every item was scored (and for
+    batch files, whose driver counts failed requests in its own line)."""
+    if not report.items_failed or batch_file:
+        return None
+    count = f"{report.items_failed} of {report.items} items"
+    if config.dry_run:
+        return f"dry run: {count} would fail (--on-error {config.on_error})"
+    if config.on_error == "skip":
+        path = errors_path(config)
+        if path is None:  # -o - without --errors-file: one warning line per row, above
+            where = "the log above, one line each (pass --errors-file to keep them in a file)"
+        else:
+            where = getattr(path, "uri", str(path))  # a local Path, or an object-store Location
+        return f"{count} failed and were left out of the output; they are listed in {where}"
+    output = "the output" if config.output == STDOUT else config.output
+    return f"{count} failed; their rows in {output} carry the error"
+
+
+def warn_failed_items(report: RunReport, config: RunConfig, batch_file: bool = False) -> None:
+    """Log the failed-items line at WARNING (a run that lost or flagged rows never ends silently)."""
+    message = failed_items_warning(report, config, batch_file)
+    if message is not None:
+        log.warning("%s", message)

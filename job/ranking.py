@@ -1,10 +1,44 @@
-"""Rankings over whole queries: rank 1 = best score, ties by input order; a query's rows come out best first."""
+"""Rankings over whole queries: rank 1 = best score, ties by input order; a query's rows come out best first.
+
+A ranking group is the rows of one query: the rows sharing a `query_id` when the input has an id column
+(the query text is not part of the key), else the rows sharing the query text. Without id columns every row
+of a group carries the same generated `query_id`: the row index of the group's first row. See docs/ranking.md.
+"""
 
 from __future__ import annotations
 
+import hashlib
+
 import pyarrow as pa
+import pyarrow.compute as pc
 from score_batch.engine.ranking import ranks, top_k_order
-from score_batch.job.contract import QUERY_KEY, RANK, OutputContract
+from score_batch.io_formats.readers import InputRow
+from score_batch.job.contract import QUERY_KEY, RANK, ROW_INDEX, OutputContract
+
+
+def query_key(row: InputRow, contract: OutputContract) -> str:
+    """The ranking group of a row, as a short string that survives checkpoint parts (same key, same query).
+
+    The given query id when the input has an id column and the row's id is not null; else the query text (or
+    token ids); a row that could not be read at all is a group of its own.
+    """
+    if contract.query_ids_given and row.query_id is not None:
+        named = ("id", repr(row.query_id))
+    elif row.query is not None:
+        named = ("text", row.query if isinstance(row.query, str) else tuple(row.query))
+    else:
+        return f"row:{row.index}"
+    return hashlib.sha256(repr(named).encode()).hexdigest()[:32]
+
+
+def with_group_ids(part: pa.Table, contract: OutputContract) -> pa.Table:
+    """Without an id column, give every row the generated query id of its group: its first row's index."""
+    if contract.query_ids_given or part.num_rows == 0:
+        return part
+    firsts = part.select([QUERY_KEY, ROW_INDEX]).group_by(QUERY_KEY).aggregate([(ROW_INDEX, "min")])
+    group = pc.index_in(part[QUERY_KEY], value_set=firsts[QUERY_KEY])  # (rows,) each row's group
+    ids = firsts[f"{ROW_INDEX}_min"].take(group).cast(part.schema.field("query_id").type)
+    return part.set_column(part.schema.get_field_index("query_id"), "query_id", ids)
 
 
 def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
@@ -34,6 +68,10 @@ def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
 
 
 def rank_parts(parts: list[pa.Table], contract: OutputContract) -> tuple[pa.Table, pa.Table]:
-    """Part tables of a whole run (input order) → (the output rows ranked, the failed rows to list)."""
-    kept, failed = contract.split(pa.concat_tables(parts or [contract.part_schema().empty_table()]))
+    """Part tables of a whole run (input order) → (the output rows ranked, the failed rows to list).
+
+    Both carry the group ids (with_group_ids), so a skipped row's query_id matches its query's output rows.
+    """
+    whole = pa.concat_tables(parts or [contract.part_schema().empty_table()])
+    kept, failed = contract.split(with_group_ids(whole, contract))
     return rank_rows(kept, contract), failed

@@ -53,6 +53,7 @@ from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, output_contract, preflight
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
+from score_batch.job.score_stats import scores_summary, written_score_stats
 from score_batch.job.windows import group_window, output_columns, query_group_key
 
 from score_batch.errors import UserError
@@ -143,10 +144,10 @@ def check_ray_run(config: RunConfig) -> None:
         raise InputError("--dry-run plans on this machine; run it without --ray")
 
 
-def check_ray_preflight(config: RunConfig) -> Checked:
+def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:
     """A Ray run's preflight: Ray installed, no local-only flags, then the table preflight (a directory output)."""
     check_ray_run(config)
-    return preflight(config, directory=True)
+    return preflight(config, source, directory=True)
 
 
 def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
@@ -220,9 +221,10 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
                     dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all(), contract
                 )
                 enforce_fail(contract, failed, source.label)
-                errors.write(failed)
+                if not contract.ranked:  # ranked runs list them with their query's generated id
+                    errors.write(failed)
             if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
-                counts = _write_ranked(dataset, contract, staging, partitioning)
+                counts = _write_ranked(dataset, contract, staging, partitioning, errors, report)
             else:
                 counts = dataset.map_batches(
                     _write_block,
@@ -231,6 +233,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
                     batch_format="pyarrow",
                     num_cpus=LIGHT_CPUS,
                 ).take_all()
+                report.score_stats = written_score_stats(staging.path, staging.fs)  # no items per query
         except Exception as error:
             user_error = _user_error(error)
             if user_error is not None:
@@ -348,14 +351,21 @@ def _user_error(error: BaseException) -> UserError | None:
     return None
 
 
-def _write_ranked(dataset, contract: OutputContract, staging: _Staging, partitioning) -> list[dict]:
-    """All scored rows in input order, ranked per query, written from the driver in the Ray schema."""
+def _write_ranked(
+    dataset, contract: OutputContract, staging: _Staging, partitioning, errors: ErrorsSink, report: RunReport
+) -> list[dict]:
+    """All scored rows in input order, ranked per query, written from the driver in the Ray schema; failed
+    rows (--on-error skip) to errors; the scores' distribution (before --top-k) to the report."""
     import ray
 
     tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
     rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
-    ranked = contract.ray_view(rank_parts([rows], contract)[0])  # failed rows are listed by the caller
-    _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
+    report.score_stats = scores_summary([rows["score"]])
+    ranked, failed = rank_parts([rows], contract)
+    errors.write(failed)
+    _write_files(
+        contract.ray_view(ranked), staging.fs, staging.path, partitioning, "part-000000000000-ranked"
+    )
     return _counts(rows).to_pylist()
 
 

@@ -34,6 +34,8 @@ class RunReport:
     items_failed: int = 0
     items_skipped: int = 0  # failed items listed in the errors file (--on-error skip)
     rows_skipped_by_resume: int = 0
+    requests: int = 0  # OpenAI batch file: request lines (0 for table input)
+    requests_failed: int = 0  # OpenAI batch file: request lines answered with an error line
     groups: int = 0
     packs: int = 0
     batches: int = 0
@@ -49,6 +51,9 @@ class RunReport:
     dry_run: bool = False
     already_complete: bool = False  # --resume found the output complete for the same model, settings, input
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
+    score_stats: dict = field(
+        default_factory=dict
+    )  # job.score_stats.ScoreStats.summary() of the scored items
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
 
@@ -83,9 +88,13 @@ class RunReport:
         ratio = self.pairwise_tokens / self.packed_tokens if self.packed_tokens else 0.0
         verb = "planned" if self.dry_run else "scored"
         count = self.items if self.dry_run else self.items_scored
+        source = (
+            f"{self.rows_read} requests ({self.requests_failed} failed, {self.items_failed} items in them)"
+            if self.requests
+            else f"{self.rows_read} rows ({self.items_failed} failed, {self.rows_skipped_by_resume} rows resumed)"
+        )
         return (
-            f"score-batch: {verb} {count} items from {self.rows_read} rows ({self.items_failed} failed, "
-            f"{self.rows_skipped_by_resume} rows resumed) in {self.groups} groups, {self.packs} packs, "
+            f"score-batch: {verb} {count} items from {source} in {self.groups} groups, {self.packs} packs, "
             f"{self.batches} batches; {self.packed_tokens} tokens packed vs {self.pairwise_tokens} pairwise "
             f"({ratio:.2f}x); {self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, "
             f"peak RSS {self.peak_rss_mb:.0f} MB"

@@ -11,6 +11,7 @@ from typing import Any
 from score_batch.engine import Group, GroupResult
 from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import ERROR, QUERY_KEY, ROW_INDEX, OutputContract
+from score_batch.job.ranking import query_key
 
 
 @dataclass
@@ -75,7 +76,7 @@ def output_columns(
     columns: dict[str, list] = {name: [] for name in names}
     for row_pos, row in enumerate(rows):
         query_id = row.query_id if contract.query_ids_given else row.index
-        key = _query_key(row, contract.row_is_query) if contract.ranked else None
+        key = query_key(row, contract) if contract.ranked else None
         for item_pos, item_id in enumerate(row.item_ids):
             score, scores, vector, error = by_item.get((row_pos, item_pos), (None, None, None, row.error))
             if error is not None:
@@ -111,13 +112,6 @@ def _ids(query_id: Any, item_id: Any) -> str:
         if value is not None
     ]
     return f" ({', '.join(named)})" if named else ""
-
-
-def _query_key(row: InputRow, row_is_query: bool) -> str:
-    """Which query a row's items are ranked within: its query group (long layout) or the row itself."""
-    if row_is_query or row.query is None:  # nested rows, and lines that could not be read
-        return f"row:{row.index}"
-    return hashlib.sha256(repr((row.query_id, row.query)).encode()).hexdigest()[:32]
 
 
 def window_hash(rows: list[InputRow]) -> str:

@@ -90,7 +90,37 @@ def test_explicit_backends_that_fit_are_kept():
     assert choose_backend("flashinfer", need(), importable)[0] == "flashinfer"
 
 
-def test_auto_logs_its_choice(caplog):
-    with caplog.at_level(logging.INFO, logger="score_batch.engine.attention.registry"):
-        assert select_backend("auto", need("cpu", torch.float32)) == "split"
-    assert "attention backend split: flashinfer does not run on cpu" in caplog.text
+LOGGER = "score_batch.engine.attention.registry"
+
+
+def test_auto_logs_its_choice_once_at_debug(caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert select_backend("auto", need("cpu", torch.float32), never_imported) == "split"
+    records = [r for r in caplog.records if r.name == LOGGER]
+    assert [r.levelno for r in records] == [logging.DEBUG]
+    assert "attention backend split: flashinfer does not run on cpu" in records[0].getMessage()
+
+
+def test_explicit_choice_is_logged_at_debug(caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert select_backend("sdpa", need("cpu", torch.float32), never_imported) == "sdpa"
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == LOGGER] == [
+        (logging.DEBUG, "attention backend sdpa: asked for")
+    ]
+
+
+def test_a_fitting_backend_that_fails_to_import_is_a_warning(caplog):
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert select_backend("auto", need(), missing) == "flex"
+    records = [r for r in caplog.records if r.name == LOGGER]
+    assert [r.levelno for r in records] == [logging.WARNING]
+    assert records[0].getMessage() == (
+        f"attention backend flex: could not use flashinfer (cannot import flashinfer: {MISSING_REQUESTS})"
+    )
+
+
+def test_a_backend_passed_over_by_design_is_no_warning(caplog):
+    # float32 on CUDA: flashinfer's kernels are 16-bit only, so flex is the expected choice.
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert select_backend("auto", need(dtype=torch.float32), missing) == "flex"
+    assert [r.levelno for r in caplog.records if r.name == LOGGER] == [logging.DEBUG]

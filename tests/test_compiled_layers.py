@@ -3,6 +3,11 @@ of times over any number of batch sizes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +16,7 @@ from score_batch.engine.compiled import OpaquePlan, compilable_modules
 from score_batch.engine.errors import SettingError
 from torch._dynamo.utils import counters
 
+ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the quick brown fox jumps over the lazy dog Tokyo is a city in Japan red running shoes".split()
 
 
@@ -50,6 +56,24 @@ def test_opaque_plan_delegates_attend():
 
     x = torch.zeros(1)
     assert OpaquePlan(Plan()).attend(x, x, x, 0.5, 7, 2.0) == (x, 0.5, 7, 2.0)
+
+
+def test_torch_dynamo_is_imported_only_when_compiling_is_asked_for():
+    code = (
+        "import sys\n"
+        "import score_batch.engine.scorer, score_batch.engine.compiled as c\n"
+        "print('torch._dynamo' in sys.modules)\n"
+        "class Plan:\n"
+        "    def attend(self, *args): return args\n"
+        "plan = c.OpaquePlan(Plan())\n"
+        "print('torch._dynamo' in sys.modules, isinstance(plan, c.OpaquePlan), plan.attend(1, 2, 3, 4, 5))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout.split("\n")[:2] == ["False", "True True (1, 2, 3, 4, 5, None)"], result.stdout
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ globs, several inputs and compressed JSONL, all through the CLI a user runs."""
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import io
 import json
@@ -99,7 +100,7 @@ def partitioned(client, bucket: str, empty: str | None = None) -> list[dict]:
     for (dt, country), part in layout.items():
         part = [] if country == empty else part
         put_parquet(client, bucket, f"candidates/dt={dt}/country={country}/part-0.parquet", part, SCHEMA)
-        ordered += [{**row, "dt": dt, "country": country} for row in part]
+        ordered += [{**row, "dt": datetime.date.fromisoformat(dt), "country": country} for row in part]
     client.put_object(Bucket=bucket, Key="candidates/dt=2026-11-22/_SUCCESS", Body=b"")
     client.put_object(Bucket=bucket, Key="candidates/notes.txt", Body=b"not data")
     return ordered
@@ -128,7 +129,12 @@ def test_hive_partitioned_glob_on_s3_to_parquet_and_jsonl(qwen3_causal, s3, tmp_
         assert "testing-secret-value" not in result.stderr
         written = get_table(client, bucket, f"out/{name}")
         assert written.column_names == reference.column_names
-        assert written.column("dt").to_pylist() == reference.column("dt").to_pylist()
+        assert reference.schema.field("dt").type == pa.date32()  # typed as DuckDB and polars type it
+        if name.endswith(".parquet"):
+            assert written.schema.field("dt").type == pa.date32()
+        assert [str(v) for v in written.column("dt").to_pylist()] == [
+            str(v) for v in reference.column("dt").to_pylist()
+        ]
         assert written.column("item_id").to_pylist() == [r["item_id"] for r in rows]
         for got, want in zip(written.column("score").to_pylist(), reference.column("score").to_pylist()):
             assert got == pytest.approx(want, abs=1e-6)
@@ -329,3 +335,72 @@ def test_unreachable_endpoint_exits_3(qwen3_causal, s3_server, tmp_path):
         "--storage-option", f"endpoint_override=http://127.0.0.1:{closed}", "--storage-option", "connect_timeout=1",
     )  # fmt: skip
     assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+
+
+# ----------------------------------------------------------------- endpoints from the AWS variables
+
+
+def test_round_trip_with_the_endpoint_from_aws_endpoint_url(qwen3_causal, s3, tmp_path, monkeypatch):
+    """No --storage-option at all: AWS_ENDPOINT_URL alone sends the data, the parts and the lock to the server
+    (hive input, output, kill -9 mid-run, --resume), as boto3 and the AWS CLI would."""
+    client, bucket, options = s3
+    endpoint = options[1].split("=", 1)[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    rows = many_rows()
+    ordered = []
+    for number, country in enumerate(("DE", "FR", "US")):
+        part = rows[number * 80 : (number + 1) * 80]
+        put_parquet(client, bucket, f"hive/country={country}/part-0.parquet", part)
+        ordered += [{**row, "country": country} for row in part]
+    flags = ["--window-rows", "6", "--max-batch-tokens", "64", "--keep-columns", "country"]
+    reference = local_reference(qwen3_causal, ordered, tmp_path, *flags)
+    out = f"s3://{bucket}/out/scores.parquet"
+    base = [f"s3://{bucket}/hive/", "--model", qwen3_causal, *LABEL_FLAGS, *flags]
+    process = start_cli(*base, "-o", out)
+    deadline = time.time() + 120
+    while len([k for k in keys(client, bucket, "out/") if "/part-" in k]) < 3:
+        assert process.poll() is None, process.stderr.read()
+        assert time.time() < deadline, "no parts appeared on the server named by AWS_ENDPOINT_URL"
+        time.sleep(0.1)
+    second = run_cli(
+        *base, "-o", out, "--resume"
+    )  # the lock is on the same server (boto3 conditional create)
+    assert second.returncode == 2 and "another run is writing this output" in second.stderr, second.stderr
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert "out/scores.parquet.lock" in keys(client, bucket, "out/")
+    resumed = run_cli(*base, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert get_table(client, bucket, "out/scores.parquet").equals(reference)
+    assert keys(client, bucket, "out/") == ["out/scores.parquet"]
+
+
+def test_endpoint_resolution_order(s3, monkeypatch, tmp_path, qwen3_causal):
+    """AWS_ENDPOINT_URL_S3 before AWS_ENDPOINT_URL; --storage-option endpoint_override before both; one answer
+    for pyarrow's filesystem and the boto3 client."""
+    from score_batch.io_formats.locations import s3_client_kwargs, s3_options
+
+    client, bucket, options = s3
+    endpoint = options[1].split("=", 1)[1]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint + "/")
+    assert s3_options(()) == (("endpoint_override", endpoint),)
+    assert s3_client_kwargs(()) == {"endpoint_url": endpoint}
+    given = (("endpoint_override", closed), ("region", "eu-west-1"))
+    assert s3_options(given) == given
+    assert s3_client_kwargs(given) == {"endpoint_url": closed, "region_name": "eu-west-1"}
+    put_parquet(client, bucket, "in.parquet", many_rows(2, 2))
+    ok = run_cli(
+        f"s3://{bucket}/in.parquet", "-o", f"s3://{bucket}/o.jsonl", "--model", qwen3_causal, *LABEL_FLAGS
+    )
+    assert ok.returncode == 0, ok.stderr  # AWS_ENDPOINT_URL_S3 (the server) beat AWS_ENDPOINT_URL (closed)
+    assert get_table(client, bucket, "o.jsonl").num_rows == 4
+    refused = run_cli(
+        f"s3://{bucket}/in.parquet", "-o", tmp_path / "o.jsonl", "--model", qwen3_causal, *LABEL_FLAGS,
+        "--storage-option", f"endpoint_override={closed}", "--storage-option", "connect_timeout=1",
+    )  # fmt: skip
+    assert refused.returncode == 3  # the option (a closed port) beat both variables

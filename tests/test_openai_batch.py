@@ -112,7 +112,7 @@ def test_round_trip_score_and_rerank(qwen3_causal, tmp_path, direct):
     body = _ok(by_id["r-all"])  # no top_n: every document; return_documents false: no text
     expected = direct(QUERY_A, [" to", " the flag of"]).score
     assert [r["index"] for r in body["results"]] == sorted(range(2), key=lambda i: -expected[i])
-    assert all("document" not in r for r in body["results"])
+    assert all(r["document"] == {"text": None} for r in body["results"])  # vLLM's RerankDocument, no text
     scores = [r["relevance_score"] for r in body["results"]]
     assert scores == sorted(scores, reverse=True)
 
@@ -135,6 +135,9 @@ def test_round_trip_score_and_rerank(qwen3_causal, tmp_path, direct):
     assert report.items == 3 + 4 + 3 + 2 + 2 + 1
     assert report.items_failed == 2  # the too-long request's two documents
     assert report.items_scored == report.items - report.items_failed
+    assert report.requests == len(REQUESTS)
+    assert report.requests_failed == 4  # bad json, chat, no-docs, too-long
+    assert "(4 failed" in report.summary()
     assert report.groups > 0 and report.seconds_total > 0 and report.backend
     assert list(tmp_path.glob(".results.jsonl*")) == [] and not (tmp_path / "results.jsonl.lock").exists()
 
@@ -224,7 +227,10 @@ def _request(body: dict, url: str = "/v1/score", **envelope) -> str:
         (_request({"text_1": [], "text_2": "d"}), "invalid_body", True, "empty"),
         (_request({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}), "invalid_body", True, "1:1, 1:N or N:N"),
         (_request({"text_1": "q", "text_2": [{"type": "image_url"}]}), "invalid_body", True, "text_2[0]"),
-        (_request({"text_1": "q", "text_2": "d", "truncate_prompt_tokens": 10}), "unsupported_parameter", True, "--truncate"),
+        (_request({"text_1": "q", "text_2": "d", "truncate_prompt_tokens": 0}), "invalid_body", True, "truncate_prompt_tokens"),
+        (_request({"text_1": "q", "text_2": "d", "use_activation": "yes"}), "invalid_body", True, "true or false"),
+        (_request({"query": "q", "documents": ["d"], "raw_scores": True, "use_activation": True}, url="/rerank"), "invalid_body", True, "contradicts"),
+        (_request({"text_1": "q", "text_2": "d", "mm_processor_kwargs": {}}), "unsupported_parameter", True, "multimodal"),
         (_request({"query": ["q"], "documents": ["d"]}, url="/rerank"), "invalid_body", True, "query"),
         (_request({"query": "q", "documents": ["d"], "top_n": "2"}, url="/rerank"), "invalid_body", True, "top_n"),
     ],
@@ -298,3 +304,67 @@ def test_batch_file_through_the_cli_detected_and_named(qwen3_causal, tmp_path):
     )
     assert named.returncode == 0, named.stderr
     assert [json.loads(line)["custom_id"] for line in named.stdout.splitlines()] == ["r1", "s1"]
+
+
+def test_parse_switches():
+    """vLLM's use_activation and its deprecated spellings (first set wins), TEI's raw_scores and return_text."""
+    cases = [
+        ({}, None),
+        ({"use_activation": False}, False),
+        ({"use_activation": True}, True),
+        ({"activation": False, "use_activation": True}, False),  # vLLM: softmax, activation, use_activation
+        ({"softmax": True, "activation": False}, True),
+        ({"use_activation": None, "softmax": None}, None),
+    ]
+    for extra, expected in cases:
+        request = parse_request(_request({"text_1": "q", "text_2": ["d"], **extra}), 1, 0)
+        assert request.error is None and request.use_activation is expected, extra
+    tei = parse_request(
+        _request({"query": "q", "texts": ["a", "b"], "raw_scores": True}, url="/rerank"), 1, 0
+    )
+    assert tei.error is None and tei.use_activation is False and tei.items == ["a", "b"]
+    assert tei.return_documents is True  # vLLM always returns documents
+    tei = parse_request(_request({"query": "q", "texts": ["a"], "return_text": False}, url="/rerank"), 1, 0)
+    assert tei.return_documents is False and tei.use_activation is None
+    cut = parse_request(_request({"text_1": "q", "text_2": "d", "truncate_prompt_tokens": 7}), 1, 0)
+    assert cut.truncate_prompt_tokens == 7
+    whole = parse_request(_request({"text_1": "q", "text_2": "d", "truncate_prompt_tokens": -1}), 1, 0)
+    assert whole.error is None and whole.truncate_prompt_tokens is None  # -1: the model's own limit
+
+
+def test_bom_and_crlf_detected_and_read(qwen3_causal, tmp_path):
+    """A batch file saved by a Windows editor (UTF-8 BOM, CRLF) is a batch file, read line by line."""
+    text = "\r\n".join(json.dumps(r) for r in REQUESTS[:2]) + "\r\n"
+    src = tmp_path / "windows.jsonl"
+    src.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert looks_like_openai_batch(str(src))
+    result = run_cli(src, "-o", tmp_path / "out.jsonl", "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == ["s-1n", "r-top2"]
+    assert all(line["error"] is None for line in lines)
+
+
+def test_stdin_batch_detected_and_failures_counted(qwen3_causal, tmp_path):
+    """A batch file on stdin is detected without --input-format; the summary counts failed requests."""
+    requests = [*REQUESTS[:2], "{broken", *REQUESTS[4:6]]
+    report = tmp_path / "report.json"
+    result = run_cli(
+        "-", "-o", "-", "--model", qwen3_causal, *LABEL_FLAGS, "--report", report,
+        stdin="".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in requests),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["custom_id"] for line in lines] == ["s-1n", "r-top2", None, "chat", "no-docs"]
+    assert "3 failed" in result.stderr and "0 failed" not in result.stderr
+    written = json.loads(report.read_text())
+    assert written["requests"] == 5 and written["requests_failed"] == 3
+
+
+def test_stdin_batch_as_table_names_the_flag(qwen3_causal):
+    result = run_cli(
+        "-", "-o", "-", "--model", qwen3_causal, *LABEL_FLAGS, "--input-format", "table",
+        stdin=json.dumps(REQUESTS[0]) + "\n",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--input-format openai-batch" in result.stderr and "Traceback" not in result.stderr

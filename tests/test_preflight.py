@@ -67,6 +67,8 @@ def test_every_reserved_output_name_exits_2_before_any_model_load(
     extra = ["--query-id-col", "qid"] if name == "query_id" else []
     if name == "item_id":
         extra = ["--item-id-col", "query"]
+    if name == "pooled_hidden_state":  # written (so reserved) only when asked for
+        extra = ["--pooled-hidden-states"]
     result = run_cli(
         data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS,
         "--keep-columns", name, "--rank", *extra,

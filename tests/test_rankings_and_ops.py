@@ -13,11 +13,16 @@ from tests.test_cli import LABEL_FLAGS, REPO, run_cli, write_jsonl
 
 
 def ranking_rows() -> list[dict]:
-    """Three queries whose rows interleave, with duplicate items (equal scores) and one failing row."""
+    """Three queries whose rows interleave, with one failing row; no item twice under one query.
+
+    Two copies of one item score equal only up to float rounding (their pack positions differ), so their
+    order could flip between runs or machines: exact ties are tested on hand-built tables instead
+    (tests/test_ranking_groups.py).
+    """
     rows = []
     for i in range(5):
         for q in ("a", "b", "c"):
-            item = " the flag" if i in (1, 3) else f" item {i} of {q}"  # items 1 and 3 tie
+            item = " the flag" if i == 1 else f" item {i} of {q}"
             rows.append(
                 {"query_id": q, "query": f"query {q} about Tokyo", "item_id": f"{q}{i}", "item": item}
             )
@@ -45,8 +50,9 @@ def test_rank_and_top_k_follow_a_sort_of_the_full_scores_across_windows(qwen3_ca
     plain = run_cli(*base, "-o", tmp_path / "plain.parquet")
     assert plain.returncode == 0, plain.stderr
     scored = pq.read_table(tmp_path / "plain.parquet").to_pylist()
-    ties = [r["score"] for r in scored if r["item_id"] in ("a1", "a3")]
-    assert ties[0] == ties[1]  # the same item under the same query: an exact tie
+    for query in ("a", "b", "c"):  # no near ties: the order cannot hinge on float rounding
+        values = sorted(r["score"] for r in scored if r["query_id"] == query and r["score"] is not None)
+        assert min(b - a for a, b in zip(values, values[1:])) > 1e-6
     flag = ["--top-k", str(top_k)] if top_k else ["--rank"]
     ranked = run_cli(*base, *flag, "-o", tmp_path / "ranked.parquet")
     assert ranked.returncode == 0, ranked.stderr

@@ -16,15 +16,14 @@ def _score_batch_attention(module, query, key, value, attention_mask, scaling=No
     return plan.attend(query, key, value, scaling, kwargs.get("sliding_window"), kwargs.get("softcap")), None
 
 
-def _no_mask(*args, **kwargs):
-    """Mask builder for our attention name: the plan holds the mask, so transformers builds none."""
-    return None
-
-
 def register_with_transformers() -> None:
-    """Register our attention function and mask builder under HF_ATTENTION_NAME (idempotent)."""
+    """Register our attention function under HF_ATTENTION_NAME (idempotent).
+
+    No mask builder is registered on purpose: transformers' mask functions return None at once for an
+    attention name missing from its mask registry (masking_utils._preprocess_mask_arguments), before
+    find_packed_sequence_indices, whose `.all()` would cost a device→host sync per forward. The plan
+    holds the mask.
+    """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(HF_ATTENTION_NAME, _score_batch_attention)
-    AttentionMaskInterface.register(HF_ATTENTION_NAME, _no_mask)

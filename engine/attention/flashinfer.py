@@ -8,6 +8,8 @@ tests/gpu/ checks it against the sdpa backend; bench/gpu_check.sh runs those tes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.flashinfer_plan import MAX_ITEM_TOKENS, MultiItemMetadata, build_metadata
@@ -23,14 +25,33 @@ def _to_device(array, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
-class FlashInferPlan:
-    """Uploads the CPU-built metadata once, plans the wrapper on the first layer, runs it in every layer."""
+@dataclass(frozen=True)
+class SplitKv:
+    """FlashInfer's split-KV settings for plan(): its own choice by default; tests force each way."""
 
-    def __init__(self, wrapper, meta: MultiItemMetadata, device: torch.device) -> None:
+    disable: bool = False  # plan(disable_split_kv=True): one CTA per query tile, no merge
+    fixed_size: int | None = None  # plan(fixed_split_size=pages): split every request's KV at this size
+
+
+class FlashInferPlan:
+    """Uploads the CPU-built metadata once, plans the wrapper on the first layer, runs it in every layer.
+
+    One output buffer per plan is passed to every layer's run(out=...): run() would otherwise allocate
+    and zero a [tokens, heads, head_dim] tensor per layer. A layer's output is consumed by its o_proj
+    (stream-ordered) before the next layer's run writes the buffer again.
+    """
+
+    def __init__(
+        self, wrapper, meta: MultiItemMetadata, device: torch.device, split_kv: SplitKv = SplitKv()
+    ) -> None:
         self._wrapper = wrapper
         self._meta = meta
         self._device = device
+        self._split_kv = split_kv
         self._planned = False
+        self._out: torch.Tensor | None = (
+            None  # [num_tokens, num_heads, head_dim], allocated by the first layer
+        )
 
     def _plan(self, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
         meta = self._meta
@@ -58,6 +79,8 @@ class FlashInferPlan:
             sm_scale=scaling,
             q_data_type=query.dtype,
             kv_data_type=key.dtype,
+            fixed_split_size=self._split_kv.fixed_size,
+            disable_split_kv=self._split_kv.disable,
             **multi_item,
         )
         self._planned = True
@@ -77,7 +100,15 @@ class FlashInferPlan:
             key[0].transpose(0, 1).contiguous().unsqueeze(1)
         )  # [pages=num_tokens, page_size=1, kv_heads, head_dim]
         v = value[0].transpose(0, 1).contiguous().unsqueeze(1)
-        return self._wrapper.run(q, (k, v)).unsqueeze(0)  # [1, num_tokens, num_heads, head_dim]
+        out = self._output(q, v)
+        return self._wrapper.run(q, (k, v), out=out).unsqueeze(0)  # [1, num_tokens, num_heads, head_dim]
+
+    def _output(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The plan's output buffer [num_tokens, num_heads, v_head_dim] in q's dtype (plan's o_data_type)."""
+        shape = (*q.shape[:-1], v.shape[-1])
+        if self._out is None or self._out.shape != shape or self._out.dtype != q.dtype:
+            self._out = torch.zeros(shape, dtype=q.dtype, device=q.device)
+        return self._out
 
 
 class FlashInferBackend:
@@ -95,9 +126,10 @@ class FlashInferBackend:
         module="flashinfer",
     )
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, split_kv: SplitKv = SplitKv()) -> None:
         import flashinfer
 
+        self._split_kv = split_kv
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self._workspace, kv_layout="NHD", backend="fa2"
@@ -105,4 +137,4 @@ class FlashInferBackend:
 
     def plan(self, batch: Batch, device: torch.device) -> FlashInferPlan:
         """Metadata is built on the CPU here; the kernel plan happens on the first layer (needs head shapes)."""
-        return FlashInferPlan(self._wrapper, build_metadata(batch), device)
+        return FlashInferPlan(self._wrapper, build_metadata(batch), device, self._split_kv)

@@ -1,8 +1,14 @@
 """flex_attention backend: one block-sparse mask over the ragged batch, from the same pack metadata.
 
-Compiled (the CUDA default), the batch is padded to a bucketed token count so that any number of
-batch sizes compiles a bounded number of times (dynamo turns the padded length dynamic after the
-second size); padded tokens see only themselves and are sliced off.
+Compiled (the CUDA default), the kernel runs at a bucketed token count so that any number of batch
+sizes compiles a bounded number of times (dynamo turns the padded length dynamic after the second
+size); padded tokens see only themselves and their rows are never read.
+
+Padding costs one allocation per batch: the plan keeps zeroed [length] buffers for Q, K and V and each
+layer copies its rows into their heads (no per-layer allocation or zero fill); the output is returned as
+a view of its first rows. Two alternatives were rejected: padding the model's inputs would run every
+MLP on the padding (up to a quarter more tokens), and cropping the block mask to the batch
+(BlockMask._adjust) puts the exact length into the mask's guarded seq_lengths, one compile per size.
 """
 
 from __future__ import annotations
@@ -11,7 +17,6 @@ import warnings
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.batching import Batch
 from score_batch.engine.packing import QUERY_SEGMENT
@@ -45,6 +50,9 @@ class FlexPlan:
         self._device = device
         self._backend = backend
         self._block_masks: dict[int | None, object] = {}
+        self._buffers: dict[
+            tuple, torch.Tensor
+        ] = {}  # (role, heads, head_dim, dtype) → [1, heads, length, d]
 
     def _block_mask(self, sliding_window: int | None):
         """The BlockMask for one window size (docs/semantics.md, Attention mask)."""
@@ -75,7 +83,7 @@ class FlexPlan:
         """One flex_attention call over the whole ragged batch (padded to its bucket when compiled)."""
         block_mask = self._block_mask(sliding_window)
         num_tokens = query.shape[2]
-        query, key, value = (_pad_tokens(x, self._length) for x in (query, key, value))
+        query, key, value = (self._padded(role, x) for role, x in (("q", query), ("k", key), ("v", value)))
         with warnings.catch_warnings():
             # Uncompiled flex (the CPU default) warns that it materializes scores; that is the intent there.
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
@@ -88,12 +96,19 @@ class FlexPlan:
                 scale=scaling,
                 enable_gqa=key.shape[1] != query.shape[1],
             )  # [1, num_heads, length, head_dim]
-        return output[:, :, :num_tokens].transpose(1, 2)
+        return output[:, :, :num_tokens].transpose(1, 2)  # [1, num_tokens, num_heads, head_dim], a view
 
-
-def _pad_tokens(x: torch.Tensor, length: int) -> torch.Tensor:
-    """[1, heads, num_tokens, head_dim] zero-padded to [1, heads, length, head_dim]."""
-    return x if x.shape[2] == length else F.pad(x, (0, 0, 0, length - x.shape[2]))
+    def _padded(self, role: str, x: torch.Tensor) -> torch.Tensor:
+        """[1, heads, num_tokens, d] in the head of this plan's zero-tailed [1, heads, length, d] buffer."""
+        if x.shape[2] == self._length:
+            return x
+        key = (role, x.shape[1], x.shape[3], x.dtype)
+        buffer = self._buffers.get(key)
+        if buffer is None:  # once per batch: the tail rows stay zero for every layer
+            buffer = torch.zeros((1, x.shape[1], self._length, x.shape[3]), dtype=x.dtype, device=x.device)
+            self._buffers[key] = buffer
+        buffer[:, :, : x.shape[2]].copy_(x)
+        return buffer
 
 
 def _soft_cap_mod(cap: float):

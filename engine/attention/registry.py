@@ -63,11 +63,32 @@ def choose_backend(
     raise SettingError("EngineConfig.backend", requested, "found no backend: " + "; ".join(skipped))
 
 
-def select_backend(requested: str, need: Workload) -> str:
-    """choose_backend, logging what auto chose and why."""
-    name, why = choose_backend(requested, need)
-    if requested == "auto":
-        log.info("attention backend %s: %s", name, why)
+def broken_before(
+    chosen: str, need: Workload, import_error: Callable[[str], str | None] = import_failure
+) -> list[str]:
+    """The backends auto prefers to `chosen` that fit the workload but failed to import (a broken install)."""
+    broken = []
+    for name in BACKEND_CLASSES:
+        if name == chosen:
+            break
+        caps = BACKEND_CLASSES[name].capabilities
+        if caps.why_not(need) is None and need.device in caps.auto_devices and caps.module is not None:
+            failure = import_error(caps.module)
+            if failure is not None:
+                broken.append(f"{name} (cannot import {caps.module}: {failure})")
+    return broken
+
+
+def select_backend(
+    requested: str, need: Workload, import_error: Callable[[str], str | None] = import_failure
+) -> str:
+    """choose_backend, logged once: at DEBUG, or WARNING when auto had to pass over a backend that failed to import."""
+    name, why = choose_backend(requested, need, import_error)
+    broken = broken_before(name, need, import_error) if requested == "auto" else []
+    if broken:
+        log.warning("attention backend %s: could not use %s", name, "; ".join(broken))
+    else:
+        log.debug("attention backend %s: %s", name, why)
     return name
 
 

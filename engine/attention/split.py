@@ -25,7 +25,8 @@ class _PackLayout:
     query_len: int
     query_mask: torch.Tensor | None  # [q, q] bool, only when a sliding window applies
     item_index: torch.Tensor | None  # [num_items, item_len] int64 rows of item tokens (clipped)
-    item_valid: torch.Tensor | None  # [num_items, item_len] bool
+    item_rows: torch.Tensor | None  # [item_tokens] int64 batch rows of the real item tokens
+    item_slots: torch.Tensor | None  # [item_tokens] int64 their places in the flattened [items * item_len]
     item_mask: torch.Tensor | None  # [num_items, 1, item_len, q + item_len] bool
 
 
@@ -41,7 +42,7 @@ def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: in
         ).to(device)
     item_ids = [k for k in np.unique(pack.segments) if k >= 0]
     if not item_ids:
-        return _PackLayout(start, q, query_mask, None, None, None)
+        return _PackLayout(start, q, query_mask, None, None, None, None)
     rows = [np.flatnonzero(pack.segments == k) for k in item_ids]
     width = max(len(r) for r in rows)
     index = np.zeros((len(rows), width), dtype=np.int64)
@@ -58,12 +59,15 @@ def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: in
         row_pos = q + np.arange(width)
         key_pos = np.concatenate([np.arange(q), q + np.arange(width)])
         mask &= ((row_pos[:, None] - key_pos[None, :]) < sliding_window)[None]
+    # Kept rows as integer indices built here: a boolean index on the device would sync per pack and layer.
+    slots = np.flatnonzero(valid.reshape(-1))  # [item_tokens]
     return _PackLayout(
         start,
         q,
         query_mask,
         torch.from_numpy(index).to(device),
-        torch.from_numpy(valid).to(device),
+        torch.from_numpy(index.reshape(-1)[slots]).to(device),
+        torch.from_numpy(slots).to(device),
         torch.from_numpy(mask[:, None]).to(device),
     )
 
@@ -113,8 +117,8 @@ class SplitPlan:
             out_items = attention(
                 gather(q_all), k_items, v_items, layout.item_mask, scaling, softcap
             )  # [items, heads, width, head_dim]
-            keep = layout.item_valid.reshape(-1)
-            output[:, flat[keep]] = out_items.transpose(0, 1).reshape(q_all.shape[0], n * width, -1)[:, keep]
+            out_flat = out_items.transpose(0, 1).reshape(q_all.shape[0], n * width, -1)  # [heads, n*width, d]
+            output[:, layout.item_rows] = out_flat[:, layout.item_slots]
         return output.unsqueeze(0).transpose(1, 2)
 
 

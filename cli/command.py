@@ -1,0 +1,85 @@
+"""Typer commands whose parameters are the fields of an options dataclass, and whose usage errors still
+write --report."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from typer.core import TyperCommand
+from typer.exceptions import TyperException
+
+from score_batch.errors import UserError
+
+
+def command_from(
+    options: type,
+    run: Callable[[Any], None],
+    fixed: dict[str, object] | None = None,
+) -> Callable[..., None]:
+    """A function Typer can register: its parameters are the fields of the options dataclass (but those in
+    fixed, which gives their values); calling it runs run(options(**values))."""
+    hints = typing.get_type_hints(options, include_extras=True)
+    fixed = fixed or {}
+    parameters = [
+        inspect.Parameter(
+            field.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=hints[field.name],
+            default=inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default,
+        )
+        for field in dataclasses.fields(options)
+        if field.name not in fixed
+    ]
+
+    def command(**values: Any) -> None:
+        run(options(**values, **fixed))
+
+    command.__signature__ = inspect.Signature(parameters)  # what Typer reads to build the command's flags
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    return command
+
+
+class ReportingCommand(TyperCommand):
+    """A command whose bad flag values (found while parsing, before the command runs) still write --report."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list it parses
+        try:
+            return super().parse_args(ctx, args)
+        except TyperException as error:
+            report = self._given(ctx, given, "report")
+            if report and getattr(error, "param", None) is not None:  # a bad value, not an unknown flag
+                overwrite = bool(self._given(ctx, given, "overwrite"))
+                write_failure_report(report, UserError(error.format_message()), overwrite=overwrite)
+            raise
+
+    def _given(self, ctx, args: list[str], name: str) -> object:
+        """A parameter's value on a command line that failed to parse (else from its environment variable),
+        converted to its type; None when absent, unreadable or itself bad."""
+        param = next((p for p in self.params if p.name == name), None)
+        try:
+            values, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+            value = values.get(name)
+            if value is None and param is not None:
+                value = param.resolve_envvar_value(ctx)
+            return None if value is None or param is None else param.process_value(ctx, value)
+        except TyperException:
+            return None
+
+
+def write_failure_report(report: str, error: BaseException, *, overwrite: bool) -> None:
+    """Write --report for a run that failed before it started (through score_batch.job.report_failure, which
+    refuses a bad report path with a UserError of its own)."""
+    try:
+        from score_batch.job import report_failure
+    except ImportError:  # a job package without early-failure reports: say so rather than skip it silently
+        print(
+            f"score-batch: warning: --report {report} was not written (not supported here)", file=sys.stderr
+        )
+        return
+    report_failure(report, error, overwrite=overwrite)

@@ -1,0 +1,301 @@
+"""JSONL inputs (plain or compressed, local or remote, or standard input spooled to a file) → records.
+
+A first pass over every line (`JsonlReader.scan`) learns the columns in order of first appearance and the
+type of each column's values; reading then yields one record per non-blank line: an object with its
+file's partition values added, or a BadLine saying why the line is not one. Standard input is spooled
+to a temporary file on first read, so it can be read twice like a file; `close()` (or the reader being
+garbage collected, or the interpreter exiting) deletes the spool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from score_batch.io_formats.arrow_types import unify
+from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
+from score_batch.io_formats.listing import InputFile
+from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, Record, has_surrogate, value_kind
+
+BOM = b"\xef\xbb\xbf"
+INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
+READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
+
+_FAMILIES = {
+    "bool": "boolean",
+    "int": "number",
+    "float": "number",
+    "text": "text",
+    "list": "list",
+    "object": "object",
+}
+
+
+class _ColumnScan:
+    """What one JSONL column holds over all lines: kinds of values (with their first line), nested types."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, tuple[int, str]] = {}  # bool / int / … → (row order, first line)
+        self.nested: pa.DataType | None = None  # lists and objects: their unified Arrow type so far
+        self.pending: list[Any] = []
+        self.pending_lines: list[str] = []
+        self.problem: str | None = None  # the first value that no type can hold
+
+    def add(self, value: Any, line: str, order: int) -> None:
+        kind = value_kind(value)
+        if kind is None:
+            return
+        self.kinds.setdefault(kind, (order, line))
+        if kind == "int" and not INT64_MIN <= value <= INT64_MAX and self.problem is None:
+            self.problem = f"line {line}: the integer {value} does not fit in 64 bits"
+        if kind in ("list", "object") and self.problem is None and not has_surrogate(value):
+            self.pending.append(value)
+            self.pending_lines.append(line)
+            if len(self.pending) >= INFER_CHUNK:
+                self.flush()
+
+    def flush(self) -> None:
+        """Infer the pending nested values' type and unify it with the type so far."""
+        if not self.pending or self.problem is not None:
+            return
+        try:
+            dtype = pa.array(self.pending).type
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
+            first, last = self.pending_lines[0], self.pending_lines[-1]
+            where = f"line {first}" if first == last else f"lines {first}-{last}"
+            self.problem = f"{where}: values that cannot share one type ({error})"
+        else:
+            merged = dtype if self.nested is None else unify(self.nested, dtype)
+            if merged is None:
+                self.problem = (
+                    f"line {self.pending_lines[0]} or later: {dtype} where earlier lines hold {self.nested}"
+                )
+            self.nested = merged
+        self.pending, self.pending_lines = [], []
+
+    def type_of(self, name: str, label: str) -> pa.DataType:
+        families: dict[str, tuple[str, str]] = {}
+        for kind, (_, line) in sorted(self.kinds.items(), key=lambda item: item[1][0]):
+            families.setdefault(_FAMILIES[kind], (kind, line))
+        if len(families) > 1:
+            shown = ", ".join(f"{family} (first on line {line})" for family, (_, line) in families.items())
+            raise InputError(f"{label}: column {name!r} mixes {shown}; give every value of a column one type")
+        if self.problem is not None:
+            raise InputError(f"{label}: column {name!r}, {self.problem}")
+        if not families:
+            return pa.null()
+        family = next(iter(families))
+        if family == "boolean":
+            return pa.bool_()
+        if family == "number":
+            return pa.float64() if "float" in self.kinds else pa.int64()
+        if family == "text":
+            return pa.string()
+        self.flush()
+        if self.problem is not None:
+            raise InputError(f"{label}: column {name!r}, {self.problem}")
+        return self.nested if self.nested is not None else pa.null()
+
+
+class _JsonlScan:
+    """The first pass over a JSONL input: its columns in order of first appearance and their values' types."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, _ColumnScan] = {}
+        self.rows = 0  # lines that are rows (objects or unreadable; blank lines are not rows)
+        self.rows_per_file: list[int] = []
+        self.objects = 0
+        self.first_bad: BadLine | None = None
+
+    def type_of(self, name: str, label: str) -> pa.DataType:
+        column = self.columns.get(name)
+        return pa.null() if column is None else column.type_of(name, label)
+
+
+class JsonlReader:
+    """The JSONL files of an input, in order: their columns and types (one scan, cached) and their records."""
+
+    def __init__(self, files: tuple[InputFile, ...], label: str) -> None:
+        self.files = files
+        self.label = label
+        self._scan: _JsonlScan | None = None
+
+    def __getstate__(self) -> dict:
+        return {"files": self.files, "label": self.label, "_scan": None}  # a copy learns again
+
+    def columns(self) -> list[str] | None:
+        """Every line's keys in order of first appearance (None: no line at all)."""
+        scan = self.scan()
+        if scan.objects == 0 and scan.first_bad is not None:
+            bad = scan.first_bad
+            raise InputError(f"{self.label}: no line is a JSON object (line {bad.line}: {bad.message})")
+        return list(scan.columns) if scan.objects else None
+
+    def column_type(self, name: str) -> pa.DataType:
+        return self.scan().type_of(name, self.label)
+
+    def total_rows(self) -> int:
+        return self.scan().rows
+
+    def records(self) -> Iterator[tuple[str, Record]]:
+        """(line, record) per non-blank line of every file in order."""
+        for index in range(self._file_count()):
+            yield from self.file_records(index)
+
+    def units(self) -> list[tuple[InputFile, int | None, int]]:
+        """(file, None, rows) per file: a JSONL file is read whole by one worker."""
+        return [(file, None, rows) for file, rows in zip(self.files, self.scan().rows_per_file)]
+
+    def unit_records(self, file: InputFile, row_group: int | None) -> Iterator[tuple[str, Record]]:
+        return self.file_records(self.files.index(file))
+
+    def close(self) -> None:
+        """Nothing held open between calls."""
+
+    def scan(self) -> _JsonlScan:
+        """Scan every line once (cached)."""
+        if self._scan is None:
+            scan = _JsonlScan()
+            for index in range(self._file_count()):
+                before = scan.rows
+                for line, record in self.file_records(index):
+                    scan.rows += 1
+                    if isinstance(record, BadLine):
+                        scan.first_bad = scan.first_bad or record
+                        continue
+                    scan.objects += 1
+                    for name, value in record.items():
+                        column = scan.columns.get(name)
+                        if column is None:
+                            column = scan.columns[name] = _ColumnScan()
+                        column.add(value, line, scan.rows)
+                scan.rows_per_file.append(scan.rows - before)
+            for column in scan.columns.values():
+                column.flush()
+            self._scan = scan
+        return self._scan
+
+    def file_records(self, index: int) -> Iterator[tuple[str, Record]]:
+        """(line, record) per non-blank line of one file, its partition values added."""
+        file = self.files[index] if self.files else None
+        several = len(self.files) > 1
+        for number, raw in enumerate(self._lines(index), start=1):
+            if number == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
+            if not raw.strip():
+                continue
+            where = f"{number} of {file}" if several else str(number)
+            record = _parse_line(raw, where)
+            if file is not None and isinstance(record, dict):
+                record = file.with_partitions(record)
+            yield where, record
+
+    def _file_count(self) -> int:
+        return len(self.files)
+
+    def _lines(self, index: int) -> Iterator[bytes]:
+        """The raw lines of the index-th file, decompressed by its suffix."""
+        file = self.files[index]
+        try:
+            stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
+        except FileNotFoundError:
+            raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
+        except OSError as error:
+            if is_environment(error):
+                raise
+            raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+        with stream:
+            rest = b""
+            while True:
+                try:
+                    chunk = stream.read(READ_CHUNK)
+                except READ_ERRORS as error:
+                    if is_environment(error):
+                        raise
+                    raise InputError(f"{file}: cannot read ({error})") from None
+                if not chunk:
+                    break
+                lines = (rest + chunk).split(b"\n")
+                rest = lines.pop()
+                for line in lines:
+                    yield line + b"\n"
+            if rest:
+                yield rest
+
+
+class StdinReader(JsonlReader):
+    """JSONL on standard input, spooled to a temporary file on first read (so it can be read twice)."""
+
+    def __init__(self) -> None:
+        super().__init__((), "stdin")
+        self._spool: Path | None = None
+        self._cleanup: weakref.finalize | None = None
+
+    def __getstate__(self) -> dict:
+        raise TypeError("standard input is read by this process only")
+
+    def spool_path(self) -> Path:
+        """The spool file (stdin is copied into it on the first call)."""
+        if self._spool is None:
+            handle, name = tempfile.mkstemp(prefix="score-batch-stdin-", suffix=".jsonl")
+            self._cleanup = weakref.finalize(self, _remove, name)
+            with os.fdopen(handle, "wb") as spool:
+                stream = getattr(sys.stdin, "buffer", None)
+                if stream is not None:
+                    shutil.copyfileobj(stream, spool, 1 << 20)
+                else:
+                    spool.write(sys.stdin.read().encode("utf-8", "surrogateescape"))
+            self._spool = Path(name)
+        return self._spool
+
+    def close(self) -> None:
+        """Delete the spool, if any (reading again spools nothing: stdin is consumed)."""
+        if self._cleanup is not None:
+            self._cleanup()
+
+    def units(self) -> list[tuple[InputFile, int | None, int]]:
+        raise InputError("distributed runs read files, not stdin")
+
+    def _file_count(self) -> int:
+        return 1
+
+    def _lines(self, index: int) -> Iterator[bytes]:
+        try:
+            stream = open(self.spool_path(), "rb")
+        except OSError as error:
+            raise InputError(f"{self.label}: cannot read ({error.strerror or error})") from None
+        with stream:
+            yield from stream
+
+
+def _remove(name: str) -> None:
+    """Delete a spool file (already gone is fine)."""
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+def _parse_line(raw: bytes, line: str) -> dict | BadLine:
+    """One line as an object, or a BadLine saying why not."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return BadLine(
+            line, f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the line)"
+        )
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        return BadLine(line, f"not valid JSON ({error.msg} at column {error.colno})")
+    except RecursionError:
+        return BadLine(line, "not valid JSON (nested too deeply)")
+    return record if isinstance(record, dict) else BadLine(line, "not a JSON object")

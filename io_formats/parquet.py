@@ -1,0 +1,150 @@
+"""Parquet inputs (one file or many, local or remote, with hive partition values) → records.
+
+Schemas and row counts come from the footers (read once); a column's type is unified over all files;
+rows are read in batches, or one row group at a time for a distributed worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from score_batch.io_formats.arrow_types import unify
+from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
+from score_batch.io_formats.listing import InputFile
+from score_batch.io_formats.rows import Record
+
+BATCH_ROWS = 1024  # rows per record batch read from a file
+
+
+@dataclass(frozen=True)
+class ParquetInfo:
+    """One Parquet file's schema and row counts, read from its footer."""
+
+    file: InputFile
+    schema: pa.Schema  # the file's columns, then the partition keys it does not hold (typed as the input's)
+    num_rows: int
+    row_group_rows: tuple[int, ...]
+
+
+class ParquetReader:
+    """The Parquet files of an input, in order: their footers (read once), column types and records."""
+
+    def __init__(
+        self, files: tuple[InputFile, ...], label: str, partition_types: dict[str, pa.DataType]
+    ) -> None:
+        self.files = files
+        self.label = label
+        self.partition_types = partition_types
+        self._infos: list[ParquetInfo] | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_infos": None}  # a copy reads the footers again
+
+    def infos(self) -> list[ParquetInfo]:
+        """Footers of all files; a file that is not readable Parquet is an InputError."""
+        if self._infos is None:
+            self._infos = [self._info(file) for file in self.files]
+        return self._infos
+
+    def columns(self) -> list[str]:
+        """All files' columns (partition keys included), in order of first appearance."""
+        names: dict[str, None] = {}
+        for info in self.infos():
+            names.update(dict.fromkeys(info.schema.names))
+        return list(names)
+
+    def column_type(self, name: str) -> pa.DataType:
+        """One column's type unified over the files; InputError when files disagree or lack it."""
+        infos = self.infos()
+        present = [(info.file, info.schema.field(name).type) for info in infos if name in info.schema.names]
+        missing = [info.file for info in infos if name not in info.schema.names]
+        if not present:
+            return pa.null()
+        if missing:
+            raise InputError(
+                f"{self.label}: column {name!r} is in {present[0][0]} but not in {missing[0]}"
+                + (f" (nor in {len(missing) - 1} more files)" if len(missing) > 1 else "")
+            )
+        unified = present[0][1]
+        for file, dtype in present[1:]:
+            merged = unify(unified, dtype)
+            if merged is None:
+                first = next(f for f, t in present if unify(t, dtype) is None)
+                kind = dict(present)[first]
+                raise InputError(
+                    f"{self.label}: files disagree on column {name!r}: {kind} in {first}, {dtype} in {file}"
+                )
+            unified = merged
+        return unified
+
+    def total_rows(self) -> int:
+        return sum(info.num_rows for info in self.infos())
+
+    def records(self) -> Iterator[tuple[None, Record]]:
+        """(None, record) per row of every file in order, partition values added."""
+        for info in self.infos():
+            try:
+                with _open(info.file) as handle:
+                    for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS):
+                        for record in batch.to_pylist():
+                            yield None, info.file.with_partitions(record)
+            except READ_ERRORS as error:
+                if is_environment(error):
+                    raise
+                raise InputError(f"{info.file}: cannot read this Parquet file: {error}") from None
+
+    def units(self) -> list[tuple[InputFile, int | None, int]]:
+        """(file, row group, rows) per row group: what one distributed worker reads."""
+        return [
+            (info.file, group, rows)
+            for info in self.infos()
+            for group, rows in enumerate(info.row_group_rows)
+        ]
+
+    def unit_records(self, file: InputFile, row_group: int | None) -> Iterator[tuple[None, Record]]:
+        """The records of one row group."""
+        try:
+            with _open(file) as handle:
+                table = pq.ParquetFile(handle).read_row_group(row_group)
+        except READ_ERRORS as error:
+            raise InputError(f"{file}: cannot read row group {row_group}: {error}") from None
+        return ((None, file.with_partitions(record)) for record in table.to_pylist())
+
+    def close(self) -> None:
+        """Nothing held open between calls."""
+
+    def _info(self, file: InputFile) -> ParquetInfo:
+        try:
+            with _open(file) as stream:
+                handle = pq.ParquetFile(stream)
+                metadata = handle.metadata
+                schema = handle.schema_arrow
+        except FileNotFoundError:
+            raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
+        except READ_ERRORS as error:
+            if is_environment(error):
+                raise
+            raise InputError(f"{file}: not a readable Parquet file ({_describe(error, file)})") from None
+        for key, _ in file.partitions:
+            if key not in schema.names:
+                schema = schema.append(pa.field(key, self.partition_types.get(key, pa.string())))
+        groups = tuple(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups))
+        return ParquetInfo(file, schema, metadata.num_rows, groups)
+
+
+def _open(file: InputFile):
+    """A random-access handle on a Parquet file on its filesystem."""
+    return file.location.fs.open_input_file(file.location.path)
+
+
+def _describe(error: BaseException, file: InputFile) -> str:
+    """pyarrow's message, with a plainer word for an empty file."""
+    try:
+        if file.location.info().size == 0:
+            return "the file is empty (0 bytes)"
+    except OSError:
+        pass
+    return str(error) or type(error).__name__

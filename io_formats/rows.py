@@ -1,0 +1,166 @@
+"""Input rows: one record (a Parquet row, a JSONL object or an unreadable line) → a validated InputRow.
+
+Problems of one row (a null or mistyped query or item, a lone surrogate, a bad nested shape) become the
+row's `error`, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from score_batch.io_formats.schema import ColumnMapping
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass
+class InputRow:
+    """One input row: a query with one item (long layout) or a list of items (nested layout)."""
+
+    index: int  # 0-based row index in the input (JSONL: line number - 1)
+    query: Any
+    items: list[Any]
+    query_id: Any
+    item_ids: list[Any]
+    kept: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why the row cannot be scored at all
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A JSONL line that could not be parsed into an object."""
+
+    line: str  # "N", or "N of FILE" when the input has several files
+    message: str
+
+
+Record = dict | BadLine  # what a reader yields per row
+
+
+def to_row(
+    index: int,
+    record: Record,
+    mapping: ColumnMapping,
+    types: dict[str, pa.DataType],
+) -> InputRow:
+    """Validate one record against the mapping; problems become the row's error, not an exception."""
+    if isinstance(record, BadLine):
+        return InputRow(index, None, [None], None, [None], {}, f"line {record.line}: {record.message}")
+    problems: list[str] = []
+
+    def value(name: str | None, raw: Any) -> Any:
+        """A value that will be written: converted to its column's type; a lone surrogate → None + error."""
+        if name is None:
+            return raw
+        if has_surrogate(raw):
+            problems.append(f"column {name!r} holds a lone surrogate, which cannot be written as UTF-8")
+            return None
+        return _convert(raw, types.get(name))
+
+    kept = {name: value(name, record.get(name)) for name in mapping.keep}
+    query = record.get(mapping.query)
+    query_id = value(mapping.query_id, record.get(mapping.query_id)) if mapping.query_id else None
+    if mapping.layout == "long":
+        items = [record.get(mapping.items)]
+        item_ids = [value(mapping.item_id, record.get(mapping.item_id)) if mapping.item_id else index]
+    else:
+        items = record.get(mapping.items)
+        shape_error = None
+        if items is None:
+            shape_error = f"column {mapping.items!r} is null"
+        elif not isinstance(items, list):
+            shape_error = f"column {mapping.items!r} is not a list"
+        elif not items:
+            shape_error = f"column {mapping.items!r} is an empty list (no items to score)"
+        if shape_error is not None:
+            return InputRow(index, query, [None], query_id, [None], kept, shape_error)
+        if mapping.item_id:
+            raw_ids = record.get(mapping.item_id)
+            if not isinstance(raw_ids, list) or len(raw_ids) != len(items):
+                return InputRow(
+                    index,
+                    query,
+                    items,
+                    query_id,
+                    [None] * len(items),
+                    kept,
+                    f"column {mapping.item_id!r} must be a list as long as {mapping.items!r}",
+                )
+            element = types.get(mapping.item_id)
+            item_ids = []
+            for raw in raw_ids:
+                if has_surrogate(raw):
+                    problems.append(
+                        f"column {mapping.item_id!r} holds a lone surrogate, which cannot be written as UTF-8"
+                    )
+                    raw = None
+                item_ids.append(_convert(raw, element))
+        else:
+            item_ids = list(range(len(items)))
+    error = _value_error(query, mapping.query) or next(
+        (e for e in (_value_error(item, mapping.items) for item in items) if e), None
+    )
+    if error is None and problems:
+        error = problems[0]
+    return InputRow(index, query, items, query_id, item_ids, kept, error)
+
+
+def _convert(value: Any, dtype: pa.DataType | None) -> Any:
+    """An integer in a float64 column as a float (so equal ids compare and group equal); else as is."""
+    if (
+        dtype is not None
+        and pa.types.is_floating(dtype)
+        and isinstance(value, int)
+        and not isinstance(value, bool)
+    ):
+        return float(value)
+    return value
+
+
+def value_kind(value: Any) -> str | None:
+    """The JSON kind of a value (None for null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return "list"
+    return "object"
+
+
+def has_surrogate(value: Any) -> bool:
+    """Whether a value holds a string that UTF-8 cannot encode (a lone surrogate from a JSON escape)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, list):
+        return any(has_surrogate(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_surrogate(k) or has_surrogate(v) for k, v in value.items())
+    return False
+
+
+def _value_error(value: Any, column: str) -> str | None:
+    """Why a query/item value is unusable (null, wrong type, bad token ids, unencodable text), or None."""
+    if value is None:
+        return f"column {column!r} is null"
+    if isinstance(value, str):
+        if has_surrogate(value):
+            return f"column {column!r} holds a lone surrogate, which is not valid text"
+        return None
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if all(0 <= v <= INT64_MAX for v in value):
+            return None
+        return f"column {column!r} holds a token id outside 0..2^63-1"
+    return f"column {column!r} must hold text or a list of integer token ids, got {type(value).__name__}"

@@ -1,0 +1,63 @@
+"""Shared pieces of the GPU tests: the model, workloads with token ids, and the plain-HF fp32 reference."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
+
+from tests.reference import reference_scores, tokenizer
+
+LABELS = (" to", " the")
+# bf16 end to end vs the fp32 plain-HF reference, on probabilities of a random tiny model (the bound of
+# test_flashinfer.py's scorer comparison).
+BF16_VS_FP32 = 2e-2
+COMPILED_VS_EAGER = 1e-2  # the same bf16 kernels with and without torch.compile around them
+MODEL = dict(head_dim=128, num_attention_heads=16, num_key_value_heads=8, hidden_size=256)
+
+
+def scorer(model_dir, backend: str, dtype: str = "bfloat16", compile: bool = False, **engine) -> Scorer:
+    """A CUDA scorer of the label-token probabilities."""
+    config = EngineConfig(
+        device="cuda",
+        dtype=dtype,
+        backend=backend,
+        compile=compile,
+        scoring=ScoringConfig(label_tokens=LABELS),
+        **engine,
+    )
+    return Scorer.from_pretrained(model_dir, config)
+
+
+def token_groups(
+    seed: int, groups: int, query: tuple[int, int], items: int, item: tuple[int, int]
+) -> list[Group]:
+    """Groups of random token ids (5..199) with lengths drawn from the given ranges."""
+    rng = random.Random(seed)
+
+    def ids(bounds):
+        return [rng.randrange(5, 200) for _ in range(rng.randint(*bounds))]
+
+    return [Group(ids(query), [ids(item) for _ in range(items)]) for _ in range(groups)]
+
+
+def hf_reference(model_dir, groups: list[Group]) -> list[np.ndarray]:
+    """Plain HF fp32 (CPU, eager) scores of every (query + item) sequence, per group [items, labels]."""
+    tok = tokenizer(str(model_dir))
+    label_ids = [tok.encode(t, add_special_tokens=False)[0] for t in LABELS]
+    return [
+        np.stack(
+            [
+                reference_scores(model_dir, "causal", list(g.query) + list(item), label_ids)[0]
+                for item in g.items
+            ]
+        )
+        for g in groups
+    ]
+
+
+def max_diff(results, reference) -> float:
+    """Largest |difference| between the scores of two runs (results, or arrays per group)."""
+    pairs = zip(results, reference)
+    return max(float(np.abs(getattr(a, "scores", a) - getattr(b, "scores", b)).max()) for a, b in pairs)

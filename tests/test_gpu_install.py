@@ -1,0 +1,164 @@
+"""The GPU install and bench/gpu_check.sh, checked on the CPU: the carried wheels against the image's
+packages, the pip-check filter, the --dry-run listing and the phases of `all` run against stub commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import install_check  # noqa: E402  (bench/install_check.py)
+
+SCRIPT = ROOT / "bench" / "gpu_check.sh"
+
+
+def _names(requirements) -> set[str]:
+    return {install_check.requirement_name(r) for r in requirements}
+
+
+def test_carried_wheels_are_exactly_what_the_image_lacks_for_flashinfer():
+    image = set(install_check.listed_names(ROOT / "bench" / "gpu_image.txt"))
+    carried = install_check.listed_names(ROOT / "bench" / "gpu_wheels.txt")
+    assert carried[0] == "flashinfer-python" and len(carried) == len(set(carried))
+    # A dry resolve of flashinfer-python 0.6.6 against the image: its requirements and theirs.
+    needed = _names(install_check.FLASHINFER_066_REQUIRES) | _names(install_check.APACHE_TVM_FFI_REQUIRES)
+    missing = needed - image - install_check.LEFT_OUT
+    assert missing == {"apache-tvm-ffi"}
+    # tabulate: missing from shared/GPU.md's list of the image, so carried as insurance (pip keeps the
+    # image's copy when there is one); nothing else the image has is carried.
+    assert set(carried) == {"flashinfer-python"} | missing | {"tabulate"}
+    assert {"torch", "numpy", "requests", "urllib3", "packaging", "typing-extensions", "tqdm"} <= image
+    assert not set(carried) & {"torch", "numpy", "requests", "urllib3", "packaging", "typing-extensions"}
+    assert install_check.LEFT_OUT <= _names(install_check.FLASHINFER_066_REQUIRES)
+
+
+def _wheel(directory: Path, name: str, version: str, requires: list[str]) -> Path:
+    path = directory / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", f"Name: {name}\nVersion: {version}\n{meta}")
+    return path
+
+
+def test_wheel_check_reads_requirements_and_finds_an_unmet_one(tmp_path):
+    flashinfer = _wheel(tmp_path, "flashinfer-python", "0.6.6", list(install_check.FLASHINFER_066_REQUIRES))
+    assert install_check.wheel_requires(flashinfer) == (
+        "flashinfer-python",
+        list(install_check.FLASHINFER_066_REQUIRES),
+    )
+    tvm = _wheel(
+        tmp_path, "apache-tvm-ffi", "0.1.15.post2", ["typing-extensions>=4.13", 'ninja; extra == "cpp"']
+    )
+    assert install_check.wheel_requires(tvm)[1] == ["typing-extensions>=4.13"]
+    _wheel(tmp_path, "tabulate", "0.10.0", [])
+    assert install_check.main(["wheels", str(tmp_path)]) == 0
+    _wheel(tmp_path, "apache-tvm-ffi", "0.1.15.post2", ["typing-extensions>=4.13", "left-pad"])
+    (tmp_path / "apache_tvm_ffi-0.1.15.post2-py3-none-any.whl").unlink()
+    _wheel(tmp_path, "apache-tvm-ffi", "0.1.16", ["left-pad"])
+    assert install_check.main(["wheels", str(tmp_path)]) == 1  # left-pad: neither in the image nor carried
+
+
+def test_pip_check_allows_only_the_known_omissions_and_old_problems():
+    before = "old-pkg 1.0 has requirement foo<2, but you have foo 3.0.\n"
+    after = (
+        before
+        + "flashinfer-python 0.6.6 requires nvidia-cudnn-frontend, which is not installed.\n"
+        + "flashinfer-python 0.6.6 requires nvidia-cutlass-dsl, which is not installed.\n"
+    )
+    assert install_check.new_problems(before, after) == []
+    assert (
+        install_check.new_problems("No broken requirements found.\n", "No broken requirements found.\n") == []
+    )
+    broken = after + "flashinfer-python 0.6.6 has requirement packaging>=24.2, but you have packaging 23.0.\n"
+    assert install_check.new_problems(before, broken) == [broken.splitlines()[-1]]
+
+
+def _run(*args, env=None, cwd=ROOT):
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, cwd=cwd)
+
+
+def test_dry_run_prints_every_command_and_runs_none(tmp_path):
+    out = tmp_path / "out"
+    result = _run("--dry-run", "all", env={**os.environ, "OUT": str(out)})
+    assert result.returncode == 0, result.stderr
+    lines = [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
+    text = "\n".join(lines)
+    order = [
+        "FLASHINFER_WORKSPACE_BASE=" + str(ROOT / ".cache" / "gpu"),
+        "timeout --kill-after=10 200 bash",
+        "python bench/install_check.py wheels .wheels",
+        "python -m pip check >",
+        "python -m pip install --no-index --find-links .wheels apache-tvm-ffi tabulate",
+        "python -m pip install --no-index --no-deps --find-links .wheels flashinfer-python==0.6.6",
+        "python bench/install_check.py pip-check",
+        "python bench/gpu.py warmup --out " + str(out / "warmup.json"),
+        "timeout --kill-after=10 220 bash",
+        "python -m pytest -q -rA tests/gpu --junitxml=" + str(out / "gpu-tests.xml"),
+        "timeout --kill-after=10 120 bash",
+        "python bench/gpu.py bench --out "
+        + str(out / "gpu.json")
+        + " --workloads b --queries 8 --methods hf flashinfer flex",
+    ]
+    positions = [text.find(step) for step in order]
+    assert -1 not in positions, [s for s, p in zip(order, positions) if p == -1]
+    assert positions == sorted(positions)
+    assert text.count("pip install --no-index --no-deps --find-links") == 1  # only flashinfer skips its deps
+    assert "TORCHINDUCTOR_CACHE_DIR=" + str(ROOT / ".cache" / "gpu" / "inductor") in text
+    assert not out.exists()  # nothing ran, nothing was written
+
+
+def test_cache_folder_is_git_ignored():
+    result = subprocess.run(
+        ["git", "check-ignore", "-q", ".cache/gpu/flashinfer/x.so"], cwd=ROOT, capture_output=True
+    )
+    assert result.returncode == 0
+
+
+STUB = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >> "$STUB_LOG"
+case "$*" in
+  *"$STUB_FAIL"*) echo "stub failure: $*"; exit 3 ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("fail", [None, "-m pytest"])
+def test_all_runs_every_phase_and_records_each_status(tmp_path, fail):
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("python", "nvidia-smi"):
+        (stubs / name).write_text(STUB)
+        (stubs / name).chmod(0o755)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    out = tmp_path / "out"
+    log = tmp_path / "calls.log"
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
+        "OUT": str(out),
+        "WHEELS": str(wheels),
+        "STUB_LOG": str(log),
+        "STUB_FAIL": fail or "<never>",
+        "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
+    }
+    result = _run("all", env=env)
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split()[0] for line in summary] == ["install", "tests", "bench"]
+    calls = log.read_text()
+    assert "-m pytest -q -rA tests/gpu" in calls and "bench/gpu.py bench" in calls  # bench ran after tests
+    assert "bench/gpu.py warmup" in calls
+    if fail is None:
+        assert result.returncode == 0, result.stderr
+        assert all("exit=0 " in line for line in summary)
+    else:
+        assert result.returncode == 1 and "some phase failed" in result.stderr
+        assert [("exit=0 " in line) for line in summary] == [True, False, True]

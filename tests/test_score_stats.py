@@ -1,0 +1,169 @@
+"""The report's score distribution and items per query: ScoreStats against numpy, and a run's --report."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from score_batch.job.score_stats import QUANTILES, ScoreStats, quantile_name
+
+from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+
+NAMES = ["p01", "p05", "p25", "p50", "p75", "p95", "p99"]
+
+
+def test_quantile_names():
+    assert [quantile_name(q) for q in QUANTILES] == NAMES
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_small_runs_are_exact_and_equal_numpy(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=int(rng.integers(1, 500))).astype(np.float32)
+    stats = ScoreStats()
+    for chunk in np.array_split(values, 7):  # batches of any size, some empty
+        stats.add_scores(pa.array(list(chunk.astype(float)) + [None], pa.float32()))  # nulls: failed items
+    stats.add_scores([float("nan"), float("inf"), None, -float("inf")])
+    summary = stats.summary()["scores"]
+    reference = values.astype(np.float64)
+    assert summary["count"] == values.size and summary["non_finite"] == 3
+    assert summary["min"] == reference.min() and summary["max"] == reference.max()
+    assert summary["mean"] == pytest.approx(reference.mean(), rel=1e-12, abs=1e-12)
+    expected = np.quantile(reference, QUANTILES)
+    assert [summary[name] for name in NAMES] == pytest.approx(list(expected), rel=0, abs=1e-12)
+    assert summary["quantiles"] == "exact"
+
+
+def test_no_scores_gives_counts_only():
+    stats = ScoreStats()
+    stats.add_scores(pa.array([None, None], pa.float32()))
+    assert stats.summary() == {
+        "scores": {"count": 0, "non_finite": 0, "quantiles": "exact"},
+        "items_per_query": {"queries": 0},
+    }
+
+
+def test_large_runs_keep_a_uniform_sample_and_exact_extremes():
+    rng = np.random.default_rng(7)
+    values = np.concatenate([rng.uniform(0, 1, 60_000), rng.uniform(1, 3, 40_000)])  # a drift mid-run
+    stats = ScoreStats(sample_size=4_000)
+    start = 0
+    for size in rng.integers(1, 9_000, size=40):
+        stats.add_scores(values[start : start + size])
+        start += size
+    stats.add_scores(values[start:])
+    summary = stats.summary()["scores"]
+    assert summary["count"] == values.size and summary["quantiles"] == "sampled (4000 scores)"
+    assert summary["min"] == values.min() and summary["max"] == values.max()
+    assert summary["mean"] == pytest.approx(values.mean(), rel=1e-12)
+    for q, name in zip(QUANTILES, NAMES):
+        rank = np.mean(values <= summary[name])  # where the sampled quantile sits in the full data
+        assert abs(rank - q) <= 0.02, (name, rank)
+    late = np.mean(stats._sample >= 1)  # the last 40% of the run is 40% of the sample (binomial, ±3σ ≈ 0.023)
+    assert abs(late - 0.4) <= 0.03
+
+
+def test_the_same_input_gives_the_same_sample():
+    values = np.random.default_rng(1).normal(size=20_000)
+    first, second = ScoreStats(sample_size=500), ScoreStats(sample_size=500)
+    for chunk in np.array_split(values, 3):
+        first.add_scores(chunk)
+    for chunk in np.array_split(values, 3):
+        second.add_scores(chunk)
+    assert first.summary() == second.summary()
+
+
+def test_items_per_query_min_median_max_equal_numpy():
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 100):
+        sizes = rng.integers(1, 30, size=n)
+        stats = ScoreStats()
+        stats.add_query_sizes(sizes[: n // 2])
+        stats.add_query_sizes(sizes[n // 2 :])
+        got = stats.summary()["items_per_query"]
+        assert got == {"queries": n, "min": sizes.min(), "median": np.median(sizes), "max": sizes.max()}
+
+
+def test_the_report_carries_the_distribution_of_the_written_scores(qwen3_causal, tmp_path):
+    rows = []
+    for i in range(23):  # queries of 1..5 items, interleaved across two windows; row 9 fails
+        q = i % 5
+        rows.append({"query_id": f"q{q}", "query": f"Tokyo is city number {q}", "item": f" item {i}"})
+    rows = [row for i, row in enumerate(rows) if i % 5 != 4 or i < 5]  # q4 keeps a single item
+    rows[9]["item"] = None
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    out, report = tmp_path / "o.parquet", tmp_path / "report.json"
+    result = run_cli(
+        data, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "record", "-o", out, "--report", report
+    )
+    assert result.returncode == 0, result.stderr
+    written = np.array([s for s in pq.read_table(out)["score"].to_pylist() if s is not None], np.float64)
+    assert written.size == len(rows) - 1
+    stats = json.loads(report.read_text())["score_stats"]
+    scores = stats["scores"]
+    assert scores["count"] == written.size and scores["non_finite"] == 0
+    assert scores["min"] == written.min() and scores["max"] == written.max()
+    assert scores["mean"] == pytest.approx(written.mean(), rel=1e-9)
+    assert [scores[name] for name in NAMES] == pytest.approx(list(np.quantile(written, QUANTILES)), abs=1e-12)
+    # items per query: the query groups the engine scored (one window here), the failed row's item left out
+    sizes = Counter(row["query_id"] for i, row in enumerate(rows) if i != 9)
+    expected = np.array(sorted(sizes.values()))
+    assert stats["items_per_query"] == {
+        "queries": len(sizes),
+        "min": expected.min(),
+        "median": np.median(expected),
+        "max": expected.max(),
+    }
+
+
+def test_merged_accumulators_equal_one_over_both_streams():
+    rng = np.random.default_rng(5)
+    small = [rng.normal(size=n) for n in (10, 0, 30)]
+    parts = [ScoreStats() for _ in small]
+    for stats, values in zip(parts, small):
+        stats.add_scores(values)
+        stats.add_query_sizes([values.size or 1])
+    merged = ScoreStats()
+    for stats in parts:
+        merged.merge(stats)
+    whole = ScoreStats()
+    whole.add_scores(np.concatenate(small))
+    whole.add_query_sizes([10, 1, 30])
+    got, expected = merged.summary(), whole.summary()  # exact while small
+    assert got["items_per_query"] == expected["items_per_query"]
+    assert got["scores"].pop("quantiles") == expected["scores"].pop("quantiles") == "exact"
+    assert got["scores"] == pytest.approx(expected["scores"], rel=1e-12)
+    # Large: a 70/30 split of the run is 70/30 in the merged sample; extremes and mean stay exact.
+    first, second = rng.uniform(0, 1, 70_000), rng.uniform(2, 3, 30_000)
+    left, right = ScoreStats(sample_size=2_000), ScoreStats(sample_size=2_000)
+    left.add_scores(first)
+    right.add_scores(second)
+    left.merge(right)
+    summary = left.summary()["scores"]
+    assert summary["count"] == 100_000 and summary["min"] == first.min() and summary["max"] == second.max()
+    assert summary["mean"] == pytest.approx(np.concatenate([first, second]).mean(), rel=1e-12)
+    assert abs(np.mean(left._sample >= 2) - 0.3) <= 0.035 and left._sample.size == 2_000
+
+
+def test_scores_read_back_from_a_partitioned_directory(tmp_path):
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+    from score_batch.job.score_stats import written_score_stats
+
+    rng = np.random.default_rng(2)
+    scores = rng.normal(size=300).astype(np.float32)
+    table = pa.table({"score": scores, "country": np.array(["US", "DE", "FR"])[np.arange(300) % 3]})
+    table = table.set_column(
+        0, "score", pa.array([None if i % 50 == 0 else float(s) for i, s in enumerate(scores)], pa.float32())
+    )
+    ds.write_dataset(
+        table, tmp_path / "out", format="parquet", partitioning=["country"], partitioning_flavor="hive"
+    )
+    got = written_score_stats(str(tmp_path / "out"), pafs.LocalFileSystem())["scores"]
+    kept = np.array([s for i, s in enumerate(scores) if i % 50], np.float64)
+    assert got["count"] == kept.size and got["min"] == kept.min() and got["max"] == kept.max()
+    assert [got[name] for name in NAMES] == pytest.approx(list(np.quantile(kept, QUANTILES)), abs=1e-12)
