@@ -123,8 +123,13 @@ def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: 
         return Location(_http_filesystem(), urllib.parse.urlunsplit(split), shown, HTTP)
     if not split.netloc:
         raise InputError(f"{shown!r}: name a bucket ({split.scheme}://BUCKET/PATH)")
-    path = split.netloc + urllib.parse.unquote(split.path)
+    path = object_key(split.netloc + urllib.parse.unquote(split.path))
     return Location(filesystem(scheme, options), path, shown, scheme)
+
+
+def object_key(path: str) -> str:
+    """bucket/key with the spellings of one object folded: `//`, `./`, `..` and a trailing `/`."""
+    return posixpath.normpath("/" + path).lstrip("/")
 
 
 _FILESYSTEMS: dict[tuple, pafs.FileSystem] = {}

@@ -68,28 +68,42 @@ def upload_directory(local: Path, destination: Location) -> None:
                 target.fs.open_output_stream(target.path, compression=None) as out,
             ):
                 shutil.copyfileobj(source, out, CHUNK)
-        delete(destination.child(SUCCESS))  # readers that wait for the marker stop trusting the old data
-        delete_dir(destination)
-        for name in files:
-            staging.fs.move(staging.child(name).path, destination.child(name).path)
-        write_object(destination.child(SUCCESS), b"")
+        _replace(staging, destination, files)
     finally:
         delete_dir(staging)
+
+
+def move_into_place(staging: Location, destination: Location) -> None:
+    """Objects written under a staging prefix moved under destination (server-side copies), `_SUCCESS` last.
+
+    An old dataset at destination (replaced under --overwrite, already checked) loses its `_SUCCESS`
+    first, so a reader that waits for the marker never mixes old and new files; one that lists the
+    prefix before the marker appears may see part of the new files.
+    """
+    base = staging.path.rstrip("/")
+    selector = pafs.FileSelector(base, recursive=True)
+    names = sorted(
+        info.path[len(base) :].lstrip("/")
+        for info in staging.fs.get_file_info(selector)
+        if info.type == pafs.FileType.File and not info.path.endswith("/")
+    )
+    _replace(staging, destination, [name for name in names if name != SUCCESS])
+
+
+def _replace(staging: Location, destination: Location, names: list[str]) -> None:
+    """The staged objects moved under destination, replacing what was there; `_SUCCESS` removed first
+    (readers that wait for the marker stop trusting the old data) and written last."""
+    delete(destination.child(SUCCESS))
+    delete_dir(destination)
+    for name in names:
+        staging.fs.move(staging.child(name).path, destination.child(name).path)
+    write_object(destination.child(SUCCESS), b"")
 
 
 def write_object(location: Location, data: bytes) -> None:
     """Write one object in a single request (replacing any object of that name)."""
     with location.fs.open_output_stream(location.path, compression=None) as out:
         out.write(data)
-
-
-def read_object(location: Location) -> bytes | None:
-    """An object's bytes, or None when it does not exist."""
-    try:
-        with location.fs.open_input_stream(location.path, compression=None) as stream:
-            return stream.read()
-    except FileNotFoundError:
-        return None
 
 
 def delete(location: Location) -> None:
@@ -106,33 +120,6 @@ def delete_dir(location: Location) -> None:
         location.fs.delete_dir(location.path)
     except FileNotFoundError:
         pass
-
-
-def list_names(directory: Location) -> list[str]:
-    """Names of the objects directly in a directory prefix (none when it does not exist)."""
-    try:
-        infos = directory.fs.get_file_info(pafs.FileSelector(directory.path, allow_not_found=True))
-    except FileNotFoundError:
-        return []
-    return [info.base_name for info in infos if info.type == pafs.FileType.File]
-
-
-def remove_leftovers(destination: Location) -> None:
-    """Delete the hidden temporary keys (and staging prefixes) an interrupted run left beside destination."""
-    prefix = f".{destination.name}.tmp-"
-    parent = destination.parent()
-    try:
-        infos = parent.fs.get_file_info(pafs.FileSelector(parent.path, allow_not_found=True))
-    except FileNotFoundError:
-        infos = []
-    for info in infos:
-        if not info.base_name.startswith(prefix):
-            continue
-        if info.type == pafs.FileType.Directory:
-            delete_dir(parent.child(info.base_name))
-        else:
-            delete(parent.child(info.base_name))
-        log.info("removed %s, left by an interrupted run", parent.child(info.base_name))
 
 
 def create_exclusive(location: Location, data: bytes, options: tuple[tuple[str, str], ...]) -> bool:

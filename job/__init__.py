@@ -1,63 +1,124 @@
 """The batch job around the engine: read windows, score, write through one output contract, report.
 
-`run(config)` is the one entry point; a local run and a Ray run differ only in where windows come
-from and who scores them. Imports engine and io_formats, never the CLI.
+`run(config)` is the one entry point and the one run loop; its phases, in order:
+
+1. report path: `--report` must be writable (a bad one exits 2 first, with no report);
+2. resolve: which runner (local, Ray, or an OpenAI-style batch file);
+3. preflight: every check that needs no weights (paths and collisions, inputs, column names and types,
+   reserved output names, partition columns) → `Checked` with the run's `RunPaths`;
+4. lock: `OUTPUT.lock`; a --resume on an output already completed with the same fingerprint ends here
+   ("already complete"); leftovers of an interrupted run are removed;
+5. score windows and publish: the runner (local: windows → engine → checkpointed parts → one publish;
+   Ray: read units → actor pool → staged directory → one publish);
+6. report: written however the run ends (SIGINT/SIGTERM included: at once before scoring, at the next
+   safe point during it).
+
+Imports engine and io_formats, never the CLI.
 """
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from score_batch.io_formats.readers import open_source
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import check_kept_columns
-from score_batch.job.policy import check_destination, check_report_path, check_run_paths
+from score_batch.job.lock import OutputLock
+from score_batch.job.paths import check_report_path
+from score_batch.job.policy import remove_leftovers
 from score_batch.job.progress import warn_failed_items
-from score_batch.job.report import RunReport, settings_of, versions
+from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.resources import available_cpus
-from score_batch.job.signals import Stopped
+from score_batch.job.signals import Stopped, StopSignals
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Runner:
+    """Where windows come from and where scoring happens: its preflight and its score-and-publish phase."""
+
+    preflight: Callable  # (config, source) -> Checked
+    score: Callable  # (config, checked, report) -> None: load, score windows, publish
 
 
 def run(config: RunConfig) -> RunReport:
     """Run one job (locally, on Ray, or an OpenAI-style batch file); the report is written however it ends."""
     torch.set_num_threads(config.threads or available_cpus())
-    # Every path is checked before the report can be written, so a report never replaces a file it must not.
-    check_report_path(config)
-    ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
-    check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled)  # before any model load
-    source = open_source(config.inputs, config.storage_options, config.hive_types)
-    try:
-        from score_batch.job.openai_batch import is_openai_batch, run_openai_batch
-
-        batch_file = is_openai_batch(config.input_format, source)  # stdin: sniffed on its spool
-        if not batch_file and config.ray is not None:
-            from score_batch.job.ray_run import check_ray_run
-            from score_batch.job.ray_run import run_ray as run_job
-
-            check_ray_run(config)
-        elif not batch_file:
-            from score_batch.job.local import run_local as run_job
-        destination = check_destination(config, directory=config.ray is not None and not batch_file)
-        check_run_paths(config, source.files, destination, source.directories)
-        if batch_file:
-            return _run_reported(
-                config, lambda report: run_openai_batch(config, report, source), batch_file=True
-            )
-        return _run_reported(config, lambda report: run_job(config, source, destination, report))
-    finally:
-        source.close()
-
-
-def _run_reported(config: RunConfig, work, batch_file: bool = False) -> RunReport:
-    """Run work(report) with the report written however it ends; warn when items failed."""
+    check_report_path(config)  # before the report can be written, so it never replaces a file it must not
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
+    started = time.perf_counter()
+    batch_file = False
     try:
-        work(report)
+        with StopSignals(immediate=True):  # preflight and model load stop at once; scoring defers
+            batch_file = _run_phases(config, report)
     except BaseException as error:
         report.end(error)
         _write_report(config, report)
         raise
+    report.seconds_total = round(time.perf_counter() - started, 3)
     report.end(None)
     _write_report(config, report)
     warn_failed_items(report, config, batch_file)
     return report
+
+
+def _run_phases(config: RunConfig, report: RunReport) -> bool:
+    """resolve → preflight → lock → score windows → publish (the report is the caller's); True for a
+    batch file."""
+    ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
+    check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled)  # needs no input
+    source = open_source(config.inputs, config.storage_options, config.hive_types)
+    try:
+        runner = _resolve(config, source)
+        if runner is None:  # a batch file: its driver (job/openai_batch.py) runs its own phases
+            from score_batch.job.openai_batch import run_openai_batch
+
+            run_openai_batch(config, report, source)
+            return True
+        checked = runner.preflight(config, source)
+        with OutputLock.for_paths(checked.paths):
+            if _already_complete(config, checked, report):
+                return False
+            remove_leftovers(*checked.paths.leftovers)
+            runner.score(config, checked, report)
+        return False
+    finally:
+        source.close()
+
+
+def _resolve(config: RunConfig, source) -> Runner | None:
+    """The runner the config names (None: an OpenAI-style batch file)."""
+    from score_batch.job.openai_batch import is_openai_batch
+
+    if is_openai_batch(config.input_format, source):  # stdin: sniffed on its spool
+        return None
+    if config.ray is not None:
+        from score_batch.job.ray_run import check_ray_preflight, run_ray
+
+        return Runner(check_ray_preflight, run_ray)
+    from score_batch.job.local import run_local
+    from score_batch.job.preflight import preflight
+
+    return Runner(preflight, run_local)
+
+
+def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
+    """--resume on an output an earlier run completed: True (nothing to do) when model, settings and input
+    content are the same; InputError when they are not; False when the output is not complete."""
+    if not config.resume or config.dry_run or checked.destination is None:
+        return False
+    from score_batch.job.completion import Completion
+
+    completion = Completion(config)
+    if not completion.exists():
+        return False
+    completion.check_rerun(config, checked.source)
+    report.already_complete = True
+    log.warning("%s is already complete (same model, settings and input); nothing to do", config.output)
+    return True
 
 
 def _write_report(config: RunConfig, report: RunReport) -> None:
@@ -66,4 +127,4 @@ def _write_report(config: RunConfig, report: RunReport) -> None:
         report.write(config.report)
 
 
-__all__ = ["RayOptions", "RunConfig", "RunReport", "Stopped", "run"]
+__all__ = ["RayOptions", "RunConfig", "RunReport", "Stopped", "report_failure", "run"]

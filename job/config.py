@@ -11,6 +11,7 @@ from typing import Literal
 
 from score_batch.engine import EngineConfig
 from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.io_formats.writers import STDOUT
 
 from score_batch.errors import ConfigError
 
@@ -21,7 +22,6 @@ INPUT_FORMATS = (
     "openai-batch",
 )  # table: query/item rows; openai-batch: vLLM-style batch file
 DEFAULT_WINDOW_ROWS = 2048
-STDOUT = "-"
 
 
 @dataclass(frozen=True)

@@ -5,23 +5,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
+import numpy as np
+from score_batch.engine import GroupResult
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.readers import InputSource, column_types, read_windows
+from score_batch.io_formats.readers import InputSource, read_windows
+from score_batch.job.completion import Completion, completion_fingerprint, content_digest
 from score_batch.job.config import RunConfig, model_identity
-from score_batch.job.contract import OutputContract
-from score_batch.job.lock import OutputLock
 from score_batch.job.policy import (
     KEEP_GOING,
-    default_errors_path,
     enforce_fail,
-    errors_path,
-    remove_leftovers,
 )
 from score_batch.job.prefetch import prefetched
+from score_batch.job.preflight import Checked, output_contract
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
 from score_batch.job.score_stats import ScoreStats
@@ -34,29 +32,17 @@ from score_batch.errors import UserError
 log = logging.getLogger(__name__)
 
 
-def run_local(config: RunConfig, source: InputSource, destination: Path | None, report: RunReport) -> None:
-    """Run a checked job on this machine, filling report; UserError for user mistakes, Stopped on signals."""
-    started = time.perf_counter()
-    with OutputLock.for_run(config, destination):
-        _run_locked(config, source, destination, report, started)
-
-
-def _run_locked(
-    config: RunConfig, source: InputSource, destination: Path | None, report: RunReport, started: float
-) -> None:
-    """The run, once the paths are checked and the output is ours."""
-    if destination is not None and not config.dry_run:
-        remove_leftovers(destination, default_errors_path(destination), errors_path(config))
-    sink = open_sink(config, destination)
+def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
+    """Score windows on this machine and publish (the output locked, leftovers removed), filling report;
+    UserError for user mistakes, Stopped on signals."""
+    source = checked.source
+    completion = Completion(config) if checked.destination is not None and not config.dry_run else None
+    sink = open_sink(config, checked.paths)
     scorer, planner, setup = load_engine(config, report)
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
 
     mapping, windows = read_windows(source, config.columns, config.window_rows)
-    contract = OutputContract.from_types(
-        mapping, column_types(source, mapping), pooled_dim, config.on_error, config.rank, config.top_k
-    )
-    if config.partition_by:
-        contract.partition_schema(config.partition_by)  # refuse unusable partition columns before scoring
+    contract = output_contract(config, checked.mapping, checked.types, pooled_dim)
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
     progress = Progress(
         source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
@@ -71,6 +57,7 @@ def _run_locked(
         return Prepared(number, rows, window_hash(rows), grouped, plan)
 
     windows_read = 0
+    digests: list[str] = []  # every window's input hash: the completion record's input digest
     stats = ScoreStats()  # the scored windows' score distribution and items per query, for the report
     try:
         with StopSignals() as stop:
@@ -85,6 +72,7 @@ def _run_locked(
                 report.rows_read += len(rows)
                 progress.add_rows(len(rows))
                 if sink.done(number, input_hash):
+                    digests.append(input_hash)
                     report.rows_skipped_by_resume += len(rows)
                     progress.update(sum(len(r.item_ids) for r in rows))
                     continue
@@ -92,8 +80,9 @@ def _run_locked(
                     _fail_on_unreadable_row(rows, source)
                 plan = window.plan or planner.plan(grouped.groups)
                 report.add_plan(plan.stats)
-                results = None
-                if scorer is not None:
+                if scorer is None:  # a dry run: the plan's own row errors (over-long items, …)
+                    results = planned_results(plan, pooled_dim)
+                else:
 
                     def advance(count: int) -> None:
                         progress.update(count)
@@ -107,16 +96,20 @@ def _run_locked(
                 failed = part.num_rows - part["error"].null_count
                 report.items += part.num_rows
                 report.items_failed += failed
+                enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
+                digests.append(input_hash)
                 if config.dry_run:
                     continue
                 report.items_scored += part.num_rows - failed
-                enforce_fail(contract, part, source.label)
                 sink.write(number, part, contract, input_hash)
                 stop.check()
             report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
             report.score_stats = stats.summary()
             sink.check_read(windows_read)
-            report.items_skipped = sink.commit(contract, stop.check)
+            fingerprint = completion_fingerprint(config, content_digest(digests))
+            report.items_skipped = sink.commit(contract, stop.check, fingerprint)
+            if completion is not None:
+                completion.published(fingerprint, config.resume)
     except UserError:
         sink.abort(keep_checkpoints=False)  # the input or settings must change, which invalidates the parts
         raise
@@ -125,8 +118,21 @@ def _run_locked(
         raise
     finally:
         progress.close()
-    report.seconds_total = round(time.perf_counter() - started, 3)
     report.finish()
+
+
+def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]:
+    """A dry run's stand-in for scores: NaN everywhere, and the plan's per-item errors (over-long items,
+    untokenizable text), so the dry run reports the row errors the real run would."""
+    results = []
+    for group in plan.tokenized:
+        count = len(group.item_ids)
+        scores = np.full((count, 1), np.nan, np.float32)  # [items, 1]
+        pooled = None if pooled_dim is None else np.full((count, pooled_dim), np.nan, np.float32)
+        results.append(
+            GroupResult(scores=scores, score=scores[:, 0], pooled=pooled, errors=list(group.errors))
+        )
+    return results
 
 
 def load_engine(config: RunConfig, report: RunReport) -> tuple[Scorer | None, Planner, ResolvedSetup]:

@@ -8,38 +8,40 @@ import logging
 import os
 import socket
 import time
-from pathlib import Path
 
-from score_batch.io_formats import remote
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location
+from score_batch.io_formats.target import Target
 
 log = logging.getLogger(__name__)
 UNREADABLE_LOCK_SECONDS = 10.0  # a lock file written in one small write is readable well within this
 
 
-def lock_path(destination: Path | Location) -> Path | Location:
-    """The lock file of an output path."""
-    if isinstance(destination, Location):
-        return destination.sibling(".lock")
-    return destination.with_name(f"{destination.name}.lock")
+def lock_path(destination: Target) -> Target:
+    """The lock file of an output: OUTPUT.lock."""
+    return destination.sibling(".lock")
 
 
 class OutputLock:
-    """Held while a run writes an output; a lock left by a dead process on this host is taken over."""
+    """Held while a run writes an output; a lock left by a dead process on this host is taken over.
 
-    def __init__(self, destination: Path) -> None:
-        self.path = lock_path(destination)
+    Created with Target.create_exclusive: O_EXCL locally, a conditional write on S3 (see io_formats.remote).
+    """
+
+    def __init__(self, path: Target) -> None:
+        self.path = path
         self.held = False
 
     @classmethod
-    def for_run(cls, config, destination: Path | None) -> OutputLock | contextlib.nullcontext:
-        """The lock a run takes: none for stdout or a dry run."""
+    def for_run(cls, config, destination: Target | None) -> OutputLock | contextlib.nullcontext:
+        """The lock a run on destination takes: none for stdout or a dry run."""
         if destination is None or config.dry_run:
             return contextlib.nullcontext()
-        if isinstance(destination, Location):
-            return RemoteOutputLock(destination, config.storage_options)
-        return cls(destination)
+        return cls(lock_path(destination))
+
+    @classmethod
+    def for_paths(cls, paths) -> OutputLock | contextlib.nullcontext:
+        """The lock of a run's resolved paths (RunPaths.lock; None: stdout or a dry run)."""
+        return contextlib.nullcontext() if paths.lock is None else cls(paths.lock)
 
     def __enter__(self) -> OutputLock:
         self.acquire()
@@ -56,7 +58,7 @@ class OutputLock:
             holder = self._holder()
             if holder is None and self._abandoned():
                 log.warning("removing the unreadable lock %s (a run died while writing it)", self.path)
-                self.path.unlink(missing_ok=True)
+                self.path.delete()
                 continue
             if holder is None:  # vanished or still being written: look again
                 time.sleep(0.05)
@@ -76,32 +78,20 @@ class OutputLock:
     def release(self) -> None:
         """Remove the lock file if this run holds it."""
         if self.held:
-            self.path.unlink(missing_ok=True)
+            self.path.delete()
             self.held = False
 
     def _create(self) -> bool:
         """Atomically create the lock file with this process as holder; False when it exists."""
-        try:
-            handle = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+        if not self.path.create_exclusive(json.dumps(_holder_record()).encode()):
             return False
-        try:
-            with os.fdopen(handle, "w") as out:
-                json.dump(_holder_record(), out)
-        except BaseException:  # a half-written lock would block every later run
-            self.path.unlink(missing_ok=True)
-            raise
         self.held = True
         return True
 
     def _abandoned(self) -> bool:
-        """True for a local lock file that is still unreadable long after it was created."""
-        if not isinstance(self.path, Path):
-            return False
-        try:
-            return time.time() - self.path.stat().st_mtime > UNREADABLE_LOCK_SECONDS
-        except OSError:
-            return False
+        """True for a lock file that is still unreadable long after it was created (where its age is known)."""
+        age = self.path.age_seconds()
+        return age is not None and age > UNREADABLE_LOCK_SECONDS
 
     def _holder(self) -> dict | None:
         """The lock file's record, or None when it cannot be read."""
@@ -111,8 +101,8 @@ class OutputLock:
             return None
         return holder if isinstance(holder, dict) else None
 
-    def _read(self) -> str | bytes | None:
-        return self.path.read_text()
+    def _read(self) -> bytes | None:
+        return self.path.read_bytes()
 
     @staticmethod
     def _stale(holder: dict) -> bool:
@@ -130,36 +120,9 @@ class OutputLock:
     def _remove_if_unchanged(self, holder: dict) -> None:
         """Remove a stale lock unless another run replaced it meanwhile."""
         if self._holder() == holder:
-            self.path.unlink(missing_ok=True)
+            self.path.delete()
 
 
 def _holder_record() -> dict:
     """Who holds a lock: this process, this host, since now."""
     return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-
-
-class RemoteOutputLock(OutputLock):
-    """OUTPUT.lock on an object store, created with a conditional write (see io_formats.remote)."""
-
-    def __init__(self, destination: Location, options: tuple[tuple[str, str], ...]) -> None:
-        self.path = lock_path(destination)
-        self.options = options
-        self.held = False
-
-    def release(self) -> None:
-        if self.held:
-            remote.delete(self.path)
-            self.held = False
-
-    def _create(self) -> bool:
-        if not remote.create_exclusive(self.path, json.dumps(_holder_record()).encode(), self.options):
-            return False
-        self.held = True
-        return True
-
-    def _read(self) -> bytes | None:
-        return remote.read_object(self.path)
-
-    def _remove_if_unchanged(self, holder: dict) -> None:
-        if self._holder() == holder:
-            remote.delete(self.path)

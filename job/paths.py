@@ -1,4 +1,5 @@
-"""Every path a run writes, checked against every path it reads and against each other before any scoring.
+"""Every path a run writes (RunPaths, resolved once in preflight), checked against every path it reads
+and against each other before any scoring.
 
 Paths are compared as normalized URIs: local paths with `..` and symlinks resolved (also for the parts
 that do not exist yet), object-store paths as scheme://bucket/key with `.` and `..` folded.
@@ -6,13 +7,17 @@ that do not exist yet), object-store paths as scheme://bucket/key with `.` and `
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location
-
-Where = Path | Location  # an InputFile counts through its .location
+from score_batch.io_formats.locations import has_glob
+from score_batch.io_formats.target import LocalTarget, Target, target
+from score_batch.io_formats.writers import STDOUT
+from score_batch.job.config import RunConfig
+from score_batch.job.lock import lock_path
 
 
 def real(path: str | Path) -> Path:
@@ -21,14 +26,13 @@ def real(path: str | Path) -> Path:
 
 
 def normalized(where) -> str:
-    """The URI a path or location is compared by."""
-    where = getattr(where, "location", where)
-    if isinstance(where, Location):
-        return where.key()
-    return "file://" + str(real(where))
+    """The URI a path is compared by: a Target, a Location or an InputFile by its key(), a Path resolved."""
+    where = getattr(where, "location", where)  # an InputFile counts through its location
+    key = getattr(where, "key", None)
+    return key() if callable(key) else "file://" + str(real(where))
 
 
-def check_collisions(writes: dict[str, Where], reads: dict[str, Where]) -> None:
+def check_collisions(writes: dict[str, object], reads: dict[str, object]) -> None:
     """Refuse a write path that is, contains or lies inside a read path, or that another write path uses."""
     resolved_writes = {name: normalized(path) for name, path in writes.items()}
     resolved_reads = {name: normalized(path) for name, path in reads.items()}
@@ -53,3 +57,167 @@ def _overlap(a: str, b: str) -> bool:
     """True when a and b are the same path or one lies inside the other."""
     a, b = a.rstrip("/"), b.rstrip("/")
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def default_errors_path(destination: Target) -> Target:
+    """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
+    return destination.sibling(".errors.jsonl")
+
+
+def parts_dir(destination: Target) -> Target:
+    """OUTPUT.parts: the checkpoint directory of an output."""
+    return destination.sibling(".parts")
+
+
+def errors_path(config: RunConfig, destination: Target | None = None) -> Target | None:
+    """Where --on-error skip lists skipped rows: --errors-file, else OUTPUT.errors.jsonl (None: the log,
+    or nothing skipped). destination: the checked output, when the caller has it."""
+    if config.on_error != "skip" or config.dry_run:
+        return None
+    if config.errors_file:
+        return target(config.errors_file, config.storage_options)
+    if destination is None and config.output != STDOUT:
+        destination = target(config.output, config.storage_options)
+    return None if destination is None else default_errors_path(destination)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path one run writes, resolved once in preflight; later phases take them from here."""
+
+    output: Target | None  # None: stdout
+    parts: Target | None  # OUTPUT.parts/: the checkpoints (None: stdout or a dry run)
+    lock: Target | None  # OUTPUT.lock (None: stdout or a dry run)
+    errors: Target | None  # where --on-error skip lists skipped rows (None: the log, or not skipping)
+    default_errors: Target | None  # OUTPUT.errors.jsonl: an earlier run's list, removed when stale
+    report: Target | None  # --report FILE (None: none, or stderr)
+
+    @classmethod
+    def resolve(cls, config: RunConfig, destination: Target | None) -> RunPaths:
+        """The paths of a run whose output was checked by check_destination (destination None: stdout)."""
+        writes = destination is not None and not config.dry_run
+        errors = errors_path(config, destination)
+        report = LocalTarget(config.report) if config.report and config.report != STDOUT else None
+        return cls(
+            destination,
+            parts_dir(destination) if writes else None,
+            lock_path(destination) if writes else None,
+            errors,
+            default_errors_path(destination) if writes else None,
+            report,
+        )
+
+    @property
+    def leftovers(self) -> tuple[Target, ...]:
+        """Targets beside which an interrupted run may have left temporary files (the output's lock held)."""
+        return tuple(p for p in (self.output, self.default_errors, self.errors) if p is not None)
+
+    def writes(self) -> dict[str, Target]:
+        """Every written path by what it is, for the collision checks."""
+        named = {
+            "output": self.output,
+            "checkpoint directory": self.parts,
+            "lock file": self.lock,
+            "errors file": self.errors,
+            "report": self.report,
+        }
+        return {name: path for name, path in named.items() if path is not None}
+
+
+def check_run_paths(
+    config: RunConfig, input_files: tuple, destination: Target | None, input_directories: tuple = ()
+) -> RunPaths:
+    """Before any work: no written path may touch a read path or another written path; the errors file
+    writable. Returns the run's paths, resolved once."""
+    paths = RunPaths.resolve(config, destination)
+    reads: dict[str, object] = {f"input file {i}": path for i, path in enumerate(input_files)}
+    for i, directory in enumerate(input_directories):
+        reads[f"input directory {i}" if len(input_directories) > 1 else "input directory"] = directory
+    reads["model directory"] = Path(config.model_dir)
+    writes = paths.writes()
+    if destination is not None and config.dry_run:  # a dry run writes nothing, but checks as the run would
+        writes["checkpoint directory"], writes["lock file"] = parts_dir(destination), lock_path(destination)
+    check_collisions(writes, reads)
+    # --resume may replace the errors file too: a run cut off after publishing it, before its output.
+    if paths.errors is not None:
+        check_side_file("errors file", paths.errors, config.overwrite or config.resume)
+    return paths
+
+
+def check_report_path(config: RunConfig) -> None:
+    """The report must be writable, and no path the run reads or writes; an existing one is replaced only
+    by --overwrite, --resume or a retry. Checked first: a report written on a later failure never lands on
+    the output, an input or the model."""
+    if not config.report:
+        return
+    check_report_file(config.report, config.overwrite or config.resume)
+    if config.report == STDOUT:
+        return
+    report = {"report": LocalTarget(config.report)}
+    named = _named_paths(config)
+    for name, where in named.items():
+        if name.startswith(("input", "model")):
+            check_collisions(report, {name: where})
+        else:
+            check_collisions({name: where, **report}, {})
+
+
+def _named_paths(config: RunConfig) -> dict[str, object]:
+    """The paths a run will touch as the arguments name them (inputs before listing; globs by their base)."""
+    named: dict[str, object] = {"model directory": Path(config.model_dir)}
+    for i, text in enumerate(config.inputs):
+        if text != STDOUT:
+            base = _glob_base(text)
+            named[
+                f"input file {i}" if base == text and not os.path.isdir(text) else f"input directory {i}"
+            ] = base
+    try:
+        output = None if config.output == STDOUT else target(config.output, config.storage_options)
+        errors = target(config.errors_file, config.storage_options) if config.errors_file else None
+    except InputError:  # preflight names the bad path, with the report written
+        return named
+    if output is not None:
+        named.update(
+            output=output, **{"checkpoint directory": parts_dir(output), "lock file": lock_path(output)}
+        )
+        named["errors file"] = errors or default_errors_path(output)
+    elif errors is not None:
+        named["errors file"] = errors
+    return named
+
+
+def _glob_base(text: str) -> str:
+    """An INPUT up to its first glob component (the directory a glob searches)."""
+    parts = text.split("/")
+    for i, part in enumerate(parts):
+        if has_glob(part):
+            return "/".join(parts[:i]) or "."
+    return text
+
+
+def check_report_file(report: str, replaceable: bool) -> None:
+    """A --report path (- is stderr) must be writable; an existing report is replaced only when replaceable
+    or when it is a failed run's report."""
+    if report != STDOUT:
+        path = LocalTarget(report)
+        check_side_file("report", path, replaceable or _failed_report(path))
+
+
+def _failed_report(path: Target) -> bool:
+    """True when path holds the report of a run that did not succeed."""
+    try:
+        return json.loads(path.read_bytes() or b"").get("status") != "succeeded"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_side_file(name: str, path: Target, replaceable: bool) -> None:
+    """A side file (errors file, report) must be creatable now, and replaced only when allowed."""
+    if path.is_dir():
+        raise InputError(f"{name} {path.uri!r} is a directory; give a file path")
+    if path.local_path is not None and not path.local_path.parent.is_dir():
+        raise InputError(f"{name} directory {str(Path(path.uri).parent)!r} does not exist")
+    if path.exists() and not replaceable:
+        raise InputError(f"{name} {path.uri!r} already exists; pass --overwrite to replace it")
+    if path.local_path is not None:
+        path.temp_sibling().delete()  # proves the directory takes new files before hours of scoring

@@ -28,10 +28,8 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,29 +37,20 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from score_batch.engine.scorer import load_planner
-from score_batch.io_formats import remote
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import (
     InputSource,
     ReadUnit,
-    column_types,
-    input_mapping,
     read_unit,
     read_units,
 )
-from score_batch.io_formats.writers import exclusive_temp
+from score_batch.io_formats.target import Target
+from score_batch.io_formats.writers import COMMON_METADATA
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
-from score_batch.job.lock import OutputLock
-from score_batch.job.policy import (
-    ErrorsSink,
-    default_errors_path,
-    enforce_fail,
-    errors_path,
-    publish_directory,
-    remove_leftovers,
-)
+from score_batch.job.errors_sink import ErrorsSink
+from score_batch.job.policy import enforce_fail
+from score_batch.job.preflight import Checked, output_contract, preflight
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.score_stats import scores_summary, written_score_stats
@@ -73,9 +62,6 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
-FAULT_ONCE_ENV = "SCORE_BATCH_FAULT_ONCE"  # fault injection for tests: a marker file path
-SUCCESS = "_SUCCESS"  # written last: the output is complete (the Hadoop/Spark committers' marker)
-COMMON_METADATA = "_common_metadata"  # the output's full schema (also when no row was written)
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
@@ -134,7 +120,6 @@ class ScoreActor:
         self.scorer = Scorer.load(config.model_dir, config.engine)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        _maybe_inject_fault()
         rows = sorted(
             (row for blob in batch.column("rows").to_pylist() for row in pickle.loads(blob)),
             key=lambda row: row.index,
@@ -145,18 +130,6 @@ class ScoreActor:
         columns = output_columns(rows, grouped, results, contract)
         part = self.contract.part_table(columns)
         return part
-
-
-def _maybe_inject_fault() -> None:
-    """Tests: kill this worker process once (the first call that finds no marker file creates it)."""
-    marker = os.environ.get(FAULT_ONCE_ENV)
-    if marker:
-        try:
-            with open(marker, "x"):
-                pass
-        except FileExistsError:
-            return
-        os._exit(1)
 
 
 def check_ray_run(config: RunConfig) -> None:
@@ -171,37 +144,29 @@ def check_ray_run(config: RunConfig) -> None:
         raise InputError("--dry-run plans on this machine; run it without --ray")
 
 
-def run_ray(config: RunConfig, source: InputSource, destination: Path | Location, report: RunReport) -> None:
-    """Run a checked job on Ray Data, filling report; writes a directory of Parquet files at destination
-    (a local Path, or a Location on an object store)."""
+def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:
+    """A Ray run's preflight: Ray installed, no local-only flags, then the table preflight (a directory output)."""
+    check_ray_run(config)
+    return preflight(config, source, directory=True)
+
+
+def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
+    """Score on Ray Data and publish a directory of Parquet files at the checked destination (a local
+    directory or an object-store prefix; the output locked), filling report."""
     import ray
 
     options = config.ray or RayOptions()
     started = time.perf_counter()
     report.ray_workers = options.num_workers
     report.versions["ray"] = ray.__version__
-    with OutputLock.for_run(config, destination):
-        _run_locked(config, options, source, destination, report, started)
-
-
-def _run_locked(
-    config, options: RayOptions, source, destination: Path | Location, report: RunReport, started: float
-) -> None:
-    """The Ray run, once the paths are checked and the output directory is ours."""
-    import ray
-
-    remove_leftovers(destination, default_errors_path(destination), errors_path(config))
+    source, destination, mapping, types = checked.source, checked.destination, checked.mapping, checked.types
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
     report.backend, report.device = setup.backend, str(setup.device)
-    mapping = input_mapping(source, config.columns)
     units = read_units(source)
     if not units:
         raise InputError(f"input {config.input!r} has no rows")
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    types = column_types(source, mapping)
-    contract = OutputContract.from_types(
-        mapping, types, pooled_dim, config.on_error, config.rank, config.top_k
-    )
+    contract = output_contract(config, mapping, types, pooled_dim)
     partitioning = _partitioning(contract, config.partition_by)
     total_rows = source.total_rows() or 0
 
@@ -245,7 +210,7 @@ def _run_locked(
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
     staging = _Staging.beside(destination)
-    errors = ErrorsSink(errors_path(config))
+    errors = ErrorsSink(checked.paths.errors)
     try:
         try:
             if config.on_error != "record":
@@ -289,55 +254,28 @@ def _run_locked(
 class _Staging:
     """The hidden directory beside OUTPUT that the write tasks fill, on OUTPUT's filesystem."""
 
-    fs: pafs.FileSystem
-    path: str  # absolute local path, or bucket/key prefix
-    local: Path | None  # the local staging directory (None on an object store)
-    location: Location | None  # the staging prefix on an object store (None locally)
+    target: Target  # `.NAME.tmp-…` beside OUTPUT: the next run removes it if this one dies
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        return self.target.fs
+
+    @property
+    def path(self) -> str:
+        return self.target.path
 
     @classmethod
-    def beside(cls, destination: Path | Location) -> _Staging:
-        if isinstance(destination, Location):
-            staging = remote.temp_sibling(destination)  # `.NAME.tmp-…`: the next run removes leftovers
-            return cls(destination.fs, staging.path, None, staging)
-        local = exclusive_temp(destination, directory=True).absolute()
-        return cls(pafs.LocalFileSystem(), str(local), local, None)
+    def beside(cls, destination: Target) -> _Staging:
+        return cls(destination.temp_sibling(directory=True))
 
-    def publish(self, destination: Path | Location, schema: pa.Schema) -> None:
-        """Make the written files OUTPUT in one step; `_SUCCESS` says the directory is complete."""
+    def publish(self, destination: Target, schema: pa.Schema) -> None:
+        """Make the written files OUTPUT in one step (object stores: `_SUCCESS` last)."""
         pq.write_metadata(schema, f"{self.path}/{COMMON_METADATA}", filesystem=self.fs)
-        if self.local is not None:
-            (self.local / SUCCESS).touch()
-            publish_directory(self.local, destination)
-            return
-        _move_into_place(self.location, destination)
+        destination.replace_with(self.target)
 
     def remove(self) -> None:
         """Drop what is left of the staging directory (nothing after a local publish)."""
-        if self.local is not None:
-            shutil.rmtree(self.local, ignore_errors=True)
-        else:
-            remote.delete_dir(self.location)
-
-
-def _move_into_place(staging: Location, destination: Location) -> None:
-    """Object stores: the staged objects moved under OUTPUT (server-side copies), `_SUCCESS` written last.
-
-    An old dataset at OUTPUT (replaced under --overwrite, already checked) loses its `_SUCCESS` first, so
-    a reader that waits for the marker never mixes old and new files; one that lists OUTPUT before the
-    marker appears may see part of the new files.
-    """
-    base = staging.path.rstrip("/")
-    selector = pafs.FileSelector(base, recursive=True)
-    names = sorted(
-        info.path[len(base) :].lstrip("/")
-        for info in staging.fs.get_file_info(selector)
-        if info.type == pafs.FileType.File and not info.path.endswith("/")
-    )
-    remote.delete(destination.child(SUCCESS))
-    remote.delete_dir(destination)
-    for name in names:
-        staging.fs.move(staging.child(name).path, destination.child(name).path)
-    remote.write_object(destination.child(SUCCESS), b"")
+        self.target.delete_tree()
 
 
 def _partitioning(contract: OutputContract, partition_by: tuple[str, ...]) -> pa.Schema | None:
@@ -434,12 +372,6 @@ def _write_ranked(
 def _failed_rows(table: pa.Table) -> pa.Table:
     """Rows that carry an error (part schema)."""
     return table.filter(pc.is_valid(table[ERROR]))
-
-
-def _output_rows(table: pa.Table, contract: OutputContract) -> pa.Table:
-    """Rows of the output directory, in the contract's Ray schema (failed rows left out under skip)."""
-    kept, _ = contract.split(table)
-    return contract.ray_view(kept)
 
 
 def _sorted_table(rows: list[dict], contract: OutputContract) -> pa.Table:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from score_batch.io_formats.writers import durable_replace, exclusive_temp
 
 from score_batch import __version__
 from score_batch.errors import exit_code
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,6 +49,7 @@ class RunReport:
     backend: str = ""
     device: str = ""
     dry_run: bool = False
+    already_complete: bool = False  # --resume found the output complete for the same model, settings, input
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
     score_stats: dict = field(
         default_factory=dict
@@ -73,6 +77,8 @@ class RunReport:
 
     def summary(self) -> str:
         """One line for stderr."""
+        if self.already_complete:
+            return "score-batch: already complete (same model, settings and input); the output is unchanged"
         if self.ray_workers:
             return (
                 f"score-batch: scored {self.items_scored} items from {self.rows_read} rows ({self.items_failed} "
@@ -103,6 +109,28 @@ class RunReport:
         tmp = exclusive_temp(Path(path))
         tmp.write_text(text)
         durable_replace(tmp, Path(path))
+
+
+def report_failure(
+    report: str | None, error: BaseException, *, overwrite: bool, resume: bool = False
+) -> None:
+    """Write the report of a run that failed before it started (e.g. the caller's settings did not resolve).
+
+    Nothing when report is None; a report path that may not be written (a directory, a missing
+    directory, a succeeded report without --overwrite) is left alone, so the original error stands.
+    """
+    if not report:
+        return
+    from score_batch.job.paths import check_report_file
+
+    try:
+        check_report_file(report, replaceable=overwrite or resume)
+    except Exception as refused:  # noqa: BLE001 - the run's own error is the one to show
+        log.warning("no report written: %s", refused)
+        return
+    failed = RunReport(versions=versions())
+    failed.end(error)
+    failed.write(report)
 
 
 def versions() -> dict:

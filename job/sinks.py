@@ -5,26 +5,21 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pyarrow as pa
-from score_batch.io_formats import remote
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location
-from score_batch.io_formats.parts import PartStore, RemotePartStore
+from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.writers import (
-    AtomicTableWriter,
     StdoutJsonlWriter,
-    exclusive_temp,
     output_format,
     write_partitioned,
 )
+from score_batch.job.completion import stamped
 from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract
-from score_batch.job.paths import normalized
-from score_batch.job.policy import ErrorsSink, default_errors_path, errors_path, publish_directory
+from score_batch.job.errors_sink import ErrorsSink
+from score_batch.job.paths import RunPaths, normalized
 from score_batch.job.ranking import rank_parts
 
 log = logging.getLogger(__name__)
@@ -50,7 +45,9 @@ class NullSink:
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Drop the rows."""
 
-    def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
+    def commit(
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: str | None = None
+    ) -> int:
         """Nothing to publish; no row was skipped."""
         return 0
 
@@ -61,9 +58,9 @@ class NullSink:
 class StdoutSink(NullSink):
     """JSONL on stdout as windows finish (nothing to resume); skipped rows go to --errors-file (or the log)."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, paths: RunPaths) -> None:
         self._writer: StdoutJsonlWriter | None = None
-        self.errors = ErrorsSink(errors_path(config))
+        self.errors = ErrorsSink(paths.errors)
         self._held: list[pa.Table] = []  # ranked runs print once every query is complete
 
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
@@ -81,7 +78,9 @@ class StdoutSink(NullSink):
             self._writer = StdoutJsonlWriter(contract.final_schema())
         self._writer.write(contract.final_view(kept))
 
-    def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
+    def commit(
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: str | None = None
+    ) -> int:
         """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
         if contract.ranked:
             ranked, failed = rank_parts(self._held, contract)
@@ -98,20 +97,21 @@ class StdoutSink(NullSink):
 class PartsSink:
     """One checkpointed Parquet part per window beside OUTPUT; at the end, one merge published atomically."""
 
-    def __init__(self, config: RunConfig, destination: Path | Location) -> None:
+    def __init__(self, config: RunConfig, paths: RunPaths) -> None:
         self.config = config
-        self.destination = destination
+        self.paths = paths
+        self.destination = paths.output
         self.format = "parquet" if config.partition_by else output_format(config.output)
-        self.remote = isinstance(destination, Location)
-        if not self.remote and destination.exists() and not config.overwrite:
-            # Checked again under the lock: a run that finished after this one's preflight published it.
+        if not self.destination.publishes_in_steps and self.destination.exists() and not config.overwrite:
+            # Checked again under the lock: a run that finished after this one's preflight published it
+            # (object stores: a publish cut off midway may be there, replaced under --resume).
             raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-        self.parts = RemotePartStore(destination) if self.remote else PartStore(destination)
+        self.parts = PartStore(paths.parts)
         self._previous = self.parts.load() if self.parts.exists() else None
         if self.parts.exists() and not config.resume:
             if not config.overwrite:
                 raise InputError(
-                    f"a previous run left checkpointed parts in {str(self.parts.dir)!r}; pass --resume to "
+                    f"a previous run left checkpointed parts in {self.parts.dir.uri!r}; pass --resume to "
                     "continue it or --overwrite to start over"
                 )
             self.parts.clear()
@@ -121,7 +121,7 @@ class PartsSink:
         previous = self._previous
         if self.config.resume and previous is not None and previous != fingerprint:
             raise InputError(
-                f"cannot --resume: the parts in {str(self.parts.dir)!r} were written with a different model, "
+                f"cannot --resume: the parts in {self.parts.dir.uri!r} were written with a different model, "
                 "input or settings; rerun with the original ones, or pass --overwrite (without --resume) to "
                 "start over"
             )
@@ -147,33 +147,30 @@ class PartsSink:
         beyond = [window for window in self.parts.windows() if window >= windows_read]
         if beyond:
             raise InputError(
-                f"cannot --resume: the checkpoints in {str(self.parts.dir)!r} hold window {beyond[0]}, but the input "
+                f"cannot --resume: the checkpoints in {self.parts.dir.uri!r} hold window {beyond[0]}, but the input "
                 f"now ends after {windows_read} windows (it changed since); pass --overwrite (without "
                 "--resume) to start over"
             )
 
-    def commit(self, contract: OutputContract, check: Callable[[], None]) -> int:
+    def commit(
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: str | None = None
+    ) -> int:
         """Merge the parts in window order into OUTPUT (temporary file or directory, published in one step),
         list skipped rows, drop parts."""
-        errors = ErrorsSink(errors_path(self.config))
+        errors = ErrorsSink(self.paths.errors)
         try:
             tables = self._final_tables(contract, check, errors)
             # The errors file is published before the output: an output never appears without its list.
             if self.config.partition_by:
-                self._publish_dataset(tables, contract, errors.commit)
+                self._publish_dataset(tables, contract, errors.commit, fingerprint)
             else:
-                self._publish_file(tables, contract, errors.commit)
+                self._publish_file(tables, contract, errors.commit, fingerprint)
         except BaseException:
             errors.abort()
             raise
-        stale = default_errors_path(self.destination)
-        if errors.path is None or normalized(errors.path) != normalized(
-            stale
-        ):  # an earlier run's list is stale
-            if self.remote:
-                remote.delete(stale)
-            else:
-                stale.unlink(missing_ok=True)
+        stale = self.paths.default_errors
+        if errors.path is None or normalized(errors.path) != normalized(stale):  # an earlier run's list
+            stale.delete()
         self.parts.clear()
         return errors.count
 
@@ -195,12 +192,14 @@ class PartsSink:
             check()  # a signal during the merge stops it; the parts stay for --resume
 
     def _publish_file(
-        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None]
+        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None], fingerprint
     ) -> None:
-        """One file: a temporary file renamed onto OUTPUT (object stores: one upload, then a server-side copy);
-        ready() runs once every row is written, before the output appears."""
-        publish = remote.upload if self.remote else None
-        writer = AtomicTableWriter(self.destination, contract.final_schema(), self.format, publish)
+        """One file written whole and published in one step (see Target.atomic_writer); ready() runs once
+        every row is written, before the output appears."""
+        schema = contract.final_schema()
+        writer = self.destination.atomic_writer(
+            stamped(schema, fingerprint) if self.format == "parquet" else schema, self.format
+        )
         try:
             for table in tables:
                 writer.write(table)
@@ -211,22 +210,16 @@ class PartsSink:
             raise
 
     def _publish_dataset(
-        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None]
+        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None], fingerprint
     ) -> None:
         """--partition-by: hive-partitioned Parquet in a staging directory, published whole (a local rename;
         object stores: uploaded under a hidden prefix, moved into place, _SUCCESS last)."""
         partitioning = contract.partition_schema(self.config.partition_by)
-        if self.remote:
-            staging = Path(tempfile.mkdtemp(prefix="score-batch-output-"))
-        else:
-            staging = exclusive_temp(self.destination, directory=True)
+        staging = self.destination.staging_directory()
         try:
-            write_partitioned(tables, staging, contract.final_schema(), partitioning)
+            write_partitioned(tables, staging, stamped(contract.final_schema(), fingerprint), partitioning)
             ready()
-            if self.remote:
-                remote.upload_directory(staging, self.destination)
-            else:
-                publish_directory(staging, self.destination)
+            self.destination.publish_directory(staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -236,10 +229,10 @@ class PartsSink:
             self.parts.clear()
 
 
-def open_sink(config: RunConfig, destination: Path | Location | None) -> NullSink | StdoutSink | PartsSink:
-    """The sink the config names (destination: the checked output path, None for stdout)."""
+def open_sink(config: RunConfig, paths: RunPaths) -> NullSink | StdoutSink | PartsSink:
+    """The sink the config names, writing to the run's paths."""
     if config.sink == "none":
         return NullSink()
-    if config.sink == "stdout" or destination is None:
-        return StdoutSink(config)
-    return PartsSink(config, destination)
+    if config.sink == "stdout" or paths.output is None:
+        return StdoutSink(paths)
+    return PartsSink(config, paths)

@@ -58,9 +58,10 @@ def output_columns(
     by_item: dict[tuple[int, int], tuple] = {}
     if results is not None:
         for g_refs, result in zip(grouped.refs, results):
+            errors = item_errors(result)
             for k, ref in enumerate(g_refs):
-                vector = result.pooled[k].tolist() if pooled and result.errors[k] is None else None
-                by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, result.errors[k])
+                vector = result.pooled[k].tolist() if pooled and errors[k] is None else None
+                by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, errors[k])
     names = [
         ROW_INDEX,
         "query_id",
@@ -93,6 +94,14 @@ def output_columns(
                 error if error is None else f"row {row.index}: {error}{_ids(query_id, item_id)}"
             )
     return columns
+
+
+def item_errors(result: GroupResult) -> list[str | None]:
+    """Per item: why it has no score (not scored, or a non-finite score from the engine), else None."""
+    scored = getattr(result, "item_errors", None)  # engines that check scores for NaN/inf set it
+    if scored is None:
+        return list(result.errors)
+    return [error if error is not None else bad for error, bad in zip(result.errors, scored)]
 
 
 def _ids(query_id: Any, item_id: Any) -> str:

@@ -26,6 +26,33 @@ def run_cli(*args, **kwargs):
 
 pytestmark = pytest.mark.slow
 
+# A score-batch command whose Ray actors kill their own process once (the first to create the marker file
+# argv[1]): the fault lives here, in the test; the actor class, defined in a function, travels to the Ray
+# workers by value (cloudpickle).
+FAULT_ONCE = """
+import os, sys
+import score_batch.job.ray_run as ray_run
+from score_batch.cli.main import run
+
+
+def fault_once(marker):
+    class FaultOnceActor(ray_run.ScoreActor):
+        def __call__(self, batch):
+            try:
+                with open(marker, "x"):
+                    pass
+            except FileExistsError:
+                return super().__call__(batch)
+            os._exit(1)
+
+    return FaultOnceActor
+
+
+ray_run.ScoreActor = fault_once(sys.argv[1])
+sys.argv = ["score-batch", *sys.argv[2:]]
+run()
+"""
+
 
 def _rows(n_queries: int = 12) -> list[dict]:
     """Long-layout rows whose queries are interleaved, so groups span row groups and files."""
@@ -67,8 +94,8 @@ def test_ray_run_equals_local_run_and_survives_a_killed_actor(qwen3_causal, tmp_
     assert local.returncode == 0, local.stderr
     marker = tmp_path / "killed-once"
     out = tmp_path / "out"
-    result = run_cli(
-        *common, "-o", out, "--ray", "--num-workers", "2", env={"SCORE_BATCH_FAULT_ONCE": str(marker)}
+    result = run_in_process(
+        "-c", FAULT_ONCE, marker, *common, "-o", out, "--ray", "--num-workers", "2", python_args=True
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert marker.exists()  # one actor process died mid-run and Ray retried its batch

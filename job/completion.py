@@ -1,0 +1,117 @@
+"""Idempotent reruns: how a finished output records what produced it, and the check of a rerun.
+
+Every published output carries its completion fingerprint (model, settings and a digest of the input's
+content, window by window): a Parquet file in its schema metadata, a partitioned dataset in its
+`_common_metadata` (trusted only with `_SUCCESS`). JSONL has no place for it, so a --resume run writing
+JSONL records it in OUTPUT.done beside the output, with the output's size and time. Rerunning the same
+command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no model is
+loaded) and, when the fingerprints match, exits 0 "already complete" without touching the output.
+Anything else (a changed input, model or setting, an output replaced since) is refused as an existing
+output always was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.readers import InputSource, read_windows
+from score_batch.io_formats.target import Target, target
+from score_batch.io_formats.writers import COMMON_METADATA, SUCCESS, output_format
+from score_batch.job.config import RunConfig, model_identity
+from score_batch.job.windows import window_hash
+
+METADATA_KEY = b"score_batch.completion"
+SIDECAR = ".done"  # JSONL outputs: OUTPUT.done
+
+
+def content_digest(window_hashes: Iterable[str]) -> str:
+    """One digest of the input's content from its windows' hashes, in order."""
+    digest = hashlib.sha256()
+    for value in window_hashes:
+        digest.update(value.encode())
+    return digest.hexdigest()
+
+
+def input_digest(config: RunConfig, source: InputSource) -> str:
+    """Read the whole input (no model) and digest it the way a run does, window by window."""
+    _, windows = read_windows(source, config.columns, config.window_rows)
+    return content_digest(window_hash(rows) for rows in windows)
+
+
+def completion_fingerprint(config: RunConfig, digest: str) -> str:
+    """The fingerprint a completed output is recorded with: settings, model and input content."""
+    return config.fingerprint(model_identity(config.model_dir), [digest])
+
+
+def stamped(schema: pa.Schema, fingerprint: str | None) -> pa.Schema:
+    """A Parquet output's schema carrying its completion fingerprint (unchanged when there is none)."""
+    if fingerprint is None:
+        return schema
+    return schema.with_metadata({**(schema.metadata or {}), METADATA_KEY: fingerprint.encode()})
+
+
+class Completion:
+    """The completion record of one output (a local path or an object-store URI)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.output = target(config.output, config.storage_options)
+        self.dataset = bool(config.partition_by)
+        self.sidecar = not self.dataset and output_format(config.output) == "jsonl"
+        self.record = self.output.sibling(SIDECAR)
+
+    def recorded(self) -> str | None:
+        """The fingerprint the existing output was completed with (None: no completed output here)."""
+        try:
+            if self.sidecar:
+                record = json.loads(self.record.read_bytes() or b"")
+                published = record.get("output") if isinstance(record, dict) else None
+                return record.get("fingerprint") if published == self._published() else None
+            if self.dataset:
+                if not self.output.child(SUCCESS).is_file():
+                    return None
+                schema = _read_schema(self.output.child(COMMON_METADATA))
+            else:
+                schema = _read_schema(self.output)
+        except (OSError, ValueError, pa.ArrowInvalid):
+            return None
+        value = (schema.metadata or {}).get(METADATA_KEY)
+        return value.decode() if value else None
+
+    def exists(self) -> bool:
+        """True when an earlier run completed this output."""
+        return self.recorded() is not None
+
+    def check_rerun(self, config: RunConfig, source: InputSource) -> None:
+        """Refuse a rerun on a completed output unless model, settings and input content are the same."""
+        if self.recorded() != completion_fingerprint(config, input_digest(config, source)):
+            raise InputError(
+                f"output {config.output!r} already exists, completed with a different model, input or "
+                "settings (or replaced since); pass --overwrite to replace it"
+            )
+
+    def published(self, fingerprint: str, resume: bool) -> None:
+        """After publishing: a JSONL output's record (--resume runs write it; others drop a stale one)."""
+        if not self.sidecar:
+            return
+        if resume:
+            self.record.write_bytes(
+                json.dumps({"fingerprint": fingerprint, "output": self._published()}).encode()
+            )
+            return
+        self.record.delete()
+
+    def _published(self) -> list | None:
+        """Size and modification time of the output file."""
+        info = self.output.info()
+        return [info.size, info.mtime_ns] if info.type == pafs.FileType.File else None
+
+
+def _read_schema(where: Target) -> pa.Schema:
+    with where.fs.open_input_file(where.path) as handle:
+        return pq.read_schema(handle)

@@ -1,0 +1,54 @@
+"""Preflight: every check that needs no model weights, run before any model is loaded.
+
+Paths and collisions, column names and types from the input's metadata (or its JSONL lines) and the
+partition columns; job.run checks the reserved output names (contract.check_kept_columns) and opens the
+input (its existence) just before. A failure here is a one-line exit 2 with the report written, and no
+model was loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from score_batch.io_formats.readers import InputSource, column_types, input_mapping
+from score_batch.io_formats.schema import ColumnMapping
+from score_batch.job.config import RunConfig
+from score_batch.job.contract import OutputContract
+from score_batch.job.paths import RunPaths, check_run_paths
+from score_batch.job.policy import check_destination
+
+PLACEHOLDER_POOLED_DIM = 1  # the pooled column's width is not needed to know its name
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What preflight established about a table run: the open input, the checked output and the columns."""
+
+    source: InputSource | None  # the table input (None: a runner that reads its input itself)
+    paths: RunPaths  # every path the run writes
+    mapping: ColumnMapping
+    types: dict[str, pa.DataType]
+
+    @property
+    def destination(self):
+        """The checked output (a local Path or an object-store Location); None for stdout."""
+        return self.paths.output
+
+
+def preflight(config: RunConfig, source: InputSource, directory: bool = False) -> Checked:
+    """Check a table run on its open input before any model load (directory: the output is a directory of
+    Parquet files, as for Ray)."""
+    destination = check_destination(config, directory=directory)
+    paths = check_run_paths(config, source.files, destination, source.directories)
+    mapping = input_mapping(source, config.columns)
+    types = column_types(source, mapping)
+    if config.partition_by:  # partition columns must be usable output columns (not lists, …)
+        pooled = PLACEHOLDER_POOLED_DIM if config.engine.scoring.pooled_hidden_states else None
+        output_contract(config, mapping, types, pooled).partition_schema(config.partition_by)
+    return Checked(source, paths, mapping, types)
+
+
+def output_contract(config: RunConfig, mapping: ColumnMapping, types: dict, pooled_dim: int | None):
+    """The output contract of this run (pooled_dim: the model's hidden size, when pooled states are asked for)."""
+    return OutputContract.from_types(mapping, types, pooled_dim, config.on_error, config.rank, config.top_k)

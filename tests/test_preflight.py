@@ -1,0 +1,271 @@
+"""Preflight and the run's ends: checks before any model load, the dry run's row errors, the report on
+every failure (signals during model load included), idempotent --resume reruns, engine item errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from score_batch.errors import ConfigError
+from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
+from tests.test_job import many_rows
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any model or tokenizer load fails the test: preflight must refuse before one."""
+    import score_batch.engine.scorer as scorer
+    import score_batch.job.local as local
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before preflight refused the run")
+
+    monkeypatch.setattr(scorer.Scorer, "load", classmethod(refuse))
+    monkeypatch.setattr(scorer, "load_planner", refuse)
+    monkeypatch.setattr(local, "load_planner", refuse)
+    monkeypatch.setattr(local, "Scorer", type("NoScorer", (), {"load": staticmethod(refuse)}))
+
+
+def table_input(tmp_path):
+    data = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), data)
+    return data
+
+
+def test_wrong_column_name_exits_2_without_loading_the_model(qwen3_causal, tmp_path, no_model_load):
+    data = table_input(tmp_path)
+    report = tmp_path / "report.json"
+    result = run_cli(
+        data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS,
+        "--query-col", "question", "--report", report,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "'question'" in result.stderr and "Traceback" not in result.stderr
+    assert json.loads(report.read_text())["status"] == "failed"
+    assert not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["rank", "query_id", "item_id", "score", "scores", "pooled_hidden_state", "error", "row_index"]
+)
+def test_every_reserved_output_name_exits_2_before_any_model_load(
+    qwen3_causal, tmp_path, no_model_load, name
+):
+    rows = [{"query": "q", "item_id": "i1", "item": " to", name: 1} for _ in range(2)]
+    if name == "query_id":
+        rows = [{**row, "qid": "a"} for row in rows]
+    data = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    extra = ["--query-id-col", "qid"] if name == "query_id" else []
+    if name == "item_id":
+        extra = ["--item-id-col", "query"]
+    if name == "pooled_hidden_state":  # written (so reserved) only when asked for
+        extra = ["--pooled-hidden-states"]
+    result = run_cli(
+        data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS,
+        "--keep-columns", name, "--rank", *extra,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert repr(name) in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_keeping_a_rank_column_without_ranking_is_fine(qwen3_causal, tmp_path):
+    rows = [{**row, "rank": i} for i, row in enumerate(ROWS)]
+    data = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    out = tmp_path / "o.parquet"
+    result = run_cli(data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--keep-columns", "rank")
+    assert result.returncode == 0, result.stderr
+    assert pq.read_table(out)["rank"].to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_dry_run_finds_the_over_long_row_the_real_run_fails_on(qwen3_causal, tmp_path):
+    rows = many_rows(3, 2)
+    rows[5] = {**rows[5], "item": " to the city" * 20}  # row 5 is over the item limit
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--max-item-tokens", "24"]
+    real = run_cli(*base, "-o", tmp_path / "o.parquet")
+    dry = run_cli(*base, "-o", tmp_path / "o.parquet", "--dry-run")
+    assert real.returncode == dry.returncode == 2
+    assert "row 5" in real.stderr and "over the limit" in real.stderr
+    assert real.stderr.strip().splitlines()[-1] == dry.stderr.strip().splitlines()[-1]
+    recorded = run_cli(
+        *base,
+        "-o",
+        tmp_path / "o.parquet",
+        "--dry-run",
+        "--on-error",
+        "record",
+        "--report",
+        tmp_path / "r.json",
+    )
+    assert recorded.returncode == 0 and "(1 failed" in recorded.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["items_failed"] == 1
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def early_failures(tmp_path, model):
+    """(name, args) of runs that fail in preflight, each with its own report path."""
+    data = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    existing = tmp_path / "exists.parquet"
+    existing.write_bytes(b"x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    return {
+        "missing input": [tmp_path / "missing.jsonl", "-o", tmp_path / "a.parquet"],
+        "empty glob": [str(empty / "nothing-*.jsonl"), "-o", tmp_path / "b.parquet"],
+        "output exists": [data, "-o", existing],
+        "bad flag value": [data, "-o", tmp_path / "c.parquet", "--partition-by", "query_id"],
+        "output is the input": [data, "-o", data.with_name("./in.jsonl")],
+    }
+
+
+def test_report_is_written_after_each_early_failure(qwen3_causal, tmp_path, no_model_load):
+    for name, args in early_failures(tmp_path, qwen3_causal).items():
+        report = tmp_path / f"{name.replace(' ', '-')}.json"
+        result = run_cli(*args, "--model", qwen3_causal, *LABEL_FLAGS, "--report", report)
+        assert result.returncode == 2, (name, result.stderr)
+        assert "Traceback" not in result.stderr, name
+        written = json.loads(report.read_text())
+        assert written["status"] == "failed" and written["exit_code"] == 2, name
+        assert written["error"], name
+
+
+def test_a_bad_report_path_exits_2_first(qwen3_causal, tmp_path, no_model_load):
+    result = run_cli(
+        tmp_path / "missing.jsonl", "-o", tmp_path / "o.parquet", "--model", qwen3_causal,
+        "--report", tmp_path / "no-such-dir" / "r.json",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "report directory" in result.stderr and "missing.jsonl" not in result.stderr
+
+
+def test_report_failure_writes_the_report_of_a_run_that_never_started(tmp_path):
+    from score_batch.job import report_failure
+
+    report = tmp_path / "r.json"
+    report_failure(
+        str(report), ConfigError("RunConfig.window_rows", 0, "must be at least 1"), overwrite=False
+    )
+    written = json.loads(report.read_text())
+    assert written["status"] == "failed" and written["exit_code"] == 2 and "window_rows" in written["error"]
+    report_failure(None, ValueError("no report asked for"), overwrite=False)  # nothing to write
+    report_failure(str(tmp_path / "missing" / "r.json"), ValueError("x"), overwrite=False)  # left alone
+    assert not (tmp_path / "missing").exists()
+
+
+def test_sigterm_during_model_load_exits_143_with_the_report(qwen3_causal, tmp_path, monkeypatch):
+    import score_batch.job.local as local
+
+    loaded = local.Scorer.load
+
+    def load_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises Stopped here, mid-load
+        return loaded(*args, **kwargs)
+
+    monkeypatch.setattr(local.Scorer, "load", staticmethod(load_then_signal))
+    data = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    report = tmp_path / "r.json"
+    result = run_cli(
+        data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS, "--report", report
+    )
+    assert result.returncode == 143
+    written = json.loads(report.read_text())
+    assert written["status"] == "stopped" and written["exit_code"] == 143
+    assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "o.parquet.lock").exists()
+
+
+@pytest.mark.parametrize("name", ["o.parquet", "o.jsonl", "dataset"])
+def test_resume_on_a_completed_output_exits_0_and_changes_nothing(qwen3_causal, tmp_path, monkeypatch, name):
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows(4, 3))
+    out = tmp_path / name
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", out, "--resume", "--window-rows", "5"]
+    if name == "dataset":
+        base += ["--partition-by", "query_id"]
+    first = run_cli(*base)
+    assert first.returncode == 0, first.stderr
+    files = sorted(out.rglob("*")) if out.is_dir() else [out]
+    before = {
+        path: (path.read_bytes() if path.is_file() else None, path.stat().st_mtime_ns) for path in files
+    }
+    listing = sorted(p.name for p in tmp_path.iterdir())
+
+    import score_batch.job.local as local
+
+    monkeypatch.setattr(local, "load_engine", lambda *a: pytest.fail("a complete output loads no model"))
+    again = run_cli(*base, "--report", tmp_path / "r.json")
+    assert again.returncode == 0, again.stderr
+    assert "already complete" in again.stderr
+    after = sorted(out.rglob("*")) if out.is_dir() else [out]
+    assert after == files
+    assert {
+        path: (path.read_bytes() if path.is_file() else None, path.stat().st_mtime_ns) for path in after
+    } == before
+    assert json.loads((tmp_path / "r.json").read_text())["already_complete"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*listing, "r.json"])
+    assert listing == sorted(["in.jsonl", name, *(["o.jsonl.done"] if name == "o.jsonl" else [])])
+
+
+@pytest.mark.parametrize("name", ["o.parquet", "o.jsonl"])
+def test_resume_on_a_completed_output_refuses_a_changed_input_or_setting(qwen3_causal, tmp_path, name):
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows(4, 3))
+    out = tmp_path / name
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", out, "--resume"]
+    assert run_cli(*base).returncode == 0
+    before = out.read_bytes()
+    stat = data.stat()
+    text = data.read_text()
+    data.write_text(text.replace("item 0 to", "item 9 to", 1))  # same size and time, other content
+    os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    changed = run_cli(*base)
+    assert changed.returncode == 2 and "already exists" in changed.stderr and "different" in changed.stderr
+    data.write_text(text)
+    other_setting = run_cli(*base, "--max-batch-tokens", "64")
+    assert other_setting.returncode == 2 and "already exists" in other_setting.stderr
+    assert out.read_bytes() == before
+    plain = run_cli(*base[:-1])  # without --resume an existing output is refused as always
+    assert plain.returncode == 2 and "--overwrite" in plain.stderr
+    replaced = run_cli(*base[:-1], "--overwrite")  # a run without --resume leaves no JSONL record
+    assert replaced.returncode == 0 and not out.with_name(name + ".done").exists()
+    rerun = run_cli(
+        *base
+    )  # a Parquet output carries its record; a JSONL one written without --resume has none
+    assert rerun.returncode == (0 if name == "o.parquet" else 2), rerun.stderr
+
+
+def test_non_finite_item_scores_from_the_engine_are_row_errors():
+    from score_batch.engine import Group, GroupResult
+    from score_batch.io_formats.readers import InputRow
+    from score_batch.io_formats.schema import ColumnMapping
+    from score_batch.job.contract import OutputContract
+    from score_batch.job.windows import group_window, output_columns
+
+    rows = [InputRow(0, "query", ["a", "b"], "q1", ["i1", "i2"])]
+    grouped = group_window(rows)
+    assert grouped.groups == [Group("query", ["a", "b"])]
+    result = GroupResult(
+        scores=np.array([[0.5], [np.nan]], np.float32),
+        score=np.array([0.5, np.nan], np.float32),
+        pooled=None,
+        errors=[None, None],
+    )
+    result.item_errors = (None, "score is not finite (nan)")  # as the engine sets it per item
+    mapping = ColumnMapping("nested", "query", "items", "query_id", "item_ids", ())
+    types = {"query_id": pa.string(), "item_ids": pa.string()}
+    contract = OutputContract.from_types(mapping, types, None, "record")
+    part = contract.part_table(output_columns(rows, grouped, [result], contract))
+    assert part["score"].to_pylist() == [0.5, None]
+    assert part["error"].to_pylist() == [
+        None,
+        "row 0: score is not finite (nan) (query_id='q1', item_id='i2')",
+    ]
+    assert OutputContract.from_types(mapping, types, None, "skip").split(part)[1].num_rows == 1
