@@ -97,11 +97,8 @@ def output_columns(
 
 
 def item_errors(result: GroupResult) -> list[str | None]:
-    """Per item: why it has no score (not scored, or a non-finite score from the engine), else None."""
-    scored = getattr(result, "item_errors", None)  # engines that check scores for NaN/inf set it
-    if scored is None:
-        return list(result.errors)
-    return [error if error is not None else bad for error, bad in zip(result.errors, scored)]
+    """Per item: why it has no score (not scored, or a non-finite score the engine isolated), else None."""
+    return result.failures
 
 
 def _ids(query_id: Any, item_id: Any) -> str:

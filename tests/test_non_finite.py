@@ -107,3 +107,34 @@ def test_encoder_pairs_poisoned_rows_fail_and_the_rest_equal_plain_hf(zoo, tmp_p
 def test_the_message_names_the_value():
     assert non_finite_message(np.array([1.0, np.inf], np.float32), 3) == "non-finite score (inf) for item 3"
     assert non_finite_message(np.array([-np.inf], np.float32), 0) == "non-finite score (-inf) for item 0"
+
+
+def test_the_cli_writes_non_finite_items_as_row_errors_never_as_scores(decoder, tmp_path):
+    """Through the whole job: default --on-error fail exits 2 naming the item; record writes null + error."""
+    import json
+
+    from tests.test_cli import run_cli
+
+    clean, bad, token = decoder
+    rows = [
+        {"query_id": f"q{g}", "query": group.query, "item": item}
+        for g, group in enumerate(GROUPS)
+        for item in group.items
+    ]
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labels = ["--label-tokens", LABELS[0], "--label-tokens", LABELS[1]]
+    failed = run_cli(data, "-o", tmp_path / "f.jsonl", "--model", bad, *labels)
+    assert failed.returncode == 2 and "non-finite score (nan)" in failed.stderr
+    assert not (tmp_path / "f.jsonl").exists()
+    recorded = run_cli(data, "-o", tmp_path / "r.jsonl", "--model", bad, *labels, "--on-error", "record")
+    assert recorded.returncode == 0, recorded.stderr
+    out = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    poisoned = poisoned_items(clean, GROUPS, token)
+    flat = [(g, i) for g, group in enumerate(GROUPS) for i in range(len(group.items))]
+    assert len(out) == len(rows)
+    for (g, i), line in zip(flat, out):
+        if (g, i) in poisoned:
+            assert line["score"] is None and "non-finite score (nan)" in line["error"], line
+        else:
+            assert line["error"] is None and np.isfinite(line["score"]), line
