@@ -75,8 +75,8 @@ def models(
 
 def _describe(model: str) -> str:
     """One model's architecture, kind, allowed packing and profile, or why it cannot run."""
-    from score_batch.engine.model_source import resolve_model_dir
     from score_batch.engine.model_kind import read_model_kind
+    from score_batch.engine.model_source import resolve_model_dir
     from score_batch.engine.profiles import choose_profile
 
     try:
