@@ -53,7 +53,7 @@ class ScoringConfig:
             raise SettingError(
                 "ScoringConfig.label_token_ids",
                 self.label_token_ids,
-                "is given together with ScoringConfig.label_tokens; give labels as strings or as ids, not both",
+                "is given together with label_tokens; give labels as strings or as ids, not both",
             )
         for name, placeholder in (("query_template", "{query}"), ("item_template", "{item}")):
             template = getattr(self, name)

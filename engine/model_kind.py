@@ -113,12 +113,12 @@ def model_kind(
     if encoder:
         refusal = (
             f"{where} is a bidirectional encoder: every token sees every other, so items cannot share a "
-            "packed sequence; it runs unpacked, one (query, item) pair per row (ScoringConfig.packing='single' or 'auto')"
+            "packed sequence; it runs unpacked, one (query, item) pair per row (packing single or auto)"
         )
     elif recurrent:
         refusal = (
             f"{where} has recurrent or linear-attention layers whose state would leak from one packed item "
-            "into the next; run it with ScoringConfig.packing='single' (or 'auto')"
+            "into the next; run it with packing single (or auto)"
         )
     return ModelKind(architecture, model_type, kind, encoder, refusal, recurrent)
 

@@ -64,7 +64,7 @@ def encode_pairs(group: Group, tokenizer, cfg: ScoringConfig, max_length: int) -
             else:
                 error = (
                     f"pair {index} has {len(encoding['input_ids'])} tokens, over the model's limit of "
-                    f"{max_length} (see ScoringConfig.truncate='item-tail')"
+                    f"{max_length} (set truncate to item-tail to cut the item to fit)"
                 )
         item_ids.append(None if error else list(encoding["input_ids"]))
         types = encoding.get("token_type_ids")

@@ -194,8 +194,10 @@ class Scorer:
     ):
         """CrossEncoder.predict: the score of each (query, item) pair, in input order.
 
-        Returns a float32 array of shape (n,) for one-label models and (n, labels) otherwise; a scalar (or a
-        (labels,) row) for one pair given as a single (query, item); a tensor with convert_to_tensor; a list of
+        Returns a float32 array of shape (n,) for one-label models and CausalLM label scorers (their `score`:
+        the score_index label's probability) and (n, labels) otherwise (CausalLM: with an activation_fn,
+        e.g. torch.nn.Identity(), the label probabilities); a scalar (or a (labels,) row) for one pair given as a single
+        (query, item); a tensor with convert_to_tensor; a list of
         tensors with convert_to_numpy=False. activation_fn (a callable on the logits tensor) defaults to the
         model's CrossEncoder activation (its config's activation_fn, else a sigmoid for one label, else none),
         or to ScoringConfig.activation when that is set. Pairs with the same query are scored as one group
@@ -209,7 +211,11 @@ class Scorer:
         pairs = (
             [inputs] if singular else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
         )
-        raw, _, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar)
+        raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar)
+        if self.setup.info.kind == "causal" and activation_fn is None and not apply_softmax:
+            raw = score[
+                :, None
+            ]  # [n, 1] a label-token reranker's relevance: the `score` column, as the CLI's
         fn = activation_fn if activation_fn is not None else self._default_activation_fn()
         result = ce_outputs(
             raw, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, self.setup.device, singular

@@ -91,7 +91,7 @@ def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig) 
                 f"ScoringConfig.{name}",
                 getattr(cfg, name),
                 "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
-                "limited per (query, item) pair by its own maximum length (use ScoringConfig.truncate='item-tail')",
+                "limited per (query, item) pair by its own maximum length (set truncate to item-tail to cut the item to fit)",
             )
     return min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
 

@@ -159,7 +159,7 @@ def _fit(
     if excess <= 0:
         return encoded.ids, None
     if not may_truncate:
-        policy = f"ScoringConfig.truncate='{cut}' cuts it to fit" if cut else "see ScoringConfig.truncate"
+        policy = f"set truncate to {cut} to cut it to fit" if cut else "see the truncate setting"
         return [], f"{what} has {len(encoded.ids)} tokens, over the limit of {limit}{why} ({policy})"
     if len(encoded.content) < excess:
         return [], (

@@ -252,9 +252,7 @@ def test_item_past_the_position_limit_is_a_row_error(short_model, packing):
     assert max_abs_diff(result.scores[2], _reference(short_model, QUERY, "")) <= 1e-4
     error = result.errors[1]
     assert f"item 1 has {long} tokens, over the limit of {MAX_POSITIONS - q}" in error
-    assert (
-        f"max_position_embeddings {MAX_POSITIONS}" in error and "ScoringConfig.truncate='item-tail'" in error
-    )
+    assert f"max_position_embeddings {MAX_POSITIONS}" in error and "set truncate to item-tail" in error
     assert np.isnan(result.scores[1]).all()
 
 
@@ -276,7 +274,7 @@ def test_query_past_the_position_limit(short_model):
     assert q > MAX_POSITIONS
     result = _scorer(short_model).score([Group(long_query, [SHORT, ""])])[0]
     assert all("query has" in e and f"max_position_embeddings {MAX_POSITIONS}" in e for e in result.errors)
-    assert "ScoringConfig.truncate='query-head'" in result.errors[0]
+    assert "set truncate to query-head" in result.errors[0]
     # query-head keeps the query's last MAX_POSITIONS tokens; the empty item then scores as that query.
     result = _scorer(short_model, truncate="query-head").score([Group(long_query, ["", SHORT])])[0]
     assert result.errors[0] is None and "item 1" in result.errors[1]

@@ -25,7 +25,7 @@ def test_kinds_of_tiny_models(qwen3_causal, qwen3_classifier):
 
 def test_recurrent_model_refuses_mis_and_points_to_single(tmp_path):
     info = read_model_info(_config_dir(tmp_path, "mamba", "MambaForCausalLM"))
-    assert "ScoringConfig.packing='single'" in info.mis_refusal and info.isolate_sequences
+    assert "packing single" in info.mis_refusal and info.isolate_sequences
 
 
 def test_linear_attention_layers_refuse_mis(tmp_path):
@@ -34,7 +34,7 @@ def test_linear_attention_layers_refuse_mis(tmp_path):
     raw["layer_types"] = ["linear_attention", "full_attention"]
     raw["num_hidden_layers"] = 2
     (path / "config.json").write_text(json.dumps(raw))
-    assert "ScoringConfig.packing='single'" in read_model_info(path).mis_refusal
+    assert "packing single" in read_model_info(path).mis_refusal
 
 
 def test_mis_refusal_reaches_the_scorer(tmp_path, qwen3_causal):
@@ -46,7 +46,7 @@ def test_mis_refusal_reaches_the_scorer(tmp_path, qwen3_causal):
     raw["layer_types"] = ["linear_attention", "full_attention"]
     raw["num_hidden_layers"] = 2
     (path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(ScoringInputError, match="ScoringConfig.packing='single'"):
+    with pytest.raises(ScoringInputError, match="packing single"):
         Scorer.from_pretrained(
             path, EngineConfig(scoring=ScoringConfig(label_tokens=(" to",), packing="mis"))
         )

@@ -60,7 +60,7 @@ def test_wheel_in_a_fresh_venv_runs_the_zero_flag_demo_from_elsewhere(tmp_path):
         "print(score_batch.cli.__file__)\n"
         "print(score_batch.engine.__file__)\n"
         "scores = Scorer(demo_model_path()).predict([('wireless mouse', 'Logitech M185 wireless mouse')])\n"
-        "print(float(scores))\n"
+        "print(float(scores[0]))\n"
     )
     where = subprocess.run([python, "script.py"], cwd=elsewhere, capture_output=True, text=True)
     assert where.returncode == 0, where.stderr

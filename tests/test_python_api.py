@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+import torch
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError, SettingError
 from score_batch.engine.profiles import builtin_profiles
 from score_batch.engine.ranking import ranks, top_k_order
@@ -102,7 +103,7 @@ def test_predict_equals_the_cli_for_a_builtin_profile_with_an_override(qwen3_cau
     expected = cli_scores(
         tmp_path, "--model", qwen3_causal, "--profile", "yes-no-judge", "--no-apply-softmax"
     )
-    assert max_abs_diff(scorer.predict(PAIRS)[:, -1], expected) <= 1e-6
+    assert max_abs_diff(scorer.predict(PAIRS), expected) <= 1e-6
 
 
 def test_a_model_dir_with_score_batch_json_needs_no_arguments(profiled_dir, tmp_path):
@@ -114,14 +115,15 @@ def test_a_model_dir_with_score_batch_json_needs_no_arguments(profiled_dir, tmp_
         label_tokens=LABELS,
         apply_softmax=True,
     )
-    both = scorer.predict(PAIRS)  # CrossEncoder's shape: (n, labels) for two labels
-    assert both.dtype == np.float32 and both.shape == (len(PAIRS), 2)
-    scores = both[:, -1]
+    scores = scorer.predict(PAIRS)  # a CausalLM label scorer: its `score` (the last label's probability)
+    assert scores.dtype == np.float32 and scores.shape == (len(PAIRS),)
+    both = scorer.predict(PAIRS, activation_fn=torch.nn.Identity())  # the label probabilities: (n, labels)
+    assert both.shape == (len(PAIRS), 2) and max_abs_diff(both[:, -1], scores) <= 1e-6
     assert max_abs_diff(scores, cli_scores(tmp_path, "--model", profiled_dir)) <= 1e-6
     # An EngineConfig with the default ScoringConfig still gets the profile.
     again = Scorer.from_pretrained(profiled_dir, EngineConfig(device="cpu", backend="sdpa"))
     assert again.config.scoring == scorer.config.scoring
-    assert max_abs_diff(again.predict(PAIRS)[:, -1], scores) <= 1e-5
+    assert max_abs_diff(again.predict(PAIRS), scores) <= 1e-5
 
 
 def test_overrides_and_an_explicit_scoring_config(profiled_dir, tmp_path):
@@ -130,7 +132,7 @@ def test_overrides_and_an_explicit_scoring_config(profiled_dir, tmp_path):
     assert cfg.apply_softmax is False and cfg.label_token_ids == (5, 7) and cfg.label_tokens == ()
     assert cfg.query_template == PROFILE["query_template"]  # the rest still comes from the profile
     expected = cli_scores(tmp_path, "--model", profiled_dir, "--no-apply-softmax", "--label-token-ids", "5,7")
-    assert max_abs_diff(overridden.predict(PAIRS)[:, -1], expected) <= 1e-6
+    assert max_abs_diff(overridden.predict(PAIRS), expected) <= 1e-6
     # A non-default ScoringConfig is taken as given: no profile; keyword overrides still apply to it.
     explicit = ScoringConfig(label_tokens=(" the",))
     plain = Scorer.from_pretrained(profiled_dir, EngineConfig(scoring=explicit))
@@ -162,7 +164,7 @@ def test_bad_overrides_name_the_field(qwen3_causal):
 def test_predict_equals_plain_hf_in_input_order(labelled, qwen3_causal):
     tok = tokenizer(str(qwen3_causal))
     label_ids = [tok.encode(t, add_special_tokens=False)[0] for t in LABELS]
-    scores = labelled.predict(PAIRS)[:, -1]
+    scores = labelled.predict(PAIRS)
     for (query, item), got in zip(PAIRS, scores):
         expected, _ = reference_scores(
             qwen3_causal, "causal", reference_sequence(qwen3_causal, query, item), label_ids
@@ -172,7 +174,7 @@ def test_predict_equals_plain_hf_in_input_order(labelled, qwen3_causal):
 
 def test_predict_groups_by_query_and_chunks_without_changing_scores(labelled):
     scores = labelled.predict(PAIRS)
-    one_by_one = np.array([labelled.predict(pair) for pair in PAIRS])  # one pair: a (labels,) row
+    one_by_one = np.array([labelled.predict(pair) for pair in PAIRS])  # one pair: a scalar
     assert max_abs_diff(scores, one_by_one) <= 1e-5
     assert max_abs_diff(labelled.predict(PAIRS, batch_size_hint=2), scores) <= 1e-5
     assert labelled.predict([]).shape == (0,) and labelled.rank("q", []) == []
@@ -181,17 +183,16 @@ def test_predict_groups_by_query_and_chunks_without_changing_scores(labelled):
 def test_predict_failed_items_are_nan_with_errors(labelled, caplog):
     pairs = [("I pledge allegiance", " to"), ("", " orphan"), ("I pledge allegiance", "x" * 20000)]
     with caplog.at_level(logging.WARNING, logger="score_batch.engine"):
-        both, errors = labelled.predict(pairs, return_errors=True)
-    scores = both[:, -1]
+        scores, errors = labelled.predict(pairs, return_errors=True)
     assert np.isfinite(scores[0]) and errors[0] is None
     assert np.isnan(scores[1]) and errors[1].startswith("pairs[1]: query is empty")
     assert (
         np.isnan(scores[2])
         and errors[2].startswith("pairs[2]: item has")
-        and "ScoringConfig.truncate" in errors[2]
+        and "set truncate to item-tail" in errors[2]
     )
     assert "2 of 3 items could not be scored" in caplog.text
-    assert np.isnan(labelled.predict(pairs)[1]).all()
+    assert np.isnan(labelled.predict(pairs)[1])
 
 
 def test_predict_refuses_malformed_pairs(labelled):
@@ -207,7 +208,7 @@ def test_predict_refuses_malformed_pairs(labelled):
 def test_rank_sorts_predict_scores_with_top_k_and_items(labelled):
     query = "I pledge allegiance"
     items = [" to", " the flag of", "", " to the United States", " of"]
-    scores = labelled.predict([(query, item) for item in items])[:, -1]  # the score column: score_index -1
+    scores = labelled.predict([(query, item) for item in items])  # the score column: score_index -1
     ranked = labelled.rank(query, items)
     assert [r["corpus_id"] for r in ranked] == plain_order(scores.tolist())
     assert all(abs(r["score"] - float(scores[r["corpus_id"]])) <= 1e-6 for r in ranked)

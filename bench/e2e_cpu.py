@@ -1,0 +1,141 @@
+"""The whole CLI run against plain-HF pairs, both timed end to end from the same text rows, in one run.
+
+    python bench/e2e_cpu.py [--queries 32] [--items 30] [--query-tokens 200] [--item-tokens 30] [--threads 2]
+                            [--repeats 3] [--kind causal|classifier] [--profile FILE]
+
+The workload (the recommendation shape of compare.py) is written to a Parquet file. The baseline is
+plain HF from the text rows: tokenize every (query + item) pair, length-sorted right-padded batches,
+forward, scores on the host (`common.hf_pairs`). The CLI side is `score-batch IN -o OUT.parquet
+--report R` in a subprocess: its time is the report's `seconds_total - seconds_load`, i.e. everything
+the job does after the process and the model are up (preflight, lock, reading, hashing, tokenizing,
+planning, scoring, output conversion, checkpoint parts, the merge and the atomic publish). Process
+start-up and model load are reported apart. Prints the speed-up, the packed/pairwise token ratio
+and their quotient (1.0 = the CLI gets all of the arithmetic saving), best of --repeats.
+`--profile FILE` also writes a cProfile of one in-process CLI run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from common import LABELS, Shape, best_of, build_bench_model, hf_pairs, machine, text_workload
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+
+def write_workload(groups, path: Path) -> None:
+    """The groups as a long-layout Parquet table (query_id, query, item_id, item)."""
+    rows = [
+        {"query_id": f"q{g}", "query": group.query, "item_id": f"q{g}-{i}", "item": item}
+        for g, group in enumerate(groups)
+        for i, item in enumerate(group.items)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def cli_args(data: Path, out: Path, report: Path, model_dir: Path, kind: str, threads: int) -> list[str]:
+    """The score-batch command line of one run."""
+    labels = [a for t in LABELS for a in ("--label-tokens", t)] if kind == "causal" else []
+    return [
+        str(data),
+        "-o",
+        str(out),
+        "--report",
+        str(report),
+        "--model",
+        str(model_dir),
+        "--overwrite",
+        "--quiet",
+        "--threads",
+        str(threads),
+        *labels,
+    ]
+
+
+def cli_run(args: list[str], report: Path) -> dict:
+    """One CLI run in a fresh process; its report plus the process's wall time."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "score_batch.cli.main", *args], check=True)
+    wall = time.perf_counter() - started
+    figures = json.loads(report.read_text())
+    figures["process_wall"] = wall
+    return figures
+
+
+def profile_run(args: list[str], where: Path) -> None:
+    """A cProfile of one in-process CLI run, sorted by cumulative time."""
+    import cProfile
+    import pstats
+
+    from score_batch.cli.main import run
+
+    sys.argv = ["score-batch", *args]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        run()
+    except SystemExit:
+        pass
+    profiler.disable()
+    with where.open("w") as out:
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=32)
+    parser.add_argument("--items", type=int, default=30, help="items per query")
+    parser.add_argument("--query-tokens", type=int, default=200)
+    parser.add_argument("--item-tokens", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kind", default="causal", choices=("causal", "classifier"))
+    parser.add_argument("--profile", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(machine())
+    shape = Shape(args.queries, args.items, args.query_tokens, args.item_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_dir = build_bench_model(tmp / "model", args.kind)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        groups = text_workload(tokenizer, shape)
+        items = sum(len(g.items) for g in groups)
+        data, out, report = tmp / "in.parquet", tmp / "out.parquet", tmp / "report.json"
+        write_workload(groups, data)
+
+        label_ids = [tokenizer.encode(t, add_special_tokens=False)[0] for t in LABELS]
+        auto = AutoModelForCausalLM if args.kind == "causal" else AutoModelForSequenceClassification
+        model = auto.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+        hf_pairs(model, tokenizer, groups[:1], args.kind, label_ids)  # warm-up
+        _, hf_seconds = best_of(args.repeats, hf_pairs, model, tokenizer, groups, args.kind, label_ids)
+
+        command = cli_args(data, out, report, model_dir, args.kind, args.threads)
+        runs = [cli_run(command, report) for _ in range(args.repeats)]
+        best = min(runs, key=lambda r: r["seconds_total"] - r["seconds_load"])
+        job_seconds = best["seconds_total"] - best["seconds_load"]
+        token_ratio = best["pairwise_tokens"] / best["packed_tokens"]
+        speedup = hf_seconds / job_seconds
+        print(f"{args.kind}: {len(groups)} queries, {items} items; token ratio {token_ratio:.2f}x")
+        print(f"plain HF pairs from text        {hf_seconds:7.3f} s  {items / hf_seconds:8.1f} items/s")
+        print(
+            f"score-batch CLI (after load)    {job_seconds:7.3f} s  {items / job_seconds:8.1f} items/s"
+            f"  (scoring loop {best['seconds_scoring']:.3f} s, load {best['seconds_load']:.3f} s,"
+            f" process {best['process_wall']:.2f} s)"
+        )
+        print(f"speed-up {speedup:.2f}x = {speedup / token_ratio:.3f} of the token ratio")
+        if args.profile:
+            profile_run(command, args.profile)
+            print(f"profile: {args.profile}")
+
+
+if __name__ == "__main__":
+    main()
