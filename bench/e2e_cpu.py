@@ -99,6 +99,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kind", default="causal", choices=("causal", "classifier"))
     parser.add_argument("--profile", type=Path, default=None)
+    parser.add_argument("--cli-args", default="", help="extra score-batch flags, e.g. '--no-pipeline'")
+    parser.add_argument("--engine", action="store_true", help="also time Scorer.run(plan) alone, in process")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(machine())
@@ -118,7 +120,7 @@ def main() -> None:
         hf_pairs(model, tokenizer, groups[:1], args.kind, label_ids)  # warm-up
         _, hf_seconds = best_of(args.repeats, hf_pairs, model, tokenizer, groups, args.kind, label_ids)
 
-        command = cli_args(data, out, report, model_dir, args.kind, args.threads)
+        command = cli_args(data, out, report, model_dir, args.kind, args.threads) + args.cli_args.split()
         runs = [cli_run(command, report) for _ in range(args.repeats)]
         best = min(runs, key=lambda r: r["seconds_total"] - r["seconds_load"])
         job_seconds = best["seconds_total"] - best["seconds_load"]
@@ -132,6 +134,19 @@ def main() -> None:
             f" process {best['process_wall']:.2f} s)"
         )
         print(f"speed-up {speedup:.2f}x = {speedup / token_ratio:.3f} of the token ratio")
+        if args.engine:
+            from score_batch.engine import EngineConfig, Scorer, ScoringConfig
+
+            scoring = ScoringConfig(label_tokens=LABELS if args.kind == "causal" else ())
+            scorer = Scorer.load(model_dir, EngineConfig(device="cpu", scoring=scoring))
+            plan = scorer.plan(groups)
+            scorer.run(scorer.plan(groups[:1]))  # warm-up
+            _, engine_seconds = best_of(args.repeats, scorer.run, plan)
+            engine_speedup = hf_seconds / engine_seconds
+            print(
+                f"engine alone (Scorer.run of a ready plan) {engine_seconds:.3f} s: {engine_speedup:.2f}x"
+                f" = {engine_speedup / token_ratio:.3f} of the token ratio"
+            )
         if args.profile:
             profile_run(command, args.profile)
             print(f"profile: {args.profile}")
