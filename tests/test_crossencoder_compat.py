@@ -131,3 +131,28 @@ def test_rank_ties_keep_input_order_as_cross_encoder(models):
     docs = [" Sacramento", " Los Angeles", " Sacramento", " Los Angeles"]  # exact duplicates tie
     got, want = ours.rank(QUERY, docs), theirs.rank(QUERY, docs)
     assert [r["corpus_id"] for r in got] == [r["corpus_id"] for r in want]
+
+
+def test_cli_score_column_equals_cross_encoder(models, tmp_path):
+    """The CLI's `score` is CrossEncoder.predict's number for one-label heads (its default activation, or the
+    model's activation_fn); for a two-label head, the softmax probability of the last class (our auto), the
+    raw logits staying in `scores`."""
+    from tests.test_cli import run_cli, write_jsonl
+
+    ours, theirs, num_labels, activation = models
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": q, "item": d} for q, d in PAIRS])
+    out = tmp_path / "out.jsonl"
+    result = run_cli(data, "-o", out, "--model", ours.setup.info.path)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    got = np.array([line["score"] for line in lines])
+    raw = np.array([line["scores"] for line in lines])
+    logits = theirs.predict(PAIRS, activation_fn=torch.nn.Identity())
+    assert np.abs(raw.reshape(logits.shape) - logits).max() <= 1e-5  # `scores`: the raw head
+    if num_labels == 1:
+        expected = theirs.predict(PAIRS)  # CrossEncoder's default activation for this model
+    elif activation == SIGMOID:
+        expected = torch.sigmoid(torch.from_numpy(logits)).numpy()[:, -1]
+    else:
+        expected = torch.softmax(torch.from_numpy(logits), -1).numpy()[:, -1]
+    assert np.abs(got - expected).max() <= 1e-5
