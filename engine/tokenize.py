@@ -55,9 +55,7 @@ def tokenize_group(
         return TokenizedGroup([], [None] * len(group.items), [error] * len(group.items), cfg.item_first)
     if text_input:
         query = _encode_text(tokenizer, cfg.query_template, "{query}", group.query, not cfg.item_first)
-        items = [
-            _encode_text(tokenizer, cfg.item_template, "{item}", item, cfg.item_first) for item in group.items
-        ]
+        items = _encode_texts(tokenizer, cfg.item_template, "{item}", group.items, cfg.item_first)
     else:
         query = _Encoded(list(group.query), list(range(len(group.query))))
         items = [_Encoded(list(item), list(range(len(item)))) for item in group.items]
@@ -120,17 +118,30 @@ def _encode_text(
     tokenizer, template: str | None, placeholder: str, content: str, add_special_tokens: bool
 ) -> _Encoded:
     """Encode content wrapped in a template, remembering which tokens belong to the content."""
+    return _encode_texts(tokenizer, template, placeholder, [content], add_special_tokens)[0]
+
+
+def _encode_texts(
+    tokenizer, template: str | None, placeholder: str, contents: list[str], add_special_tokens: bool
+) -> list[_Encoded]:
+    """_encode_text for many contents in one tokenizer call (a fast tokenizer encodes the batch at once)."""
+    if not contents:
+        return []
     prefix, suffix = template.split(placeholder, 1) if template else ("", "")
-    text = prefix + content + suffix
-    start, end = len(prefix), len(prefix) + len(content)
+    texts = [prefix + content + suffix for content in contents]
     if not getattr(tokenizer, "is_fast", False):
-        ids = tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
-        return _Encoded(ids, [])
-    encoding = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-    content_tokens = [
-        i for i, (s, e) in enumerate(encoding["offset_mapping"]) if e > s and s >= start and e <= end
-    ]
-    return _Encoded(encoding["input_ids"], content_tokens)
+        return [
+            _Encoded(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"], [])
+            for text in texts
+        ]
+    encoding = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    start = len(prefix)
+    encoded = []
+    for content, ids, offsets in zip(contents, encoding["input_ids"], encoding["offset_mapping"]):
+        end = start + len(content)
+        content_tokens = [i for i, (s, e) in enumerate(offsets) if e > s and s >= start and e <= end]
+        encoded.append(_Encoded(ids, content_tokens))
+    return encoded
 
 
 def _check_ids(ids: list[int], vocab_size: int, what: str) -> str | None:
