@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from score_batch.io_formats.readers import open_source
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 class Runner:
     """Where windows come from and where scoring happens: its preflight and its score-and-publish phase."""
 
+    kind: Literal["local", "ray", "batch-file"]
     preflight: Callable  # (config, source) -> Checked
     score: Callable  # (config, checked, report) -> None: load, score windows, publish
 
@@ -73,36 +75,31 @@ def _run_phases(config: RunConfig, report: RunReport) -> bool:
     source = open_source(config.inputs, config.storage_options, config.hive_types)
     try:
         runner = _resolve(config, source)
-        if runner is None:  # a batch file: its driver (job/openai_batch.py) runs its own phases
-            from score_batch.job.openai_batch import run_openai_batch
-
-            run_openai_batch(config, report, source)
-            return True
         checked = runner.preflight(config, source)
         with OutputLock.for_paths(checked.paths):
-            if _already_complete(config, checked, report):
-                return False
-            remove_leftovers(*checked.paths.leftovers)
-            runner.score(config, checked, report)
-        return False
+            if not _already_complete(config, checked, report):
+                if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
+                    remove_leftovers(*checked.paths.leftovers)
+                runner.score(config, checked, report)
+        return runner.kind == "batch-file"
     finally:
         source.close()
 
 
-def _resolve(config: RunConfig, source) -> Runner | None:
-    """The runner the config names (None: an OpenAI-style batch file)."""
-    from score_batch.job.openai_batch import is_openai_batch
+def _resolve(config: RunConfig, source) -> Runner:
+    """The runner the config and the input name: an OpenAI-style batch file, Ray, or a local table run."""
+    from score_batch.job.openai_batch import batch_preflight, is_openai_batch, run_batch_file
 
     if is_openai_batch(config.input_format, source):  # stdin: sniffed on its spool
-        return None
+        return Runner("batch-file", batch_preflight, run_batch_file)
     if config.ray is not None:
         from score_batch.job.ray_run import check_ray_preflight, run_ray
 
-        return Runner(check_ray_preflight, run_ray)
+        return Runner("ray", check_ray_preflight, run_ray)
     from score_batch.job.local import run_local
     from score_batch.job.preflight import preflight
 
-    return Runner(preflight, run_local)
+    return Runner("local", preflight, run_local)
 
 
 def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:

@@ -1,7 +1,7 @@
 """An OpenAI-style batch file run: request lines → engine groups → one response line per request.
 
-The same guarantees as a local table run (job/local.py): paths checked and the output locked
-before scoring, lines written to an exclusive temporary file and published by atomic rename,
+A runner of job.run's loop (preflight: batch_preflight; score and publish: run_batch_file), so the
+same guarantees as a local table run hold: paths checked and the output locked before scoring, lines written to an exclusive temporary file and published by atomic rename,
 nothing partial at the destination, counts and timings in the report. A request that cannot be
 parsed or scored gets an error line and the run goes on (the batch format's own error handling).
 """
@@ -38,8 +38,8 @@ from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import durable_replace, exclusive_temp
 from score_batch.job.config import STDOUT, RunConfig
 from score_batch.job.local import load_engine
-from score_batch.job.lock import OutputLock
-from score_batch.job.policy import check_destination, check_run_paths, remove_leftovers
+from score_batch.job.policy import check_destination, check_run_paths
+from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
 from score_batch.job.signals import StopSignals
 from tqdm import tqdm
@@ -55,18 +55,21 @@ def is_openai_batch(input_format: str, source: InputSource) -> bool:
     return readers.input_format(source, input_format) == InputFormat.OPENAI_BATCH
 
 
-def run_openai_batch(config: RunConfig, report: RunReport, source: InputSource | None = None) -> None:
-    """Score every request of a batch file and write one response line per request, filling report.
-
-    source: the opened input; for stdin its spool is read (stdin itself is read when none is given).
-    """
-    started = time.perf_counter()
+def batch_preflight(config: RunConfig, source: InputSource) -> Checked:
+    """The batch-file runner's preflight (no weights): its settings, the output and every written path."""
     check_batch_config(config)
     destination = check_destination(config, directory=False)
-    check_run_paths(config, () if config.input == STDIN else (Path(config.input),), destination)
-    batch = readers.batch_reader(source) if source is not None else BatchFileReader(config.input)
-    with OutputLock.for_run(config, destination):
-        _run_locked(config, destination, report, started, batch)
+    paths = check_run_paths(config, () if config.input == STDIN else (Path(config.input),), destination)
+    return Checked(source, paths, mapping=None, types={})
+
+
+def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
+    """The batch-file runner's score-and-publish phase (job.run holds the lock and removed leftovers):
+    every request scored, one response line each, published in one step; fills report.
+
+    For stdin, the opened source's spool is read.
+    """
+    _score_requests(config, checked.destination, report, readers.batch_reader(checked.source))
 
 
 def check_batch_config(config: RunConfig) -> None:
@@ -96,12 +99,8 @@ def check_batch_config(config: RunConfig) -> None:
         )
 
 
-def _run_locked(
-    config: RunConfig, destination: Path | None, report: RunReport, started: float, batch: BatchFileReader
-) -> None:
-    """The run, once the paths are checked and the output is ours."""
-    if destination is not None and not config.dry_run:
-        remove_leftovers(destination)
+def _score_requests(config: RunConfig, destination, report: RunReport, batch: BatchFileReader) -> None:
+    """Load the engine, score the requests window by window and publish the response lines."""
     scorer, planner, setup = load_engine(config, report)
     model, created = str(config.model_dir), int(time.time())
     switches = _Switches(
@@ -159,7 +158,6 @@ def _run_locked(
     finally:
         progress.close()
     failures.summarize(report.rows_read)
-    report.seconds_total = round(time.perf_counter() - started, 3)
     report.finish()
 
 
@@ -382,4 +380,4 @@ class _LineSink:
             self.tmp.unlink(missing_ok=True)
 
 
-__all__ = ["check_batch_config", "is_openai_batch", "run_openai_batch"]
+__all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]

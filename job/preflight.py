@@ -23,11 +23,11 @@ PLACEHOLDER_POOLED_DIM = 1  # the pooled column's width is not needed to know it
 
 @dataclass(frozen=True)
 class Checked:
-    """What preflight established about a table run: the open input, the checked output and the columns."""
+    """What preflight established about a run: the open input, the checked output and (tables) the columns."""
 
     source: InputSource | None  # the table input (None: a runner that reads its input itself)
     paths: RunPaths  # every path the run writes
-    mapping: ColumnMapping
+    mapping: ColumnMapping | None  # None: a batch file, whose requests have no columns
     types: dict[str, pa.DataType]
 
     @property

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict
 from score_batch.engine import EngineConfig, ScoringConfig
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.job.config import RunConfig
-from score_batch.job.openai_batch import run_openai_batch
-from score_batch.job.report import RunReport
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from score_batch import job
 
 ACTIVATION_MERGED = importlib.util.find_spec("score_batch.engine.activation") is not None
 needs_activation = pytest.mark.xfail(
@@ -142,7 +142,7 @@ def _run(model_dir: Path, tmp_path: Path, requests: list[dict], scoring: Scoring
         columns=ColumnOverrides(),
         engine=EngineConfig(device="cpu", scoring=scoring),
     )
-    run_openai_batch(config, RunReport())
+    job.run(config)  # the batch-file runner of the one run loop
     lines = out.read_text().splitlines()
     assert len(lines) == len(requests)
     for line in lines:

@@ -14,9 +14,8 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.openai_batch import looks_like_openai_batch, parse_request
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.job.config import RunConfig
-from score_batch.job.openai_batch import run_openai_batch
-from score_batch.job.report import RunReport
 
+from score_batch import job
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 
 LABELS = (" to", " the")  # the labels of tests.test_cli.LABEL_FLAGS
@@ -71,8 +70,7 @@ def direct(qwen3_causal):
 
 def test_round_trip_score_and_rerank(qwen3_causal, tmp_path, direct):
     src, out = write_batch(tmp_path / "batch.jsonl", REQUESTS), tmp_path / "results.jsonl"
-    report = RunReport()
-    run_openai_batch(batch_config(qwen3_causal, src, out), report)
+    report = job.run(batch_config(qwen3_causal, src, out))  # the batch-file runner of the one run loop
 
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) == len(REQUESTS)  # one output line per request line, blank lines skipped
@@ -145,14 +143,14 @@ def test_round_trip_score_and_rerank(qwen3_causal, tmp_path, direct):
 def test_stdout_and_existing_output(qwen3_causal, tmp_path, capsys, monkeypatch):
     src = write_batch(tmp_path / "batch.jsonl", REQUESTS[:2])
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(src.read_bytes())))
-    run_openai_batch(batch_config(qwen3_causal, "-", "-"), RunReport())  # stdin to stdout
+    job.run(batch_config(qwen3_causal, "-", "-"))  # stdin to stdout
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["custom_id"] for line in lines] == ["s-1n", "r-top2"]
 
     out = tmp_path / "results.jsonl"
     out.write_text("keep me\n")
     with pytest.raises(InputError, match="already exists"):
-        run_openai_batch(batch_config(qwen3_causal, src, out), RunReport())
+        job.run(batch_config(qwen3_causal, src, out))
     assert out.read_text() == "keep me\n"
 
     def broken(*args, **kwargs):  # a failure mid-run: the destination keeps its old content
@@ -160,15 +158,14 @@ def test_stdout_and_existing_output(qwen3_causal, tmp_path, capsys, monkeypatch)
 
     monkeypatch.setattr(Scorer, "run", broken)
     with pytest.raises(RuntimeError):
-        run_openai_batch(batch_config(qwen3_causal, src, out, overwrite=True), RunReport())
+        job.run(batch_config(qwen3_causal, src, out, overwrite=True))
     assert out.read_text() == "keep me\n"
     assert list(tmp_path.glob(".results.jsonl*")) == [] and not (tmp_path / "results.jsonl.lock").exists()
 
 
 def test_dry_run_writes_nothing(qwen3_causal, tmp_path):
     src, out = write_batch(tmp_path / "batch.jsonl", REQUESTS), tmp_path / "results.jsonl"
-    report = RunReport()
-    run_openai_batch(batch_config(qwen3_causal, src, out, dry_run=True), report)
+    report = job.run(batch_config(qwen3_causal, src, out, dry_run=True))
     assert not out.exists()
     assert report.items == 15 and report.items_failed == 2 and report.items_scored == 0
 
@@ -188,7 +185,7 @@ def test_refused_settings(qwen3_causal, tmp_path, overrides, match):
         overrides = {"output": str(tmp_path / overrides["output"])}
     config = batch_config(qwen3_causal, src, tmp_path / "out.jsonl", **overrides)
     with pytest.raises(InputError, match=match):
-        run_openai_batch(config, RunReport())
+        job.run(config)
 
 
 def test_looks_like_openai_batch(tmp_path):
