@@ -269,3 +269,17 @@ def test_non_finite_item_scores_from_the_engine_are_row_errors():
         "row 0: score is not finite (nan) (query_id='q1', item_id='i2')",
     ]
     assert OutputContract.from_types(mapping, types, None, "skip").split(part)[1].num_rows == 1
+
+
+def test_a_dry_run_leaves_temporary_files_alone_the_real_run_removes_them(qwen3_causal, tmp_path):
+    """A dry run takes no lock, so it must not delete what may be a running job's temporary file."""
+    data = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    out = tmp_path / "o.parquet"
+    leftover = tmp_path / ".o.parquet.tmp-abc123"
+    leftover.write_bytes(b"a running job's half-written output")
+    dry = run_cli(data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert leftover.exists() and not out.exists()
+    real = run_cli(data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS)
+    assert real.returncode == 0, real.stderr
+    assert not leftover.exists() and out.exists()
