@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     """[..., kv_heads, len, d] → [..., heads, len, d], each K/V head repeated for its query heads."""
     return x if x.shape[-3] == heads else x.repeat_interleave(heads // x.shape[-3], dim=-3)
 
@@ -37,11 +37,11 @@ def attention(
     if softcap is None:
         gqa = native_gqa(query, key, mask)
         if not gqa:
-            key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)  # [..., heads, kv_len, head_dim]
+            key, value = repeat_kv(key, heads), repeat_kv(value, heads)  # [..., heads, kv_len, head_dim]
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=gqa
         )
-    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)  # [..., heads, kv_len, head_dim]
+    key, value = repeat_kv(key, heads), repeat_kv(value, heads)  # [..., heads, kv_len, head_dim]
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     logits = torch.matmul(query, key.transpose(-1, -2)) * scale  # [..., heads, q_len, kv_len]
     logits = torch.tanh(logits / softcap) * softcap

@@ -3,6 +3,11 @@
 Same mask as the dense reference, without its quadratic cost in the number of items: item rows only
 ever look at the query and their own item, so they are gathered into an [items, item_len] block.
 Delimiter rows are never read and never attended to; their outputs are left at zero.
+
+On the CPU (no soft-capping, no sliding window) an item row's attention is computed in two mask-free
+parts and merged exactly by their log-sum-exp: every item row against the query's K/V in one call, and
+each item causally against its own K/V. Nothing is copied per item, where the general path concatenates
+the query's K/V to every item's block and runs one masked SDPA.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from score_batch.engine.attention.base import Capabilities
-from score_batch.engine.attention.softcap import attention
+from score_batch.engine.attention.softcap import attention, repeat_kv
 from score_batch.engine.batching import Batch
 from score_batch.engine.packing import attention_mask
 
@@ -81,6 +86,50 @@ def _item_gather(flat: torch.Tensor, n: int, width: int):
     return gather
 
 
+def merged_parts_apply(query: torch.Tensor, sliding_window: int | None, softcap: float | None) -> bool:
+    """Whether item rows take the two-part log-sum-exp path (CPU fp32/bf16, no cap, no window)."""
+    return (
+        query.device.type == "cpu"
+        and query.dtype in (torch.float32, torch.bfloat16)
+        and sliding_window is None
+        and softcap is None
+    )
+
+
+def _attention_with_lse(query, key, value, scaling, causal):
+    """SDPA output [..., heads, q_len, d] and its log-sum-exp [..., heads, q_len] (fp32), CPU flash kernel."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, causal, scale=scaling
+    )
+
+
+def _items_by_merged_parts(
+    q_all, k_all, v_all, query_rows: slice, layout: _PackLayout, scaling
+) -> torch.Tensor:
+    """Attention output of a pack's real item tokens [heads, item_tokens, d], from two merged mask-free parts."""
+    heads = q_all.shape[0]
+    n, width = layout.item_index.shape
+    flat = layout.item_index.reshape(-1)  # [n * width]
+    q_items = q_all[:, flat]  # [heads, n * width, d]
+    k_query = repeat_kv(k_all[:, query_rows], heads)  # [heads, q, d]
+    v_query = repeat_kv(v_all[:, query_rows], heads)
+    out_query, lse_query = _attention_with_lse(q_items[None], k_query[None], v_query[None], scaling, False)
+
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # [heads, n * width, d] -> [n, heads, width, d]
+        return t.view(heads, n, width, -1).transpose(0, 1)
+
+    k_items = repeat_kv(k_all[:, flat], heads)  # [heads, n * width, d]
+    v_items = repeat_kv(v_all[:, flat], heads)
+    # Padding slots repeat an item's last token after its real ones: causal rows never see them.
+    out_own, lse_own = _attention_with_lse(blocks(q_items), blocks(k_items), blocks(v_items), scaling, True)
+    out_own = out_own.transpose(0, 1).reshape(heads, n * width, -1)  # [heads, n * width, d]
+    lse_own = lse_own.transpose(0, 1).reshape(heads, n * width)
+    # softmax over [query ; own] keys = the two parts weighted by their share of the total exp-sum.
+    share_own = torch.sigmoid(lse_own - lse_query[0]).unsqueeze(-1)  # [heads, n * width, 1]
+    merged = torch.lerp(out_query[0].float(), out_own.float(), share_own).to(q_all.dtype)
+    return merged[:, layout.item_slots]  # [heads, item_tokens, d]
+
+
 class SplitPlan:
     """Per-pack layouts, built lazily per sliding-window size and reused by every layer."""
 
@@ -107,6 +156,11 @@ class SplitPlan:
                 query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], layout.query_mask, scaling, softcap
             )[0]
             if layout.item_index is None:
+                continue
+            if merged_parts_apply(query, sliding_window, softcap):
+                output[:, layout.item_rows] = _items_by_merged_parts(
+                    q_all, k_all, v_all, slice(s, e), layout, scaling
+                )
                 continue
             n, width = layout.item_index.shape
             flat = layout.item_index.reshape(-1)
