@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
-from score_batch.engine.attention import HF_ATTENTION_NAME, softcap
+from score_batch.engine.attention import HF_ATTENTION_NAME, softcap, split
 from score_batch.engine.attention.flashinfer import FlashInferPlan, SplitKv
 from score_batch.engine.attention.flashinfer_plan import build_metadata
 from score_batch.engine.attention.flex import FlexBackend, bucket_tokens
@@ -181,6 +181,26 @@ def test_split_builds_its_row_indices_on_the_host_and_matches_sdpa():
     for layout in plan._pack_layouts(None):
         if layout.item_index is not None:
             assert layout.item_rows.dtype == layout.item_slots.dtype == torch.int64
+
+
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_split_merged_parts_equal_the_masked_path(monkeypatch, dtype, bound):
+    """Items by two log-sum-exp-merged mask-free parts = items by one masked SDPA over [query ; own] keys."""
+    batch = _mixed_batch()
+    cpu = torch.device("cpu")
+    torch.manual_seed(1)
+    q = torch.randn(1, 4, batch.num_tokens, 8, dtype=dtype)
+    k, v = torch.randn(2, 1, 2, batch.num_tokens, 8, dtype=dtype).unbind(0)
+    calls = []
+    lse = split._attention_with_lse
+    monkeypatch.setattr(split, "_attention_with_lse", lambda *a: calls.append(a[-1]) or lse(*a))
+    merged = SplitBackend(cpu).plan(batch, cpu).attend(q, k, v, 0.3, None)
+    assert calls and set(calls) == {False, True}  # the query part and the own-item part ran
+    monkeypatch.setattr(split, "merged_parts_apply", lambda *args: False)
+    masked = SplitBackend(cpu).plan(batch, cpu).attend(q, k, v, 0.3, None)
+    assert len(calls) == sum(1 for p in batch.packs if (p.segments >= 0).any()) * 2  # no call the second time
+    assert merged.dtype == dtype
+    assert (merged.float() - masked.float()).abs().max() <= bound
 
 
 def test_bucketed_flex_pads_into_buffers_made_once_per_batch():
