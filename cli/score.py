@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import typer
 from score_batch.cli.command import write_failure_report
 from score_batch.cli.flags import NESTED, comma_ints, comma_list, option_of
 from score_batch.cli.logs import quiet_libraries, setup_logging
+from score_batch.cli.malloc import tune_malloc
 from score_batch.cli.options import ScoreOptions
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ def score(options: ScoreOptions) -> None:
             write_failure_report(options.report, error, overwrite=options.overwrite)
         raise
     quiet_libraries()
+    tune_malloc(os.environ)
     from score_batch import job
 
     report = job.run(config)

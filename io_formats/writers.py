@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from score_batch.io_formats.errors import InputError
 
@@ -167,6 +166,8 @@ def write_partitioned(
     of partitions are written at once). The partition columns live in the directory names, not in the
     files; `_common_metadata` holds the full schema and `_SUCCESS` is written last. Every file is fsynced.
     """
+    import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
+
     directory = Path(directory).absolute()
     written: list[str] = []
     ds.write_dataset(
