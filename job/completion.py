@@ -91,8 +91,8 @@ class Completion:
         """Refuse a rerun on a completed output unless model, settings and input content are the same."""
         if self.recorded() != completion_fingerprint(config, input_digest(config, source)):
             raise InputError(
-                f"output {config.output!r} already exists, completed with a different model, input or "
-                "settings (or replaced since); pass --overwrite to replace it"
+                f"output {config.output!r} already exists, completed with a different model, input, "
+                "settings or score-batch/torch/transformers version (or replaced since); pass --overwrite to replace it"
             )
 
     def published(self, fingerprint: str, resume: bool) -> None:

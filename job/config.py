@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,8 +118,25 @@ class RunConfig:
         ignored = ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray")
         for name in (*ignored, "threads", "progress_seconds", "pipeline", "storage_options"):
             settings.pop(name)
-        payload = json.dumps([settings, model_identity, input_identity], sort_keys=True, default=str)
+        payload = json.dumps(
+            [settings, model_identity, input_identity, software_identity()], sort_keys=True, default=str
+        )
         return hashlib.sha256(payload.encode()).hexdigest()
+
+
+SCORING_SOFTWARE = ("score-batch", "torch", "transformers", "flashinfer-python")
+
+
+def software_identity() -> list:
+    """The installed versions of the packages that compute the scores (None: not installed); read from package
+    metadata, so nothing is imported. An upgrade between a killed run and its --resume must not mix scores."""
+    versions = []
+    for name in SCORING_SOFTWARE:
+        try:
+            versions.append([name, importlib.metadata.version(name)])
+        except importlib.metadata.PackageNotFoundError:
+            versions.append([name, None])
+    return versions
 
 
 def model_identity(model_dir: Path) -> list:

@@ -122,7 +122,7 @@ class PartsSink:
         if self.config.resume and previous is not None and previous != fingerprint:
             raise InputError(
                 f"cannot --resume: the parts in {self.parts.dir.uri!r} were written with a different model, "
-                "input or settings; rerun with the original ones, or pass --overwrite (without --resume) to "
+                "input, settings or score-batch/torch/transformers version; rerun with the original ones, or pass --overwrite (without --resume) to "
                 "start over"
             )
         if self.config.resume and previous is None:

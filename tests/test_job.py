@@ -83,7 +83,34 @@ def test_resume_with_other_settings_is_refused(job):
     process.kill()
     process.wait()
     result = run_cli(*base, "-o", out, "--resume", "--apply-softmax")
-    assert result.returncode == 2 and "different model, input or settings" in result.stderr
+    assert result.returncode == 2 and "different model, input, settings" in result.stderr
+
+
+UPGRADED_TORCH = """
+import importlib.metadata, sys
+installed = importlib.metadata.version
+importlib.metadata.version = lambda name: "9.9.9" if name == "torch" else installed(name)
+from score_batch.cli.main import run
+sys.argv = ["score-batch", *sys.argv[1:]]
+run()
+"""
+
+
+def test_resume_after_a_torch_upgrade_is_refused(job):
+    base, _, tmp_path = job
+    out = tmp_path / "out.parquet"
+    process = start_cli(*base, "-o", out)
+    wait_for_parts(tmp_path / "out.parquet.parts", 2, process)
+    process.kill()
+    process.wait()
+    result = subprocess.run(
+        [sys.executable, "-c", UPGRADED_TORCH, *map(str, base), "-o", str(out), "--resume"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "torch/transformers version" in result.stderr, result.stderr
+    assert run_cli(*base, "-o", out, "--resume").returncode == 0  # the same versions still resume
 
 
 def test_existing_output_needs_overwrite(job):
