@@ -145,7 +145,7 @@ def load_engine(config: RunConfig, report: RunReport) -> tuple[Scorer | None, Pl
         scorer = Scorer.load(config.model_dir, config.engine)
         planner, setup = scorer.planner, scorer.setup
     report.seconds_load = round(time.perf_counter() - started, 3)
-    report.backend, report.device = setup.backend, str(setup.device)
+    report.add_setup(setup)
     return scorer, planner, setup
 
 

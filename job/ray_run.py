@@ -161,7 +161,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     report.versions["ray"] = ray.__version__
     source, destination, mapping, types = checked.source, checked.destination, checked.mapping, checked.types
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
-    report.backend, report.device = setup.backend, str(setup.device)
+    report.add_setup(setup)
     units = read_units(source)
     if not units:
         raise InputError(f"input {config.input!r} has no rows")

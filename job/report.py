@@ -48,6 +48,8 @@ class RunReport:
     peak_rss_mb: float = 0.0
     backend: str = ""
     device: str = ""
+    dtype: str = ""  # as resolved (--dtype auto: bfloat16 on CUDA, float32 on CPU)
+    packing: str = ""  # as resolved: mis (one packed sequence per query) or single (one item per sequence)
     dry_run: bool = False
     already_complete: bool = False  # --resume found the output complete for the same model, settings, input
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
@@ -56,6 +58,11 @@ class RunReport:
     )  # job.score_stats.ScoreStats.summary() of the scored items
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+
+    def add_setup(self, setup) -> None:
+        """The engine settings as resolved for this model and machine (an engine.setup.ResolvedSetup)."""
+        self.backend, self.device = setup.backend, str(setup.device)
+        self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
 
     def add_plan(self, stats) -> None:
         """Add one window's planning counts (groups, packs, batches, tokens)."""

@@ -199,6 +199,8 @@ def test_report_and_dry_run_counts_agree(qwen3_causal, tmp_path):
         assert run[key] == plan[key], key
     assert run["groups"] == 5
     assert run["packed_tokens"] < run["pairwise_tokens"]
+    for report in (run, plan):  # --dtype auto and --packing auto as resolved on this CPU
+        assert (report["device"], report["dtype"], report["packing"]) == ("cpu", "float32", "mis")
     assert run["versions"]["torch"] and run["settings"]["engine"]["scoring"]["label_tokens"] == [
         " to",
         " the",

@@ -199,6 +199,7 @@ def test_ray_reads_hive_partitions_and_a_glob_like_a_local_run_and_partitions_it
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("_")) == ["_SUCCESS", "_common_metadata"]
     report = json.loads((tmp_path / "ray.json").read_text())
     assert (report["rows_read"], report["items"], report["items_failed"]) == (len(ordered), len(ordered), 1)
+    assert (report["device"], report["dtype"], report["packing"]) == ("cpu", "float32", "mis")
 
     by_country = tmp_path / "by-country"
     result = run_cli(*common, "-o", by_country, "--ray", "--num-workers", "2", "--partition-by", "country")
