@@ -15,8 +15,8 @@ import typer
 from score_batch.cli.command import write_failure_report
 from score_batch.cli.flags import NESTED, comma_ints, comma_list, option_of
 from score_batch.cli.logs import quiet_libraries, setup_logging
-from score_batch.cli.malloc import tune_malloc
 from score_batch.cli.options import ScoreOptions
+from score_batch.job.malloc import tune_malloc
 
 log = logging.getLogger(__name__)
 

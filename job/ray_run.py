@@ -49,6 +49,7 @@ from score_batch.io_formats.writers import COMMON_METADATA
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
 from score_batch.job.errors_sink import ErrorsSink
+from score_batch.job.malloc import tune_malloc
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, output_contract, preflight
 from score_batch.job.ranking import rank_parts
@@ -114,6 +115,7 @@ class ScoreActor:
         import torch
         from score_batch.engine.scorer import Scorer
 
+        tune_malloc(os.environ)  # an actor's process is ours, as the CLI's is
         torch.set_num_threads(max(1, threads))
         self.config = config
         self.contract = contract

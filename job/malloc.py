@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Mapping
 
-log = logging.getLogger("score_batch.cli")
+log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
