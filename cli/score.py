@@ -16,7 +16,6 @@ from score_batch.cli.command import write_failure_report
 from score_batch.cli.flags import NESTED, comma_ints, comma_list, option_of
 from score_batch.cli.logs import quiet_libraries, setup_logging
 from score_batch.cli.options import ScoreOptions
-from score_batch.job.malloc import tune_malloc
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +50,11 @@ def score(options: ScoreOptions) -> None:
             write_failure_report(options.report, error, overwrite=options.overwrite)
         raise
     quiet_libraries()
+    from score_batch.job.malloc import tune_malloc
+
+    from score_batch import job  # here: --help and --version import no torch
+
     tune_malloc(os.environ)
-    from score_batch import job
 
     report = job.run(config)
     if not options.quiet:
