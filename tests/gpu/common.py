@@ -10,21 +10,22 @@ from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 from tests.reference import reference_scores, tokenizer
 
 LABELS = (" to", " the")
-# bf16 end to end vs the fp32 plain-HF reference, on probabilities of a random tiny model (the bound of
-# test_flashinfer.py's scorer comparison).
-BF16_VS_FP32 = 2e-2
+# Scores are the softmax over the two label tokens (apply_softmax): on the random tiny model they spread over
+# 0.01..0.99, while probabilities over the whole vocabulary stay below 4e-4 and no bound on them can fail.
+# bf16 end to end vs the fp32 plain-HF reference: 2.2e-2 measured with sdpa on the CPU.
+BF16_VS_FP32 = 5e-2
 COMPILED_VS_EAGER = 1e-2  # the same bf16 kernels with and without torch.compile around them
 MODEL = dict(head_dim=128, num_attention_heads=16, num_key_value_heads=8, hidden_size=256)
 
 
 def scorer(model_dir, backend: str, dtype: str = "bfloat16", compile: bool = False, **engine) -> Scorer:
-    """A CUDA scorer of the label-token probabilities."""
+    """A CUDA scorer of the softmax over the two label tokens."""
     config = EngineConfig(
         device="cuda",
         dtype=dtype,
         backend=backend,
         compile=compile,
-        scoring=ScoringConfig(label_tokens=LABELS),
+        scoring=ScoringConfig(label_tokens=LABELS, apply_softmax=True),
         **engine,
     )
     return Scorer.from_pretrained(model_dir, config)
@@ -49,7 +50,9 @@ def hf_reference(model_dir, groups: list[Group]) -> list[np.ndarray]:
     return [
         np.stack(
             [
-                reference_scores(model_dir, "causal", list(g.query) + list(item), label_ids)[0]
+                reference_scores(
+                    model_dir, "causal", list(g.query) + list(item), label_ids, apply_softmax=True
+                )[0]
                 for item in g.items
             ]
         )

@@ -54,7 +54,7 @@ def test_split_kv_forced_on_and_off_gives_the_same_scores_on_a_large_mixed_batch
         "off": SplitKv(disable=True),
         "fixed-128": SplitKv(fixed_size=128),  # every request's KV split in 128-token chunks, then merged
     }.items():
-        run.backend = FlashInferBackend(CUDA, split_kv)
+        run._runner.backend = FlashInferBackend(CUDA, split_kv)  # Scorer.backend is read-only
         results[name] = run.run(plan)
     assert max_diff(results["off"], results["fixed-128"]) <= COMPILED_VS_EAGER
     assert max_diff(results["off"], results["auto"]) <= COMPILED_VS_EAGER
