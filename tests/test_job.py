@@ -75,13 +75,18 @@ def test_killed_run_resumes_to_identical_output(job, how):
     assert report["rows_read"] == 240
 
 
+def killed_after_two_parts(base, out: Path) -> None:
+    """Start a run to OUT and kill -9 it once two checkpoint parts exist."""
+    process = start_cli(*base, "-o", out)
+    wait_for_parts(Path(f"{out}.parts"), 2, process)
+    process.kill()
+    process.wait()
+
+
 def test_resume_with_other_settings_is_refused(job):
     base, _, tmp_path = job
     out = tmp_path / "out.parquet"
-    process = start_cli(*base, "-o", out)
-    wait_for_parts(tmp_path / "out.parquet.parts", 2, process)
-    process.kill()
-    process.wait()
+    killed_after_two_parts(base, out)
     result = run_cli(*base, "-o", out, "--resume", "--apply-softmax")
     assert result.returncode == 2 and "different model, input, settings" in result.stderr
 
@@ -99,10 +104,7 @@ run()
 def test_resume_after_a_torch_upgrade_is_refused(job):
     base, _, tmp_path = job
     out = tmp_path / "out.parquet"
-    process = start_cli(*base, "-o", out)
-    wait_for_parts(tmp_path / "out.parquet.parts", 2, process)
-    process.kill()
-    process.wait()
+    killed_after_two_parts(base, out)
     result = subprocess.run(
         [sys.executable, "-c", UPGRADED_TORCH, *map(str, base), "-o", str(out), "--resume"],
         cwd=REPO,
