@@ -23,7 +23,7 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import COMMON_METADATA, SUCCESS, output_format
-from score_batch.job.config import RunConfig, model_identity
+from score_batch.job.config import FINGERPRINTED, RunConfig, model_identity
 from score_batch.job.windows import window_hash
 
 METADATA_KEY = b"score_batch.completion"
@@ -91,8 +91,8 @@ class Completion:
         """Refuse a rerun on a completed output unless model, settings and input content are the same."""
         if self.recorded() != completion_fingerprint(config, input_digest(config, source)):
             raise InputError(
-                f"output {config.output!r} already exists, completed with a different model, input, "
-                "settings or score-batch/torch/transformers version (or replaced since); pass --overwrite to replace it"
+                f"output {config.output!r} already exists, completed with a different {FINGERPRINTED} "
+                "(or replaced since); pass --overwrite to replace it"
             )
 
     def published(self, fingerprint: str, resume: bool) -> None:

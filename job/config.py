@@ -125,6 +125,7 @@ class RunConfig:
 
 
 SCORING_SOFTWARE = ("score-batch", "torch", "transformers", "flashinfer-python")
+FINGERPRINTED = "model, input, settings or score-batch/torch/transformers version"  # for refusal messages
 
 
 def software_identity() -> list:

@@ -16,7 +16,7 @@ from score_batch.io_formats.writers import (
     write_partitioned,
 )
 from score_batch.job.completion import stamped
-from score_batch.job.config import RunConfig
+from score_batch.job.config import FINGERPRINTED, RunConfig
 from score_batch.job.contract import OutputContract
 from score_batch.job.errors_sink import ErrorsSink
 from score_batch.job.paths import RunPaths, normalized
@@ -121,8 +121,8 @@ class PartsSink:
         previous = self._previous
         if self.config.resume and previous is not None and previous != fingerprint:
             raise InputError(
-                f"cannot --resume: the parts in {self.parts.dir.uri!r} were written with a different model, "
-                "input, settings or score-batch/torch/transformers version; rerun with the original ones, or pass --overwrite (without --resume) to "
+                f"cannot --resume: the parts in {self.parts.dir.uri!r} were written with a different "
+                f"{FINGERPRINTED}; rerun with the original ones, or pass --overwrite (without --resume) to "
                 "start over"
             )
         if self.config.resume and previous is None:
