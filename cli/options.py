@@ -25,6 +25,8 @@ Device = Literal["auto", "cpu", "cuda"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 HiveTypes = Literal["infer", "string"]
 InputFormat = Literal["auto", "table", "openai-batch"]
+Layers = Literal["auto", "native", "transformers"]
+Ops = Literal["auto", "torch", "flashinfer"]
 LogFormat = Literal["text", "json"]
 OnError = Literal["fail", "record", "skip"]
 Packing = Literal["auto", "mis", "single"]
@@ -309,6 +311,22 @@ CompileOpt = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+LayersOpt = Annotated[
+    Layers,
+    typer.Option(
+        help="Decoder layers: native (our own fused Llama/Mistral/Qwen2/Qwen3 layers) or transformers' "
+        "modeling code; auto: native when the model's config is fully implemented there (else one log line says why not).",
+        rich_help_panel=ENGINE,
+    ),
+]
+OpsOpt = Annotated[
+    Ops,
+    typer.Option(
+        help="Element-wise kernels of native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer "
+        "on CUDA when installed, torch elsewhere.",
+        rich_help_panel=ENGINE,
+    ),
+]
 ThreadsOpt = Annotated[
     int | None,
     typer.Option(
@@ -460,6 +478,8 @@ class ScoreOptions:
     trust_remote_code: TrustRemoteCodeOpt = False
     allow_pickle: AllowPickleOpt = False
     compile: CompileOpt = False
+    layers: LayersOpt = "auto"
+    ops: OpsOpt = "auto"
     threads: ThreadsOpt = None
     window_rows: WindowRowsOpt = DEFAULT_WINDOW_ROWS
     on_error: OnErrorOpt = "fail"

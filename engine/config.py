@@ -15,11 +15,15 @@ BackendName = Literal["auto", "flashinfer", "flex", "split", "sdpa"]
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 DeviceName = Literal["auto", "cpu", "cuda"]
 Truncate = Literal["error", "item-tail", "query-head"]
+LayersName = Literal["auto", "native", "transformers"]
+OpsName = Literal["auto", "torch", "flashinfer"]
 PACKING_MODES: tuple[str, ...] = get_args(Packing)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 DTYPES: tuple[str, ...] = get_args(DtypeName)
 DEVICES: tuple[str, ...] = get_args(DeviceName)
 TRUNCATE_POLICIES: tuple[str, ...] = get_args(Truncate)
+LAYERS: tuple[str, ...] = get_args(LayersName)
+OPS: tuple[str, ...] = get_args(OpsName)
 SGLANG_DEFAULT_DELIMITER = 9999
 
 
@@ -77,12 +81,20 @@ class EngineConfig:
     trust_remote_code: bool = False
     allow_pickle: bool = False
     compile: bool = False  # torch.compile the decoder layers' norms, MLPs and attention projections + RoPE
+    # Decoder layers: native (engine/native, Llama/Mistral/Qwen2/Qwen3) or transformers' modeling code;
+    # auto: native when the model's family and config features are implemented there.
+    layers: LayersName = "auto"
+    # Element-wise kernels of the native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer on
+    # CUDA when it imports (torch under --compile), torch elsewhere.
+    ops: OpsName = "auto"
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
         _check_choice("EngineConfig.device", self.device, DEVICES)
         _check_choice("EngineConfig.dtype", self.dtype, DTYPES)
         _check_choice("EngineConfig.backend", self.backend, BACKENDS)
+        _check_choice("EngineConfig.layers", self.layers, LAYERS)
+        _check_choice("EngineConfig.ops", self.ops, OPS)
         if not isinstance(self.compile, bool):
             raise SettingError("EngineConfig.compile", self.compile, "must be True or False")
         if self.max_pack_tokens < 8:

@@ -175,6 +175,8 @@ CASES = {
     "trust_remote_code": (["--trust-remote-code"], "engine.trust_remote_code", True),
     "allow_pickle": (["--allow-pickle"], "engine.allow_pickle", True),
     "compile": (["--compile"], "engine.compile", True),
+    "layers": (["--layers", "transformers"], "engine.layers", "transformers"),
+    "ops": (["--ops", "torch"], "engine.ops", "torch"),
     "threads": (["--threads", "2"], "threads", 2),
     "window_rows": (["--window-rows", "7"], "window_rows", 7),
     "on_error": (["--on-error", "record"], "on_error", "record"),
