@@ -43,13 +43,34 @@ def collate(packs: list[Pack]) -> Batch:
     )
 
 
+def batch_order(packs: list[Pack]) -> list[int]:
+    """Pack indices longest first; a group with cached packs runs together, after its storing pack.
+
+    A pack sorts by (-len(pack), its index); a group with cached packs sorts as its storing pack,
+    then by its packs' order (storing pack first), so its cached packs run in the storing pack's batch
+    or a later one, and few cache entries are alive at once.
+    """
+    storing = {p.query_key: i for i, p in enumerate(packs) if p.stores_query}
+    missing = {p.query_key for p in packs if p.query_cached} - storing.keys()
+    if missing:
+        raise ValueError(f"cached packs without a pack storing their query: keys {sorted(missing)}")
+
+    def sort_key(index: int) -> tuple[int, int, int]:
+        pack = packs[index]
+        if pack.query_key is None:
+            return (-len(pack), index, 0)
+        lead = storing[pack.query_key]
+        return (-len(packs[lead]), lead, 0 if index == lead else 1 + index)
+
+    return sorted(range(len(packs)), key=sort_key)
+
+
 def make_batches(packs: list[Pack], max_batch_tokens: int) -> list[Batch]:
-    """Group packs, longest first, into batches of at most max_batch_tokens (an oversized pack goes alone)."""
-    order = sorted(range(len(packs)), key=lambda i: (-len(packs[i]), i))
+    """Group packs in batch_order into batches of at most max_batch_tokens (an oversized pack goes alone)."""
     batches: list[Batch] = []
     current: list[Pack] = []
     tokens = 0
-    for index in order:
+    for index in batch_order(packs):
         pack = packs[index]
         if current and tokens + len(pack) > max_batch_tokens:
             batches.append(collate(current))

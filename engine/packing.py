@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,14 +27,33 @@ class Pack:
     segments: np.ndarray  # [length] int32: -1 query, -2 delimiter, k >= 0 item k of this pack
     score_rows: np.ndarray  # [num_items] int64, row of each item's score inside the pack
     item_refs: tuple[ItemRef, ...]
-    prefix_len: int  # query tokens before the first delimiter (the whole sequence when single)
+    prefix_len: int  # the query's length (the whole sequence when single), in the pack or not
+    # The group's query cache entry (the group's index in the plan): set on the pack that stores the
+    # query's per-layer K/V and on the packs that read them; None when the group has no cached pack.
+    query_key: int | None = None
+    # The pack starts at its first delimiter: its query K/V come from the cache entry query_key.
+    query_cached: bool = False
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
 
+    @property
+    def stores_query(self) -> bool:
+        """Whether this pack holds its query inline and stores its per-layer K/V for cached packs."""
+        return self.query_key is not None and not self.query_cached
 
-def mis_pack(query_ids: list[int], items: list[list[int]], refs: list[ItemRef], delimiter: int) -> Pack:
-    """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows."""
+
+def mis_pack(
+    query_ids: list[int],
+    items: list[list[int]],
+    refs: list[ItemRef],
+    delimiter: int,
+    query_key: int | None = None,
+) -> Pack:
+    """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows.
+
+    With query_key, the pack also stores its query's per-layer K/V under that key for cached packs.
+    """
     if not query_ids:
         raise ValueError("multi-item packing needs a query of at least one token")
     q = len(query_ids)
@@ -58,7 +77,47 @@ def mis_pack(query_ids: list[int], items: list[list[int]], refs: list[ItemRef], 
         score_rows=np.asarray(score_rows, dtype=np.int64),
         item_refs=tuple(refs),
         prefix_len=q,
+        query_key=query_key,
     )
+
+
+def cached_mis_pack(
+    query_len: int, items: list[list[int]], refs: list[ItemRef], delimiter: int, key: int
+) -> Pack:
+    """Pack `D item0 D item1 D … D`: the tail of mis_pack's layout, its query K/V read from cache entry key.
+
+    Items must be non-empty: an empty item scores at the query's last token, which this pack lacks.
+    """
+    if query_len < 1:
+        raise ValueError("multi-item packing needs a query of at least one token")
+    if any(not item for item in items):
+        raise ValueError("an empty item scores at the query's last token: it needs the query inline")
+    inline = mis_pack([delimiter] * query_len, items, refs, delimiter)
+    return replace(
+        inline,
+        token_ids=inline.token_ids[query_len:],
+        positions=inline.positions[query_len:],
+        segments=inline.segments[query_len:],
+        score_rows=inline.score_rows - query_len,
+        query_key=key,
+        query_cached=True,
+    )
+
+
+def query_layout(pack: Pack) -> tuple[np.ndarray, np.ndarray]:
+    """(segments, positions) of the pack's keys with the query in front: [query ; pack tokens] when cached."""
+    if not pack.query_cached:
+        return pack.segments, pack.positions
+    q = pack.prefix_len
+    segments = np.concatenate([np.full(q, QUERY_SEGMENT, dtype=np.int32), pack.segments])
+    return segments, np.concatenate([np.arange(q, dtype=np.int64), pack.positions])
+
+
+def pack_mask(pack: Pack, sliding_window: int | None = None) -> np.ndarray:
+    """Dense boolean mask of one pack's rows over its keys: [len, len], or [len, q + len] when cached."""
+    segments, positions = query_layout(pack)
+    mask = attention_mask(segments, positions, sliding_window)
+    return mask[pack.prefix_len :] if pack.query_cached else mask
 
 
 def single_pack(sequence: list[int], ref: ItemRef) -> Pack:

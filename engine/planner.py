@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from score_batch.engine.batching import Batch, make_batches
 from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
-from score_batch.engine.packing import ItemRef, Pack, mis_pack, single_pack, split_items
+from score_batch.engine.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
 from score_batch.engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
 from score_batch.engine.tokenize import TokenizedGroup, tokenize_group
 from score_batch.engine.types import Group
@@ -27,6 +27,9 @@ class PlanLimits:
     # The model's position limit (max_position_embeddings) for decoders: every reference sequence
     # (query + item) must fit it; None when the model has no such limit (encoders use pair_max_length).
     max_positions: int | None = None
+    # A group needing several MIS packs computes its query once: its later packs read the first pack's
+    # per-layer query K/V from the run's QueryCache (only for backends whose capabilities say cached_query).
+    cache_query: bool = False
 
 
 @dataclass
@@ -38,7 +41,7 @@ class PlanStats:
     failed_items: int = 0
     packs: int = 0
     batches: int = 0
-    packed_tokens: int = 0
+    packed_tokens: int = 0  # tokens the forward passes run (a cached pack's query is not among them)
     pairwise_tokens: int = 0
 
 
@@ -132,22 +135,48 @@ WorkPlan = PackedPlan | PairPlan
 def _group_packs(
     group_index: int, group: TokenizedGroup, cfg: ScoringConfig, limits: PlanLimits
 ) -> list[Pack]:
-    """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit."""
+    """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit.
+
+    With limits.cache_query, a group of several runs computes its query once (see _query_once_packs).
+    """
     valid = [i for i, ids in enumerate(group.item_ids) if ids is not None]
     if cfg.packing == "single" or group.item_first:
         return [single_pack(group.reference_sequence(i), ItemRef(group_index, i)) for i in valid]
+    if limits.cache_query:
+        # Empty items score at the query's last token: first, so that they land in the inline pack.
+        valid.sort(key=lambda i: len(group.item_ids[i]) > 0)
     item_lens = [len(group.item_ids[i]) for i in valid]
-    packs = []
-    for run in split_items(len(group.query_ids), item_lens, limits.max_pack_tokens):
-        indices = [valid[k] for k in run]
-        packs.append(
-            mis_pack(
-                group.query_ids,
-                [group.item_ids[i] for i in indices],
-                [ItemRef(group_index, i) for i in indices],
-                limits.delimiter_token_id,
-            )
-        )
+    runs = [
+        [valid[k] for k in run]
+        for run in split_items(len(group.query_ids), item_lens, limits.max_pack_tokens)
+    ]
+    if limits.cache_query and len(runs) > 1:
+        return _query_once_packs(group_index, group, runs, limits.delimiter_token_id)
+    return [_inline_pack(group_index, group, run, limits.delimiter_token_id) for run in runs]
+
+
+def _inline_pack(
+    group_index: int, group: TokenizedGroup, run: list[int], delimiter: int, query_key: int | None = None
+) -> Pack:
+    """The MIS pack of a run of a group's items, query inline."""
+    items = [group.item_ids[i] for i in run]
+    return mis_pack(group.query_ids, items, [ItemRef(group_index, i) for i in run], delimiter, query_key)
+
+
+def _query_once_packs(
+    group_index: int, group: TokenizedGroup, runs: list[list[int]], delimiter: int
+) -> list[Pack]:
+    """The first run inline (storing its query's K/V), later runs cached; a run with an empty item stays inline."""
+    cached = [all(group.item_ids[i] for i in run) for run in runs[1:]]  # empty items need the query inline
+    key = group_index if any(cached) else None
+    packs = [_inline_pack(group_index, group, runs[0], delimiter, key)]
+    for run, is_cached in zip(runs[1:], cached):
+        if not is_cached:
+            packs.append(_inline_pack(group_index, group, run, delimiter))
+            continue
+        items = [group.item_ids[i] for i in run]
+        refs = [ItemRef(group_index, i) for i in run]
+        packs.append(cached_mis_pack(len(group.query_ids), items, refs, delimiter, group_index))
     return packs
 
 
