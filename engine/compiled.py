@@ -94,9 +94,9 @@ class OpaquePlan:
     def __init__(self, plan) -> None:
         self.plan = plan
 
-    def attend(self, query, key, value, scaling, sliding_window, softcap=None):
-        """The wrapped plan's attend, run eagerly."""
-        return self.plan.attend(query, key, value, scaling, sliding_window, softcap)
+    def attend(self, query, key, value, scaling, sliding_window, softcap=None, **keywords):
+        """The wrapped plan's attend, run eagerly; keywords (the decoder layer's `layer`) are passed on as given."""
+        return self.plan.attend(query, key, value, scaling, sliding_window, softcap, **keywords)
 
 
 @functools.cache

@@ -9,11 +9,23 @@ PLAN_KWARG = "attention_plan"
 
 
 def _score_batch_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention function: delegate to the batch's plan passed down as a forward kwarg."""
+    """transformers attention function: delegate to the batch's plan passed down as a forward kwarg.
+
+    The module's layer_idx names the layer's entry in a QueryCache (queries computed once per group).
+    """
     plan: AttentionPlan | None = kwargs.get(PLAN_KWARG)
     if plan is None:
         raise RuntimeError(f"score_batch attention called without an {PLAN_KWARG!r} keyword")
-    return plan.attend(query, key, value, scaling, kwargs.get("sliding_window"), kwargs.get("softcap")), None
+    output = plan.attend(
+        query,
+        key,
+        value,
+        scaling,
+        kwargs.get("sliding_window"),
+        kwargs.get("softcap"),
+        layer=module.layer_idx,
+    )
+    return output, None
 
 
 def register_with_transformers() -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
+from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.batching import Batch
 
 
@@ -33,6 +34,8 @@ class Capabilities:
     sliding_window: bool = True
     max_pack_tokens: int | None = None  # None: no limit
     module: str | None = None  # a package it imports when it runs
+    # It runs packs whose query K/V come from a QueryCache (Pack.query_cached; PlanLimits.cache_query).
+    cached_query: bool = False
 
     def why_not(self, need: Workload) -> str | None:
         """Why the workload is out of these capabilities (None when it fits); imports are not tried here."""
@@ -63,8 +66,13 @@ class AttentionPlan(Protocol):
         scaling: float | None,
         sliding_window: int | None,
         softcap: float | None = None,
+        layer: int = 0,  # the decoder layer's index: the QueryCache entry of this layer
     ) -> torch.Tensor:  # [1, num_tokens, num_heads, head_dim]
-        """Attention of every batch token under the multi-item mask."""
+        """Attention of every batch token under the multi-item mask.
+
+        With a QueryCache, storing packs put this layer's query K/V first; cached packs' rows then attend
+        over [cached query K/V ; their own K/V] under the mask the inline pack would give.
+        """
         ...
 
 
@@ -74,6 +82,11 @@ class AttentionBackend(Protocol):
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
-    def plan(self, batch: Batch, device: torch.device) -> AttentionPlan:
-        """Build the per-batch plan from CPU metadata (the only host work per batch)."""
+    def plan(
+        self, batch: Batch, device: torch.device, query_cache: QueryCache | None = None
+    ) -> AttentionPlan:
+        """Build the per-batch plan from CPU metadata (the only host work per batch).
+
+        query_cache: the run's QueryCache; needed when the batch has a cached pack (Pack.query_cached).
+        """
         ...

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import torch
 from score_batch.engine.attention.base import Capabilities
+from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.batching import Batch
 from score_batch.engine.packing import QUERY_SEGMENT
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -79,8 +80,11 @@ class FlexPlan:
             )
         return self._block_masks[sliding_window]
 
-    def attend(self, query, key, value, scaling, sliding_window, softcap=None):
-        """One flex_attention call over the whole ragged batch (padded to its bucket when compiled)."""
+    def attend(self, query, key, value, scaling, sliding_window, softcap=None, layer=0):
+        """One flex_attention call over the whole ragged batch (padded to its bucket when compiled).
+
+        layer is accepted for the interface; flex runs every query inline (no QueryCache).
+        """
         block_mask = self._block_mask(sliding_window)
         num_tokens = query.shape[2]
         query, key, value = (self._padded(role, x) for role, x in (("q", query), ("k", key), ("v", value)))
@@ -131,6 +135,11 @@ class FlexBackend:
         self.flex_attention = torch.compile(flex_attention) if self.compiled else flex_attention
         self.create_block_mask = torch.compile(create_block_mask) if self.compiled else create_block_mask
 
-    def plan(self, batch: Batch, device: torch.device) -> FlexPlan:
-        """Build the block mask lazily on the first layer that asks."""
+    def plan(self, batch: Batch, device: torch.device, query_cache: QueryCache | None = None) -> FlexPlan:
+        """Build the block mask lazily on the first layer that asks; a batch with a cached pack is refused."""
+        if any(p.query_cached for p in batch.packs):
+            raise ValueError(
+                "the flex backend runs every query inline (Capabilities.cached_query is False), but this "
+                "batch has packs whose query K/V come from a QueryCache: plan with PlanLimits.cache_query=False"
+            )
         return FlexPlan(batch, device, self)

@@ -8,6 +8,9 @@ On the CPU (no soft-capping, no sliding window) an item row's attention is compu
 parts and merged exactly by their log-sum-exp: every item row against the query's K/V in one call, and
 each item causally against its own K/V. Nothing is copied per item, where the general path concatenates
 the query's K/V to every item's block and runs one masked SDPA.
+
+A cached pack (Pack.query_cached) holds no query rows: its items take the query's K/V of this layer from
+the run's QueryCache, where the group's storing pack put them, through the same two paths.
 """
 
 from __future__ import annotations
@@ -17,18 +20,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from score_batch.engine.attention.base import Capabilities
+from score_batch.engine.attention.query_cache import QueryCache, cached_query_kv, check_cache, store_query_kv
 from score_batch.engine.attention.softcap import attention, repeat_kv
 from score_batch.engine.batching import Batch
-from score_batch.engine.packing import attention_mask
+from score_batch.engine.packing import Pack, attention_mask
 
 
 @dataclass(frozen=True)
 class _PackLayout:
     """Index tensors of one pack in batch coordinates."""
 
-    query_start: int
+    pack: Pack
+    query_start: int  # batch row of the query's first token (of the first delimiter when cached)
     query_len: int
-    query_mask: torch.Tensor | None  # [q, q] bool, only when a sliding window applies
+    query_mask: torch.Tensor | None  # [q, q] bool, only when a sliding window applies (inline query)
     item_index: torch.Tensor | None  # [num_items, item_len] int64 rows of item tokens (clipped)
     item_rows: torch.Tensor | None  # [item_tokens] int64 batch rows of the real item tokens
     item_slots: torch.Tensor | None  # [item_tokens] int64 their places in the flattened [items * item_len]
@@ -41,13 +46,13 @@ def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: in
     start = int(batch.cu_seqlens[pack_id])
     q = pack.prefix_len
     query_mask = None
-    if sliding_window is not None:
+    if sliding_window is not None and not pack.query_cached:
         query_mask = torch.from_numpy(
             attention_mask(pack.segments[:q], pack.positions[:q], sliding_window)
         ).to(device)
     item_ids = [k for k in np.unique(pack.segments) if k >= 0]
     if not item_ids:
-        return _PackLayout(start, q, query_mask, None, None, None, None)
+        return _PackLayout(pack, start, q, query_mask, None, None, None, None)
     rows = [np.flatnonzero(pack.segments == k) for k in item_ids]
     width = max(len(r) for r in rows)
     index = np.zeros((len(rows), width), dtype=np.int64)
@@ -67,6 +72,7 @@ def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: in
     # Kept rows as integer indices built here: a boolean index on the device would sync per pack and layer.
     slots = np.flatnonzero(valid.reshape(-1))  # [item_tokens]
     return _PackLayout(
+        pack,
         start,
         q,
         query_mask,
@@ -104,15 +110,18 @@ def _attention_with_lse(query, key, value, scaling, causal):
 
 
 def _items_by_merged_parts(
-    q_all, k_all, v_all, query_rows: slice, layout: _PackLayout, scaling
+    q_all, k_all, v_all, k_query, v_query, layout: _PackLayout, scaling
 ) -> torch.Tensor:
-    """Attention output of a pack's real item tokens [heads, item_tokens, d], from two merged mask-free parts."""
+    """Attention output of a pack's real item tokens [heads, item_tokens, d], from two merged mask-free parts.
+
+    k_query, v_query: the pack's query K/V [kv_heads, q, d] (its own rows, or the cached ones).
+    """
     heads = q_all.shape[0]
     n, width = layout.item_index.shape
     flat = layout.item_index.reshape(-1)  # [n * width]
     q_items = q_all[:, flat]  # [heads, n * width, d]
-    k_query = repeat_kv(k_all[:, query_rows], heads)  # [heads, q, d]
-    v_query = repeat_kv(v_all[:, query_rows], heads)
+    k_query = repeat_kv(k_query, heads)  # [heads, q, d]
+    v_query = repeat_kv(v_query, heads)
     out_query, lse_query = _attention_with_lse(q_items[None], k_query[None], v_query[None], scaling, False)
 
     def blocks(t: torch.Tensor) -> torch.Tensor:  # [heads, n * width, d] -> [n, heads, width, d]
@@ -133,9 +142,11 @@ def _items_by_merged_parts(
 class SplitPlan:
     """Per-pack layouts, built lazily per sliding-window size and reused by every layer."""
 
-    def __init__(self, batch: Batch, device: torch.device) -> None:
+    def __init__(self, batch: Batch, device: torch.device, query_cache: QueryCache | None = None) -> None:
+        check_cache(batch, query_cache)
         self._batch = batch
         self._device = device
+        self._cache = query_cache
         self._layouts: dict[int | None, list[_PackLayout]] = {}
 
     def _pack_layouts(self, sliding_window: int | None) -> list[_PackLayout]:
@@ -145,46 +156,57 @@ class SplitPlan:
             ]
         return self._layouts[sliding_window]
 
-    def attend(self, query, key, value, scaling, sliding_window, softcap=None):
-        """Query block causal, item blocks against [query K/V ; own K/V]."""
+    def attend(self, query, key, value, scaling, sliding_window, softcap=None, layer=0):
+        """Query block causal, item blocks against [query K/V ; own K/V] (the query's K/V cached or inline)."""
+        store_query_kv(self._cache, self._batch, key, value, layer)
         q_all, k_all, v_all = query[0], key[0], value[0]  # [heads, num_tokens, head_dim]
         output = torch.zeros_like(q_all)
         for layout in self._pack_layouts(sliding_window):
-            s, e = layout.query_start, layout.query_start + layout.query_len
-            # 4-D views: with 3-D inputs the CPU SDPA dispatch falls back to its slow math kernel (~9x).
-            output[:, s:e] = attention(
-                query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], layout.query_mask, scaling, softcap
-            )[0]
+            if layout.pack.query_cached:
+                k_query, v_query = cached_query_kv(self._cache, layout.pack, layer)  # [kv_heads, q, d]
+            else:
+                s, e = layout.query_start, layout.query_start + layout.query_len
+                # 4-D views: with 3-D inputs the CPU SDPA dispatch falls back to its slow math kernel (~9x).
+                output[:, s:e] = attention(
+                    query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], layout.query_mask, scaling, softcap
+                )[0]
+                k_query, v_query = k_all[:, s:e], v_all[:, s:e]  # [kv_heads, q, d]
             if layout.item_index is None:
                 continue
             if merged_parts_apply(query, sliding_window, softcap):
                 output[:, layout.item_rows] = _items_by_merged_parts(
-                    q_all, k_all, v_all, slice(s, e), layout, scaling
+                    q_all, k_all, v_all, k_query, v_query, layout, scaling
                 )
                 continue
-            n, width = layout.item_index.shape
-            flat = layout.item_index.reshape(-1)
-            gather = _item_gather(flat, n, width)
-
-            k_items = torch.cat([k_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(k_all)], dim=2)
-            v_items = torch.cat([v_all[:, s:e].unsqueeze(0).expand(n, -1, -1, -1), gather(v_all)], dim=2)
-            out_items = attention(
-                gather(q_all), k_items, v_items, layout.item_mask, scaling, softcap
-            )  # [items, heads, width, head_dim]
-            out_flat = out_items.transpose(0, 1).reshape(q_all.shape[0], n * width, -1)  # [heads, n*width, d]
-            output[:, layout.item_rows] = out_flat[:, layout.item_slots]
+            output[:, layout.item_rows] = _items_by_mask(
+                q_all, k_all, v_all, k_query, v_query, layout, scaling, softcap
+            )
         return output.unsqueeze(0).transpose(1, 2)
+
+
+def _items_by_mask(q_all, k_all, v_all, k_query, v_query, layout: _PackLayout, scaling, softcap):
+    """Attention output of a pack's real item tokens [heads, item_tokens, d]: one masked SDPA per item block."""
+    n, width = layout.item_index.shape
+    gather = _item_gather(layout.item_index.reshape(-1), n, width)
+    k_items = torch.cat([k_query.unsqueeze(0).expand(n, -1, -1, -1), gather(k_all)], dim=2)
+    v_items = torch.cat([v_query.unsqueeze(0).expand(n, -1, -1, -1), gather(v_all)], dim=2)
+    # [items, kv_heads, q + width, d] keys and values; output [items, heads, width, head_dim]
+    out_items = attention(gather(q_all), k_items, v_items, layout.item_mask, scaling, softcap)
+    out_flat = out_items.transpose(0, 1).reshape(q_all.shape[0], n * width, -1)  # [heads, n*width, d]
+    return out_flat[:, layout.item_slots]
 
 
 class SplitBackend:
     """The MIS-structured SDPA backend (the CPU default)."""
 
     name = "split"
-    capabilities = Capabilities(devices=frozenset({"cpu", "cuda"}), auto_devices=frozenset({"cpu"}))
+    capabilities = Capabilities(
+        devices=frozenset({"cpu", "cuda"}), auto_devices=frozenset({"cpu"}), cached_query=True
+    )
 
     def __init__(self, device: torch.device) -> None:
         pass
 
-    def plan(self, batch: Batch, device: torch.device) -> SplitPlan:
+    def plan(self, batch: Batch, device: torch.device, query_cache: QueryCache | None = None) -> SplitPlan:
         """Layouts are built on first use by a layer."""
-        return SplitPlan(batch, device)
+        return SplitPlan(batch, device, query_cache)
