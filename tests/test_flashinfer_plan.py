@@ -1,6 +1,7 @@
 """FlashInfer multi-item metadata, built on the CPU, reproduces the reference mask exactly."""
 
 import numpy as np
+import pytest
 from score_batch.engine.attention.flashinfer_plan import build_metadata, kernel_mask, pack_item_positions
 from score_batch.engine.batching import collate
 from score_batch.engine.packing import ItemRef, attention_mask, mis_pack, single_pack
@@ -57,3 +58,114 @@ def test_vectorized_metadata_equals_a_per_token_count_on_random_batches():
                 expected.append(count)
             assert row.tolist() == expected + [0] * (len(row) - len(expected))
             assert row.max(initial=0) == meta.max_item_len[i]
+
+
+# Cached packs (the query computed once per group): the metadata FlashInferBackend(cache_query=True) plans.
+# packing's cached_mis_pack / pack_mask come with the query-once work; these tests skip without them.
+
+
+def _cached_api():
+    packing = pytest.importorskip("score_batch.engine.packing")
+    if not hasattr(packing, "cached_mis_pack"):
+        pytest.skip("engine.packing has no cached packs yet")
+    return packing
+
+
+def _group(query_len, item_lens, key=0, seed=0):
+    """(storing pack, cached pack, inline pack of the cached pack's items) of one group."""
+    packing = _cached_api()
+    rng = np.random.default_rng(seed)
+    query = [int(t) for t in rng.integers(1, 50, size=query_len)]
+    first = [[7] * 2]
+    items = [[int(t) for t in rng.integers(1, 50, size=n)] for n in item_lens]
+    refs = [ItemRef(key, i) for i in range(len(items))]
+    storing = packing.mis_pack(query, first, [ItemRef(key, 99)], 99, query_key=key)
+    cached = packing.cached_mis_pack(query_len, items, refs, 99, key)
+    return storing, cached, packing.mis_pack(query, items, refs, 99)
+
+
+def _request(meta, i):
+    """(prefix_len, token_pos_in_items row, qo_len, kv pages) of request i."""
+    width = meta.token_pos_in_items_len
+    qo = meta.qo_indptr[i + 1] - meta.qo_indptr[i]
+    pages = meta.kv_indices[meta.kv_indptr[i] : meta.kv_indptr[i + 1]]
+    return int(meta.prefix_len[i]), meta.token_pos_in_items[i * width : (i + 1) * width], int(qo), pages
+
+
+def test_cached_pack_kernel_mask_equals_the_reference_mask():
+    packing = _cached_api()
+    for query_len, item_lens in [(1, [1]), (3, [2, 1, 3]), (5, [4, 4, 1, 7]), (9, [1])]:
+        storing, cached, _ = _group(query_len, item_lens)
+        for batch_packs, index in (([storing, cached], 1), ([cached], 0)):  # same batch, a later batch
+            meta = build_metadata(collate(batch_packs))
+            prefix, positions, qo, pages = _request(meta, index)
+            assert prefix == query_len and qo == len(cached) and len(pages) == query_len + len(cached)
+            kernel = kernel_mask(prefix, positions, qo, len(pages))  # [len, q + len]
+            reference = packing.pack_mask(cached)  # [len, q + len]
+            rows = cached.segments != -2
+            assert (kernel[rows] == reference[rows]).all(), (query_len, item_lens)
+
+
+def test_cached_pack_pages_point_at_the_storing_pack_or_at_appended_cache_pages():
+    storing, cached, _ = _group(4, [2, 3])
+    other_storing, other_cached, _ = _group(3, [1], key=1)
+    same = build_metadata(collate([storing, cached]))
+    assert same.cached == () and same.pages == len(storing) + len(cached)
+    assert same.kv_indices[len(storing) :][:4].tolist() == [0, 1, 2, 3]  # the storing pack's query rows
+    assert [(s.key, s.start, s.length) for s in same.stored] == [(0, 0, 4)]
+    later = build_metadata(collate([cached, other_cached, cached]))
+    tokens = 2 * len(cached) + len(other_cached)
+    assert [(c.key, c.first_page, c.length) for c in later.cached] == [(0, tokens, 4), (1, tokens + 4, 3)]
+    assert later.pages == tokens + 7 and later.stored == ()
+    first, third = later.kv_indices[: 4 + len(cached)], later.kv_indices[-(4 + len(cached)) :]
+    assert first[:4].tolist() == third[:4].tolist() == list(range(tokens, tokens + 4))  # one copy per key
+    assert later.kv_indptr.tolist() == [
+        0,
+        4 + len(cached),
+        7 + len(cached) + len(other_cached),
+        len(later.kv_indices),
+    ]
+
+
+def _masked_attention(q, k, v, mask):
+    scores = q @ k.T / np.sqrt(q.shape[-1])
+    scores = np.where(mask, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return (weights / weights.sum(-1, keepdims=True)) @ v
+
+
+def test_cached_pages_under_the_kernel_rule_give_the_inline_packs_attention():
+    """A numpy model of the kernel (gather pages, kernel_mask, softmax) on a batch with cached packs equals
+    the inline pack's attention under the reference mask on every non-delimiter row."""
+    packing = _cached_api()
+    rng = np.random.default_rng(1)
+    storing, cached, inline = _group(6, [3, 1, 4], seed=2)
+    for batch_packs, index in (([storing, cached], 1), ([cached], 0)):
+        batch = collate(batch_packs)
+        meta = build_metadata(batch)
+        d = 8
+        q_rows, k_rows, v_rows = (rng.standard_normal((batch.num_tokens, d)) for _ in range(3))
+        query_kv = rng.standard_normal((2, 6, d))  # the group's query K/V (the storing pack's rows)
+        if index == 1:
+            k_rows[:6], v_rows[:6] = query_kv
+        k_pages, v_pages = (np.zeros((meta.pages, d)) for _ in range(2))
+        k_pages[: batch.num_tokens], v_pages[: batch.num_tokens] = k_rows, v_rows
+        for entry in meta.cached:  # what the plan copies from the QueryCache in every layer
+            k_pages[entry.first_page : entry.first_page + entry.length] = query_kv[0]
+            v_pages[entry.first_page : entry.first_page + entry.length] = query_kv[1]
+        prefix, positions, qo, pages = _request(meta, index)
+        start = meta.qo_indptr[index]
+        got = _masked_attention(
+            q_rows[start : start + qo],
+            k_pages[pages],
+            v_pages[pages],
+            kernel_mask(prefix, positions, qo, len(pages)),
+        )
+        # The inline pack: the same query K/V in front of the cached pack's own rows.
+        inline_k = np.concatenate([query_kv[0], k_rows[start : start + qo]])
+        inline_v = np.concatenate([query_kv[1], v_rows[start : start + qo]])
+        inline_q = np.concatenate([np.zeros((6, d)), q_rows[start : start + qo]])
+        mask = packing.attention_mask(inline.segments, inline.positions)
+        expected = _masked_attention(inline_q, inline_k, inline_v, mask)[6:]
+        rows = cached.segments != -2
+        assert np.allclose(got[rows], expected[rows]), index
