@@ -43,6 +43,7 @@ class ModelInfo:
     attention_softcap: float | None = None  # Gemma 2 attention-logit soft-capping
     sliding_window: int | None = None  # window of the sliding-attention layers, if any
     max_length: int | None = None  # longest sequence the model's positions allow
+    native_refusal: str | None = "not read"  # why the native decoder layers cannot run it; None: they can
 
     @property
     def packings(self) -> tuple[str, ...]:
@@ -78,6 +79,9 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         max_positions -= 2
     if max_positions and not encoder:
         max_positions = _scaled_position_limit(text_config, max_positions)
+    native_refusal = "an encoder runs as padded pairs through its own modeling code" if encoder else None
+    if native_refusal is None:
+        native_refusal = _native_refusal(config, path, architecture, trust_remote_code)
     uses_windows = "sliding_attention" in layer_types or (
         not layer_types and getattr(text_config, "use_sliding_window", True)
     )
@@ -96,7 +100,21 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         attention_softcap=getattr(text_config, "attn_logit_softcapping", None),
         sliding_window=getattr(text_config, "sliding_window", None) if uses_windows and not encoder else None,
         max_length=max_positions,
+        native_refusal=native_refusal,
     )
+
+
+def _native_refusal(config, path: Path, architecture: str, trust_remote_code: bool) -> str | None:
+    """Why the native layers cannot run this model: its config (engine/native/spec.py), or pickle-only weights."""
+    from score_batch.engine.model_source import SAFETENSORS_INDEX
+    from score_batch.engine.native.spec import native_refusal
+
+    refusal = native_refusal(config, architecture, trust_remote_code)
+    if refusal is None and not any(
+        (path / name).exists() for name in ("model.safetensors", SAFETENSORS_INDEX)
+    ):
+        refusal = "its weights are not safetensors (pickle weights load through transformers)"
+    return refusal
 
 
 # RoPE scalings that extend a model's context past the max_position_embeddings it was trained with.
@@ -134,6 +152,20 @@ class LoadedModel:
     backbone: torch.nn.Module
     head: torch.nn.Module
     final_logit_softcap: float | None
+    native: bool = (
+        False  # the backbone is engine/native's decoder: (ids, positions, max_position, plan, rows) → rows
+    )
+
+    def hidden_rows(self, input_ids, positions, max_position: int, plan, rows):
+        """Final hidden states [rows, hidden] of a ragged batch: ids and positions [tokens], rows [rows]."""
+        if self.native:
+            return self.backbone(input_ids, positions, max_position, plan, rows)
+        from score_batch.engine.attention import PLAN_KWARG
+
+        output = self.backbone(
+            input_ids=input_ids[None], position_ids=positions[None], use_cache=False, **{PLAN_KWARG: plan}
+        )
+        return output.last_hidden_state[0, rows]
 
 
 # Files a Hugging Face tokenizer is built from; a directory with none of them has no tokenizer.
@@ -177,13 +209,21 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 
 
 def load_model(
-    info: ModelInfo, dtype: torch.dtype, device: torch.device, trust_remote_code: bool, allow_pickle: bool
+    info: ModelInfo,
+    dtype: torch.dtype,
+    device: torch.device,
+    trust_remote_code: bool,
+    allow_pickle: bool,
+    layers: str = "transformers",
+    ops: str = "torch",
 ) -> LoadedModel:
-    """Load weights (safetensors unless allow_pickle); decoders get our attention function plugged in."""
+    """Load weights (safetensors unless allow_pickle): native layers (layers="native") or transformers' model."""
+    weights = check_weight_files(info.path)  # headers only: a damaged file is named before a long load
+    if layers == "native":
+        return _load_native(info, dtype, device, ops, trust_remote_code)
     from score_batch.engine.attention import HF_ATTENTION_NAME, register_with_transformers
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    weights = check_weight_files(info.path)  # headers only: a damaged file is named before a long load
     has_safetensors = weights == "safetensors"
     if not has_safetensors and not allow_pickle:
         raise SettingError(
@@ -223,6 +263,23 @@ def load_model(
             raise ScoringInputError(f"cannot find the classification head of {info.architecture}")
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
     return LoadedModel(info=info, model=model, backbone=backbone, head=head, final_logit_softcap=softcap)
+
+
+def _load_native(
+    info: ModelInfo, dtype: torch.dtype, device: torch.device, ops: str, trust_remote_code: bool
+):
+    """The native decoder and its head, straight from the safetensors files."""
+    from score_batch.engine.native.load import load_native
+
+    try:
+        backbone, head, _ = load_native(
+            info.path, info.kind, info.num_labels, dtype, device, ops, trust_remote_code
+        )
+    except (OSError, SafetensorError, KeyError, ValueError) as error:
+        raise ScoringInputError(f"cannot load the weights of model {str(info.path)!r}: {error}") from error
+    return LoadedModel(
+        info=info, model=backbone, backbone=backbone, head=head, final_logit_softcap=None, native=True
+    )
 
 
 def _is_checkpoint_error(error: RuntimeError) -> bool:

@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from score_batch.engine.attention import PLAN_KWARG
 from score_batch.engine.attention.registry import make_backend
 from score_batch.engine.batching import Batch, collate
 from score_batch.engine.compiled import OpaquePlan, compile_backbone
@@ -41,7 +40,7 @@ class PackedRunner:
         self._label_ids = torch.tensor(setup.label_ids, dtype=torch.long, device=setup.device)
         self.compiled: list[str] = []  # the backbone modules torch.compile runs (EngineConfig.compile)
         if compile:
-            self.compiled = compile_backbone(model.backbone)
+            self.compiled = compile_backbone(model.backbone, 0 if model.native else 1)
             if not self.compiled:
                 raise SettingError(
                     "EngineConfig.compile",
@@ -112,18 +111,16 @@ class PackedRunner:
     def _forward(self, batch: Batch) -> Outputs:
         """One prefill-only forward over a ragged batch; heads run on the score rows only."""
         device = self.setup.device
-        input_ids = torch.from_numpy(batch.token_ids).to(device, non_blocking=True)[None]  # [1, num_tokens]
-        position_ids = torch.from_numpy(batch.positions).to(device, non_blocking=True)[
-            None
-        ]  # [1, num_tokens]
+        input_ids = torch.from_numpy(batch.token_ids).to(device, non_blocking=True)  # [num_tokens]
+        positions = torch.from_numpy(batch.positions).to(device, non_blocking=True)  # [num_tokens]
         score_rows = torch.from_numpy(batch.score_rows).to(device, non_blocking=True)  # [num_items]
         plan = self.backend.plan(batch, device)
         if self.compiled:
             plan = OpaquePlan(plan)  # compiled attention modules break their graph at attend, untraced
-        output = self.model.backbone(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False, **{PLAN_KWARG: plan}
-        )
-        rows = output.last_hidden_state[0, score_rows]  # [num_items, hidden]
+        max_position = int(batch.positions.max())  # host metadata: no device sync
+        rows = self.model.hidden_rows(
+            input_ids, positions, max_position, plan, score_rows
+        )  # [num_items, hidden]
         cfg = self.cfg
         head = self.model.head
         if self.setup.info.kind == "causal":

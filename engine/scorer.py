@@ -376,9 +376,23 @@ class Scorer:
 def _load_runner(model: str | Path, config: EngineConfig) -> Runner:
     """Resolve the setup, load the weights and build the runner the model needs (chosen once, here)."""
     planner, setup = load_planner(model, config)
-    loaded = load_model(setup.info, setup.dtype, setup.device, config.trust_remote_code, config.allow_pickle)
+    loaded = load_model(
+        setup.info,
+        setup.dtype,
+        setup.device,
+        config.trust_remote_code,
+        config.allow_pickle,
+        setup.layers,
+        setup.ops,
+    )
     log.info(
-        "loaded %s on %s (%s, backend %s)", setup.info.architecture, setup.device, setup.dtype, setup.backend
+        "loaded %s on %s (%s, backend %s, %s layers%s)",
+        setup.info.architecture,
+        setup.device,
+        setup.dtype,
+        setup.backend,
+        setup.layers,
+        f", {setup.ops} ops" if setup.layers == "native" else "",
     )
     if setup.runner == "pairs":
         return PairRunner(loaded, planner, setup)

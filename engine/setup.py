@@ -6,13 +6,14 @@ Everything here runs before any weight loads (dry runs and the Ray driver use it
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from score_batch.engine.activation import ResolvedActivation, model_activation_fn, resolve_activation
 from score_batch.engine.attention.base import Workload
-from score_batch.engine.attention.registry import select_backend
+from score_batch.engine.attention.registry import import_failure, select_backend
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model_source import resolve_model_dir
@@ -49,6 +50,10 @@ class ResolvedSetup:
     packing: Literal["mis", "single"]  # resolved from "auto"
     activation: ResolvedActivation = ResolvedActivation("none", "not resolved")
     runner: RunnerKind = "packed"
+    layers: Literal["native", "transformers"] = (
+        "transformers"  # whose decoder layers run (engine/native or HF)
+    )
+    ops: Literal["torch", "flashinfer", "none"] = "none"  # the native layers' element-wise kernels
 
 
 def resolve_device(name: str) -> torch.device:
@@ -137,6 +142,58 @@ def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype:
     return select_backend(config.backend, need)
 
 
+def resolve_layers(info: ModelInfo, config: EngineConfig) -> Literal["native", "transformers"]:
+    """native when asked for or when auto finds the model fully implemented there; else transformers (logged once)."""
+    if config.layers == "transformers":
+        return "transformers"
+    if info.native_refusal is not None:
+        if config.layers == "native":
+            raise SettingError(
+                "EngineConfig.layers", config.layers, f"cannot run {info.architecture}: {info.native_refusal}"
+            )
+        log.info(
+            "decoder layers: transformers' %s (no native layers: %s)", info.architecture, info.native_refusal
+        )
+        return "transformers"
+    return "native"
+
+
+def resolve_ops(
+    config: EngineConfig,
+    layers: str,
+    device: torch.device,
+    import_error: Callable[[str], str | None] = import_failure,
+) -> Literal["torch", "flashinfer", "none"]:
+    """The native layers' kernels: auto → flashinfer on CUDA when it imports (torch under compile), else torch."""
+    from score_batch.engine.native.ops import OPS_MODULE
+
+    if layers != "native":
+        if config.ops != "auto":
+            log.warning(
+                "ops=%s applies to native decoder layers only; this model runs transformers' layers",
+                config.ops,
+            )
+        return "none"
+    if config.ops == "torch":
+        return "torch"
+    if config.ops == "flashinfer":
+        if config.compile:
+            raise SettingError(
+                "EngineConfig.ops",
+                config.ops,
+                "cannot be combined with compile, which compiles the torch ops",
+            )
+        if device.type != "cuda":
+            raise SettingError("EngineConfig.ops", config.ops, f"runs on CUDA only, not on {device.type}")
+        failure = import_error(OPS_MODULE)
+        if failure is not None:
+            raise SettingError("EngineConfig.ops", config.ops, f"cannot import {OPS_MODULE} ({failure})")
+        return "flashinfer"
+    if device.type == "cuda" and not config.compile and import_error(OPS_MODULE) is None:
+        return "flashinfer"
+    return "torch"
+
+
 def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
     """Check the model against the config and resolve devices, budgets, packing, labels and activation."""
     cfg = config.scoring
@@ -161,8 +218,10 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
     dtype = resolve_dtype(config.dtype, device)
     backend = _backend(info, config, device, dtype)
     runner: RunnerKind = "pairs" if info.encoder else "packed"
+    layers = resolve_layers(info, config)
+    ops = resolve_ops(config, layers, device)
     return ResolvedSetup(
-        info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner
+        info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner, layers, ops
     )
 
 

@@ -50,6 +50,10 @@ class RunReport:
     device: str = ""
     dtype: str = ""  # as resolved (--dtype auto: bfloat16 on CUDA, float32 on CPU)
     packing: str = ""  # as resolved: mis (one packed sequence per query) or single (one item per sequence)
+    layers: str = ""  # as resolved: native (engine/native) or transformers (its modeling code)
+    ops: str = (
+        ""  # the native layers' element-wise kernels: torch or flashinfer; none for transformers layers
+    )
     dry_run: bool = False
     already_complete: bool = False  # --resume found the output complete for the same model, settings, input
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
@@ -63,6 +67,7 @@ class RunReport:
         """The engine settings as resolved for this model and machine (an engine.setup.ResolvedSetup)."""
         self.backend, self.device = setup.backend, str(setup.device)
         self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
+        self.layers, self.ops = setup.layers, setup.ops
 
     def add_plan(self, stats) -> None:
         """Add one window's planning counts (groups, packs, batches, tokens)."""

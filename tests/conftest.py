@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -20,9 +21,10 @@ class ModelZoo:
 
     def get(self, family: str, kind: str, add_bos: bool = False, **overrides) -> Path:
         """A model dir (weights + tokenizer) of a family and kind; cached by arguments."""
-        key = (family, kind, add_bos, tuple(sorted(overrides.items())))
+        key = (family, kind, add_bos, tuple(sorted((k, repr(v)) for k, v in overrides.items())))
         if key not in self._dirs:
             name = "-".join(str(k) for k in key[:3]) + "".join(f"-{k}{v}" for k, v in key[3])
+            name = re.sub(r"[^A-Za-z0-9._-]+", "_", name)  # dict values (rope_scaling) in a directory name
             path = self.root / name
             tokenizer = build_tokenizer(path, add_bos=add_bos, pair_style=ENCODER_PAIR_STYLES.get(family))
             build_model(path, family, kind, vocab_size=len(tokenizer), **overrides)

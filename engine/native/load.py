@@ -1,0 +1,54 @@
+"""Build a native decoder and its score head from a model directory: config, meta-built modules, checkpoint tensors."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from score_batch.engine.native.layers import Linear, NativeDecoder
+from score_batch.engine.native.ops import make_ops
+from score_batch.engine.native.rope import RopeCache, inverse_frequencies
+from score_batch.engine.native.spec import DecoderSpec, decoder_spec
+from score_batch.engine.native.weights import CheckpointReader, backbone_prefix, load_parameters
+
+log = logging.getLogger(__name__)
+
+
+def read_config(model_dir: Path, trust_remote_code: bool):
+    """transformers' config object of a model directory (configuration code only, no modeling module)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
+
+
+def load_native(
+    model_dir: Path,
+    kind: str,
+    num_labels: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    ops_name: str,
+    trust_remote_code: bool,
+) -> tuple[NativeDecoder, Linear, DecoderSpec]:
+    """(backbone, head, spec): the head is the LM head (kind 'causal') or the classifier's `score`."""
+    config = read_config(model_dir, trust_remote_code)
+    spec = decoder_spec(config)
+    inv_freq, scaling = inverse_frequencies(config, spec.head_dim)
+    ops = make_ops(ops_name, device)
+    rope = RopeCache(inv_freq, scaling, device)
+    backbone = NativeDecoder(spec, ops, rope)  # meta placeholders, each replaced by a checkpoint tensor
+    head = Linear(spec.hidden_size, spec.vocab_size if kind == "causal" else num_labels, bias=False)
+    reader = CheckpointReader(model_dir, dtype, device)
+    prefix = backbone_prefix(reader)
+    tied = kind == "causal" and spec.tie_word_embeddings
+    head_source = None if tied else ("lm_head.weight" if kind == "causal" else "score.weight")
+    load_parameters(backbone, reader, prefix, None if tied else (head, head_source), str(model_dir))
+    if tied:
+        head.weight = backbone.embed_tokens.weight
+    backbone.eval()
+    head.eval()
+    log.debug(
+        "native %s layers: %d, ops %s, rope %s", spec.model_type, spec.num_layers, ops.name, spec.rope_type
+    )
+    return backbone, head, spec
