@@ -58,25 +58,28 @@ def compilable_modules(backbone: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def _token_dynamic(compiled):
+def _token_dynamic(compiled, token_dim: int):
     """The module's new forward: its tensor inputs' token dimension marked dynamic, then the compiled forward."""
 
     def forward(*args, **kwargs):
         for value in (*args, *kwargs.values()):
             for tensor in value if isinstance(value, tuple) else (value,):  # position_embeddings = (cos, sin)
-                if isinstance(tensor, torch.Tensor) and tensor.dim() > TOKEN_DIM:
-                    torch._dynamo.maybe_mark_dynamic(tensor, TOKEN_DIM)
+                if isinstance(tensor, torch.Tensor) and tensor.dim() > token_dim:
+                    torch._dynamo.maybe_mark_dynamic(tensor, token_dim)
         return compiled(*args, **kwargs)
 
     return forward
 
 
-def compile_backbone(backbone: nn.Module) -> list[str]:
-    """Compile the backbone's norms, dense MLPs and attention modules in place; their names."""
+def compile_backbone(backbone: nn.Module, token_dim: int = TOKEN_DIM) -> list[str]:
+    """Compile the backbone's norms, dense MLPs and attention modules in place; their names.
+
+    token_dim: 1 for transformers' [1, tokens, …] tensors, 0 for the native layers' [tokens, …].
+    """
     modules = compilable_modules(backbone)
     for _, module in modules:
         # The bound eager forward, compiled; the instance's forward attribute then shadows the class's.
-        module.forward = _token_dynamic(torch.compile(module.forward))
+        module.forward = _token_dynamic(torch.compile(module.forward), token_dim)
     return [name for name, _ in modules]
 
 
