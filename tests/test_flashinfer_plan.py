@@ -169,3 +169,91 @@ def test_cached_pages_under_the_kernel_rule_give_the_inline_packs_attention():
         expected = _masked_attention(inline_q, inline_k, inline_v, mask)[6:]
         rows = cached.segments != -2
         assert np.allclose(got[rows], expected[rows]), index
+
+
+class _RecordingWrapper:
+    """plan/run of BatchPrefillWithPagedKVCacheWrapper that records the paged K/V each layer runs with."""
+
+    def __init__(self):
+        self.plans, self.pages = [], []
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, *args, **kwargs):
+        self.plans.append((qo_indptr.tolist(), kv_indptr.tolist(), kv_indices.tolist()))
+
+    def run(self, q, paged_kv_cache, out=None):
+        self.pages.append(tuple(t.clone() for t in paged_kv_cache))
+        return out
+
+
+class _DictCache:
+    """QueryCache's put/get (engine/attention/query_cache.py)."""
+
+    def __init__(self):
+        self.entries = {}
+
+    def put(self, key, layer, value):
+        self.entries[(key, layer)] = value
+
+    def get(self, key, layer):
+        return self.entries[(key, layer)]
+
+
+def test_plan_puts_the_storing_packs_query_and_copies_it_into_a_later_batchs_pages():
+    import torch
+    from score_batch.engine.attention.flashinfer import FlashInferPlan
+
+    storing, cached, _ = _group(4, [2, 3])
+    cache, cpu = _DictCache(), torch.device("cpu")
+    first, second = collate([storing]), collate([cached])
+    wrapper = _RecordingWrapper()
+    kv = {}
+    for batch in (first, second):
+        plan = FlashInferPlan(wrapper, build_metadata(batch), cpu, query_cache=cache)
+        n = batch.num_tokens
+        for layer in range(2):
+            q = torch.randn(1, 4, n, 8)  # [1, heads, tokens, head_dim]
+            k, v = torch.randn(2, 1, 2, n, 8).unbind(0)  # [1, kv_heads, tokens, head_dim]
+            kv[(batch is first, layer)] = (k, v)
+            plan.attend(q, k, v, None, None, layer=layer)
+    assert sorted(cache.entries) == [(0, 0), (0, 1)]
+    for layer in range(2):
+        stored_k, stored_v = cache.get(0, layer)  # [q, 1, kv_heads, head_dim] copies
+        k, v = kv[(True, layer)]
+        assert torch.equal(stored_k[:, 0], k[0, :, :4].transpose(0, 1))
+        assert torch.equal(stored_v[:, 0], v[0, :, :4].transpose(0, 1))
+        pages_k, pages_v = wrapper.pages[2 + layer]  # the cached batch: own pages, then the query's
+        own_k, own_v = kv[(False, layer)]
+        assert pages_k.shape[0] == len(cached) + 4
+        assert torch.equal(pages_k[: len(cached), 0], own_k[0].transpose(0, 1))
+        assert torch.equal(pages_v[: len(cached), 0], own_v[0].transpose(0, 1))
+        assert torch.equal(pages_k[len(cached) :], stored_k) and torch.equal(pages_v[len(cached) :], stored_v)
+    assert wrapper.plans[1][2][:4] == list(range(len(cached), len(cached) + 4))  # query pages first
+
+
+def test_backend_refuses_cached_packs_unless_turned_on():
+    import torch
+    from score_batch.engine.attention import flashinfer as fi
+
+    _, cached, _ = _group(3, [1])
+    backend = object.__new__(fi.FlashInferBackend)  # no flashinfer import: plan() needs none
+    backend._wrapper, backend._split_kv, backend._cache_query = None, fi.SplitKv(), False
+    with pytest.raises(ValueError, match="cache_query=True"):
+        backend.plan(collate([cached]), torch.device("cpu"), _DictCache())
+    backend._cache_query = True
+    with pytest.raises(ValueError, match="QueryCache"):
+        backend.plan(collate([cached]), torch.device("cpu"))
+    assert backend.plan(collate([cached]), torch.device("cpu"), _DictCache())._meta.cached
+    assert fi.FlashInferBackend.capabilities.cached_query is False  # what setup reads: off by default
+
+
+def test_fa3_refuses_split_kv_settings_and_unknown_kernels():
+    import torch
+    from score_batch.engine.attention.flashinfer import SplitKv, check_kernel
+
+    with pytest.raises(ValueError, match="one of fa2, fa3"):
+        check_kernel("fa4", SplitKv(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="split-KV"):
+        check_kernel("fa3", SplitKv(disable=True), torch.device("cpu"))
+    with pytest.raises(ValueError, match="Hopper"):
+        check_kernel("fa3", SplitKv(), torch.device("cpu"))
+    check_kernel("fa2", SplitKv(fixed_size=512), torch.device("cpu"))
