@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.attention.registry import make_backend
 from score_batch.engine.batching import Batch, collate
 from score_batch.engine.compiled import OpaquePlan, compile_backbone
@@ -76,9 +77,11 @@ class PackedRunner:
             self.setup.info.hidden_size if cfg.pooled_hidden_states else None,
         )
         rescored = 0
+        cache = QueryCache(plan.batches)  # the queries of groups whose later packs run without them
         with torch.inference_mode():
             for batch in plan.batches:
-                raw, scores, pooled = self._forward(batch)
+                raw, scores, pooled = self._forward(batch, cache)
+                cache.release(batch)
                 bad = non_finite_rows(raw)  # [rows]
                 row = 0
                 for pack in batch.packs:
@@ -108,13 +111,13 @@ class PackedRunner:
         else:
             table.put(ref, raw[0], scores[0], None if pooled is None else pooled[0])
 
-    def _forward(self, batch: Batch) -> Outputs:
+    def _forward(self, batch: Batch, cache: QueryCache | None = None) -> Outputs:
         """One prefill-only forward over a ragged batch; heads run on the score rows only."""
         device = self.setup.device
         input_ids = torch.from_numpy(batch.token_ids).to(device, non_blocking=True)  # [num_tokens]
         positions = torch.from_numpy(batch.positions).to(device, non_blocking=True)  # [num_tokens]
         score_rows = torch.from_numpy(batch.score_rows).to(device, non_blocking=True)  # [num_items]
-        plan = self.backend.plan(batch, device)
+        plan = self.backend.plan(batch, device, cache)
         if self.compiled:
             plan = OpaquePlan(plan)  # compiled attention modules break their graph at attend, untraced
         max_position = int(batch.positions.max())  # host metadata: no device sync

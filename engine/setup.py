@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from score_batch.engine.activation import ResolvedActivation, model_activation_fn, resolve_activation
 from score_batch.engine.attention.base import Workload
-from score_batch.engine.attention.registry import import_failure, select_backend
+from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failure, select_backend
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model_source import resolve_model_dir
@@ -205,6 +205,8 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
     _check_scores(info, cfg, num_scores)
     activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
+    dtype = resolve_dtype(config.dtype, device)
+    backend = _backend(info, config, device, dtype)
     limits = PlanLimits(
         max_pack_tokens=config.max_pack_tokens,
         max_batch_tokens=config.max_batch_tokens or DEFAULT_BATCH_TOKENS[device.type],
@@ -214,9 +216,9 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         pair_max_length=_pair_max_length(info, cfg, config),
         pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
         max_positions=None if info.encoder else info.max_length,
+        # The query computed once per group where the backend attends over cached query K/V.
+        cache_query=backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.cached_query,
     )
-    dtype = resolve_dtype(config.dtype, device)
-    backend = _backend(info, config, device, dtype)
     runner: RunnerKind = "pairs" if info.encoder else "packed"
     layers = resolve_layers(info, config)
     ops = resolve_ops(config, layers, device)
