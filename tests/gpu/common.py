@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
+import torch
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 
 from tests.reference import reference_scores, tokenizer
@@ -16,6 +18,8 @@ LABELS = (" to", " the")
 BF16_VS_FP32 = 5e-2
 COMPILED_VS_EAGER = 1e-2  # the same bf16 kernels with and without torch.compile around them
 MODEL = dict(head_dim=128, num_attention_heads=16, num_key_value_heads=8, hidden_size=256)
+KERNELS = ("fa2", "fa3")  # FlashInferBackend(kernel=...); fa3 runs on Hopper (sm90) only
+CUDA = torch.device("cuda")
 
 
 def scorer(model_dir, backend: str, dtype: str = "bfloat16", compile: bool = False, **engine) -> Scorer:
@@ -29,6 +33,23 @@ def scorer(model_dir, backend: str, dtype: str = "bfloat16", compile: bool = Fal
         **engine,
     )
     return Scorer.from_pretrained(model_dir, config)
+
+
+def need_kernel(kernel: str) -> None:
+    """Skip an FA3 case off Hopper (FlashInfer builds FA3 for sm90 only)."""
+    if kernel == "fa3" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("FlashInfer's FA3 kernels run on Hopper (sm90) only")
+
+
+def flashinfer_scorer(model_dir, kernel: str = "fa2", **backend) -> Scorer:
+    """A bf16 flashinfer scorer whose runner uses FlashInferBackend(kernel=..., **backend)."""
+    from score_batch.engine.attention.flashinfer import FlashInferBackend
+
+    need_kernel(kernel)
+    run = scorer(model_dir, "flashinfer")
+    if kernel != "fa2" or backend:
+        run._runner.backend = FlashInferBackend(CUDA, kernel=kernel, **backend)  # Scorer.backend is read-only
+    return run
 
 
 def token_groups(

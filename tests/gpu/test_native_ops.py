@@ -1,0 +1,81 @@
+"""The native decoder layers' kernels on CUDA: FlashInferOps equal TorchOps (RMSNorm, fused add + RMSNorm,
+RoPE in place from the float32 cos/sin cache, SiLU·mul), and native layers with either ops score as fp32
+plain HF. Skipped while engine/native is absent or refuses the model (work in progress elsewhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.need import need_gpu
+
+pytestmark = pytest.mark.gpu
+need_gpu("flashinfer")
+
+from score_batch.engine.errors import SettingError  # noqa: E402
+
+from tests.gpu.common import BF16_VS_FP32, CUDA, MODEL, hf_reference, max_diff, scorer, token_groups  # noqa: E402
+
+BF16_OPS = dict(rtol=2e-2, atol=2e-2)  # two bf16 roundings of the same float32 arithmetic
+
+
+@pytest.fixture(scope="module")
+def ops():
+    native = pytest.importorskip("score_batch.engine.native.ops")
+    return native.make_ops("torch", CUDA), native.make_ops("flashinfer", CUDA)
+
+
+@pytest.fixture(scope="module")
+def model_dir(zoo):
+    return zoo.get("qwen3", "causal", **MODEL)
+
+
+def test_flashinfer_norms_equal_torch_norms(ops):
+    reference, fused = ops
+    torch.manual_seed(0)
+    x, residual = torch.randn(2, 333, 1024, device=CUDA, dtype=torch.bfloat16).unbind(0)  # [tokens, hidden]
+    weight = torch.rand(1024, device=CUDA, dtype=torch.bfloat16) + 0.5
+    torch.testing.assert_close(
+        fused.rms_norm(x.clone(), weight, 1e-6), reference.rms_norm(x, weight, 1e-6), **BF16_OPS
+    )
+    got = fused.add_rms_norm(x.clone(), residual.clone(), weight, 1e-6)  # in place on its inputs
+    want = reference.add_rms_norm(x.clone(), residual.clone(), weight, 1e-6)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **BF16_OPS)
+    heads = x[:, :256].reshape(333, 2, 128)  # q/k norms: rows of strided heads
+    torch.testing.assert_close(
+        fused.rms_norm(heads, weight[:128], 1e-6), reference.rms_norm(heads, weight[:128], 1e-6), **BF16_OPS
+    )
+
+
+def test_flashinfer_rope_and_silu_mul_equal_torch(ops):
+    reference, fused = ops
+    torch.manual_seed(1)
+    positions = torch.cat([torch.arange(300), torch.arange(299, 340), torch.arange(299, 320)]).to(
+        CUDA
+    )  # restarts
+    tokens, d = positions.shape[0], 128
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=CUDA, dtype=torch.float32) / d))
+    angles = torch.arange(512, device=CUDA, dtype=torch.float32)[:, None] * inv_freq  # [positions, d / 2]
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)  # [positions, d] float32: cos half, sin half
+    qkv = torch.randn(tokens, (16 + 2 * 8) * d, device=CUDA, dtype=torch.bfloat16)  # strided q and k views
+    results = []
+    for kernel in (reference, fused):
+        q, k, _ = qkv.clone().split([16 * d, 8 * d, 8 * d], dim=-1)
+        kernel.rope(positions, q, k, cos_sin, d)
+        results.append((q, k))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **BF16_OPS)
+    gate_up = torch.randn(tokens, 2 * 3072, device=CUDA, dtype=torch.bfloat16)
+    torch.testing.assert_close(fused.silu_mul(gate_up), reference.silu_mul(gate_up), **BF16_OPS)
+
+
+@pytest.mark.parametrize("kind", ["torch", "flashinfer"])
+def test_native_layers_score_as_fp32_plain_hf(model_dir, kind):
+    groups = token_groups(9, groups=3, query=(100, 300), items=5, item=(1, 130))
+    try:
+        run = scorer(model_dir, "flashinfer", layers="native", ops=kind)
+    except SettingError as refused:
+        pytest.skip(f"native layers refused: {refused}")
+    assert getattr(run.setup, "layers", "native") == "native" and getattr(run.setup, "ops", kind) == kind
+    assert max_diff(run.score(groups), hf_reference(model_dir, groups)) <= BF16_VS_FP32
