@@ -104,9 +104,13 @@ def hf_prepare(tokenizer, groups: list[Group], batch_size: int = 32) -> list[HfB
     return batches
 
 
-def hf_run(model, batches: list[HfBatch], groups: list[Group], kind: str, label_ids):
+def hf_run(
+    model, batches: list[HfBatch], groups: list[Group], kind: str, label_ids, label_softmax: bool = False
+):
     """The plain-HF forward of prepared batches: host tensors in, host scores out (the head at the last real token).
 
+    Causal scores are the label tokens' probabilities over the whole vocabulary, or with label_softmax the
+    softmax over the label tokens' logits alone (ScoringConfig.apply_softmax).
     Returns (scores per group [items, num_scores], tokens run including padding).
     """
     num_scores = len(label_ids) if kind == "causal" else model.config.num_labels
@@ -122,7 +126,12 @@ def hf_run(model, batches: list[HfBatch], groups: list[Group], kind: str, label_
             hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state  # [rows, width, hidden]
             last = hidden[torch.arange(len(batch.refs), device=device), mask.sum(1) - 1]  # [rows, hidden]
             logits = head(last).float()
-            scores = torch.log_softmax(logits, -1)[:, list(label_ids)].exp() if kind == "causal" else logits
+            if kind != "causal":
+                scores = logits
+            elif label_softmax:
+                scores = torch.softmax(logits[:, list(label_ids)], -1)
+            else:
+                scores = torch.log_softmax(logits, -1)[:, list(label_ids)].exp()
             scores = scores.cpu().numpy()  # [rows, num_scores]
             for row, (g, i) in enumerate(batch.refs):
                 out[g][i] = scores[row]

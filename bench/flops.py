@@ -5,7 +5,11 @@ softmax left out). Attention FLOPs: per layer, per query head and per attended (
 QKᵀ and 2·d for PV. Attended pairs are those the mask allows (docs/semantics.md, Attention mask): a
 causal sequence of L tokens has L(L+1)/2; in a multi-item pack a query token i sees i + 1 keys, a
 delimiter sees the Q query tokens, and the j-th token of an item sees the query and j item tokens.
-Padding is no useful work and is not counted.
+Padding is no useful work and is not counted in attended pairs.
+
+MFU is reported on the tokens run (MFU_BASIS): every token that goes through every layer, the multi-item
+delimiters and plain HF's padding included, since the GPU computes them all; `mfu_dense_useful` counts only
+query and item tokens (delimiters and padding out), the work a user asked for.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 QUERY_SEGMENT, DELIMITER_SEGMENT = -1, -2  # as engine/packing.py
+MFU_BASIS = (
+    "mfu_dense and mfu_with_attention count the tokens run: every token through every layer, multi-item "
+    "delimiters and plain-HF padding included; mfu_dense_useful counts query and item tokens only"
+)
 
 # Dense bf16 tensor-core peaks, FLOP/s, keyed by torch.cuda.get_device_name(). The data sheets give them
 # "with sparsity"; the dense figure is half. Sources: NVIDIA H100 Tensor Core GPU data sheet (H100 SXM
@@ -56,11 +64,15 @@ def causal_pairs(length: int) -> int:
     return length * (length + 1) // 2
 
 
-def pack_pairs(segments: np.ndarray) -> int:
-    """Attended pairs of one pack under the multi-item mask (a single-item pack is all query: causal)."""
+def pack_pairs(segments: np.ndarray, cached_query: int = 0) -> int:
+    """Attended pairs of one pack under the multi-item mask (a single-item pack is all query: causal).
+
+    cached_query: query tokens the pack reads from the QueryCache instead of holding them (a cached pack's
+    prefix_len); every row of such a pack also sees them.
+    """
     index = np.arange(segments.shape[0])
     is_query = segments == QUERY_SEGMENT
-    queries_before = np.cumsum(is_query)  # [length] query tokens at or before each row
+    queries_before = np.cumsum(is_query) + cached_query  # [length] query tokens at or before each row
     # Distance to the last delimiter at or before each row: j for the j-th token of an item.
     last_delimiter = np.maximum.accumulate(np.where(segments == DELIMITER_SEGMENT, index, -1))
     own = np.where(segments >= 0, index - last_delimiter, 0)
@@ -68,15 +80,27 @@ def pack_pairs(segments: np.ndarray) -> int:
 
 
 def figures(
-    cfg: dict, tokens: int, pairs: int, seconds: float, peak: float | None
+    cfg: dict,
+    tokens: int,
+    pairs: int,
+    seconds: float,
+    peak: float | None,
+    useful_tokens: int | None = None,
 ) -> dict[str, float | None]:
-    """FLOPs of a run and MFU without and with attention (None without a peak)."""
+    """FLOPs of a run on its tokens run and MFU without and with attention (None without a peak; MFU_BASIS).
+
+    useful_tokens (query and item tokens, no delimiters or padding) adds mfu_dense_useful.
+    """
     dense = dense_flops_per_token(cfg) * tokens
     attention = attention_flops(cfg, pairs)
-    return {
+    row = {
         "dense_flops": dense,
         "attention_flops": attention,
         "attention_share": round(attention / (dense + attention), 4) if dense + attention else 0.0,
         "mfu_dense": None if peak is None else round(dense / seconds / peak, 4),
         "mfu_with_attention": None if peak is None else round((dense + attention) / seconds / peak, 4),
     }
+    if useful_tokens is not None:
+        useful = dense_flops_per_token(cfg) * useful_tokens
+        row["mfu_dense_useful"] = None if peak is None else round(useful / seconds / peak, 4)
+    return row

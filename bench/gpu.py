@@ -2,16 +2,22 @@
 
     python bench/gpu.py versions --out FILE
     python bench/gpu.py warmup --out FILE
-    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf flashinfer ...]
+    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf fi-native-fi ...]
                               [--device cuda] [--dtype bfloat16] [--out bench/results/gpu.json]
 
-The bench model has random weights (speed does not depend on their values; scores are compared with
-plain HF on the same weights). Timing boundaries, the same for both sides: tokenization, HF's padded
-pair tensors and score-batch's plan (tokenize, pack, batch) are built BEFORE the timer; the timer covers
-host token ids → device → forward → scores back on the host. Every time is the best of 3 runs after a
-warm-up run that includes FlashInfer's JIT and torch.compile. FLOPs and MFU: bench/flops.py (dense and
-attention FLOPs apart, MFU without and with attention, the peak of the exact device name). The JSON
-report is rewritten after every method, so a later failure keeps the earlier figures.
+The bench model has random weights (speed does not depend on their values). Scores are the softmax over
+the two label tokens (ScoringConfig.apply_softmax; the probabilities over the whole vocabulary are 1e-10..1e-4
+on random weights and no difference of them could flag an error); every method's scores are compared with
+plain HF in fp32 on a sample of items (`max_abs_diff_vs_fp32`, the observed bf16 error) and with plain HF
+pairs in the bench dtype on all items (`max_abs_diff_vs_hf`).
+
+Timing boundaries, the same for both sides: tokenization, HF's padded pair tensors and score-batch's plan
+(tokenize, pack, batch) are built BEFORE the timer; the timer covers host token ids → device → forward →
+scores back on the host. Every time is the best of 3 runs after a warm-up run that includes FlashInfer's
+JIT and torch.compile. FLOPs and MFU: bench/flops.py (MFU on the tokens run: delimiters and padding go
+through every layer and count; `mfu_dense_useful` leaves them out). The JSON report is rewritten after
+every method, so a later failure keeps the earlier figures; a method whose settings this checkout refuses
+(e.g. native layers not available) records the refusal and the others still run.
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from common import LABELS, Shape, best_of, build_bench_model, hf_prepare, hf_run, max_abs_diff, text_workload
-from flops import causal_pairs, dense_flops_per_token, figures, pack_pairs, peak_flops
+from flops import MFU_BASIS, causal_pairs, dense_flops_per_token, figures, pack_pairs, peak_flops
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
+from score_batch.engine.errors import SettingError
 
 PRESETS = {
     "qwen3-0.6b": dict(
@@ -51,9 +60,47 @@ PRESETS = {
         vocab_size=None,
     ),
 }
+# a: the goal shape, one ≈5,601-token pack per query (1,500-token query, 100 items of 40 tokens).
 WORKLOADS = {"a": Shape(16, 100, 1500, 40), "b": Shape(32, 50, 200, 30)}
-METHODS = ("hf", "flashinfer", "flashinfer+compile", "flex", "flex+compile", "sdpa", "split")
-DEFAULT_METHODS = ["hf", "flashinfer", "flashinfer+compile", "flex", "flex+compile", "sdpa"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One score-batch configuration: EngineConfig settings and the FlashInfer kernel."""
+
+    backend: str
+    layers: str = "auto"  # EngineConfig.layers: native | transformers | auto
+    ops: str = "auto"  # EngineConfig.ops of the native layers: torch | flashinfer | auto
+    compile: bool = False
+    kernel: str = "fa2"  # FlashInferBackend(kernel=...): fa2 | fa3 (Hopper)
+    what: str = ""
+
+
+HF = "hf"  # plain HF over padded (query + item) pairs: the baseline, always run first when named
+METHODS: dict[str, Method] = {
+    "fi-hf-layers": Method(
+        "flashinfer", layers="transformers", what="HF eager decoder layers, FlashInfer FA2"
+    ),
+    "fi-native-torch": Method(
+        "flashinfer", layers="native", ops="torch", what="native layers + torch ops, FA2"
+    ),
+    "fi-native-fi": Method(
+        "flashinfer", layers="native", ops="flashinfer", what="native layers + FlashInfer ops, FA2"
+    ),
+    "fi-native-compile": Method(
+        "flashinfer", layers="native", ops="torch", compile=True, what="native layers compiled, FA2"
+    ),
+    "fa3": Method("flashinfer", kernel="fa3", what="layers and ops as auto resolves them, FlashInfer FA3"),
+    "flashinfer": Method("flashinfer", what="layers and ops as auto resolves them, FA2"),
+    "flashinfer+compile": Method("flashinfer", compile=True, what="auto layers compiled, FA2"),
+    "flex": Method("flex"),
+    "flex+compile": Method("flex", compile=True),
+    "sdpa": Method("sdpa"),
+    "split": Method("split"),
+}
+SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", "fi-native-compile", "fa3"]
+DEFAULT_METHODS = [*SHORT_METHODS, "flex", "flex+compile", "sdpa"]
+REFERENCE_ITEMS = 16  # items scored by plain HF in fp32 for max_abs_diff_vs_fp32
 REPEATS = 3
 CLOCK = time.perf_counter  # the bench's one clock (tests put a fake one here)
 
@@ -84,8 +131,63 @@ def flops_per_token(cfg: dict) -> float:
     return dense_flops_per_token(cfg)
 
 
+# --- warm-up: FlashInfer's JIT modules, built in parallel before anything is timed ----------------------
+
+JIT_GROUPS = (("fa2", ("fa2",)), ("ops", ("norm", "rope", "silu_and_mul")), ("fa3", ("fa3",)))
+
+
+def jit_specs(names, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> list:
+    """FlashInfer 0.6.6 JitSpecs of what score-batch runs: the paged prefill module (the exact arguments
+    plan() asks for: int32 indptr, no RoPE, no window, no soft cap) and the native layers' kernels."""
+    from flashinfer.jit import gen_act_and_mul_module
+    from flashinfer.jit.attention.modules import gen_batch_prefill_module
+    from flashinfer.jit.norm import gen_norm_module
+    from flashinfer.jit.rope import gen_rope_module
+
+    make = {
+        "norm": gen_norm_module,
+        "rope": gen_rope_module,
+        "silu_and_mul": lambda: gen_act_and_mul_module("silu"),
+    }
+    for kernel in ("fa2", "fa3"):
+        make[kernel] = lambda kernel=kernel: gen_batch_prefill_module(
+            kernel, dtype, dtype, dtype, torch.int32, head_dim, head_dim, 0, False, False, False
+        )
+    return [make[name]() for name in names]
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
 def warmup(out: Path) -> dict:
-    """Compile FlashInfer's bf16 head_dim-128 multi-item kernels once; report the JIT and warm times."""
+    """Build FlashInfer's JIT modules (FA2, then the ops, then FA3 on Hopper: one parallel ninja build each, so
+    a failure in one leaves the others built), then score once per kernel to confirm nothing else compiles.
+
+    The report is rewritten after every step; `ok` is False when FA2 or its first call failed (FA3 and the
+    native ops failing are recorded, not fatal: their bench methods and tests fail on their own).
+    """
+    report: dict = {**versions(), "jit": {}, "calls": {}}
+
+    def write() -> None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+    from flashinfer.jit.core import build_jit_specs
+
+    for group, names in JIT_GROUPS:
+        if group == "fa3" and not _hopper():
+            report["jit"][group] = {"skipped": "FA3 builds for Hopper (sm90) only"}
+            continue
+        start = time.perf_counter()
+        try:
+            build_jit_specs(jit_specs(names), verbose=False)
+            report["jit"][group] = {"seconds": round(time.perf_counter() - start, 1)}
+        except Exception as error:  # e.g. a header the image's CUDA lacks: the text says which
+            report["jit"][group] = {"seconds": round(time.perf_counter() - start, 1), "error": _short(error)}
+        write()
+    calls = [("fa2", {}, "fa2"), ("fa2-native-fi", dict(layers="native", ops="flashinfer"), "fa2")]
+    if _hopper():
+        calls.append(("fa3", {}, "fa3"))
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_bench_model(
             Path(tmp),
@@ -95,16 +197,25 @@ def warmup(out: Path) -> dict:
             num_key_value_heads=8,
             head_dim=128,
         )
-        config = EngineConfig(
-            device="cuda", dtype="bfloat16", backend="flashinfer", scoring=ScoringConfig(label_tokens=LABELS)
-        )
-        scorer = Scorer.from_pretrained(model_dir, config)
         groups = [Group(" the quick brown fox" * 20, [" jumps over", " the lazy dog" * 10])]
-        _, first = _timed_sync(scorer.score, groups)
-        _, second = _timed_sync(scorer.score, groups)
-    report = {"first_call_s": round(first, 2), "warm_call_s": round(second, 4), **versions()}
-    out.write_text(json.dumps(report, indent=2) + "\n")
+        for name, engine, kernel in calls:
+            try:
+                scorer = _scorer(model_dir, Method("flashinfer", kernel=kernel, **engine), "cuda", "bfloat16")
+                _, first = _timed_sync(scorer.score, groups)
+                _, second = _timed_sync(scorer.score, groups)
+                report["calls"][name] = {"first_call_s": round(first, 2), "warm_call_s": round(second, 4)}
+            except Exception as error:
+                report["calls"][name] = {"error": _short(error)}
+            write()
+    report["ok"] = "error" not in report["jit"]["fa2"] and "error" not in report["calls"]["fa2"]
+    write()
     return report
+
+
+def _short(error: Exception, limit: int = 4000) -> str:
+    """An error's type and text, its end kept when long (ninja's output ends with the compiler's error)."""
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[:500] + " … " + text[-(limit - 500) :]
 
 
 def _timed_sync(fn, *args):
@@ -130,6 +241,14 @@ def _peak_gib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
 
 
+def _free() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --- bench ------------------------------------------------------------------------------------------------
+
+
 def hf_attended_pairs(batches) -> tuple[int, int]:
     """(real tokens, attended pairs) of prepared plain-HF batches: each pair is one causal sequence."""
     lengths = [n for batch in batches for n in batch.lengths]
@@ -141,17 +260,25 @@ def plan_attended_pairs(plan) -> int:
     total = 0
     for batch in plan.batches:
         if hasattr(batch, "packs"):
-            total += sum(pack_pairs(pack.segments) for pack in batch.packs)
+            total += sum(
+                pack_pairs(p.segments, p.prefix_len if getattr(p, "query_cached", False) else 0)
+                for p in batch.packs
+            )
         else:  # PairBatch: one causal sequence per row
             total += sum(causal_pairs(int(n)) for n in batch.attention_mask.sum(1))
     return total
 
 
+def plan_delimiters(plan) -> int:
+    """Delimiter tokens of a plan's packs: they run through every layer but score nothing."""
+    return sum(int((p.segments == -2).sum()) for b in plan.batches if hasattr(b, "packs") for p in b.packs)
+
+
 def run_workload(model_dir: Path, shape: Shape, args, cfg: dict, on_row=lambda rows: None) -> dict:
-    """All methods on one workload: items/s, tokens/s, FLOPs, MFU, peak memory, max |diff| vs plain HF.
+    """All methods on one workload: items/s, tokens/s, FLOPs, MFU, peak memory, max |diff| vs fp32 and HF.
 
     on_row(rows) is called after every method (the caller writes the report); a method that fails is
-    recorded with its error and the others still run.
+    recorded with its error (one whose settings are refused, with the refusal) and the others still run.
     """
     from transformers import AutoTokenizer
 
@@ -160,21 +287,66 @@ def run_workload(model_dir: Path, shape: Shape, args, cfg: dict, on_row=lambda r
     items = sum(len(g.items) for g in groups)
     label_ids = [tokenizer.encode(t, add_special_tokens=False)[0] for t in LABELS]
     peak, _ = peak_flops(versions()["device"])
-    rows, reference = {}, None
-    for method in args.methods:
-        name = "hf_pairs" if method == "hf" else method
+    rows: dict = {}
+    result = {"shape": shape.__dict__, "items": items, "methods": rows}
+    try:
+        result["fp32_reference"] = _fp32_reference(model_dir, tokenizer, groups, label_ids, args)
+    except Exception as error:  # the methods still run; their fp32 column stays empty
+        result["fp32_reference"] = {"error": _short(error), "traceback": traceback.format_exc()}
+    fp32 = result["fp32_reference"].get("scores")
+    reference = None
+    for name in args.methods:
+        row_name = "hf_pairs" if name == HF else name
         try:
-            if method == "hf":
-                reference, rows[name] = _hf_row(
+            if name == HF:
+                reference, rows[row_name] = _hf_row(
                     model_dir, tokenizer, groups, items, label_ids, args, cfg, peak
                 )
             else:
-                rows[name] = _engine_row(model_dir, method, groups, items, reference, args, cfg, peak)
+                rows[row_name] = _engine_row(model_dir, name, groups, items, reference, args, cfg, peak)
+        except SettingError as refused:  # this checkout or device refuses the method's settings
+            rows[row_name] = {"refused": str(refused)}
         except Exception as error:  # the report keeps it; bench() exits non-zero at the end
-            rows[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+            rows[row_name] = {"error": _short(error), "traceback": traceback.format_exc()}
+        _free()
+        if fp32 is not None and rows[row_name].get("scores") is not None:
+            rows[row_name]["max_abs_diff_vs_fp32"] = _sample_diff(rows[row_name]["scores"], fp32)
+        rows[row_name].pop("scores", None)
         _speedups(rows)
-        on_row(rows)
-    return {"shape": shape.__dict__, "items": items, "methods": rows}
+        on_row({**result, "fp32_reference": _public(result["fp32_reference"])})
+    result["fp32_reference"] = _public(result["fp32_reference"])
+    return result
+
+
+def _public(reference: dict) -> dict:
+    """The fp32 reference's report entry (its scores stay in memory)."""
+    return {k: v for k, v in reference.items() if k != "scores"}
+
+
+def _fp32_reference(model_dir, tokenizer, groups, label_ids, args) -> dict:
+    """Plain HF in fp32 on the first REFERENCE_ITEMS items (spread over the first groups), on args.device."""
+    from transformers import AutoModelForCausalLM
+
+    per_group = max(1, min(len(groups[0].items), REFERENCE_ITEMS // 2))
+    sample = [Group(g.query, g.items[:per_group]) for g in groups[:2]]
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(args.device).eval()
+    scores, _ = hf_run(
+        model, hf_prepare(tokenizer, sample, 8), sample, "causal", label_ids, label_softmax=True
+    )
+    del model
+    _free()
+    return {
+        "what": "plain HF in float32 (eager modules, its default attention), two-label softmax",
+        "items": sum(len(g.items) for g in sample),
+        "seconds": round(time.perf_counter() - start, 2),
+        "scores": scores,
+    }
+
+
+def _sample_diff(scores: list[np.ndarray], fp32: list[np.ndarray]) -> float:
+    """Largest |score − fp32 score| over the reference sample (the first items of the first groups)."""
+    return max(float(np.abs(s[: len(r)] - r).max()) for s, r in zip(scores, fp32) if len(r))
 
 
 def _hf_row(model_dir, tokenizer, groups, items, label_ids, args, cfg, peak):
@@ -184,37 +356,74 @@ def _hf_row(model_dir, tokenizer, groups, items, label_ids, args, cfg, peak):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype))
     model = model.to(args.device).eval()
     batches = hf_prepare(tokenizer, groups, args.hf_batch)  # untimed: tokenization and host tensors
-    hf_run(model, batches[:1], groups, "causal", label_ids)  # warm-up
+    hf_run(model, batches[:1], groups, "causal", label_ids, label_softmax=True)  # warm-up
     _reset_peak()
     (reference, tokens_run), seconds = best_of(
-        REPEATS, _synced, hf_run, model, batches, groups, "causal", label_ids, clock=CLOCK
+        REPEATS, _synced, hf_run, model, batches, groups, "causal", label_ids, True, clock=CLOCK
     )
     useful, pairs = hf_attended_pairs(batches)
     row = _figures(items, tokens_run, useful, pairs, seconds, cfg, peak, 0.0)
+    row.update(padding_tokens=int(tokens_run - useful), what="plain HF, padded (query + item) pairs")
+    row["scores"] = reference
     del model
     return reference, row
 
 
-def _engine_row(model_dir, method, groups, items, reference, args, cfg, peak):
-    """One score-batch method's row; the plan (tokenize, pack, batch) is built before the timer."""
-    backend, _, extra = method.partition("+")  # "flashinfer+compile": compiled decoder layers
+def _scorer(model_dir, method: Method, device: str, dtype: str, max_batch_tokens=None) -> Scorer:
+    """A scorer of the method's settings (two-label softmax); FA3 replaces the runner's FlashInfer backend."""
+    engine = dict(layers=method.layers, ops=method.ops)  # EngineConfig.layers / .ops
     config = EngineConfig(
-        device=args.device,
-        dtype=args.dtype,
-        backend=backend,
-        max_batch_tokens=args.max_batch_tokens,
-        compile=extra == "compile",
-        scoring=ScoringConfig(label_tokens=LABELS),
+        device=device,
+        dtype=dtype,
+        backend=method.backend,
+        max_batch_tokens=max_batch_tokens,
+        compile=method.compile,
+        scoring=ScoringConfig(label_tokens=LABELS, apply_softmax=True),
+        **{k: v for k, v in engine.items() if v != "auto"},
     )
     scorer = Scorer.from_pretrained(model_dir, config)
+    resolved = getattr(scorer.setup, "layers", None)
+    if method.layers == "native" and resolved != "native":
+        raise SettingError(
+            "EngineConfig.layers", "native", f"is not in effect in this checkout (resolved: {resolved})"
+        )
+    if method.kernel != "fa2":
+        from score_batch.engine.attention.flashinfer import FlashInferBackend
+
+        try:
+            backend = FlashInferBackend(torch.device(device), kernel=method.kernel)
+        except ValueError as refused:
+            raise SettingError("FlashInferBackend.kernel", method.kernel, str(refused)) from refused
+        scorer._runner.backend = backend  # Scorer.backend is read-only; no user-facing setting on purpose
+    return scorer
+
+
+def _engine_row(model_dir, name, groups, items, reference, args, cfg, peak):
+    """One score-batch method's row; the plan (tokenize, pack, batch) is built before the timer."""
+    method = METHODS[name]
+    scorer = _scorer(model_dir, method, args.device, args.dtype, args.max_batch_tokens)
     plan = scorer.plan(groups)  # untimed: tokenization and packing
     scorer.run(plan)  # warm-up: JIT, compilation, allocator
     _reset_peak()
     results, seconds = best_of(REPEATS, _synced, scorer.run, plan, clock=CLOCK)
     diff = None if reference is None else max_abs_diff(results, reference)
     tokens = plan.stats.packed_tokens
-    row = _figures(items, tokens, tokens, plan_attended_pairs(plan), seconds, cfg, peak, diff)
-    row["pairwise_tokens"] = plan.stats.pairwise_tokens
+    delimiters = plan_delimiters(plan)
+    row = _figures(items, tokens, tokens - delimiters, plan_attended_pairs(plan), seconds, cfg, peak, diff)
+    setup = scorer.setup
+    row.update(
+        delimiter_tokens=delimiters,
+        pairwise_tokens=plan.stats.pairwise_tokens,
+        what=method.what or f"{method.backend} attention",
+        resolved={
+            "backend": setup.backend,
+            "layers": getattr(setup, "layers", None),
+            "ops": getattr(setup, "ops", None),
+            "kernel": method.kernel if setup.backend == "flashinfer" else None,
+            "compiled_modules": len(scorer.compiled),
+        },
+    )
+    row["scores"] = [r.scores for r in results]
     del scorer
     return row
 
@@ -236,7 +445,7 @@ def _synced(fn, *args):
 
 
 def _figures(items, tokens_run, useful_tokens, pairs, seconds, cfg, peak, diff) -> dict:
-    """One method's row: throughput on the tokens it ran, FLOPs and MFU on the useful (unpadded) ones."""
+    """One method's row: throughput and MFU on the tokens it ran; useful = query and item tokens only."""
     return {
         "items_per_s": round(items / seconds, 1),
         "tokens_run": int(tokens_run),
@@ -244,7 +453,7 @@ def _figures(items, tokens_run, useful_tokens, pairs, seconds, cfg, peak, diff) 
         "tokens_per_s": round(tokens_run / seconds),
         "seconds": round(seconds, 4),
         "attended_pairs": int(pairs),
-        **figures(cfg, useful_tokens, pairs, seconds, peak),
+        **figures(cfg, tokens_run, pairs, seconds, peak, useful_tokens),
         "peak_gib": _peak_gib(),
         "max_abs_diff_vs_hf": diff,
     }
@@ -262,8 +471,13 @@ def bench(args, argv: list[str]) -> dict:
         "versions": info,
         "peak_bf16_flops": peak,
         "peak_source": peak_source,
+        "mfu_basis": MFU_BASIS,
+        "scores": "softmax over the two label tokens (ScoringConfig.apply_softmax); max_abs_diff_vs_fp32: "
+        f"against plain HF in float32 on the first {REFERENCE_ITEMS} items; max_abs_diff_vs_hf: against "
+        "plain HF pairs in the bench dtype on every item",
         "timing": "best of 3 after a warm-up; tokenization, HF pair tensors and the score-batch plan are "
         "built before the timer; timed: host token ids to host scores",
+        "methods": {name: asdict(METHODS[name]) for name in args.methods if name in METHODS},
         "preset": args.preset,
         "model": preset,
         "dtype": args.dtype,
@@ -280,26 +494,63 @@ def bench(args, argv: list[str]) -> dict:
         model_dir = build_bench_model(Path(tmp), "causal", vocab_size=vocab_size, **preset)
         for w in args.workloads:
             shape = _shape(w, args)
-            partial = {"shape": shape.__dict__, "methods": {}}
-            result = run_workload(
-                model_dir,
-                shape,
-                args,
-                preset,
-                on_row=lambda rows, w=w, p=partial: write(w, {**p, "methods": rows}),
-            )
+            result = run_workload(model_dir, shape, args, preset, on_row=lambda result, w=w: write(w, result))
             write(w, result)
     return report
 
 
 def failed_methods(report: dict) -> list[str]:
-    """workload/method of every row that recorded an error."""
+    """workload/method of every row that recorded an error (refusals are not failures)."""
     return [
         f"{w}/{m}"
         for w, result in report["workloads"].items()
         for m, row in result["methods"].items()
         if "error" in row
     ]
+
+
+def refused_methods(report: dict) -> list[str]:
+    """workload/method: the refusal, of every row whose settings were refused."""
+    return [
+        f"{w}/{m}: {row['refused']}"
+        for w, result in report["workloads"].items()
+        for m, row in result["methods"].items()
+        if "refused" in row
+    ]
+
+
+def summary_lines(report: dict) -> list[str]:
+    """The text table of a report: one line per method."""
+    lines = [f"{report['device']}: peak {report['peak_source']}", f"MFU basis: {report['mfu_basis']}"]
+    for name, workload in report["workloads"].items():
+        reference = workload.get("fp32_reference", {})
+        lines.append(
+            f"workload {name}: {workload['shape']}, {workload['items']} items; fp32 reference: "
+            f"{reference.get('items', 0)} items{' ERROR ' + reference['error'] if 'error' in reference else ''}"
+        )
+        lines.append(
+            f"  {'method':18} {'items/s':>9} {'tokens/s':>10} {'vs HF':>6} {'MFU':>6} {'MFU+att':>7} "
+            f"{'|d| fp32':>9} {'|d| HF':>8}  resolved / note"
+        )
+        for method, row in workload["methods"].items():
+            if "items_per_s" not in row:
+                why = row.get("refused") or row.get("error", "")
+                lines.append(
+                    f"  {method:18} {'refused' if 'refused' in row else 'FAILED'}: {why.splitlines()[0][:200]}"
+                )
+                continue
+            lines.append(
+                f"  {method:18} {row['items_per_s']:9.1f} {row['tokens_per_s']:10d} "
+                f"{_fmt(row.get('speedup_vs_hf'), '5.2f')}x {_fmt(row.get('mfu_dense'), '6.3f')} "
+                f"{_fmt(row.get('mfu_with_attention'), '7.3f')} {_fmt(row.get('max_abs_diff_vs_fp32'), '9.1e')} "
+                f"{_fmt(row.get('max_abs_diff_vs_hf'), '8.1e')}  {json.dumps(row.get('resolved', row.get('what')))}"
+            )
+    return lines
+
+
+def _fmt(value, spec: str) -> str:
+    width = int(spec.split(".")[0])
+    return "—".rjust(width) if value is None else format(value, spec)
 
 
 def _shape(workload: str, args) -> Shape:
@@ -320,9 +571,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument(
         "--methods",
         nargs="+",
-        choices=METHODS,
+        choices=[HF, *METHODS],
         default=DEFAULT_METHODS,
-        help="hf always runs first when named",
+        help="hf (plain HF pairs) always runs first when named; "
+        + "; ".join(f"{k}: {m.what}" for k, m in METHODS.items() if m.what),
     )
     run.add_argument("--queries", type=int, default=None, help="override the workload's number of queries")
     run.add_argument("--device", default="cuda")
@@ -332,7 +584,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu.json")
     args = parser.parse_args(argv)
     if args.command == "bench":  # plain HF first: it is every other method's reference
-        args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != "hf")
+        args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != HF)
     return args
 
 
@@ -343,14 +595,14 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(versions(), indent=2) + "\n")
         print(args.out.read_text())
     elif args.command == "warmup":
-        print(json.dumps(warmup(args.out), indent=2))
+        report = warmup(args.out)
+        print(json.dumps(report, indent=2))
+        return 0 if report["ok"] else 1
     else:
         report = bench(args, argv)
-        print(f"{report['device']}: peak {report['peak_source']}")
-        for name, workload in report["workloads"].items():
-            print(f"workload {name}: {workload['shape']}, {workload['items']} items")
-            for method, row in workload["methods"].items():
-                print(f"  {method:18} {json.dumps({k: v for k, v in row.items() if k != 'traceback'})}")
+        print("\n".join(summary_lines(report)))
+        for refusal in refused_methods(report):
+            print(f"refused: {refusal}")
         failed = failed_methods(report)
         if failed:
             print(f"failed: {', '.join(failed)} (errors in {args.out})", file=sys.stderr)

@@ -38,14 +38,22 @@ def test_missing_gpu_skips_or_fails_on_request(monkeypatch):
 
 def test_bench_figures_helpers():
     args = gpu.parse_args(["bench"])
-    assert args.preset == "qwen3-0.6b" and args.methods == [
+    assert args.preset == "qwen3-0.6b" and args.methods == gpu.DEFAULT_METHODS
+    assert gpu.SHORT_METHODS == [
         "hf",
-        "flashinfer",
-        "flashinfer+compile",
-        "flex",
-        "flex+compile",
-        "sdpa",
+        "fi-hf-layers",
+        "fi-native-torch",
+        "fi-native-fi",
+        "fi-native-compile",
+        "fa3",
     ]
+    methods = gpu.METHODS
+    assert all(methods[m].backend == "flashinfer" for m in gpu.SHORT_METHODS[1:])
+    assert (methods["fi-hf-layers"].layers, methods["fi-native-torch"].ops) == ("transformers", "torch")
+    assert (methods["fi-native-fi"].layers, methods["fi-native-fi"].ops) == ("native", "flashinfer")
+    compiled = methods["fi-native-compile"]
+    assert compiled.compile and (compiled.layers, compiled.ops) == ("native", "torch")
+    assert methods["fa3"].kernel == "fa3" and {m.kernel for n, m in methods.items() if n != "fa3"} == {"fa2"}
     assert args.out == ROOT / "bench/results/gpu.json"
     preset = gpu.PRESETS["qwen3-0.6b"]
     assert 0.8e9 < gpu.flops_per_token(preset) < 1.0e9  # ≈ 2 × 0.44 B non-embedding weights
@@ -55,13 +63,29 @@ def test_bench_figures_helpers():
     ]  # the reference first
 
 
-def test_bench_runs_on_cpu_and_matches_hf(tmp_path):
+def test_bench_runs_on_cpu_and_matches_hf_and_fp32(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     argv = ["bench", "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--workloads", "b"]
-    gpu.main([*argv, "--queries", "1", "--methods", "hf", "split", "--out", str(out)])
+    # flashinfer methods are refused on the CPU: recorded, not failed, and the others still run.
+    methods = ["hf", "fi-native-fi", "split", "fa3"]
+    assert gpu.main([*argv, "--queries", "1", "--methods", *methods, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    rows = report["workloads"]["b"]["methods"]
-    assert set(rows) == {"hf_pairs", "split"}
-    assert rows["split"]["max_abs_diff_vs_hf"] <= 1e-4
-    assert rows["split"]["tokens_run"] < rows["split"]["pairwise_tokens"]
-    assert rows["hf_pairs"]["speedup_vs_hf"] == 1.0 and rows["split"]["items_per_s"] > 0
+    workload = report["workloads"]["b"]
+    rows = workload["methods"]
+    assert list(rows) == ["hf_pairs", "fi-native-fi", "split", "fa3"]
+    assert "does not run on cpu" in rows["fi-native-fi"]["refused"] and "refused" in rows["fa3"]
+    split = rows["split"]
+    assert split["max_abs_diff_vs_hf"] <= 1e-4 and split["max_abs_diff_vs_fp32"] <= 1e-4
+    assert rows["hf_pairs"]["max_abs_diff_vs_fp32"] <= 1e-4
+    assert workload["fp32_reference"]["items"] == gpu.REFERENCE_ITEMS // 2  # one group: its first items
+    assert "scores" not in workload["fp32_reference"] and "scores" not in split
+    assert split["tokens_run"] < split["pairwise_tokens"]
+    # MFU on the tokens run: delimiters run through every layer and count; useful tokens leave them out.
+    assert split["useful_tokens"] + split["delimiter_tokens"] == split["tokens_run"]
+    assert (
+        split["delimiter_tokens"] == 50 + 1
+    )  # one query, 50 items: a delimiter after the query and each item
+    assert "delimiters" in report["mfu_basis"] and "two label tokens" in report["scores"]
+    assert rows["hf_pairs"]["speedup_vs_hf"] == 1.0 and split["items_per_s"] > 0
+    text = capsys.readouterr().out
+    assert "MFU basis: " in text and "fi-native-fi       refused: " in text
