@@ -41,8 +41,9 @@ BENCH_LIMIT=${BENCH_LIMIT:-170}
 KILL_AFTER=5
 # The short bench: workload a, the goal shape (1,500-token query × 100 items of 40: one 5,601-token pack per
 # query), 4 queries; the flashinfer methods of bench/gpu.py (HF layers, native + torch ops, native + FlashInfer
-# ops, native compiled, FA3) beside plain HF pairs. flex, sdpa, split and workload b: `bench --methods ...`.
-SHORT_BENCH=(--workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi fi-native-compile fa3)
+# ops, FA3, then native compiled: last, its compile time is the least sure) beside plain HF pairs. flex, sdpa,
+# split and workload b: `bench --methods ...`.
+SHORT_BENCH=(--workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi fa3 fi-native-compile)
 # Most valuable first: a phase cut at its limit loses the last module.
 GPU_TESTS=(
   tests/gpu/test_flashinfer.py

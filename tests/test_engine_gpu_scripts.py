@@ -44,8 +44,8 @@ def test_bench_figures_helpers():
         "fi-hf-layers",
         "fi-native-torch",
         "fi-native-fi",
-        "fi-native-compile",
         "fa3",
+        "fi-native-compile",
     ]
     methods = gpu.METHODS
     assert all(methods[m].backend == "flashinfer" for m in gpu.SHORT_METHODS[1:])

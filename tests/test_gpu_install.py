@@ -115,7 +115,7 @@ def test_dry_run_prints_every_command_and_runs_none(tmp_path):
         "timeout -s INT --kill-after=5 170 bash",
         "python bench/gpu.py bench --out "
         + str(out / "gpu.json")
-        + " --workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi fi-native-compile fa3",
+        + " --workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi fa3 fi-native-compile",
     ]
     positions = [text.find(step) for step in order]
     assert -1 not in positions, [s for s, p in zip(order, positions) if p == -1]

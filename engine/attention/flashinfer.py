@@ -10,7 +10,11 @@ scoring) or "fa3" (Hopper only). FlashInfer 0.6.6's FA3 paged prefill takes the 
 arguments: prefill.py passes prefix_len / token_pos_in_items / max_item_len to the sm90 paged run, the
 sm90 module is built for mask mode 3 (kMultiItemScoring), and hopper/mainloop_mma.cuh masks with the same
 rule as FA2's prefill.cuh (kernel_mask in flashinfer_plan.py); it skips the same tiles (between the query
-and q_tile_start - max_item_len). Differences read there: FA3's plan has no split-KV settings (FlashInfer
+and q_tile_start - max_item_len). Its unmasked-tile loop masks a query row whole (`is_prefix` in
+mask_multi_item_scoring_assume_in_bound) from tile prefix_tiles - 2 on, which no query row reaches: with
+kv_len == qo_len a query tile holds query rows only while its KV tiles end by prefix_tiles + 1, and the
+last ceil(CTA_Q / CTA_KV) + 1 of those run the full mask (tiles 128 × 96 at head_dim 128, 192 × 96 at 64,
+128 × 32 at 256); a cached pack has no query rows. Differences read there: FA3's plan has no split-KV settings (FlashInfer
 passes fixed_split_size / disable_split_kv to FA2 only), so SplitKv must stay default; FA3 needs equal K and
 V strides (ours are two contiguous [pages, 1, kv_heads, head_dim] tensors) and head_dim 64, 128 or 256.
 Neither has run on a GPU yet: tests/gpu/test_flashinfer.py checks both against the fp32 reference.
