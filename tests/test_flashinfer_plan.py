@@ -257,3 +257,65 @@ def test_fa3_refuses_split_kv_settings_and_unknown_kernels():
     with pytest.raises(ValueError, match="Hopper"):
         check_kernel("fa3", SplitKv(), torch.device("cpu"))
     check_kernel("fa2", SplitKv(fixed_size=512), torch.device("cpu"))
+
+
+def _fa3_tile_schedule_mask(prefix, positions, qo, kv, max_item, cta_q, cta_kv):
+    """The [qo, kv] mask FA3's paged multi-item mainloop applies, tile by tile (FlashInfer 0.6.6,
+    hopper/prefill_sm90.cuh and mainloop_mma.cuh): KV tiles walked down from the causal end, the last
+    ceil(CTA_Q / CTA_KV) + 2 with the full rule, the others with the in-bound rule (a query row whole masked)
+    from tile prefix_tiles - 2 on or with none below it, and tiles between the query and
+    q_tile_start - max_item_len skipped."""
+    p = np.arange(qo)[:, None] + (kv - qo)  # KV position of each Q row
+    k = np.arange(kv)[None, :]
+    t = np.zeros((qo, 1), dtype=np.int64)
+    suffix = (p >= prefix)[:, 0]
+    t[suffix, 0] = positions[p[suffix, 0] - prefix]
+    rule = (k < prefix) | (p < k + t)
+    full = (k <= p) & ((p < prefix) | rule)
+    in_bound = (p >= prefix) & rule
+    got = np.zeros((qo, kv), dtype=bool)
+    prefix_tiles = -(-prefix // cta_kv)
+    for q_tile in range(-(-qo // cta_q)):
+        rows = slice(q_tile * cta_q, min(qo, (q_tile + 1) * cta_q))
+        tiles = min(-(-kv // cta_kv), -(-((q_tile + 1) * cta_q + kv - qo) // cta_kv))
+        outside = max(0, q_tile * cta_q + kv - qo - max_item) // cta_kv
+
+        def down(i, outside=outside):
+            return prefix_tiles - 1 if i == outside and i >= prefix_tiles else i - 1
+
+        modes = {tiles - 1: full}
+        i, step = tiles - 1, 0
+        while step < -(-cta_q // cta_kv) + 1 and i > 0:
+            modes[down(i)], i, step = full, down(i), step + 1
+        while i > 0:
+            modes[down(i)] = in_bound if i >= prefix_tiles - 1 else np.ones_like(full)
+            i = down(i)
+        for tile, mode in modes.items():
+            cols = slice(tile * cta_kv, min(kv, (tile + 1) * cta_kv))
+            got[rows, cols] = mode[rows, cols]
+    return got
+
+
+def test_fa3_tile_schedule_applies_the_kernel_rule_to_our_metadata():
+    """FA3's tile walk (skipped tiles, whole-row query masking in unmasked tiles) on the metadata we build,
+    inline, single and cached packs, gives exactly kernel_mask for FA3's tile shapes at head_dim 128/64/256."""
+    packing = _cached_api()
+    rng = np.random.default_rng(3)
+    for _ in range(12):  # up to 12 items of up to 120 tokens: items far past the query, so FA3 skips tiles
+        q_len = int(rng.integers(1, 400))
+        items = [[5] * int(n) for n in rng.integers(1, 120, size=int(rng.integers(1, 13)))]
+        refs = [ItemRef(0, i) for i in range(len(items))]
+        packs = [
+            packing.mis_pack([3] * q_len, items, refs, 99, query_key=0),
+            packing.cached_mis_pack(q_len, items, refs, 99, 0),
+            single_pack([3] * int(rng.integers(1, 300)), ItemRef(1, 0)),
+        ]
+        meta = build_metadata(collate(packs))
+        for i in range(len(packs)):
+            prefix, positions, qo, pages = _request(meta, i)
+            want = kernel_mask(prefix, positions, qo, len(pages))
+            for cta_q, cta_kv in ((128, 96), (192, 96), (128, 32)):
+                got = _fa3_tile_schedule_mask(
+                    prefix, positions, qo, len(pages), int(meta.max_item_len[i]), cta_q, cta_kv
+                )
+                assert (got == want).all(), (q_len, [len(x) for x in items], i, cta_q, cta_kv)
