@@ -158,13 +158,17 @@ def resolve_layers(info: ModelInfo, config: EngineConfig) -> Literal["native", "
     return "native"
 
 
+FLASHINFER_OPS_DTYPES = (torch.bfloat16, torch.float16)  # its RoPE kernel dispatches on 16-bit types only
+
+
 def resolve_ops(
     config: EngineConfig,
     layers: str,
     device: torch.device,
+    dtype: torch.dtype,
     import_error: Callable[[str], str | None] = import_failure,
 ) -> Literal["torch", "flashinfer", "none"]:
-    """The native layers' kernels: auto → flashinfer on CUDA when it imports (torch under compile), else torch."""
+    """The native layers' kernels: auto → flashinfer on CUDA in 16 bits when it imports (not under compile), else torch."""
     from score_batch.engine.native.ops import OPS_MODULE
 
     if layers != "native":
@@ -185,11 +189,20 @@ def resolve_ops(
             )
         if device.type != "cuda":
             raise SettingError("EngineConfig.ops", config.ops, f"runs on CUDA only, not on {device.type}")
+        if dtype not in FLASHINFER_OPS_DTYPES:
+            raise SettingError(
+                "EngineConfig.ops", config.ops, f"needs EngineConfig.dtype bfloat16 or float16, not {dtype}"
+            )
         failure = import_error(OPS_MODULE)
         if failure is not None:
             raise SettingError("EngineConfig.ops", config.ops, f"cannot import {OPS_MODULE} ({failure})")
         return "flashinfer"
-    if device.type == "cuda" and not config.compile and import_error(OPS_MODULE) is None:
+    if (
+        device.type == "cuda"
+        and dtype in FLASHINFER_OPS_DTYPES
+        and not config.compile
+        and import_error(OPS_MODULE) is None
+    ):
         return "flashinfer"
     return "torch"
 
@@ -221,7 +234,7 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
     )
     runner: RunnerKind = "pairs" if info.encoder else "packed"
     layers = resolve_layers(info, config)
-    ops = resolve_ops(config, layers, device)
+    ops = resolve_ops(config, layers, device, dtype)
     return ResolvedSetup(
         info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner, layers, ops
     )

@@ -181,3 +181,27 @@ def test_scoring_a_native_family_imports_no_transformers_modeling_module(qwen3_c
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split("\n")[:2] == ["[]", "False"], result.stdout
     assert "Loading weights" not in result.stderr  # no transformers progress bar in a user's notebook
+
+
+def test_ops_resolution_on_cuda_without_a_gpu():
+    from score_batch.engine.setup import resolve_ops
+
+    cuda = torch.device("cuda")  # resolve_ops only reads the device type: no GPU needed
+
+    def imports(module):
+        return None
+
+    def broken(module):
+        return "ModuleNotFoundError: No module named 'flashinfer'"
+
+    assert resolve_ops(EngineConfig(), "native", cuda, torch.bfloat16, imports) == "flashinfer"
+    assert resolve_ops(EngineConfig(), "native", cuda, torch.float32, imports) == "torch"  # 16-bit kernels
+    assert resolve_ops(EngineConfig(), "native", cuda, torch.bfloat16, broken) == "torch"
+    assert resolve_ops(EngineConfig(compile=True), "native", cuda, torch.bfloat16, imports) == "torch"
+    assert (
+        resolve_ops(EngineConfig(ops="flashinfer"), "transformers", cuda, torch.bfloat16, imports) == "none"
+    )
+    with pytest.raises(SettingError, match="bfloat16 or float16"):
+        resolve_ops(EngineConfig(ops="flashinfer"), "native", cuda, torch.float32, imports)
+    with pytest.raises(SettingError, match="cannot import flashinfer"):
+        resolve_ops(EngineConfig(ops="flashinfer"), "native", cuda, torch.bfloat16, broken)
