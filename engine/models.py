@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 from dataclasses import dataclass
@@ -235,15 +236,16 @@ def load_model(
     register_with_transformers()
     auto = AutoModelForCausalLM if info.kind == "causal" else AutoModelForSequenceClassification
     try:
-        model, loading = auto.from_pretrained(
-            info.path,
-            dtype=dtype,
-            attn_implementation=None if info.encoder else HF_ATTENTION_NAME,
-            trust_remote_code=trust_remote_code,
-            local_files_only=True,
-            use_safetensors=has_safetensors,
-            output_loading_info=True,
-        )
+        with _no_progress_bar():
+            model, loading = auto.from_pretrained(
+                info.path,
+                dtype=dtype,
+                attn_implementation=None if info.encoder else HF_ATTENTION_NAME,
+                trust_remote_code=trust_remote_code,
+                local_files_only=True,
+                use_safetensors=has_safetensors,
+                output_loading_info=True,
+            )
     except (OSError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
         raise ScoringInputError(f"cannot load the weights of model {str(info.path)!r}: {error}") from error
     except RuntimeError as error:
@@ -280,6 +282,20 @@ def _load_native(
     return LoadedModel(
         info=info, model=backbone, backbone=backbone, head=head, final_logit_softcap=None, native=True
     )
+
+
+@contextlib.contextmanager
+def _no_progress_bar():
+    """transformers' "Loading weights" bar off while a model loads (it would print in a user's notebook)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _is_checkpoint_error(error: RuntimeError) -> bool:

@@ -205,3 +205,11 @@ def test_ops_resolution_on_cuda_without_a_gpu():
         resolve_ops(EngineConfig(ops="flashinfer"), "native", cuda, torch.float32, imports)
     with pytest.raises(SettingError, match="cannot import flashinfer"):
         resolve_ops(EngineConfig(ops="flashinfer"), "native", cuda, torch.bfloat16, broken)
+
+
+def test_transformers_layers_load_without_a_progress_bar(qwen3_causal, capfd):
+    from transformers.utils import logging as hf_logging
+
+    _scorer(qwen3_causal, "causal", layers="transformers")
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # the user's setting is left as it was
