@@ -319,3 +319,80 @@ def test_fa3_tile_schedule_applies_the_kernel_rule_to_our_metadata():
                     prefix, positions, qo, len(pages), int(meta.max_item_len[i]), cta_q, cta_kv
                 )
                 assert (got == want).all(), (q_len, [len(x) for x in items], i, cta_q, cta_kv)
+
+
+class _KernelRuleWrapper:
+    """BatchPrefillWithPagedKVCacheWrapper on the CPU: plan() keeps the metadata, run() attends over the gathered
+    pages under kernel_mask (FlashInfer's multi-item rule), GQA heads repeated: the kernel's contract in torch."""
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim,
+             page_size, sm_scale=None, prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len=0,
+             max_item_len_ptr=None, **kwargs):  # fmt: skip
+        assert page_size == 1 and kwargs["causal"] and kwargs["pos_encoding_mode"] == "NONE"
+        self.qo, self.kv = qo_indptr.tolist(), kv_indptr.tolist()
+        self.indices = kv_indices.long()
+        self.scale = sm_scale if sm_scale is not None else head_dim**-0.5
+        self.prefix = None if prefix_len_ptr is None else prefix_len_ptr.long().tolist()
+        self.positions, self.width = token_pos_in_items_ptr, token_pos_in_items_len
+
+    def run(self, q, paged_kv_cache, out=None):
+        import torch
+
+        k_pages, v_pages = (t[:, 0] for t in paged_kv_cache)  # [pages, kv_heads, d]
+        group = q.shape[1] // k_pages.shape[1]
+        for i in range(len(self.qo) - 1):
+            rows = slice(self.qo[i], self.qo[i + 1])
+            pages = self.indices[self.kv[i] : self.kv[i + 1]]
+            qo, kv = rows.stop - rows.start, len(pages)
+            if self.prefix is None:  # no multi-item arguments: plain causal
+                mask = kernel_mask(kv, np.zeros(0, dtype=np.int64), qo, kv)
+            else:
+                positions = self.positions[i * self.width : (i + 1) * self.width].long().numpy()
+                mask = kernel_mask(self.prefix[i], positions, qo, kv)
+            k = k_pages[pages].repeat_interleave(group, dim=1)  # [kv, heads, d]
+            v = v_pages[pages].repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q[rows].float(), k.float()) * self.scale
+            scores = scores.masked_fill(~torch.from_numpy(mask)[None], float("-inf"))
+            out[rows] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v.float()).to(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize("batch_tokens", [65536, 130], ids=["one-batch", "later-batches"])
+def test_cached_query_runs_through_the_plan_as_the_inline_packs_do(qwen3_causal, batch_tokens):
+    """The whole FlashInfer path on the CPU with the kernel's rule in torch (_KernelRuleWrapper): a runner's
+    plan with cached packs (the query once per group), the QueryCache puts/gets per layer, pages shared within
+    a batch or copied into later ones — scores equal the same path with every query inline, and sdpa's."""
+    import dataclasses
+
+    import torch
+    from score_batch.engine import EngineConfig, Scorer, ScoringConfig
+    from score_batch.engine.attention import flashinfer as fi
+
+    from tests.gpu.common import token_groups
+
+    _cached_api()
+    groups = token_groups(11, groups=2, query=(60, 90), items=12, item=(5, 20))
+    scoring = ScoringConfig(label_tokens=(" to", " the"), apply_softmax=True)
+    config = EngineConfig(device="cpu", dtype="float32", backend="sdpa", max_pack_tokens=128, max_batch_tokens=batch_tokens, scoring=scoring)  # fmt: skip
+    reference = Scorer.from_pretrained(qwen3_causal, dataclasses.replace(config, backend="split")).score(
+        groups
+    )
+    results = {}
+    for cache_query in (False, True):
+        run = Scorer.from_pretrained(qwen3_causal, config)
+        backend = object.__new__(fi.FlashInferBackend)  # no flashinfer import: the wrapper is the fake
+        backend._wrapper, backend._split_kv, backend._cache_query = (
+            _KernelRuleWrapper(),
+            fi.SplitKv(),
+            cache_query,
+        )
+        run._runner.backend = backend
+        run.planner = dataclasses.replace(run.planner, limits=dataclasses.replace(run.planner.limits, cache_query=cache_query))  # fmt: skip
+        plan = run.plan(groups)
+        assert any(p.query_cached for b in plan.batches for p in b.packs) is cache_query
+        assert (len(plan.batches) == 1) is (batch_tokens == 65536)
+        with torch.inference_mode():
+            results[cache_query] = run.run(plan)
+    for inline, cached, ref in zip(results[False], results[True], reference):
+        assert np.abs(inline.scores - ref.scores).max() <= 1e-5  # the fake kernel is the reference mask
+        assert np.abs(cached.scores - inline.scores).max() <= 1e-5

@@ -41,12 +41,13 @@ def need_kernel(kernel: str) -> None:
         pytest.skip("FlashInfer's FA3 kernels run on Hopper (sm90) only")
 
 
-def flashinfer_scorer(model_dir, kernel: str = "fa2", **backend) -> Scorer:
-    """A bf16 flashinfer scorer whose runner uses FlashInferBackend(kernel=..., **backend)."""
+def flashinfer_scorer(model_dir, kernel: str = "fa2", engine: dict | None = None, **backend) -> Scorer:
+    """A bf16 flashinfer scorer (EngineConfig settings `engine`) whose runner uses FlashInferBackend(kernel=...,
+    **backend)."""
     from score_batch.engine.attention.flashinfer import FlashInferBackend
 
     need_kernel(kernel)
-    run = scorer(model_dir, "flashinfer")
+    run = scorer(model_dir, "flashinfer", **(engine or {}))
     if kernel != "fa2" or backend:
         run._runner.backend = FlashInferBackend(CUDA, kernel=kernel, **backend)  # Scorer.backend is read-only
     return run

@@ -5,6 +5,7 @@ The most valuable GPU checks: bench/gpu_check.sh runs this module first."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -180,6 +181,29 @@ def test_cached_query_attention_equals_the_inline_pack(kernel, same_batch):
     rows = torch.from_numpy(cached.segments != -2).to(CUDA)
     assert (got.float() - reference)[:, rows].abs().max() <= BF16_TOLERANCE
     assert (got.float() - same_kernel.float())[:, rows].abs().max() <= SAME_KERNELS
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("batch_tokens", [65536, 1100], ids=["one-batch", "batch-per-pack"])
+def test_cached_query_scores_equal_fp32_plain_hf(model_dir, kernel, batch_tokens):
+    """The query computed once per group, turned on for FlashInfer (planner and backend): a ≈600-token query
+    whose 24 items need several 1,024-token packs scores as fp32 plain HF and as FlashInfer with the query
+    inline, its cached packs in the storing pack's batch (pages shared) or in later ones (pages copied)."""
+    groups = token_groups(11, groups=1, query=(550, 650), items=24, item=(20, 60))
+    engine = dict(max_pack_tokens=1024, max_batch_tokens=batch_tokens)
+    inline = flashinfer_scorer(model_dir, kernel, engine).score(groups)
+    run = flashinfer_scorer(model_dir, kernel, engine, cache_query=True)
+    if not hasattr(run.planner.limits, "cache_query"):
+        pytest.skip("this checkout's planner has no cached packs")
+    run.planner = dataclasses.replace(
+        run.planner, limits=dataclasses.replace(run.planner.limits, cache_query=True)
+    )
+    plan = run.plan(groups)
+    cached = [p for b in plan.batches for p in b.packs if p.query_cached]
+    assert cached and (len(plan.batches) == 1) == (batch_tokens == 65536)
+    got = run.run(plan)
+    assert max_diff(got, inline) <= SAME_KERNELS
+    assert max_diff(got, hf_reference(model_dir, groups)) <= BF16_VS_FP32
 
 
 def test_auto_on_cuda_is_dtype_aware(model_dir):
