@@ -12,10 +12,16 @@ from score_batch.errors import UserError
 # (models, heads, packing, notes): what the tests cover, family by family.
 SUPPORTED = [
     (
-        "Llama, Qwen2, Qwen3, Mistral, Gemma, Phi3 (decoders)",
+        "Llama, Qwen2, Qwen3, Mistral (decoders, native layers)",
         "ForCausalLM, ForSequenceClassification (reward: num_labels 1)",
         "mis, single",
-        "sliding windows applied on reference positions",
+        "our own fused decoder layers (--layers); sliding windows applied on reference positions",
+    ),
+    (
+        "Gemma, Phi3 (decoders)",
+        "ForCausalLM, ForSequenceClassification (reward: num_labels 1)",
+        "mis, single",
+        "transformers' layers with our attention",
     ),
     (
         "Gemma2 (decoder)",
@@ -93,4 +99,19 @@ def _describe(model: str) -> str:
     ]
     if info.mis_refusal:
         lines.append(f"  why not mis: {info.mis_refusal}")
+    lines.append(f"  decoder layers: {_layers(path, info)}")
     return "\n".join(lines)
+
+
+def _layers(path, info) -> str:
+    """Whose decoder layers `--layers auto` runs, from config.json alone (transformers' defaults fill the rest at run time)."""
+    import json
+    from types import SimpleNamespace
+
+    from score_batch.engine.native.spec import native_refusal
+
+    if info.encoder:
+        return "transformers' (an encoder runs as padded pairs)"
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    refusal = native_refusal(SimpleNamespace(**raw), info.architecture, trust_remote_code=False)
+    return "native (engine/native)" if refusal is None else f"transformers' ({refusal})"

@@ -155,6 +155,11 @@ def test_models_command_lists_families_profiles_and_describes_a_model(zoo):
     described = run_cli("models", "--model", zoo.get("bert", "classifier"))
     assert described.returncode == 0 and "auto picks single" in described.stdout
     assert "bidirectional encoder" in described.stdout
+    assert "decoder layers: transformers' (an encoder" in described.stdout
+    native = run_cli("models", "--model", zoo.get("qwen3", "causal"))
+    assert "decoder layers: native" in native.stdout
+    gemma = run_cli("models", "--model", zoo.get("gemma", "causal", add_bos=True))
+    assert "decoder layers: transformers' (model type 'gemma' has no native layers" in gemma.stdout
 
 
 def test_encoder_on_the_command_line(tmp_path, zoo):
