@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import sys
@@ -101,6 +102,7 @@ METHODS: dict[str, Method] = {
 # The compiled method last: its compile time is the least predictable, and a phase cut at its limit loses it.
 SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", "fa3", "fi-native-compile"]
 DEFAULT_METHODS = [*SHORT_METHODS, "flex", "flex+compile", "sdpa"]
+NO_FA3 = "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh when FA3 failed to build in the warm-up (the reason)
 REFERENCE_ITEMS = 16  # items scored by plain HF in fp32 for max_abs_diff_vs_fp32
 REPEATS = 3
 CLOCK = time.perf_counter  # the bench's one clock (tests put a fake one here)
@@ -390,6 +392,11 @@ def _scorer(model_dir, method: Method, device: str, dtype: str, max_batch_tokens
         )
     if method.kernel != "fa2":
         from score_batch.engine.attention.flashinfer import FlashInferBackend
+
+        if (
+            os.environ.get(NO_FA3) and method.kernel == "fa3"
+        ):  # gpu_check.sh: FA3 failed to build in the warm-up
+            raise SettingError("FlashInferBackend.kernel", method.kernel, os.environ[NO_FA3])
 
         try:
             backend = FlashInferBackend(torch.device(device), kernel=method.kernel)

@@ -202,8 +202,23 @@ installed() {
   arch_list
 }
 
+no_fa3() {
+  # FA3 that failed to build in the warm-up is not rebuilt by every FA3 test and the bench (its kernel files take
+  # nvcc 80 s each): SCORE_BATCH_NO_FA3 makes tests/gpu skip FA3 and gpu.py refuse its method, with the reason.
+  say "python -c '<the FA3 build error in $OUT/warmup.json, if any>' → export SCORE_BATCH_NO_FA3=<it>"
+  [ "$DRY" = 0 ] && [ -f "$OUT/warmup.json" ] || return 0
+  local why
+  why=$(python -c 'import json, sys
+print(json.load(open(sys.argv[1])).get("jit", {}).get("fa3", {}).get("error", "")[-300:])' "$OUT/warmup.json" || true)
+  if [ -n "$why" ]; then
+    export SCORE_BATCH_NO_FA3="FA3 did not build in the warm-up (warmup.json): $why"
+    echo "SCORE_BATCH_NO_FA3: FA3 tests skipped, its bench method refused"
+  fi
+}
+
 tests() {
   installed
+  no_fa3
   say "export SCORE_BATCH_REQUIRE_GPU=1"
   export SCORE_BATCH_REQUIRE_GPU=1
   # A failed import in one module must not stop the others (flex needs only CUDA).
@@ -213,6 +228,7 @@ tests() {
 
 bench() {
   installed
+  no_fa3
   run "$OUT/bench.txt" python bench/gpu.py bench --out "$OUT/gpu.json" "$@"
 }
 

@@ -3,6 +3,7 @@ packages, the pip-check filter, the --dry-run listing and the phases of `all` ru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -231,3 +232,20 @@ def test_a_lone_phase_survives_an_install_with_a_new_pip_check_line(tmp_path):
     assert "install_check.py pip-check" in calls and "bench/gpu.py warmup" in calls
     assert "-m pytest -q -rA tests/gpu/" in calls, result.stdout + result.stderr  # the tests still ran
     assert result.returncode == 0 and "install ended with status" in result.stderr
+
+
+def test_an_fa3_build_error_in_the_warm_up_skips_fa3_later(tmp_path):
+    function = re.search(r"^no_fa3\(\) \{.*?^\}", SCRIPT.read_text(), re.M | re.S).group(0)
+    (tmp_path / "warmup.json").write_text(
+        json.dumps({"jit": {"fa3": {"error": "RuntimeError: Ninja build failed"}}})
+    )
+    script = (
+        f'say() {{ :; }}\nDRY=0\nOUT={tmp_path}\n{function}\nno_fa3 >/dev/null\necho "$SCORE_BATCH_NO_FA3"'
+    )
+    python_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": f"{python_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert result.stdout.strip().endswith("RuntimeError: Ninja build failed"), result.stderr
+    (tmp_path / "warmup.json").write_text(json.dumps({"jit": {"fa3": {"seconds": 91.0}}}))
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert result.stdout.strip() == ""
