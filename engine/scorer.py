@@ -103,10 +103,15 @@ class Scorer:
         return cls(model, config=config, profile=profile, **scoring_overrides)
 
     @classmethod
-    def load(cls, model: str | Path, config: EngineConfig) -> Scorer:
-        """Load a model directory or a cached hub id with exactly `config` (no profile is looked up)."""
+    def load(
+        cls, model: str | Path, config: EngineConfig, planned: tuple[Planner, ResolvedSetup] | None = None
+    ) -> Scorer:
+        """Load a model directory or a cached hub id with exactly `config` (no profile is looked up).
+
+        planned: the (planner, setup) load_planner already gave for this model and config (not read again).
+        """
         scorer = cls.__new__(cls)
-        scorer._attach(_load_runner(model, config), config)
+        scorer._attach(_load_runner(model, config, planned), config)
         scorer.profile = None
         return scorer
 
@@ -373,9 +378,11 @@ class Scorer:
                 progress.close()
 
 
-def _load_runner(model: str | Path, config: EngineConfig) -> Runner:
-    """Resolve the setup, load the weights and build the runner the model needs (chosen once, here)."""
-    planner, setup = load_planner(model, config)
+def _load_runner(
+    model: str | Path, config: EngineConfig, planned: tuple[Planner, ResolvedSetup] | None = None
+) -> Runner:
+    """Resolve the setup (unless planned), load the weights and build the runner the model needs (chosen once, here)."""
+    planner, setup = planned or load_planner(model, config)
     loaded = load_model(
         setup.info,
         setup.dtype,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ from score_batch.job.policy import (
     KEEP_GOING,
     enforce_fail,
 )
-from score_batch.job.prefetch import prefetched
+from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, output_contract
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
@@ -38,17 +39,18 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     source = checked.source
     completion = Completion(config) if checked.destination is not None and not config.dry_run else None
     sink = open_sink(config, checked.paths)
-    scorer, planner, setup = load_engine(config, report)
-    pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-
     mapping, windows = read_windows(source, config.columns, config.window_rows)
-    contract = output_contract(config, checked.mapping, checked.types, pooled_dim)
-    sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
-    progress = Progress(
-        source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
-    )
-    scoring_started = time.perf_counter()
     listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
+    with Prefetch(enumerate(windows), config.pipeline) as prefetch:
+        # The first window is read and planned on the worker while the weights load.
+        scorer, planner, setup = load_engine(
+            config, report, lambda planner: prefetch.start(_preparer(planner, listed))
+        )
+        _score_windows(config, checked, report, sink, completion, (scorer, planner, setup), mapping, prefetch)
+
+
+def _preparer(planner: Planner, listed: frozenset[int]) -> Callable[[tuple[int, list]], Prepared]:
+    """The worker's job for one numbered window: its hash, groups and plan (no plan for a listed window)."""
 
     def prepare(numbered: tuple[int, list]) -> Prepared:
         number, rows = numbered
@@ -56,12 +58,26 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
         plan = None if number in listed else planner.plan(grouped.groups)
         return Prepared(number, rows, window_hash(rows), grouped, plan)
 
+    return prepare
+
+
+def _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch) -> None:
+    """Score the prefetched windows into the sink and publish, filling report (see run_local)."""
+    source = checked.source
+    scorer, planner, setup = engine
+    pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
+    contract = output_contract(config, checked.mapping, checked.types, pooled_dim)
+    sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
+    progress = Progress(
+        source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
+    )
+    scoring_started = time.perf_counter()
     windows_read = 0
     digests: list[str] = []  # every window's input hash: the completion record's input digest
     stats = ScoreStats()  # the scored windows' score distribution and items per query, for the report
     try:
         with StopSignals() as stop:
-            for window in prefetched(enumerate(windows), prepare, config.pipeline):
+            for window in prefetch:
                 number, rows, input_hash, grouped = (
                     window.number,
                     window.rows,
@@ -135,15 +151,18 @@ def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]
     return results
 
 
-def load_engine(config: RunConfig, report: RunReport) -> tuple[Scorer | None, Planner, ResolvedSetup]:
-    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup."""
+def load_engine(
+    config: RunConfig, report: RunReport, on_planner: Callable[[Planner], None] | None = None
+) -> tuple[Scorer | None, Planner, ResolvedSetup]:
+    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup.
+
+    on_planner runs once the tokenizer and settings are ready, before the weights load.
+    """
     started = time.perf_counter()
-    if config.dry_run:
-        planner, setup = load_planner(config.model_dir, config.engine)
-        scorer = None
-    else:
-        scorer = Scorer.load(config.model_dir, config.engine)
-        planner, setup = scorer.planner, scorer.setup
+    planner, setup = load_planner(config.model_dir, config.engine)
+    if on_planner is not None:
+        on_planner(planner)
+    scorer = None if config.dry_run else Scorer.load(config.model_dir, config.engine, (planner, setup))
     report.seconds_load = round(time.perf_counter() - started, 3)
     report.add_setup(setup)
     return scorer, planner, setup

@@ -1,36 +1,66 @@
-"""Overlap: the next window is read, hashed, grouped and planned on a worker thread while this one runs."""
+"""Overlap: the next window is read, hashed, grouped and planned on a worker thread while this one runs.
+
+The first window starts as soon as the planner exists, so its reading and planning overlap the loading
+of the model's weights (run_local starts it between the two).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 In = TypeVar("In")
 Out = TypeVar("Out")
 _END = object()
 
 
-def prefetched(items: Iterable[In], prepare: Callable[[In], Out], enabled: bool) -> Iterator[Out]:
+class Prefetch(Generic[In, Out]):
     """prepare(item) for each item, in order, one item ahead on a worker thread (inline when not enabled).
 
-    The worker's exceptions are raised here, at the item they belong to; closing the iterator waits
-    for the one item in flight.
+    start(prepare) submits the first item at once; iterating yields the prepared items, and the worker's
+    exceptions are raised there, at the item they belong to. close() (or leaving the `with` block) waits
+    for the one item in flight and drops the rest.
     """
-    source = iter(items)
-    if not enabled:
-        yield from map(prepare, source)
-        return
 
-    def next_prepared():
-        item = next(source, _END)
-        return _END if item is _END else prepare(item)
+    def __init__(self, items: Iterable[In], enabled: bool) -> None:
+        self._source = iter(items)
+        self._enabled = enabled
+        self._prepare: Callable[[In], Out] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-batch-prefetch") as pool:
-        pending = pool.submit(next_prepared)
+    def start(self, prepare: Callable[[In], Out]) -> None:
+        """Set the preparing function and, when enabled, begin preparing the first item now."""
+        self._prepare = prepare
+        if self._enabled:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score-batch-prefetch")
+            self._pending = self._pool.submit(self._next_prepared)
+
+    def _next_prepared(self):
+        item = next(self._source, _END)
+        return _END if item is _END else self._prepare(item)
+
+    def __iter__(self) -> Iterator[Out]:
+        if self._prepare is None:
+            raise RuntimeError("Prefetch.start(prepare) must be called before iterating")
+        if not self._enabled:
+            yield from map(self._prepare, self._source)
+            return
         while True:
-            prepared = pending.result()
+            prepared = self._pending.result()
             if prepared is _END:
                 return
-            pending = pool.submit(next_prepared)
+            self._pending = self._pool.submit(self._next_prepared)
             yield prepared
+
+    def close(self) -> None:
+        """Wait for the item in flight (its result is dropped) and stop the worker."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Prefetch[In, Out]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -91,7 +91,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps, ops) if spec.qk_norm else None
         self.ops = ops
 
-    def forward(self, x, positions, cos_sin, plan, rows=None) -> torch.Tensor:
+    def forward(self, x, rope, plan, rows=None) -> torch.Tensor:
         """[tokens, hidden] → [tokens, hidden], or [rows, hidden] for the given rows only."""
         tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [tokens, q_size + 2 * kv_size]
@@ -99,7 +99,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(tokens, -1, self.head_dim)).view(tokens, self.q_size)
             k = self.k_norm(k.reshape(tokens, -1, self.head_dim)).view(tokens, self.kv_size)
-        self.ops.rope(positions, q, k, cos_sin, self.head_dim)
+        self.ops.rope(rope, q, k, self.head_dim)
         out = plan.attend(
             q.view(1, tokens, -1, self.head_dim).transpose(1, 2),  # [1, heads, tokens, head_dim]
             k.view(1, tokens, -1, self.head_dim).transpose(1, 2),  # [1, kv_heads, tokens, head_dim]
@@ -123,14 +123,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)
 
-    def forward(self, hidden, residual, positions, cos_sin, plan, rows=None):
+    def forward(self, hidden, residual, rope, plan, rows=None):
         """(block output, residual) after this layer; rows restricts both to those rows."""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, positions, cos_sin, plan, rows)
+        hidden = self.self_attn(hidden, rope, plan, rows)
         if rows is not None:
             residual = residual[rows]
         hidden, residual = self.post_attention_layernorm(hidden, residual)
@@ -147,6 +147,7 @@ class NativeDecoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec, i, ops) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, ops)
         self.rope = rope
+        self.ops = ops
 
     def forward(
         self,
@@ -157,13 +158,13 @@ class NativeDecoder(nn.Module):
         rows: torch.Tensor,  # [rows] int64, the token rows whose hidden states are returned
     ) -> torch.Tensor:  # [rows, hidden]
         """One prefill-only forward; only `rows` come out of the last layer."""
-        cos_sin = self.rope.covering(max_position)  # [positions, head_dim] float32
         hidden = F.embedding(input_ids, self.embed_tokens.weight)  # [tokens, hidden]
+        rope = self.ops.rope_tables(
+            positions, self.rope.covering(max_position), hidden.dtype
+        )  # every layer's
         residual = None
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
-            hidden, residual = layer(
-                hidden, residual, positions, cos_sin, plan, rows if index == last else None
-            )
+            hidden, residual = layer(hidden, residual, rope, plan, rows if index == last else None)
         hidden, _ = self.norm(hidden, residual)
         return hidden

@@ -32,12 +32,16 @@ class Ops(Protocol):
         """(rms_norm(residual + x) * weight, residual + x) of [tokens, hidden] rows; may reuse x and residual."""
         ...
 
+    def rope_tables(self, positions: torch.Tensor, cos_sin: torch.Tensor, dtype: torch.dtype) -> object:
+        """What rope() reads for a batch's positions [tokens] from the float32 cache [max_position + 1, head_dim]
+        (cos half, sin half); made once per forward and shared by every layer."""
+        ...
+
     def rope(
         self,
-        positions: torch.Tensor,  # [tokens] int64
+        tables: object,  # rope_tables(positions, cos_sin, dtype)
         q: torch.Tensor,  # [tokens, heads * head_dim], rows may be strided
         k: torch.Tensor,  # [tokens, kv_heads * head_dim]
-        cos_sin: torch.Tensor,  # [max_position + 1, head_dim] float32: cos half, sin half
         head_dim: int,
     ) -> None:
         """Rotate q and k in place (neox layout: the two halves of each head are rotated together)."""
@@ -64,10 +68,15 @@ class TorchOps:
         residual = residual + x  # [tokens, hidden] in the model's dtype, as the decoder layer adds it
         return self.rms_norm(residual, weight, eps), residual
 
-    def rope(self, positions, q, k, cos_sin, head_dim):
+    def rope_tables(self, positions, cos_sin, dtype):
+        """(cos, sin), each [tokens, 1, head_dim // 2] in the model's dtype, as transformers casts them."""
+        table = cos_sin[positions].to(dtype)  # [tokens, head_dim]
+        half = table.shape[-1] // 2
+        return table[:, None, :half], table[:, None, half:]
+
+    def rope(self, tables, q, k, head_dim):
         half = head_dim // 2
-        table = cos_sin[positions].to(q.dtype)  # [tokens, head_dim]
-        cos, sin = table[:, None, :half], table[:, None, half:]  # [tokens, 1, half]
+        cos, sin = tables  # [tokens, 1, half]
         for x in (q, k):
             heads = x.view(x.shape[0], -1, head_dim)  # [tokens, heads, head_dim], a view of x
             first, second = heads[..., :half], heads[..., half:]
@@ -103,7 +112,12 @@ class FlashInferOps:
         self._norm.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = rmsnorm(residual)
         return x, residual
 
-    def rope(self, positions, q, k, cos_sin, head_dim):
+    def rope_tables(self, positions, cos_sin, dtype):
+        """The positions and the float32 cache themselves: the kernel reads the cache by position."""
+        return positions, cos_sin
+
+    def rope(self, tables, q, k, head_dim):
+        positions, cos_sin = tables
         self._rope.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cos_sin, is_neox=True)
 
     def silu_mul(self, gate_up):
