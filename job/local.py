@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,22 +42,27 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     sink = open_sink(config, checked.paths)
     mapping, windows = read_windows(source, config.columns, config.window_rows)
     listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
+    planner_ready: Future[Planner] = Future()
     with Prefetch(enumerate(windows), config.pipeline) as prefetch:
-        # The first window is read and planned on the worker while the weights load.
-        scorer, planner, setup = load_engine(
-            config, report, lambda planner: prefetch.start(_preparer(planner, listed))
-        )
-        _score_windows(config, checked, report, sink, completion, (scorer, planner, setup), mapping, prefetch)
+        # The worker reads, hashes and groups the first window while the tokenizer and weights load, and
+        # plans it as soon as the tokenizer is there.
+        prefetch.start(_preparer(planner_ready, listed))
+        try:
+            engine = load_engine(config, report, planner_ready.set_result)
+        finally:
+            if not planner_ready.done():  # the load failed before the tokenizer: the worker stops waiting
+                planner_ready.set_exception(RuntimeError("the engine did not load"))
+        _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch)
 
 
-def _preparer(planner: Planner, listed: frozenset[int]) -> Callable[[tuple[int, list]], Prepared]:
+def _preparer(planner: Future[Planner], listed: frozenset[int]) -> Callable[[tuple[int, list]], Prepared]:
     """The worker's job for one numbered window: its hash, groups and plan (no plan for a listed window)."""
 
     def prepare(numbered: tuple[int, list]) -> Prepared:
         number, rows = numbered
-        grouped = group_window(rows)
-        plan = None if number in listed else planner.plan(grouped.groups)
-        return Prepared(number, rows, window_hash(rows), grouped, plan)
+        input_hash, grouped = window_hash(rows), group_window(rows)
+        plan = None if number in listed else planner.result().plan(grouped.groups)
+        return Prepared(number, rows, input_hash, grouped, plan)
 
     return prepare
 
