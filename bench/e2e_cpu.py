@@ -169,7 +169,9 @@ def main() -> None:
         hf_times, runs, engine_times = [], [], []
         for _ in range(args.repeats):
             hf_times.append(timed(hf_pairs, model, tokenizer, groups, args.kind, label_ids)[1])
-            time.sleep(1.0)  # the baseline's OpenMP workers spin on after it; the CLI must not share the cores with them
+            time.sleep(
+                1.0
+            )  # the baseline's OpenMP workers spin on after it; the CLI must not share the cores with them
             runs.append(cli_run(command, report))
             if scorer is not None:
                 engine_times.append(timed(scorer.run, plan)[1])

@@ -210,6 +210,11 @@ def test_ops_resolution_on_cuda_without_a_gpu():
 def test_transformers_layers_load_without_a_progress_bar(qwen3_causal, capfd):
     from transformers.utils import logging as hf_logging
 
-    _scorer(qwen3_causal, "causal", layers="transformers")
-    assert "Loading weights" not in capfd.readouterr().err
-    assert hf_logging.is_progress_bar_enabled()  # the user's setting is left as it was
+    was = hf_logging.is_progress_bar_enabled()  # earlier in-process CLI runs may have turned it off
+    hf_logging.enable_progress_bar()  # as in a user's notebook
+    try:
+        _scorer(qwen3_causal, "causal", layers="transformers")
+        assert "Loading weights" not in capfd.readouterr().err
+        assert hf_logging.is_progress_bar_enabled()  # the user's setting is left as it was
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
