@@ -30,7 +30,8 @@ Ops = Literal["auto", "torch", "flashinfer"]
 LogFormat = Literal["text", "json"]
 OnError = Literal["fail", "record", "skip"]
 Packing = Literal["auto", "mis", "single"]
-Truncate = Literal["error", "item-tail", "query-head"]
+Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
+ChunkAggregate = Literal["max", "first", "mean"]
 
 DEFAULT_WINDOW_ROWS = 2048  # RunConfig's default; a test keeps them equal
 
@@ -250,9 +251,27 @@ TruncateOpt = Annotated[
     Truncate | None,
     typer.Option(
         help="Over-long input: error (a row error), item-tail (cut the item's end), query-head (cut the "
-        "query's start).",
+        "query's start), longest-first (CrossEncoder's rule: cut the longer of query and item), chunk (score "
+        "an over-long item as windows of --max-item-tokens, one output row per item: see --chunk-aggregate).",
         rich_help_panel=SCORING,
         show_default="error",
+    ),
+]
+ChunkOverlapOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="With --truncate chunk: tokens each window shares with the one before it.",
+        rich_help_panel=SCORING,
+        show_default="0",
+    ),
+]
+ChunkAggregateOpt = Annotated[
+    ChunkAggregate | None,
+    typer.Option(
+        help="With --truncate chunk: the item's score is its best window's (max; that window also gives "
+        "scores and the pooled vector), its first window's, or the mean of every column.",
+        rich_help_panel=SCORING,
+        show_default="max",
     ),
 ]
 TopKOpt = Annotated[
@@ -468,6 +487,8 @@ class ScoreOptions:
     max_query_tokens: MaxQueryTokensOpt = None
     max_item_tokens: MaxItemTokensOpt = None
     truncate: TruncateOpt = None
+    chunk_overlap: ChunkOverlapOpt = None
+    chunk_aggregate: ChunkAggregateOpt = None
     top_k: TopKOpt = None
     rank: RankOpt = False
     device: DeviceOpt = "auto"

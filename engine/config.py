@@ -14,7 +14,8 @@ Packing = Literal["auto", "mis", "single"]
 BackendName = Literal["auto", "flashinfer", "flex", "split", "sdpa"]
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 DeviceName = Literal["auto", "cpu", "cuda"]
-Truncate = Literal["error", "item-tail", "query-head"]
+Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
+ChunkAggregate = Literal["max", "first", "mean"]
 LayersName = Literal["auto", "native", "transformers"]
 OpsName = Literal["auto", "torch", "flashinfer"]
 PACKING_MODES: tuple[str, ...] = get_args(Packing)
@@ -22,6 +23,7 @@ BACKENDS: tuple[str, ...] = get_args(BackendName)
 DTYPES: tuple[str, ...] = get_args(DtypeName)
 DEVICES: tuple[str, ...] = get_args(DeviceName)
 TRUNCATE_POLICIES: tuple[str, ...] = get_args(Truncate)
+CHUNK_AGGREGATES: tuple[str, ...] = get_args(ChunkAggregate)
 LAYERS: tuple[str, ...] = get_args(LayersName)
 OPS: tuple[str, ...] = get_args(OpsName)
 SGLANG_DEFAULT_DELIMITER = 9999
@@ -44,7 +46,12 @@ class ScoringConfig:
     delimiter_token_id: int | None = None
     max_query_tokens: int | None = None
     max_item_tokens: int | None = None
+    # error: a row error; item-tail / query-head: cut that end; longest-first: CrossEncoder's pair rule (cut
+    # the longer of query and item, a token at a time); chunk: an over-long item is scored as windows of
+    # max_item_tokens tokens sharing chunk_overlap tokens with their neighbours, aggregated by chunk_aggregate.
     truncate: Truncate = "error"
+    chunk_overlap: int = 0
+    chunk_aggregate: ChunkAggregate = "max"
     activation: ActivationChoice = (
         "auto"  # of the `score` column; auto: as CrossEncoder (engine/activation.py)
     )
@@ -52,6 +59,15 @@ class ScoringConfig:
     def __post_init__(self) -> None:
         _check_choice("ScoringConfig.packing", self.packing, PACKING_MODES)
         _check_choice("ScoringConfig.truncate", self.truncate, TRUNCATE_POLICIES)
+        _check_choice("ScoringConfig.chunk_aggregate", self.chunk_aggregate, CHUNK_AGGREGATES)
+        if (
+            isinstance(self.chunk_overlap, bool)
+            or not isinstance(self.chunk_overlap, int)
+            or self.chunk_overlap < 0
+        ):
+            raise SettingError(
+                "ScoringConfig.chunk_overlap", self.chunk_overlap, "must be a whole number >= 0"
+            )
         _check_choice("ScoringConfig.activation", self.activation, ACTIVATION_CHOICES)
         if self.label_tokens and self.label_token_ids:
             raise SettingError(

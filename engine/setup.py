@@ -207,9 +207,15 @@ def resolve_ops(
     return "torch"
 
 
+# Truncation policies declared in ScoringConfig whose engine side has not landed yet (refused, never ignored).
+PENDING_TRUNCATE = ("longest-first", "chunk")
+
+
 def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
     """Check the model against the config and resolve devices, budgets, packing, labels and activation."""
     cfg = config.scoring
+    if cfg.truncate in PENDING_TRUNCATE:
+        raise SettingError("ScoringConfig.truncate", cfg.truncate, "is not available in this version yet")
     packing = resolve_packing(info, cfg)
     device = resolve_device(config.device)
     label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)

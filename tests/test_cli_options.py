@@ -165,6 +165,8 @@ CASES = {
     "max_query_tokens": (["--max-query-tokens", "5"], "engine.scoring.max_query_tokens", 5),
     "max_item_tokens": (["--max-item-tokens", "6"], "engine.scoring.max_item_tokens", 6),
     "truncate": (["--truncate", "item-tail"], "engine.scoring.truncate", "item-tail"),
+    "chunk_overlap": (["--chunk-overlap", "4"], "engine.scoring.chunk_overlap", 4),
+    "chunk_aggregate": (["--chunk-aggregate", "mean"], "engine.scoring.chunk_aggregate", "mean"),
     "top_k": (["--top-k", "3"], "top_k", 3),
     "rank": (["--rank"], "rank", True),
     "device": (["--device", "cpu"], "engine.device", "cpu"),
