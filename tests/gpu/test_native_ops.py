@@ -1,6 +1,6 @@
 """The native decoder layers' kernels on CUDA: FlashInferOps equal TorchOps (RMSNorm, fused add + RMSNorm,
 RoPE in place from the float32 cos/sin cache, SiLU·mul), and native layers with either ops score as fp32
-plain HF. Skipped while engine/native is absent or refuses the model (work in progress elsewhere)."""
+plain HF."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from tests.gpu.need import need_gpu
 pytestmark = pytest.mark.gpu
 need_gpu("flashinfer")
 
-from score_batch.engine.errors import SettingError  # noqa: E402
 
 from tests.gpu.common import BF16_VS_FP32, CUDA, MODEL, hf_reference, max_diff, scorer, token_groups  # noqa: E402
 
@@ -21,8 +20,9 @@ BF16_OPS = dict(rtol=2e-2, atol=2e-2)  # two bf16 roundings of the same float32 
 
 @pytest.fixture(scope="module")
 def ops():
-    native = pytest.importorskip("score_batch.engine.native.ops")
-    return native.make_ops("torch", CUDA), native.make_ops("flashinfer", CUDA)
+    from score_batch.engine.native.ops import make_ops
+
+    return make_ops("torch", CUDA), make_ops("flashinfer", CUDA)
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +73,8 @@ def test_flashinfer_rope_and_silu_mul_equal_torch(ops):
 @pytest.mark.parametrize("kind", ["torch", "flashinfer"])
 def test_native_layers_score_as_fp32_plain_hf(model_dir, kind):
     groups = token_groups(9, groups=3, query=(100, 300), items=5, item=(1, 130))
-    try:
-        run = scorer(model_dir, "flashinfer", layers="native", ops=kind)
-    except SettingError as refused:
-        pytest.skip(f"native layers refused: {refused}")
-    assert getattr(run.setup, "layers", "native") == "native" and getattr(run.setup, "ops", kind) == kind
+    run = scorer(
+        model_dir, "flashinfer", layers="native", ops=kind
+    )  # a refusal fails: both must run on a GPU
+    assert run.setup.layers == "native" and run.setup.ops == kind
     assert max_diff(run.score(groups), hf_reference(model_dir, groups)) <= BF16_VS_FP32
