@@ -8,7 +8,7 @@ import sys
 
 from score_batch.cli.flags import as_flags
 
-from score_batch.errors import ConfigError, UserError, exit_code, is_environment_error
+from score_batch.errors import EXIT_USAGE, ConfigError, UserError, exit_code, is_environment_error
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,18 @@ def user_message(error: UserError) -> str:
     if isinstance(error, ConfigError):
         return f"{as_flags(error.setting, error.value)} {error.problem}"
     return str(error)
+
+
+def usage_error(error) -> int:
+    """A flag or argument click refused (bad value, unknown flag, missing input): one line, exit code 2.
+
+    Every other user mistake gets the same `score-batch: error:` line; click's usage block would bury it.
+    """
+    message = error.format_message().replace("Value error, ", "")  # pydantic's prefix on choice values
+    ctx = getattr(error, "ctx", None)
+    command = ctx.command_path if ctx is not None else "score-batch"
+    _say(f"{message.rstrip('.')} ({command} -h lists every option)")
+    return error.exit_code or EXIT_USAGE
 
 
 def _say(message: str) -> None:

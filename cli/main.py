@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 from score_batch.cli.command import ReportingCommand, command_from
-from score_batch.cli.errors import exit_code_for
+from score_batch.cli.errors import exit_code_for, usage_error
 from score_batch.cli.models import models
 from score_batch.cli.options import RunBatchOptions, ScoreOptions
 from score_batch.cli.score import HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
@@ -15,7 +15,6 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from score_batch import __version__
-from score_batch.errors import EXIT_USAGE
 
 GROUP_OPTIONS = ("-h", "--help", "--version", "--install-completion", "--show-completion")
 
@@ -88,9 +87,8 @@ def run() -> None:
         code = done.exit_code
     except typer.Abort:
         code = 130
-    except TyperException as error:  # usage errors: bad flag, missing argument
-        error.show(file=sys.stderr)
-        code = error.exit_code or EXIT_USAGE
+    except TyperException as error:  # usage errors: bad flag value, unknown flag, missing argument
+        code = usage_error(error)
     sys.exit(code if isinstance(code, int) else 0)
 
 

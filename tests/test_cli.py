@@ -243,3 +243,23 @@ def test_models_command_is_not_shadowed_by_a_models_folder(tmp_path):
     result = run_cli("models", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Supported models" in result.stdout and "qwen3-reranker" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["in.jsonl", "--on-error", "bogus"],
+            "Invalid value for '--on-error': 'bogus' is not one of 'fail', 'record', 'skip'",
+        ),
+        (["in.jsonl", "--max-pack-tokens", "abc"], "Invalid value for '--max-pack-tokens'"),
+        (["in.jsonl", "--bogus"], "No such option: --bogus"),
+        ([], "Missing argument 'input'"),
+    ],
+)
+def test_a_refused_flag_is_one_error_line(args, said):
+    result = run_cli(*args, fresh_process=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("score-batch: error: " + said), result.stderr
+    assert "Usage:" not in result.stderr and "Value error" not in result.stderr
