@@ -32,6 +32,7 @@ OnError = Literal["fail", "record", "skip"]
 Packing = Literal["auto", "mis", "single"]
 Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
 ChunkAggregate = Literal["max", "first", "mean"]
+LabelScore = Literal["probability", "logit", "sigmoid"]
 
 DEFAULT_WINDOW_ROWS = 2048  # RunConfig's default; a test keeps them equal
 
@@ -165,6 +166,16 @@ ActivationOpt = Annotated[
         help="How score is made from a classifier's logits (scores stays raw): auto (as sentence-transformers' "
         "CrossEncoder: the model's activation_fn, else sigmoid for one label, else the softmax probability of "
         "the --score-index class), none (the raw value), sigmoid or softmax \\[default: auto].",
+        rich_help_panel=SCORING,
+        show_default=False,
+    ),
+]
+LabelScoreOpt = Annotated[
+    LabelScore | None,
+    typer.Option(
+        help="CausalLM label scores: probability (P(label) over the vocabulary, or over the labels with "
+        "--apply-softmax), logit (the label token's raw logit, as FlagEmbedding's LLM rerankers return it) or "
+        "sigmoid (of that logit: FlagEmbedding's normalize=True) \\[default: probability].",
         rich_help_panel=SCORING,
         show_default=False,
     ),
@@ -476,6 +487,7 @@ class ScoreOptions:
     label_token_ids: LabelTokenIdsOpt = None
     apply_softmax: ApplySoftmaxOpt = None
     activation: ActivationOpt = None
+    label_score: LabelScoreOpt = None
     score_index: ScoreIndexOpt = None
     pooled_hidden_states: PooledOpt = None
     normalize: NormalizeOpt = None

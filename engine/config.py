@@ -18,6 +18,7 @@ Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
 ChunkAggregate = Literal["max", "first", "mean"]
 LayersName = Literal["auto", "native", "transformers"]
 OpsName = Literal["auto", "torch", "flashinfer"]
+LabelScore = Literal["probability", "logit", "sigmoid"]
 PACKING_MODES: tuple[str, ...] = get_args(Packing)
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 DTYPES: tuple[str, ...] = get_args(DtypeName)
@@ -26,6 +27,7 @@ TRUNCATE_POLICIES: tuple[str, ...] = get_args(Truncate)
 CHUNK_AGGREGATES: tuple[str, ...] = get_args(ChunkAggregate)
 LAYERS: tuple[str, ...] = get_args(LayersName)
 OPS: tuple[str, ...] = get_args(OpsName)
+LABEL_SCORES: tuple[str, ...] = get_args(LabelScore)
 SGLANG_DEFAULT_DELIMITER = 9999
 
 
@@ -55,6 +57,11 @@ class ScoringConfig:
     activation: ActivationChoice = (
         "auto"  # of the `score` column; auto: as CrossEncoder (engine/activation.py)
     )
+    # CausalLM label scores (engine/heads.label_scores): probability = P(label) over the whole vocabulary
+    # (a softmax over the labels with apply_softmax); logit = the label token's raw logit (FlagEmbedding's LLM
+    # rerankers, sentence-transformers' LogitScore with one token); sigmoid = the sigmoid of that logit
+    # (FlagEmbedding's normalize=True). A classifier's scores are its head's logits whatever this says.
+    label_score: LabelScore = "probability"
 
     def __post_init__(self) -> None:
         _check_choice("ScoringConfig.packing", self.packing, PACKING_MODES)
@@ -69,6 +76,14 @@ class ScoringConfig:
                 "ScoringConfig.chunk_overlap", self.chunk_overlap, "must be a whole number >= 0"
             )
         _check_choice("ScoringConfig.activation", self.activation, ACTIVATION_CHOICES)
+        _check_choice("ScoringConfig.label_score", self.label_score, LABEL_SCORES)
+        if self.label_score != "probability" and self.apply_softmax:
+            raise SettingError(
+                "ScoringConfig.label_score",
+                self.label_score,
+                "is given together with apply_softmax, a softmax over the label logits (probabilities); "
+                "give one: label_score probability with apply_softmax, or apply_softmax False",
+            )
         if self.label_tokens and self.label_token_ids:
             raise SettingError(
                 "ScoringConfig.label_token_ids",

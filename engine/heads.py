@@ -16,16 +16,26 @@ def label_scores(
     apply_softmax: bool,
     softcap: float | None,
     budget_bytes: int = HEAD_BUDGET_BYTES,
+    label_score: str = "probability",
 ) -> torch.Tensor:  # [n, num_labels] float32
-    """CausalLM label probabilities without [n, vocab] logits for the whole batch (docs/semantics.md, Label scores).
+    """CausalLM label scores without [n, vocab] logits for the whole batch (docs/semantics.md, Label scores).
 
-    Default: P(label) = exp(logit[label] - logsumexp(logits)), the log-sum-exp taken over the vocabulary in
-    chunks of rows whose logits fit budget_bytes. With apply_softmax: softmax over the label logits only,
-    computed from the label rows of the head alone.
+    label_score "probability" (default): P(label) = exp(logit[label] - logsumexp(logits)), the log-sum-exp
+    taken over the vocabulary in chunks of rows whose logits fit budget_bytes; with apply_softmax, the softmax
+    over the label logits only. "logit": the label tokens' logits themselves (soft-capped when the model caps
+    its final logits, as its own forward returns them); "sigmoid": the sigmoid of each. The last three come
+    from the label rows of the head alone.
     """
-    if apply_softmax:
+    if label_score not in ("probability", "logit", "sigmoid"):
+        raise ValueError(f"label_score must be probability, logit or sigmoid, not {label_score!r}")
+    if apply_softmax or label_score != "probability":
         label_bias = None if bias is None else bias[label_ids]
-        return torch.softmax(head_logits(rows, weight[label_ids], label_bias, softcap), dim=-1)
+        logits = head_logits(rows, weight[label_ids], label_bias, softcap)  # [n, num_labels] float32
+        if label_score == "logit":
+            return logits
+        if label_score == "sigmoid":
+            return torch.sigmoid(logits)
+        return torch.softmax(logits, dim=-1)
     out = torch.empty(rows.shape[0], label_ids.shape[0], dtype=torch.float32, device=rows.device)
     step = chunk_rows(weight.shape[0], rows.element_size(), budget_bytes)
     for start in range(0, rows.shape[0], step):

@@ -134,6 +134,7 @@ class PackedRunner:
                 self._label_ids,
                 cfg.apply_softmax,
                 self.model.final_logit_softcap,
+                label_score=cfg.label_score,
             )  # [num_items, num_labels]
             raw = scores
         else:

@@ -19,6 +19,7 @@ from score_batch.cli.options import (
     Dtype,
     HiveTypes,
     InputFormat,
+    LabelScore,
     OnError,
     Packing,
     ScoreOptions,
@@ -100,6 +101,7 @@ def test_every_option_sets_a_config_field(option):
         (Truncate, engine_config.TRUNCATE_POLICIES),
         (OnError, job_config.ON_ERROR_MODES),
         (InputFormat, job_config.INPUT_FORMATS),
+        (LabelScore, engine_config.LABEL_SCORES),
     ],
 )
 def test_literal_choices_equal_the_configs_choices(choice, values):
@@ -154,6 +156,7 @@ CASES = {
     "label_token_ids": (["--label-token-ids", "5,7"], "engine.scoring.label_token_ids", (5, 7)),
     "apply_softmax": (["--apply-softmax"], "engine.scoring.apply_softmax", True),
     "activation": (["--activation", "sigmoid"], "engine.scoring.activation", "sigmoid"),
+    "label_score": (["--label-score", "logit"], "engine.scoring.label_score", "logit"),
     "score_index": (["--score-index", "0"], "engine.scoring.score_index", 0),
     "pooled_hidden_states": (["--pooled-hidden-states"], "engine.scoring.pooled_hidden_states", True),
     "normalize": (["--normalize"], "engine.scoring.normalize", True),
