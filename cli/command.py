@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import sys
 import typing
 from collections.abc import Callable
 from typing import Any
 
+from typer._click.exceptions import BadParameter
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
 
@@ -45,7 +47,17 @@ def command_from(
 
 
 class ReportingCommand(TyperCommand):
-    """A command whose bad flag values (found while parsing, before the command runs) still write --report."""
+    """A command whose bad flag values (found while parsing, before the command runs) still write --report.
+
+    Its repeatable options also take a JSON list from their environment variable
+    (SCORE_BATCH_LABEL_TOKENS='[" no", " yes"]'), which whitespace splitting could not carry.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if getattr(param, "multiple", False):
+                param.value_from_envvar = _json_list_or(param, param.value_from_envvar)
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         given = list(args)  # click's parser consumes the list it parses
@@ -70,6 +82,29 @@ class ReportingCommand(TyperCommand):
             return None if value is None or param is None else param.process_value(ctx, value)
         except TyperException:
             return None
+
+
+def _json_list_or(param, split: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A repeatable option's environment value: a JSON list (`[" no", " yes"]`) as given, else split(ctx)'s
+    whitespace-separated words."""
+
+    def value_from_envvar(ctx):
+        raw = param.resolve_envvar_value(ctx)
+        if raw is None or not raw.lstrip().startswith("["):
+            return split(ctx)
+        try:
+            values = json.loads(raw)
+        except ValueError as error:
+            raise BadParameter(
+                f"its environment value is not a JSON list ({error})", ctx=ctx, param=param
+            ) from None
+        if not isinstance(values, list) or not all(isinstance(v, (str, int, float)) for v in values):
+            raise BadParameter(
+                "its environment value must be a JSON list of strings or numbers", ctx=ctx, param=param
+            )
+        return [str(v) for v in values]
+
+    return value_from_envvar
 
 
 def write_failure_report(report: str, error: BaseException, *, overwrite: bool) -> None:

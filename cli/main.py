@@ -10,7 +10,7 @@ from score_batch.cli.command import ReportingCommand, command_from
 from score_batch.cli.errors import exit_code_for, usage_error
 from score_batch.cli.models import models
 from score_batch.cli.options import RunBatchOptions, ScoreOptions
-from score_batch.cli.score import HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
+from score_batch.cli.score import ENV_PREFIX, HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
@@ -69,7 +69,7 @@ def main(
     """Offline batch scoring of (query, item) pairs."""
 
 
-ENV = {"auto_envvar_prefix": "SCORE_BATCH"}
+ENV = {"auto_envvar_prefix": ENV_PREFIX}
 app.command("score", cls=ReportingCommand, help=HELP, context_settings=ENV)(command_from(ScoreOptions, score))
 app.command("run-batch", cls=ReportingCommand, help=RUN_BATCH_HELP, context_settings=ENV)(
     command_from(RunBatchOptions, score, RUN_BATCH_FIXED)

@@ -7,6 +7,7 @@ readers are imported when a command runs, so `--help` and `--version` start in a
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import os
 from pathlib import Path
@@ -40,9 +41,26 @@ BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by run_config, not 
 RUN_BATCH_FIXED = {"input_format": "openai-batch"}  # what run-batch means, so it takes no --input-format
 
 
+# SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh).
+ENV_PREFIX = "SCORE_BATCH"  # cli/main.py's auto_envvar_prefix
+TOOLING_VARIABLES = ("SCORE_BATCH_NO_FA3", "SCORE_BATCH_REQUIRE_GPU")
+
+
+def warn_unknown_variables(environ, options: type = ScoreOptions) -> list[str]:
+    """Log one warning per SCORE_BATCH_* environment variable no option reads (a typo is otherwise silent)."""
+    known = {f"{ENV_PREFIX}_{f.name.upper()}" for f in dataclasses.fields(options)} | set(TOOLING_VARIABLES)
+    unknown = sorted(name for name in environ if name.startswith(ENV_PREFIX + "_") and name not in known)
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        log.warning("environment variable %s is not an option of score-batch and is ignored%s", name, hint)
+    return unknown
+
+
 def score(options: ScoreOptions) -> None:
     """Run one job from the command's options; under --quiet, no summary."""
     setup_logging(options.quiet, options.log_format)
+    warn_unknown_variables(os.environ, type(options))
     try:
         config = run_config(options)
     except Exception as error:  # a bad flag value, model or profile: the report still says why

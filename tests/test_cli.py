@@ -263,3 +263,23 @@ def test_a_refused_flag_is_one_error_line(args, said):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("score-batch: error: " + said), result.stderr
     assert "Usage:" not in result.stderr and "Value error" not in result.stderr
+
+
+def test_list_options_take_a_json_list_from_the_environment(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"query": "Tokyo is a city in", "item": " Japan"}])
+    env = {"SCORE_BATCH_LABEL_TOKENS": '[" no", " yes"]'}  # leading spaces: whitespace splitting loses them
+    report = tmp_path / "r.json"
+    result = run_cli(src, "--dry-run", "--report", report, fresh_process=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(report.read_text())["settings"]["engine"]["scoring"]["label_tokens"] == [" no", " yes"]
+    bad = run_cli(src, "--dry-run", fresh_process=True, env={"SCORE_BATCH_LABEL_TOKENS": '[" no",'})
+    assert bad.returncode == 2 and "is not a JSON list" in bad.stderr
+
+
+def test_an_unknown_score_batch_variable_is_named_with_a_suggestion(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"query": "Tokyo is a city in", "item": " Japan"}])
+    result = run_cli(src, "--dry-run", fresh_process=True, env={"SCORE_BATCH_ON_EROR": "skip"})
+    assert result.returncode == 0, result.stderr
+    assert (
+        "SCORE_BATCH_ON_EROR is not an option" in result.stderr and "SCORE_BATCH_ON_ERROR?" in result.stderr
+    )
