@@ -10,6 +10,7 @@ import torch
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.attention.registry import make_backend
 from score_batch.engine.batching import Batch, collate
+from score_batch.engine.chunking import ItemCountdown, aggregate
 from score_batch.engine.compiled import OpaquePlan, compile_backbone
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
@@ -68,14 +69,27 @@ class PackedRunner:
 
         A pack with a non-finite output has each of its items scored again alone (its own reference
         sequence, its own batch), so a NaN that leaked through masked attention cannot cost a neighbour its
-        score; only items non-finite on their own become item errors.
+        score; only items non-finite on their own become item errors. Under truncate="chunk" each item's
+        windows are aggregated into its one result (engine/chunking.py), with the window count in `chunks`.
         """
+        results = self.run_windows(plan, on_items)
+        if plan.chunked is None:
+            return results
+        errors = [g.errors for g in plan.tokenized]
+        return aggregate(results, plan.chunked, errors, self.cfg.chunk_aggregate)
+
+    def run_windows(
+        self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
+    ) -> list[GroupResult]:
+        """run() before aggregation: one result row per scored sequence (plan.scored_group's items; under
+        truncate="chunk" every window, else every item). on_items counts finished input items."""
         cfg = self.cfg
         table = ResultTable(
-            [len(g.item_ids) for g in plan.tokenized],
+            [len(plan.scored_group(g).item_ids) for g in range(len(plan.tokenized))],
             self.setup.num_scores,
             self.setup.info.hidden_size if cfg.pooled_hidden_states else None,
         )
+        countdown = ItemCountdown(plan.chunked)
         rescored = 0
         cache = QueryCache(plan.batches)  # the queries of groups whose later packs run without them
         with torch.inference_mode():
@@ -95,19 +109,20 @@ class PackedRunner:
                     for r, ref in zip(rows, pack.item_refs):
                         table.put(ref, raw[r], scores[r], None if pooled is None else pooled[r])
                 if on_items is not None:
-                    on_items(len(batch.item_refs))
+                    on_items(countdown.finished(batch.item_refs))
         if rescored:
             log.warning(
                 "%d items shared a pack with a non-finite output and were scored again alone", rescored
             )
-        return table.results([g.errors for g in plan.tokenized], self.setup.activation, cfg.score_index)
+        errors = [plan.scored_group(g).errors for g in range(len(plan.tokenized))]
+        return table.results(errors, self.setup.activation, cfg.score_index)
 
     def _score_alone(self, plan: PackedPlan, ref, table: ResultTable) -> None:
         """Score one item as its own reference sequence in its own batch; fail it if still non-finite."""
-        sequence = plan.tokenized[ref.group].reference_sequence(ref.item)
+        sequence = plan.scored_group(ref.group).reference_sequence(ref.item)
         raw, scores, pooled = self._forward(collate([single_pack(sequence, ref)]))
         if non_finite_rows(raw)[0]:
-            table.fail(ref, raw[0])
+            table.fail(ref, raw[0], plan.item_name(ref))
         else:
             table.put(ref, raw[0], scores[0], None if pooled is None else pooled[0])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from score_batch.engine.batching import Batch, make_batches
+from score_batch.engine.chunking import ChunkedGroup, check_chunk_settings, chunk_group
 from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
@@ -39,6 +40,8 @@ class PlanStats:
     groups: int = 0
     items: int = 0
     failed_items: int = 0
+    # sequences the model scores: the items that tokenized, or under truncate="chunk" their windows
+    windows: int = 0
     packs: int = 0
     batches: int = 0
     packed_tokens: int = 0  # tokens the forward passes run (a cached pack's query is not among them)
@@ -52,6 +55,16 @@ class PackedPlan:
     tokenized: list[TokenizedGroup]
     batches: list[Batch]
     stats: PlanStats = field(default_factory=PlanStats)
+    # truncate="chunk": each group's windows, which the packs' ItemRefs index instead of its items
+    chunked: list[ChunkedGroup] | None = None
+
+    def scored_group(self, group: int) -> TokenizedGroup:
+        """The group whose items the packs score (ItemRef.item indexes it): its windows under chunk, else itself."""
+        return self.tokenized[group] if self.chunked is None else self.chunked[group].scored
+
+    def item_name(self, ref: ItemRef) -> str:
+        """A scored item as error messages name it: "item 3", or "item 3 (window 2 of 5)" under chunk."""
+        return f"item {ref.item}" if self.chunked is None else self.chunked[ref.group].window_name(ref.item)
 
 
 @dataclass
@@ -61,6 +74,7 @@ class PairPlan:
     tokenized: list[PairGroup]  # the encoded pairs of each group (named as PackedPlan's for callers)
     batches: list[PairBatch]
     stats: PlanStats = field(default_factory=PlanStats)
+    chunked: None = None  # encoders are never chunked (engine/chunking.check_chunk_settings)
 
 
 @dataclass(frozen=True)
@@ -71,8 +85,14 @@ class PackedPlanner:
     cfg: ScoringConfig
     limits: PlanLimits
 
+    def __post_init__(self) -> None:
+        check_chunk_settings(self.cfg, encoder=False)
+
     def plan(self, groups: list[Group]) -> PackedPlan:
-        """Tokenize, pack (MIS or single) and batch the groups of one call."""
+        """Tokenize, pack (MIS or single) and batch the groups of one call.
+
+        Under truncate="chunk" the packs score every item's windows as items of its group (plan.chunked).
+        """
         cfg, limits = self.cfg, self.limits
         tokenized = [
             tokenize_group(
@@ -80,8 +100,10 @@ class PackedPlanner:
             )
             for g in groups
         ]
+        chunked = [chunk_group(g) for g in tokenized] if cfg.truncate == "chunk" else None
+        scored = tokenized if chunked is None else [c.scored for c in chunked]
         packs: list[Pack] = []
-        for group_index, group in enumerate(tokenized):
+        for group_index, group in enumerate(scored):
             packs.extend(_group_packs(group_index, group, cfg, limits))
         budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
         batches = make_batches(packs, budget)
@@ -89,17 +111,18 @@ class PackedPlanner:
             groups=len(groups),
             items=sum(len(g.item_ids) for g in tokenized),
             failed_items=sum(e is not None for g in tokenized for e in g.errors),
+            windows=sum(ids is not None for g in scored for ids in g.item_ids),
             packs=len(packs),
             batches=len(batches),
             packed_tokens=sum(len(p) for p in packs),
             pairwise_tokens=sum(
                 len(g.reference_sequence(i))
-                for g in tokenized
+                for g in scored
                 for i, ids in enumerate(g.item_ids)
                 if ids is not None
             ),
         )
-        return PackedPlan(tokenized=tokenized, batches=batches, stats=stats)
+        return PackedPlan(tokenized=tokenized, batches=batches, stats=stats, chunked=chunked)
 
 
 @dataclass(frozen=True)
@@ -110,6 +133,9 @@ class PairPlanner:
     cfg: ScoringConfig
     limits: PlanLimits
 
+    def __post_init__(self) -> None:
+        check_chunk_settings(self.cfg, encoder=True)
+
     def plan(self, groups: list[Group]) -> PairPlan:
         """Encode (query, item) pairs and batch them padded."""
         limits = self.limits
@@ -119,6 +145,7 @@ class PairPlanner:
             groups=len(groups),
             items=sum(len(g.item_ids) for g in encoded),
             failed_items=sum(e is not None for g in encoded for e in g.errors),
+            windows=sum(ids is not None for g in encoded for ids in g.item_ids),
             packs=sum(len(b.item_refs) for b in batches),
             batches=len(batches),
             packed_tokens=sum(b.num_tokens for b in batches),

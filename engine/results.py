@@ -13,10 +13,13 @@ def non_finite_rows(raw: np.ndarray) -> np.ndarray:  # raw: [rows, num_scores] â
     return ~np.isfinite(raw).all(axis=1)
 
 
-def non_finite_message(raw_row: np.ndarray, item: int) -> str:
-    """The item error of a row that stays non-finite when scored alone, naming the item and the value."""
+def non_finite_message(raw_row: np.ndarray, item: int, name: str | None = None) -> str:
+    """The item error of a row that stays non-finite when scored alone, naming the item and the value.
+
+    name: how to name it instead of "item N" (a window under truncate="chunk": "item 3 (window 2 of 5)").
+    """
     value = next(float(v) for v in raw_row if not np.isfinite(v))
-    return f"non-finite score ({value}) for item {item}"
+    return f"non-finite score ({value}) for {name or f'item {item}'}"
 
 
 class ResultTable:
@@ -37,9 +40,10 @@ class ResultTable:
         if pooled is not None and self.pooled[ref.group] is not None:
             self.pooled[ref.group][ref.item] = pooled
 
-    def fail(self, ref: ItemRef, raw: np.ndarray) -> None:
-        """Mark an item whose output is non-finite on its own: an item error, NaN everywhere."""
-        self.item_errors[ref.group][ref.item] = non_finite_message(raw, ref.item)
+    def fail(self, ref: ItemRef, raw: np.ndarray, name: str | None = None) -> None:
+        """Mark an item whose output is non-finite on its own: an item error, NaN everywhere (name: see
+        non_finite_message)."""
+        self.item_errors[ref.group][ref.item] = non_finite_message(raw, ref.item, name)
         self.raw[ref.group][ref.item] = np.nan
         self.scores[ref.group][ref.item] = np.nan
         if self.pooled[ref.group] is not None:

@@ -208,7 +208,7 @@ def resolve_ops(
 
 
 # Truncation policies declared in ScoringConfig whose engine side has not landed yet (refused, never ignored).
-PENDING_TRUNCATE = ("longest-first", "chunk")
+PENDING_TRUNCATE = ("longest-first",)
 
 
 def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:

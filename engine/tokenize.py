@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from score_batch.engine.chunking import split_windows
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.types import Group
 
@@ -18,6 +19,9 @@ class TokenizedGroup:
     item_ids: list[list[int] | None]
     errors: list[str | None]
     item_first: bool = False
+    # truncate="chunk": each item's windows, each scored as its own item (one window, the item itself, when it
+    # fits; none when it failed); item_ids then holds each item's whole tokens. None under other policies.
+    windows: list[list[list[int]]] | None = None
 
     def reference_sequence(self, index: int) -> list[int]:
         """The sequence a separate forward pass of item `index` would see."""
@@ -94,10 +98,16 @@ def tokenize_group(
         )
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []
+    windows: list[list[list[int]]] | None = [] if cfg.truncate == "chunk" else None
     for index, item in enumerate(items):
         error = _check_ids(item.ids, vocab_size, f"item {index}")
         ids = None
-        if error is None:
+        if error is None and windows is not None:
+            ids, item_windows, error = _chunk(item, item_limit, cfg.chunk_overlap, f"item {index}", item_why)
+            windows.append(item_windows)
+        elif windows is not None:
+            windows.append([])
+        elif error is None:
             ids, error = _fit(
                 item,
                 item_limit,
@@ -111,7 +121,22 @@ def tokenize_group(
             error = f"item {index} and the query are both empty"
         item_ids.append(ids if error is None else None)
         errors.append(error)
-    return TokenizedGroup(query_ids, item_ids, errors, cfg.item_first)
+    return TokenizedGroup(query_ids, item_ids, errors, cfg.item_first, windows)
+
+
+def _chunk(
+    encoded: _Encoded, limit: int, overlap: int, what: str, why: str
+) -> tuple[list[int], list[list[int]], str | None]:
+    """truncate="chunk": (the item's whole ids, its windows of at most limit tokens, None) or an error.
+
+    An item within the limit is its one window; a longer one is split by engine/chunking.split_windows (the
+    template's tokens around every window, content windows as a Hugging Face tokenizer's overflow makes them).
+    """
+    windows, reason = split_windows(encoded.ids, encoded.content, limit, overlap)
+    if reason is None:
+        return encoded.ids, windows, None
+    over = f"{what} has {len(encoded.ids)} tokens, over the limit of {limit}{why}"
+    return [], [], f"{over}, and cannot be split into windows: {reason}"
 
 
 def _encode_text(

@@ -33,6 +33,10 @@ class GroupResult:
     raw: np.ndarray | None = (
         None  # [num_items, num_scores] float32 before activation/softmax (classifier logits)
     )
+    # [num_items] int32 under truncate="chunk": the windows each item was scored as (1 for an item that fit its
+    # limit, 0 for an item that failed before scoring); None otherwise. The other fields are then the
+    # aggregate of the item's windows (ScoringConfig.chunk_aggregate; engine/chunking.py).
+    chunks: np.ndarray | None = None
 
     @property
     def failures(self) -> list[str | None]:
