@@ -7,7 +7,7 @@ errors file, so a local run and a Ray run write the same columns with the same t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -19,15 +19,16 @@ ROW_INDEX = "row_index"  # the input row an output row came from (0-based; JSONL
 ERROR = "error"
 RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
 QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
+CHUNKS = "chunks"  # --truncate chunk: how many windows the item was scored as (1 when it fit)
 ERROR_FIELDS = (ROW_INDEX, "query_id", "item_id", ERROR)  # one line of the errors file
 ID_COLUMNS = ("query_id", "item_id")
 PARTITION_IDS = ID_COLUMNS  # --partition-by may name these and the kept columns
 
 
-def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool) -> None:
+def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chunked: bool = False) -> None:
     """--keep-columns may not name a column the job writes itself (OutputContract.written_columns); needs no
     weights and no input, so preflight runs it before anything loads."""
-    for name in OutputContract.written_columns(ranked=ranked, pooled=pooled):
+    for name in OutputContract.written_columns(ranked=ranked, pooled=pooled, chunked=chunked):
         if name not in keep:
             continue
         if name in ID_COLUMNS:
@@ -37,7 +38,9 @@ def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool) -> 
                 f"--keep-columns {name!r}: with --rank / --top-k that name is taken by a column of the "
                 "checkpoint parts; rename the input column"
             )
-        when = " with --rank / --top-k" if name == RANK else ""
+        when = (
+            " with --rank / --top-k" if name == RANK else " with --truncate chunk" if name == CHUNKS else ""
+        )
         raise InputError(
             f"--keep-columns {name!r} would overwrite the output column of the same name{when}; "
             "rename the input column"
@@ -68,6 +71,7 @@ class OutputContract:
     query_ids_given: bool  # the input has a query-id column; else the row index is the query id
     ranked: bool = False  # add a rank column; rows of a query come out best first
     top_k: int | None = None  # keep only the top_k scored items of each query
+    chunked: bool = False  # --truncate chunk: add the chunks column (windows per item)
 
     @classmethod
     def from_types(
@@ -78,13 +82,14 @@ class OutputContract:
         on_error: str,
         rank: bool = False,
         top_k: int | None = None,
+        chunked: bool = False,
     ) -> OutputContract:
         """Types of the whole input (io_formats.readers.column_types); absent ids are row indexes (int64).
 
         Refuses kept columns that would overwrite a written column (check_kept_columns).
         """
         ranked = rank or top_k is not None
-        check_kept_columns(mapping.keep, ranked=ranked, pooled=pooled_dim is not None)
+        check_kept_columns(mapping.keep, ranked=ranked, pooled=pooled_dim is not None, chunked=chunked)
 
         def typed(column: str | None, default: pa.DataType) -> pa.DataType:
             dtype = types.get(column) if column else None
@@ -92,13 +97,23 @@ class OutputContract:
 
         id_types = (typed(mapping.query_id, pa.int64()), typed(mapping.item_id, pa.int64()))
         kept = tuple((name, typed(name, pa.string())) for name in mapping.keep)
-        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k)
+        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k, chunked)
+
+    def with_chunks(self, chunked: bool) -> OutputContract:
+        """This contract with the chunks column when chunked (--truncate chunk), refusing a kept column of that
+        name (the job's early check_kept_columns knows ranking and pooling only)."""
+        if not chunked:
+            return self
+        check_kept_columns(self.keep, ranked=self.ranked, pooled=self.pooled_dim is not None, chunked=True)
+        return replace(self, chunked=True)
 
     @staticmethod
-    def written_columns(*, ranked: bool, pooled: bool) -> tuple[str, ...]:
+    def written_columns(*, ranked: bool, pooled: bool, chunked: bool = False) -> tuple[str, ...]:
         """Every column the job writes besides the kept ones, in any of its files (checkpoint parts, the final
         output, Ray files, the errors file): the names a kept column may not take. Read off the schemas."""
-        probe = OutputContract((pa.null(), pa.null()), (), 1 if pooled else None, "record", False, ranked)
+        probe = OutputContract(
+            (pa.null(), pa.null()), (), 1 if pooled else None, "record", False, ranked, chunked=chunked
+        )
         return tuple((probe.ranked_schema() if ranked else probe.part_schema()).names)
 
     @property
@@ -115,6 +130,8 @@ class OutputContract:
             pa.field("score", pa.float32()),
             pa.field("scores", pa.list_(pa.float32())),
         ]
+        if self.chunked:
+            fields.append(pa.field(CHUNKS, pa.int32()))
         if self.pooled_dim is not None:
             fields.append(pa.field("pooled_hidden_state", pa.list_(pa.float32(), self.pooled_dim)))
         fields.extend(pa.field(name, dtype) for name, dtype in self.kept)

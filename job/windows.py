@@ -10,7 +10,7 @@ from typing import Any
 
 from score_batch.engine import Group, GroupResult
 from score_batch.io_formats.readers import InputRow
-from score_batch.job.contract import ERROR, QUERY_KEY, ROW_INDEX, OutputContract
+from score_batch.job.contract import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, OutputContract
 from score_batch.job.ranking import query_key
 
 
@@ -52,7 +52,8 @@ def output_columns(
 ) -> dict[str, list]:
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
-    A null id stays null when the input has an id column; without one, the row index is the query id.
+    A null id stays null when the input has an id column; without one, the row index is the query id. Under
+    --truncate chunk (contract.chunked) each item's row also has its window count (GroupResult.chunks).
     """
     keep, pooled = contract.keep, contract.pooled_dim is not None
     by_item: dict[tuple[int, int], tuple] = {}
@@ -61,13 +62,15 @@ def output_columns(
             errors = item_errors(result)
             for k, ref in enumerate(g_refs):
                 vector = result.pooled[k].tolist() if pooled and errors[k] is None else None
-                by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, errors[k])
+                chunks = None if result.chunks is None else int(result.chunks[k])
+                by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, chunks, errors[k])
     names = [
         ROW_INDEX,
         "query_id",
         "item_id",
         "score",
         "scores",
+        *([CHUNKS] if contract.chunked else []),  # a kept column may take the name otherwise
         "pooled_hidden_state",
         *keep,
         QUERY_KEY,
@@ -78,14 +81,18 @@ def output_columns(
         query_id = row.query_id if contract.query_ids_given else row.index
         key = query_key(row, contract) if contract.ranked else None
         for item_pos, item_id in enumerate(row.item_ids):
-            score, scores, vector, error = by_item.get((row_pos, item_pos), (None, None, None, row.error))
+            score, scores, vector, chunks, error = by_item.get(
+                (row_pos, item_pos), (None, None, None, None, row.error)
+            )
             if error is not None:
-                score, scores, vector = None, None, None
+                score, scores, vector, chunks = None, None, None, None
             columns[ROW_INDEX].append(row.index)
             columns["query_id"].append(query_id)
             columns["item_id"].append(item_id)
             columns["score"].append(None if score is None else float(score))
             columns["scores"].append(scores)
+            if contract.chunked:
+                columns[CHUNKS].append(chunks)
             columns["pooled_hidden_state"].append(vector)
             for name in keep:
                 columns[name].append(row.kept.get(name))
