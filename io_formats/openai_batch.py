@@ -26,6 +26,8 @@ UNSUPPORTED_FIELDS = {"mm_processor_kwargs": "multimodal inputs are not supporte
 # Per-request activation switches, in the order vLLM reads them (get_use_activation: the first one set wins;
 # softmax and activation are vLLM's deprecated spellings of use_activation).
 ACTIVATION_FIELDS = ("softmax", "activation", "use_activation")
+# TEI's TruncationDirection as its serde aliases spell it (router/src/http/types.rs).
+TEI_DIRECTIONS = ("Right", "right", "Left", "left")
 DETECT_LIMIT = 64 << 20  # bytes of the first non-blank line read to detect the format
 BOM = b"\xef\xbb\xbf"
 
@@ -58,7 +60,16 @@ class BatchRequest:
     top_n: int = 0  # rerank: keep the best top_n results (0: all)
     return_documents: bool = True  # rerank: include each document's text
     use_activation: bool | None = None  # None: the run's own score; False: the raw value; True: activated
-    truncate_prompt_tokens: int | None = None  # keep the last N tokens of each (query, item) pair; None: off
+    truncate_prompt_tokens: int | None = None  # cut each (query, item) pair to N tokens; None: off
+    truncation_side: str = (
+        "left"  # vLLM's, for truncate_prompt_tokens: left keeps the last N, right the first N
+    )
+    max_tokens_per_query: int = 0  # vLLM: the query text cut to its first N tokens (0: off)
+    max_tokens_per_doc: int = 0  # vLLM: each item text cut to its first N tokens (0: off)
+    truncate: bool = (
+        False  # TEI: cut an over-long pair to the model's limit (longest first) instead of failing
+    )
+    truncation_direction: str = "right"  # TEI, with truncate: right cuts the ends, left the starts
     error: BatchError | None = None
 
     def grouped(self) -> list[tuple[str, list[int]]]:
@@ -243,6 +254,48 @@ def _parse_switches(request: BatchRequest, body: dict) -> None:
                 f"limit), not {truncate!r}",
             )
         request.truncate_prompt_tokens = None if truncate == -1 else truncate
+    _parse_truncation(request, body)
+
+
+def _parse_truncation(request: BatchRequest, body: dict) -> None:
+    """vLLM's truncation_side, max_tokens_per_query and max_tokens_per_doc; TEI's truncate and
+    truncation_direction (docs/openai-batch.md, Truncation). null is the default, as an absent field."""
+    side = body.get("truncation_side")
+    if side is not None:
+        if side not in ("left", "right"):
+            raise _BodyError("invalid_body", f"body.truncation_side must be 'left' or 'right', not {side!r}")
+        request.truncation_side = side
+    for name in ("max_tokens_per_query", "max_tokens_per_doc"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _BodyError(
+                "invalid_body",
+                f"body.{name} must be a non-negative integer (0: no cut), not {json.dumps(value)}",
+            )
+        setattr(request, name, value)
+    truncate = body.get("truncate")
+    if truncate is not None:
+        if not isinstance(truncate, bool):
+            raise _BodyError(
+                "invalid_body", f"body.truncate must be true or false, not {_json_type(truncate)}"
+            )
+        request.truncate = truncate
+    direction = body.get("truncation_direction")
+    if direction is not None:
+        if direction not in TEI_DIRECTIONS:
+            raise _BodyError(
+                "invalid_body",
+                f"body.truncation_direction must be 'Right' or 'Left' (or 'right', 'left'), not {direction!r}",
+            )
+        request.truncation_direction = direction.lower()
+    if request.truncate and request.truncate_prompt_tokens is not None:
+        raise _BodyError(
+            "unsupported_parameter",
+            "body.truncate (TEI's cut to the model's limit) together with body.truncate_prompt_tokens (vLLM's "
+            "cut to N tokens) is not supported: give one",
+        )
 
 
 def _parse_score(request: BatchRequest, body: dict) -> None:

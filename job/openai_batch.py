@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 from score_batch.engine import Group
 from score_batch.engine.planner import Planner
+from score_batch.engine.tokenize import MIS_DELIMITERS_PER_ITEM
 from score_batch.io_formats import readers
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import InputFormat
@@ -46,7 +47,7 @@ from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
-UNLIMITED = 1 << 40  # token limits of the planner that measures whole pairs for truncate_prompt_tokens
+UNLIMITED = 1 << 40  # token limits of the planner that measures whole pairs for truncation
 Activation = Literal["none", "sigmoid", "softmax"]
 
 
@@ -104,7 +105,9 @@ def _score_requests(config: RunConfig, destination, report: RunReport, batch: Ba
     scorer, planner, setup = load_engine(config, report)
     model, created = str(config.model_dir), int(time.time())
     switches = _Switches(
-        getattr(config.engine.scoring, "activation", "auto"), config.engine.scoring.score_index
+        getattr(config.engine.scoring, "activation", "auto"),
+        config.engine.scoring.score_index,
+        getattr(config.engine.scoring, "label_score", "probability"),
     )
     failures = _Failures()
     progress = tqdm(
@@ -190,21 +193,36 @@ Owners = dict[int, list[_Part]]  # request number → its parts
 def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], Owners]:
     """The engine groups of a window's good requests, and per request its (group index, item positions).
 
-    A request with truncate_prompt_tokens N has each pair longer than N tokens scored as its own group of
-    token ids: the pair's last N tokens (what vLLM keeps); encoder cross-encoders build pairs from text, so
-    there such a pair gets an error instead.
+    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts (_cut_texts); then a
+    pair over truncate_prompt_tokens N is scored on N of its tokens (_truncated), or, with TEI's truncate, a
+    pair over the model's limit is cut longest first (_tei_truncated); each such pair is its own group. A
+    request whose settings cannot be honoured gets its error here.
     """
     groups: list[Group] = []
     owners: Owners = {}
     for number, request in enumerate(window):
+        if request.error is None and request.use_activation is False and planner.cfg.label_score == "sigmoid":
+            request.error = BatchError(
+                "unsupported_parameter",
+                f"line {request.line}: use_activation false asks for the raw logit, and this run gives its "
+                "sigmoid (label_score sigmoid); run with --label-score logit for both",
+            )
         if request.error is not None:
             continue
+        try:
+            grouped = _cut_texts(request, planner)
+        except _RequestError as failure:
+            request.error = BatchError(failure.code, f"line {request.line}: {failure}")
+            continue
         owners[number] = []
-        for query, positions in request.grouped():
-            items = [request.items[p] for p in positions]
+        for query, positions, items in grouped:
             cut: dict[int, Group | str] = {}
             if request.truncate_prompt_tokens is not None:
-                cut = _truncated(query, items, request.truncate_prompt_tokens, planner)
+                cut = _truncated(
+                    query, items, request.truncate_prompt_tokens, request.truncation_side, planner
+                )
+            elif request.truncate:
+                cut = _tei_truncated(query, items, request.truncation_direction, planner)
             kept = [k for k in range(len(positions)) if k not in cut]
             if kept:
                 owners[number].append(_Part(len(groups), [positions[k] for k in kept]))
@@ -218,9 +236,65 @@ def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], 
     return groups, owners
 
 
-def _truncated(query: str, items: list[str], keep: int, planner: Planner) -> dict[int, Group | str]:
-    """Per item whose whole (query, item) sequence is over keep tokens: its last keep tokens as a token-id group
-    (split so the query keeps what is left of it), or why it cannot be cut."""
+class _RequestError(Exception):
+    """A request's setting this run cannot honour: the request's error line (code, message)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _cut_texts(request: BatchRequest, planner: Planner) -> list[tuple[str, list[int], list[str]]]:
+    """(query, item positions, items) per group of the request, with vLLM's max_tokens_per_query and
+    max_tokens_per_doc applied to the texts (truncate_text_to_tokens) before any template wraps them."""
+    limit = _model_length(planner.limits)
+    for name in ("max_tokens_per_query", "max_tokens_per_doc"):
+        value = getattr(request, name)
+        if value and value >= limit:  # vLLM's _validate_token_limit
+            raise _RequestError(
+                "invalid_body", f"body.{name} ({value}) must be less than the model's length ({limit})"
+            )
+    grouped = []
+    for query, positions in request.grouped():
+        items = [request.items[p] for p in positions]
+        try:
+            if request.max_tokens_per_query:
+                query = truncate_text_to_tokens(query, planner.tokenizer, request.max_tokens_per_query)
+            if request.max_tokens_per_doc:
+                items = [
+                    truncate_text_to_tokens(i, planner.tokenizer, request.max_tokens_per_doc) for i in items
+                ]
+        except NotImplementedError:  # a slow tokenizer has no offset mapping
+            raise _RequestError(
+                "unsupported_parameter",
+                "max_tokens_per_query / max_tokens_per_doc need a fast tokenizer (its offset mapping cuts the text)",
+            ) from None
+        grouped.append((query, positions, items))
+    return grouped
+
+
+def truncate_text_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
+    """text cut after its first max_tokens tokens (the tokenizer's, special tokens not added), at the end offset
+    of the last token kept; text itself when it has no more. vLLM's truncate_text_to_tokens
+    (vllm/entrypoints/pooling/scoring/utils.py), the rule of its max_tokens_per_query / max_tokens_per_doc."""
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if len(encoding["input_ids"]) <= max_tokens:
+        return text
+    char_end = encoding["offset_mapping"][max_tokens - 1][1]
+    return text[:char_end]
+
+
+def _model_length(limits) -> int:
+    """The longest sequence this run scores (vLLM's max_model_len, TEI's max_input_length): an encoder's pair
+    limit; for a decoder its position limit and what one pack holds beside the delimiters."""
+    if limits.pair_max_length is not None:
+        return limits.pair_max_length
+    longest = limits.max_pack_tokens
+    return longest if limits.max_positions is None else min(longest, limits.max_positions)
+
+
+def _measured(query: str, items: list[str], planner: Planner):
+    """The group as the run tokenizes it (templates included), with no limit or truncation applied."""
     limits = dataclasses.replace(
         planner.limits,
         max_pack_tokens=UNLIMITED,
@@ -228,7 +302,15 @@ def _truncated(query: str, items: list[str], keep: int, planner: Planner) -> dic
         pair_max_length=None if planner.limits.pair_max_length is None else UNLIMITED,
     )
     cfg = dataclasses.replace(planner.cfg, max_query_tokens=None, max_item_tokens=None, truncate="error")
-    measured = dataclasses.replace(planner, cfg=cfg, limits=limits).plan([Group(query, items)]).tokenized[0]
+    return dataclasses.replace(planner, cfg=cfg, limits=limits).plan([Group(query, items)]).tokenized[0]
+
+
+def _truncated(
+    query: str, items: list[str], keep: int, side: str, planner: Planner
+) -> dict[int, Group | str]:
+    """Per item whose whole (query, item) sequence is over keep tokens: keep of its tokens as a token-id group,
+    the last ones (side "left", vLLM's default) or the first ones ("right"); or why it cannot be cut."""
+    measured = _measured(query, items, planner)
     cut: dict[int, Group | str] = {}
     for k, ids in enumerate(measured.item_ids):
         if ids is None:
@@ -237,11 +319,16 @@ def _truncated(query: str, items: list[str], keep: int, planner: Planner) -> dic
             if len(ids) > keep:
                 cut[k] = (
                     f"truncate_prompt_tokens {keep}: the pair has {len(ids)} tokens, and an encoder "
-                    "cross-encoder's pairs cannot be cut to their last tokens (use --truncate item-tail)"
+                    "cross-encoder's pairs cannot be cut to a part of their tokens (use --truncate item-tail)"
                 )
             continue
         sequence = measured.reference_sequence(k)
         if len(sequence) <= keep:
+            continue
+        if side == "right":
+            cut[k] = _head_group(
+                sequence[:keep], len(measured.query_ids), len(ids), measured.item_first, keep
+            )
             continue
         tail = sequence[-keep:]
         query_len = min(len(measured.query_ids), keep)
@@ -251,6 +338,101 @@ def _truncated(query: str, items: list[str], keep: int, planner: Planner) -> dic
             lead = max(1, len(measured.query_ids) - (len(sequence) - keep))
             cut[k] = Group(tail[:lead], [tail[lead:]])
     return cut
+
+
+def _head_group(head: list[int], query_len: int, item_len: int, item_first: bool, keep: int) -> Group | str:
+    """The first keep tokens of a reference sequence as a token-id group, when both parts keep a token."""
+    first_len = item_len if item_first else query_len
+    if len(head) <= first_len:
+        what = "item" if item_first else "query"
+        return (
+            f"truncate_prompt_tokens {keep} with truncation_side right keeps only tokens of the {what} "
+            f"({first_len} tokens): nothing of the {'query' if item_first else 'item'} would be scored"
+        )
+    if item_first:
+        return Group(head[first_len:], [head[:first_len]])
+    return Group(head[:first_len], [head[first_len:]])
+
+
+def _tei_truncated(query: str, items: list[str], direction: str, planner: Planner) -> dict[int, Group | str]:
+    """TEI's truncate: per item whose (query, item) pair is over the run's length, the pair cut as TEI cuts it
+    (core/src/tokenization.rs encode_input: the tokenizer's own truncation, longest_first, to max_input_length,
+    special tokens counted, in the given direction), or why it cannot be.
+
+    Decoders get TEI's kept tokens as a token-id group (the query's special tokens in front). An encoder
+    cross-encoder takes text: the texts are cut at the kept tokens' offsets, and the cut is used only when the
+    model's tokenizer encodes the cut pair to exactly TEI's tokens (else the pair gets an error).
+    """
+    cfg, limits = planner.cfg, planner.limits
+    encoder = limits.pair_max_length is not None
+    length = _model_length(limits)
+    if not encoder and cfg.packing != "single" and not cfg.item_first:
+        length = min(length, limits.max_pack_tokens - MIS_DELIMITERS_PER_ITEM)
+    measured = _measured(query, items, planner)
+    over = [
+        k
+        for k, ids in enumerate(measured.item_ids)
+        if ids is not None and len(ids if encoder else measured.reference_sequence(k)) > length
+    ]
+    if not over:
+        return {}
+    refusal = None
+    if cfg.query_template is not None or cfg.item_template is not None:
+        refusal = (
+            "TEI's truncate cuts the raw (query, text) pair; this run wraps them in templates (a profile)"
+        )
+    elif cfg.item_first:
+        refusal = "TEI's truncate cuts the (query, text) pair; this run puts the item first"
+    elif getattr(planner.tokenizer, "backend_tokenizer", None) is None:
+        refusal = "TEI's truncate needs a fast tokenizer (TEI's own tokenizers library)"
+    if refusal is not None:
+        return {
+            k: f"truncate: the pair is over the run's length of {length} tokens, and {refusal}" for k in over
+        }
+    from tokenizers import Tokenizer
+
+    cutter = Tokenizer.from_str(planner.tokenizer.backend_tokenizer.to_str())
+    cutter.no_padding()
+    cutter.enable_truncation(length, stride=0, strategy="longest_first", direction=direction)
+    cut: dict[int, Group | str] = {}
+    for k in over:
+        encoding = cutter.encode(query, items[k])  # add_special_tokens: TEI encodes with them
+        if encoder:
+            cut[k] = _tei_text_pair(query, items[k], encoding, direction, planner.tokenizer)
+        else:
+            cut[k] = _tei_id_pair(query, encoding, planner.tokenizer)
+    return cut
+
+
+def _tei_id_pair(query: str, encoding, tokenizer) -> Group:
+    """A decoder's pair cut by TEI as a token-id group: the query's own special tokens (as the run adds them)
+    around its kept tokens, then the item's kept tokens."""
+    kept_query = [t for t, s in zip(encoding.ids, encoding.sequence_ids) if s == 0]
+    kept_item = [t for t, s in zip(encoding.ids, encoding.sequence_ids) if s == 1]
+    own = tokenizer(query, return_special_tokens_mask=True)
+    mask = own["special_tokens_mask"]
+    content = [i for i, special in enumerate(mask) if not special]
+    first, last = (content[0], content[-1]) if content else (len(mask), len(mask) - 1)
+    ids = own["input_ids"]
+    return Group(ids[:first] + kept_query + ids[last + 1 :], [kept_item])
+
+
+def _tei_text_pair(query: str, item: str, encoding, direction: str, tokenizer) -> Group | str:
+    """An encoder's pair cut by TEI, as the texts of the kept tokens, when they encode back to TEI's tokens."""
+
+    def kept_text(text: str, sequence: int) -> str:
+        offsets = [o for o, s in zip(encoding.offsets, encoding.sequence_ids) if s == sequence]
+        if not offsets:
+            return ""
+        return text[: offsets[-1][1]] if direction == "right" else text[offsets[0][0] :]
+
+    cut_query, cut_item = kept_text(query, 0), kept_text(item, 1)
+    if list(tokenizer(cut_query, cut_item)["input_ids"]) != list(encoding.ids):
+        return (
+            f"truncate (direction {direction}): TEI keeps {len(encoding.ids)} tokens of this pair, cutting inside "
+            "a word, and an encoder cross-encoder takes text: the cut texts do not encode to those tokens"
+        )
+    return Group(cut_query, [cut_item])
 
 
 def _response(
@@ -305,11 +487,14 @@ class _Switches:
     None: the run's own `score` (what a table run writes). False: the raw value, entry score_index of
     `scores`. True: the activated value: the run's `score` when the run applies an activation (its
     --activation, `auto` by default: the model's own, as vLLM's default use_activation=true), else a
-    sigmoid (one score per item) or softmax (several) over `scores`.
+    sigmoid (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit
+    applies none (its scores are raw logits); under label_score sigmoid there is no raw value to give
+    (_groups refuses use_activation false there).
     """
 
     run_activation: str  # the run's ScoringConfig.activation (auto | none | sigmoid | softmax)
     score_index: int
+    label_score: str = "probability"  # the run's ScoringConfig.label_score
 
     def values(self, scores: np.ndarray, score: np.ndarray, use_activation: bool | None) -> np.ndarray:
         """[n] values of one group's items; scores: [n, num_scores], score: [n] (the run's)."""
@@ -317,7 +502,7 @@ class _Switches:
             return score
         if not use_activation:
             return scores[:, self.score_index]
-        if self.run_activation != "none":
+        if self.run_activation != "none" and self.label_score != "logit":
             return score
         activation: Activation = "sigmoid" if scores.shape[1] == 1 else "softmax"
         return _activate(scores, activation, self.score_index)

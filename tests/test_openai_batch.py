@@ -365,3 +365,63 @@ def test_stdin_batch_as_table_names_the_flag(qwen3_causal):
     )  # fmt: skip
     assert result.returncode == 2
     assert "--input-format openai-batch" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_use_activation_with_raw_label_logits(qwen3_causal, tmp_path):
+    """A CausalLM run whose score is a label's raw logit (label_score logit, as the bge-reranker-v2-gemma
+    profile): use_activation true gives its sigmoid (FlagEmbedding's normalize=True), false and unset the logit.
+    Under label_score sigmoid there is no raw logit to give: use_activation false is that request's error line."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_causal)
+    model = AutoModelForCausalLM.from_pretrained(qwen3_causal, dtype=torch.float32).eval()
+    label = tokenizer(" the", add_special_tokens=False)["input_ids"][0]
+    items = [" to", " the flag of", " Japan"]
+    with torch.no_grad():
+        logits = np.array(
+            [
+                model(torch.tensor([tokenizer(QUERY_A)["input_ids"] + tokenizer(i)["input_ids"]])).logits[
+                    0, -1, label
+                ]
+                for i in items
+            ]
+        )
+    body = {"text_1": QUERY_A, "text_2": items}
+    requests = [
+        {"custom_id": name, "url": "/v1/score", "body": {**body, **extra}}
+        for name, extra in (
+            ("unset", {}),
+            ("on", {"use_activation": True}),
+            ("off", {"use_activation": False}),
+        )
+    ]
+    for label_score in ("logit", "sigmoid"):
+        src, out = tmp_path / f"{label_score}.jsonl", tmp_path / f"{label_score}-out.jsonl"
+        src.write_text("".join(json.dumps(r) + "\n" for r in requests))
+        scoring = ScoringConfig(label_tokens=(" the",), label_score=label_score)
+        config = RunConfig(
+            input=str(src),
+            output=str(out),
+            model_dir=qwen3_causal,
+            columns=ColumnOverrides(),
+            engine=EngineConfig(device="cpu", scoring=scoring),
+        )
+        job.run(config)
+        lines = {line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())}
+        sigmoid = 1 / (1 + np.exp(-logits))
+        if label_score == "logit":
+            _near(lines["unset"], logits)
+            _near(lines["off"], logits)
+            _near(lines["on"], sigmoid)
+        else:
+            _near(lines["unset"], sigmoid)
+            _near(lines["on"], sigmoid)
+            assert lines["off"]["error"]["code"] == "unsupported_parameter"
+            assert "--label-score logit" in lines["off"]["error"]["message"]
+
+
+def _near(line: dict, expected) -> None:
+    """A score response's scores within 1e-5 of a plain forward pass (a raw logit, not a probability)."""
+    got = np.array([d["score"] for d in _ok(line)["data"]])
+    assert np.max(np.abs(got - np.asarray(expected))) <= 1e-5, (got, expected)
