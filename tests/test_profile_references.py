@@ -53,7 +53,7 @@ QWEN3_TASK = "Given a web search query, retrieve relevant passages that answer t
 def gemma_tokenizer(out_dir: Path):
     """A tiny tokenizer shaped like Gemma's: <pad>=0, <eos>=1, <bos>=2, <unk>=3, <bos> added in front of every
     encoding, spaces normalized to '▁' and no pre-tokenizer (BPE merges may cross words, as in SentencePiece),
-    "\\n" a token of its own (Gemma lists it among its added tokens), and 'Yes' one token."""
+    "\\n" a token of its own (an added token), and 'Yes' one token."""
     from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
