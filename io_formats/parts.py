@@ -47,14 +47,18 @@ class PartStore:
         self._manifest = manifest
         return manifest.get("fingerprint")
 
-    def start(self, fingerprint: str, keep: bool) -> None:
+    def record(self) -> dict | None:
+        """What the earlier run's fingerprint digests (to name a difference), when its manifest holds it."""
+        return self._manifest.get("record")
+
+    def start(self, fingerprint: str, keep: bool, record: dict | None = None) -> None:
         """Begin this run's manifest: keep the earlier run's listed parts (resume) or start empty."""
         for name in self.dir.list_names():
             if name.startswith(".") and ".tmp-" in name:  # a part cut off while written
                 self.dir.child(name).delete()
         self.dir.make_dirs()
         parts = self._manifest["parts"] if keep else {}
-        self._manifest = {"fingerprint": fingerprint, "parts": parts}
+        self._manifest = {"fingerprint": fingerprint, "record": record, "parts": parts}
         self._save()
 
     def part(self, window: int) -> Target:

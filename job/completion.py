@@ -23,10 +23,11 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import COMMON_METADATA, SUCCESS, output_format
-from score_batch.job.config import FINGERPRINTED, RunConfig, model_identity
+from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig, model_identity
 from score_batch.job.windows import window_hash
 
 METADATA_KEY = b"score_batch.completion"
+RECORD_KEY = b"score_batch.completion_record"  # what the fingerprint digests, to name a difference
 SIDECAR = ".done"  # JSONL outputs: OUTPUT.done
 
 
@@ -44,16 +45,19 @@ def input_digest(config: RunConfig, source: InputSource) -> str:
     return content_digest(window_hash(rows) for rows in windows)
 
 
-def completion_fingerprint(config: RunConfig, digest: str) -> str:
+def completion_fingerprint(config: RunConfig, digest: str) -> Fingerprint:
     """The fingerprint a completed output is recorded with: settings, model and input content."""
     return config.fingerprint(model_identity(config.model_dir), [digest])
 
 
-def stamped(schema: pa.Schema, fingerprint: str | None) -> pa.Schema:
-    """A Parquet output's schema carrying its completion fingerprint (unchanged when there is none)."""
+def stamped(schema: pa.Schema, fingerprint: Fingerprint | None) -> pa.Schema:
+    """A Parquet output's schema carrying its completion fingerprint and record (unchanged when there is none)."""
     if fingerprint is None:
         return schema
-    return schema.with_metadata({**(schema.metadata or {}), METADATA_KEY: fingerprint.encode()})
+    record = json.dumps(fingerprint.record, sort_keys=True).encode()
+    return schema.with_metadata(
+        {**(schema.metadata or {}), METADATA_KEY: fingerprint.digest.encode(), RECORD_KEY: record}
+    )
 
 
 class Completion:
@@ -67,21 +71,32 @@ class Completion:
 
     def recorded(self) -> str | None:
         """The fingerprint the existing output was completed with (None: no completed output here)."""
+        return self._stamp()[0]
+
+    def _stamp(self) -> tuple[str | None, dict | None]:
+        """(fingerprint, its record) of the existing output; (None, None) when no completed output is here."""
         try:
             if self.sidecar:
                 record = json.loads(self.record.read_bytes() or b"")
                 published = record.get("output") if isinstance(record, dict) else None
-                return record.get("fingerprint") if published == self._published() else None
+                if published != self._published():
+                    return None, None
+                return record.get("fingerprint"), record.get("record")
             if self.dataset:
                 if not self.output.child(SUCCESS).is_file():
-                    return None
+                    return None, None
                 schema = _read_schema(self.output.child(COMMON_METADATA))
             else:
                 schema = _read_schema(self.output)
         except (OSError, ValueError, pa.ArrowInvalid):
-            return None
-        value = (schema.metadata or {}).get(METADATA_KEY)
-        return value.decode() if value else None
+            return None, None
+        metadata = schema.metadata or {}
+        value, record = metadata.get(METADATA_KEY), metadata.get(RECORD_KEY)
+        try:
+            record = json.loads(record) if record else None
+        except ValueError:
+            record = None
+        return (value.decode() if value else None), record
 
     def exists(self) -> bool:
         """True when an earlier run completed this output."""
@@ -89,19 +104,30 @@ class Completion:
 
     def check_rerun(self, config: RunConfig, source: InputSource) -> None:
         """Refuse a rerun on a completed output unless model, settings and input content are the same."""
-        if self.recorded() != completion_fingerprint(config, input_digest(config, source)):
+        recorded, record = self._stamp()
+        now = completion_fingerprint(config, input_digest(config, source))
+        if recorded != now.digest:
+            what = now.difference(record) if recorded is not None else ""
+            differs = (
+                f"differently: {what}" if what else f"with a different {FINGERPRINTED} (or replaced since)"
+            )
             raise InputError(
-                f"output {config.output!r} already exists, completed with a different {FINGERPRINTED} "
-                "(or replaced since); pass --overwrite to replace it"
+                f"output {config.output!r} already exists, completed {differs}; pass --overwrite to replace it"
             )
 
-    def published(self, fingerprint: str, resume: bool) -> None:
+    def published(self, fingerprint: Fingerprint, resume: bool) -> None:
         """After publishing: a JSONL output's record (--resume runs write it; others drop a stale one)."""
         if not self.sidecar:
             return
         if resume:
             self.record.write_bytes(
-                json.dumps({"fingerprint": fingerprint, "output": self._published()}).encode()
+                json.dumps(
+                    {
+                        "fingerprint": fingerprint.digest,
+                        "record": fingerprint.record,
+                        "output": self._published(),
+                    }
+                ).encode()
             )
             return
         self.record.delete()

@@ -112,16 +112,65 @@ class RunConfig:
             return "none"
         return "stdout" if self.output == STDOUT else "parts"
 
-    def fingerprint(self, model_identity: list, input_identity: list) -> str:
-        """A hash of everything that decides the output rows, for refusing a mismatched --resume."""
+    def fingerprint(self, model_identity: list, input_identity: list) -> Fingerprint:
+        """Everything that decides the output rows, for refusing a mismatched --resume (and saying what differs)."""
         settings = dataclasses.asdict(self)
         ignored = ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray")
         for name in (*ignored, "threads", "progress_seconds", "pipeline", "storage_options"):
             settings.pop(name)
-        payload = json.dumps(
-            [settings, model_identity, input_identity, software_identity()], sort_keys=True, default=str
+        for owner, name in INVARIANT_SETTINGS:
+            settings[owner].pop(name)
+        record = {"settings": settings, "model": model_identity, "input": input_identity}
+        record["software"] = software_identity()
+        return Fingerprint.of(json.loads(json.dumps(record, sort_keys=True, default=str)))
+
+
+# Settings whose changes leave scores within the documented batch-invariance bound: not fingerprinted.
+INVARIANT_SETTINGS = (("engine", "max_batch_tokens"),)
+RECORD_PARTS = ("settings", "model", "input", "software")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fingerprint:
+    """What produced an output: its digest (compared) and the record it digests (to name a difference)."""
+
+    digest: str
+    record: dict
+
+    @classmethod
+    def of(cls, record: dict) -> Fingerprint:
+        """The fingerprint of a record {settings, model, input, software}."""
+        payload = json.dumps([record[k] for k in RECORD_PARTS], sort_keys=True, default=str)
+        return cls(hashlib.sha256(payload.encode()).hexdigest(), record)
+
+    def difference(self, earlier: dict | None) -> str:
+        """What differs from an earlier record, in words ('' when unknown: an output of an older version)."""
+        if not isinstance(earlier, dict) or any(k not in earlier for k in RECORD_PARTS):
+            return ""
+        said = _changed_settings(earlier["settings"], self.record["settings"])
+        if earlier["model"] != self.record["model"]:
+            said.append("the model's config or weight files changed")
+        if earlier["input"] != self.record["input"]:
+            said.append("the input changed")
+        before = dict(earlier["software"])
+        said.extend(
+            f"{name} {before.get(name)} → {version}"
+            for name, version in self.record["software"]
+            if before.get(name) != version
         )
-        return hashlib.sha256(payload.encode()).hexdigest()
+        return "; ".join(said)
+
+
+def _changed_settings(before: dict, now: dict, prefix: str = "") -> list[str]:
+    """'setting name old → new' for every setting that differs, nested configs by dotted name."""
+    changed = []
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changed.extend(_changed_settings(old, new, f"{prefix}{key}."))
+        elif old != new:
+            changed.append(f"setting {prefix}{key} {json.dumps(old)} → {json.dumps(new)}")
+    return changed
 
 
 SCORING_SOFTWARE = ("score-batch", "torch", "transformers", "flashinfer-python")

@@ -16,7 +16,7 @@ from score_batch.io_formats.writers import (
     write_partitioned,
 )
 from score_batch.job.completion import stamped
-from score_batch.job.config import FINGERPRINTED, RunConfig
+from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig
 from score_batch.job.contract import OutputContract
 from score_batch.job.errors_sink import ErrorsSink
 from score_batch.job.paths import RunPaths, normalized
@@ -36,7 +36,7 @@ class NullSink:
         """No window is ever finished before."""
         return False
 
-    def start(self, fingerprint: str) -> None:
+    def start(self, fingerprint: Fingerprint) -> None:
         """Nothing to record."""
 
     def check_read(self, windows_read: int) -> None:
@@ -46,7 +46,7 @@ class NullSink:
         """Drop the rows."""
 
     def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: str | None = None
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
     ) -> int:
         """Nothing to publish; no row was skipped."""
         return 0
@@ -79,7 +79,7 @@ class StdoutSink(NullSink):
         self._writer.write(contract.final_view(kept))
 
     def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: str | None = None
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
     ) -> int:
         """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
         if contract.ranked:
@@ -116,19 +116,22 @@ class PartsSink:
                 )
             self.parts.clear()
 
-    def start(self, fingerprint: str) -> None:
-        """Refuse to resume parts of another run; record this run's fingerprint."""
+    def start(self, fingerprint: Fingerprint) -> None:
+        """Refuse to resume parts of another run (naming what differs); record this run's fingerprint."""
         previous = self._previous
-        if self.config.resume and previous is not None and previous != fingerprint:
+        if self.config.resume and previous is not None and previous != fingerprint.digest:
+            what = fingerprint.difference(self.parts.record())
             raise InputError(
-                f"cannot --resume: the parts in {self.parts.dir.uri!r} were written with a different "
-                f"{FINGERPRINTED}; rerun with the original ones, or pass --overwrite (without --resume) to "
-                "start over"
+                f"cannot --resume: the parts in {self.parts.dir.uri!r} were written "
+                + (f"differently: {what}" if what else f"with a different {FINGERPRINTED}")
+                + "; rerun with the original ones, or pass --overwrite (without --resume) to start over"
             )
         if self.config.resume and previous is None:
             log.info("nothing to resume in %s; starting from the beginning", self.parts.dir)
             self.parts.clear()  # parts without a valid manifest are never trusted
-        self.parts.start(fingerprint, keep=self.config.resume and previous is not None)
+        self.parts.start(
+            fingerprint.digest, keep=self.config.resume and previous is not None, record=fingerprint.record
+        )
 
     def listed(self) -> frozenset[int]:
         """Windows the manifest lists as finished (to be verified by done())."""
@@ -153,7 +156,7 @@ class PartsSink:
             )
 
     def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: str | None = None
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
     ) -> int:
         """Merge the parts in window order into OUTPUT (temporary file or directory, published in one step),
         list skipped rows, drop parts."""

@@ -227,10 +227,13 @@ def test_resume_on_a_completed_output_refuses_a_changed_input_or_setting(qwen3_c
     data.write_text(text.replace("item 0 to", "item 9 to", 1))  # same size and time, other content
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     changed = run_cli(*base)
-    assert changed.returncode == 2 and "already exists" in changed.stderr and "different" in changed.stderr
+    assert changed.returncode == 2 and "completed differently: the input changed" in changed.stderr
     data.write_text(text)
-    other_setting = run_cli(*base, "--max-batch-tokens", "64")
-    assert other_setting.returncode == 2 and "already exists" in other_setting.stderr
+    other_setting = run_cli(*base, "--max-pack-tokens", "64")
+    assert other_setting.returncode == 2, other_setting.stderr
+    assert "completed differently: setting engine.max_pack_tokens 8192 → 64" in other_setting.stderr
+    budget = run_cli(*base, "--max-batch-tokens", "64")  # scores stay within the invariance bound
+    assert budget.returncode == 0 and "already complete" in budget.stderr, budget.stderr
     assert out.read_bytes() == before
     plain = run_cli(*base[:-1])  # without --resume an existing output is refused as always
     assert plain.returncode == 2 and "--overwrite" in plain.stderr
