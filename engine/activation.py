@@ -61,16 +61,19 @@ def activate(
     raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
 
 
-def model_activation_fn(model_dir: str | Path) -> tuple[str, str] | None:
+def model_activation_fn(model_dir: str | Path, saved: bool | None = None) -> tuple[str, str] | None:
     """The activation function a model's files name for CrossEncoder, as (dotted path, where), or None.
 
     Looked up as CrossEncoder does: config_sentence_transformers.json "activation_fn" first, then
     config.json "sentence_transformers": {"activation_fn": …}, then config.json
-    "sbert_ce_default_activation_function" (sentence-transformers < 4).
+    "sbert_ce_default_activation_function" (sentence-transformers < 4). saved: whether the directory is a
+    saved CrossEncoder (modules.json with "model_type": "CrossEncoder"); CrossEncoder 6.2 reads
+    config_sentence_transformers.json only then (engine/st_model.py passes it). None reads the file whenever
+    it is there.
     """
     model_dir = Path(model_dir)
     st_config = _json_object(model_dir / "config_sentence_transformers.json")
-    if isinstance(st_config.get("activation_fn"), str):
+    if saved is not False and isinstance(st_config.get("activation_fn"), str):
         return st_config["activation_fn"], "config_sentence_transformers.json activation_fn"
     config = _json_object(model_dir / "config.json")
     nested = config.get("sentence_transformers")

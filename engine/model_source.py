@@ -19,19 +19,41 @@ def hub_cache_dir() -> Path:
     return Path(home).expanduser() / "hub"
 
 
-def resolve_model_dir(name: str | Path, check_weights: bool = True) -> Path:
+def resolve_model_dir(
+    name: str | Path,
+    check_weights: bool = True,
+    cache_dir: str | Path | None = None,
+    revision: str | None = None,
+) -> Path:
     """A local model directory, or the cached snapshot of a hub id ('org/name' or 'org/name@revision').
 
     With check_weights, the directory's weight files are checked too (see check_weight_files), so a
-    missing or damaged file is refused before any tokenizer or weight load.
+    missing or damaged file is refused before any tokenizer or weight load. cache_dir: the hub cache to look
+    in (default: hub_cache_dir()); revision: the revision of a hub id given without '@revision'.
     """
-    path = _find_model_dir(name)
+    path = _find_model_dir(name, cache_dir, revision)
     if check_weights and (path / "config.json").is_file():  # without it, read_model_info says what is wrong
         check_weight_files(path)
     return path
 
 
-def _find_model_dir(name: str | Path) -> Path:
+def hub_id_of(path: str | Path) -> str | None:
+    """The hub id of a snapshot directory in a Hugging Face cache, or None.
+
+    `…/models--Qwen--Qwen3-Reranker-0.6B/snapshots/<hash>` → "Qwen/Qwen3-Reranker-0.6B" (the cache names a
+    repository folder `models--` + its id with "/" written "--"; hub ids never contain "--").
+    """
+    path = Path(path).expanduser().absolute()
+    repo, snapshots = path.parent.parent.name, path.parent.name
+    if snapshots != "snapshots" or not repo.startswith("models--"):
+        return None
+    org, _, name = repo.removeprefix("models--").partition("--")
+    return f"{org}/{name}" if org and name else None
+
+
+def _find_model_dir(
+    name: str | Path, cache_dir: str | Path | None = None, revision: str | None = None
+) -> Path:
     """A local model directory, or the cached snapshot of a hub id."""
     path = Path(name).expanduser()
     if path.is_dir():
@@ -41,8 +63,9 @@ def _find_model_dir(name: str | Path) -> Path:
         raise ScoringInputError(
             f"model directory {text!r} does not exist (give a local directory or a hub id)"
         )
-    repo_id, _, revision = text.partition("@")
-    cache = hub_cache_dir()
+    repo_id, _, pinned = text.partition("@")
+    revision = pinned or revision
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else hub_cache_dir()
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 

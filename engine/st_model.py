@@ -1,0 +1,401 @@
+"""A model directory read the way sentence-transformers 6.2's CrossEncoder reads it (no torch, no weights).
+
+`CrossEncoder(model_dir)` takes its modules from modules.json when config_sentence_transformers.json says
+`"model_type": "CrossEncoder"`; otherwise it builds its defaults from config.json's architecture: a
+`*ForCausalLM` becomes `Transformer(text-generation)` + `LogitScore(true="yes", false="no")`, anything else a
+`Transformer(sequence-classification)`. `read_cross_encoder` reads the same files in the same order and says
+what CrossEncoder would do with them (CrossEncoderSpec); `pair_tokens` encodes (query, document) pairs to the
+exact token ids CrossEncoder's batch would feed its model:
+
+- the maximum length: a `max_length` given to the constructor (or `model_max_length` in the tokenizer
+  kwargs or the saved Transformer config), else the tokenizer's `model_max_length` capped at the config's
+  `max_position_embeddings` (a CrossEncoder saved with `max_length=32` stores 32 there);
+- the text: when the Transformer has a `message` modality (a saved modality_config names it, or the
+  tokenizer has a chat template), each pair becomes the messages `[{"role": "query", …}, {"role":
+  "document", …}]` rendered by the chat template, truncated from the right at the maximum length with the
+  template's suffix written back over the last tokens; otherwise `tokenizer([(query, document), …],
+  truncation="longest_first")`, the tokenizer's own pair encoding;
+- the score: a LogitScore's `logit[true] - logit[false]` at the last token (`logit[true]` without a
+  false token), num_labels 1; a classifier's logits;
+- the activation: config_sentence_transformers.json's `activation_fn` (saved modules only), else
+  config.json's `sentence_transformers.activation_fn` or `sbert_ce_default_activation_function`, else
+  Sigmoid for one label and Identity otherwise (engine/activation.py: model_activation_fn).
+
+Anything CrossEncoder would apply that score-batch does not reproduce (other modules, lower-casing, query
+expansion) is named in CrossEncoderSpec.unsupported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from score_batch.engine.activation import model_activation_fn
+
+log = logging.getLogger(__name__)
+
+TRANSFORMER = "Transformer"
+LOGIT_SCORE = "LogitScore"
+# The Transformer module's config file, and the legacy names CrossEncoder still tries in order.
+TRANSFORMER_CONFIGS = (
+    "sentence_bert_config.json",
+    "sentence_roberta_config.json",
+    "sentence_distilbert_config.json",
+    "sentence_camembert_config.json",
+    "sentence_albert_config.json",
+    "sentence_xlm-roberta_config.json",
+    "sentence_xlnet_config.json",
+)
+# sentence_transformers.base.modality: model types whose chat templates take flat message content,
+# the pair roles and the probes that check that a chat template renders both roles.
+FLAT_MESSAGE_MODEL_TYPES = ("apertus", "deepseek_v3", "gpt_oss", "seed_oss")
+STRUCTURED_PATTERNS = ("content[0]", ".type", "'type'", '"type"', "item.type", "message.content[")
+PAIR_ROLES = ("query", "document")
+PAIR_ROLE_PROBES = (("alpha", "bravo"), ("charlie", "bravo"), ("alpha", "foxtrot"))
+# Keys of apply_chat_template that size the tokenization (never template variables).
+CHAT_SIZE_KEYS = ("padding", "truncation", "max_length", "return_tensors")
+# A value of model_max_length that means "no limit" (transformers' VERY_LARGE_INTEGER is 1e30).
+UNLIMITED = int(1e29)
+
+
+@dataclass(frozen=True)
+class LogitScoreSpec:
+    """A LogitScore module: the score is logit[true] - logit[false] at the last token (logit[true] alone)."""
+
+    true_token_id: int
+    false_token_id: int | None
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Pairs rendered through the chat template as query/document messages."""
+
+    message_format: Literal["flat", "structured"]
+    template_kwargs: dict = field(default_factory=dict)  # processing_kwargs["chat_template"] (no size keys)
+    restore_suffix: bool = True  # write the template's tail back over a truncated row's last tokens
+
+
+@dataclass(frozen=True)
+class CrossEncoderSpec:
+    """What CrossEncoder 6.2 builds from a model directory (module doc)."""
+
+    path: Path
+    saved: bool  # modules.json of a saved CrossEncoder; False: CrossEncoder's defaults for the architecture
+    causal: bool  # Transformer(text-generation) + LogitScore
+    logit_score: LogitScoreSpec | None
+    max_length: int | None  # the tokenizer's model_max_length as CrossEncoder sets it
+    max_length_given: bool  # set by the caller or the saved config (never capped at the positions)
+    activation: tuple[str, str] | None  # the activation_fn the model's files name: (dotted path, where)
+    chat: ChatFormat | None  # None: the tokenizer's pair encoding
+    text_kwargs: dict = field(default_factory=dict)  # processing_kwargs "common" + "text" (truncation, …)
+    default_prompt: str | None = None  # prepended to each query (CrossEncoder's default_prompt_name)
+    unsupported: tuple[str, ...] = ()  # what CrossEncoder would apply that score-batch does not
+    refusal: str | None = None  # why CrossEncoder itself refuses the directory, or None
+
+    @property
+    def num_labels(self) -> int | None:
+        """1 for a LogitScore model; None: the classifier's own num_labels."""
+        return 1 if self.causal else None
+
+
+def read_cross_encoder(
+    model_dir: str | Path,
+    tokenizer,
+    architecture: str,
+    model_type: str,
+    *,
+    max_length: int | None = None,
+    tokenizer_kwargs: dict | None = None,
+) -> CrossEncoderSpec:
+    """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…) would (module doc).
+
+    tokenizer: the directory's Hugging Face tokenizer (its model_max_length, chat template and vocabulary
+    are read, never changed). architecture, model_type: config.json's (engine.models.ModelInfo).
+    """
+    path = Path(model_dir)
+    st_config = _json_object(path / "config_sentence_transformers.json")
+    modules = _json_list(path / "modules.json")
+    saved = modules is not None and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
+    unsupported: list[str] = []
+    transformer_config: dict = {}
+    logit_score: LogitScoreSpec | None = None
+    refusal = None
+    causal = architecture.endswith("ForCausalLM")
+    if saved:
+        types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
+        for module, name in zip(modules, types):
+            if name == TRANSFORMER:
+                transformer_config = _transformer_config(path / str(module.get("path", "")))
+            elif name == LOGIT_SCORE:
+                settings = _json_object(path / str(module.get("path", "")) / "config.json")
+                logit_score = LogitScoreSpec(
+                    int(settings.get("true_token_id")), _optional_int(settings.get("false_token_id"))
+                )
+            else:
+                unsupported.append(f"a {name or '?'} module (modules.json)")
+        if TRANSFORMER not in types:
+            unsupported.append("no Transformer module first in modules.json")
+        causal = transformer_config.get("transformer_task") == "text-generation" or logit_score is not None
+    elif causal:
+        true_id = _token_id(tokenizer, "yes")
+        false_id = _token_id(tokenizer, "no")
+        if true_id is None or false_id is None:
+            refusal = (
+                "its tokenizer has no 'yes' and/or 'no' tokens, which CrossEncoder's default LogitScore module "
+                "scores with"
+            )
+        else:
+            logit_score = LogitScoreSpec(true_id, false_id)
+    if causal and logit_score is None and refusal is None:
+        refusal = "modules.json has a text-generation Transformer without a LogitScore module"
+    processor_kwargs = dict(
+        transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
+    )
+    processor_kwargs.update(tokenizer_kwargs or {})
+    if max_length is not None:
+        processor_kwargs["model_max_length"] = max_length
+    elif transformer_config.get("max_seq_length") is not None and "model_max_length" not in processor_kwargs:
+        processor_kwargs["model_max_length"] = transformer_config["max_seq_length"]
+    if transformer_config.get("do_lower_case"):
+        unsupported.append("do_lower_case (the Transformer lower-cases its input)")
+    if transformer_config.get("query_expansion"):
+        unsupported.append("query_expansion")
+    processing = transformer_config.get("processing_kwargs") or {}
+    text_kwargs = {**(processing.get("common") or {}), **(processing.get("text") or {})}
+    text_kwargs.pop("return_tensors", None)
+    text_kwargs.pop("padding", None)
+    chat = _chat_format(tokenizer, model_type, transformer_config, processing)
+    activation = model_activation_fn(path, saved=saved)
+    prompt_name = st_config.get("default_prompt_name") if saved else None
+    prompts = st_config.get("prompts") if isinstance(st_config.get("prompts"), dict) else {}
+    return CrossEncoderSpec(
+        path=path,
+        saved=saved,
+        causal=causal,
+        logit_score=logit_score,
+        max_length=ce_max_length(tokenizer, path, processor_kwargs.get("model_max_length")),
+        max_length_given=processor_kwargs.get("model_max_length") is not None,
+        activation=activation,
+        chat=chat,
+        text_kwargs=text_kwargs,
+        default_prompt=(prompts.get(prompt_name) or None) if prompt_name else None,
+        unsupported=tuple(unsupported),
+        refusal=refusal,
+    )
+
+
+def ce_max_length(tokenizer, model_dir: Path, given: int | None) -> int | None:
+    """The tokenizer's model_max_length as CrossEncoder leaves it: `given` as is, else capped at the positions."""
+    if given is not None:
+        return int(given)
+    limit = getattr(tokenizer, "model_max_length", None)
+    positions = _json_object(Path(model_dir) / "config.json").get("max_position_embeddings")
+    if isinstance(positions, int) and positions != -1:
+        limit = positions if limit is None else min(limit, positions)
+    return None if limit is None or limit >= UNLIMITED else int(limit)
+
+
+def pair_tokens(
+    spec: CrossEncoderSpec, tokenizer, pairs: Sequence[tuple[str, str]], truncate: bool
+) -> list[list[int]]:
+    """The token ids CrossEncoder feeds its model for each (query, document) pair (module doc).
+
+    truncate=False encodes without truncation (the caller checks the lengths against spec.max_length).
+    """
+    if not pairs:
+        return []
+    prompt = spec.default_prompt or ""
+    pairs = [(prompt + query, document) for query, document in pairs]
+    truncation = "longest_first" if truncate else False
+    if spec.chat is None:
+        kwargs = (
+            {"truncation": truncation, **spec.text_kwargs}
+            if truncate
+            else {**spec.text_kwargs, "truncation": False}
+        )
+        encoding = tokenizer([list(pair) for pair in pairs], **kwargs)
+        return [list(ids) for ids in encoding["input_ids"]]
+    conversations = [pair_messages(pair, spec.chat.message_format) for pair in pairs]
+    text_kwargs = dict(spec.text_kwargs)
+    top_level = {key: text_kwargs.pop(key) for key in CHAT_SIZE_KEYS if key in text_kwargs}
+    top_level["truncation"] = top_level.get("truncation", truncation) if truncate else False
+    encoding = tokenizer.apply_chat_template(
+        conversations,
+        tokenize=True,
+        return_dict=True,
+        tokenizer_kwargs=text_kwargs,
+        common_kwargs={},
+        **top_level,
+        **spec.chat.template_kwargs,
+    )
+    rows = [list(ids) for ids in encoding["input_ids"]]
+    limit = top_level.get("max_length") or getattr(tokenizer, "model_max_length", None)
+    if truncate and spec.chat.restore_suffix and top_level["truncation"] not in (False, "do_not_truncate"):
+        for row, conversation in zip(rows, conversations):
+            if limit is not None and len(row) >= limit:
+                suffix = chat_suffix(tokenizer, conversation, spec.chat.template_kwargs, text_kwargs)
+                keep = min(len(suffix), len(row))
+                if keep:
+                    row[len(row) - keep :] = suffix[len(suffix) - keep :]
+    return rows
+
+
+def pair_messages(pair: tuple[str, str], message_format: str) -> list[dict]:
+    """A (query, document) pair as CrossEncoder's query/document messages."""
+    if message_format == "flat":
+        return [{"role": role, "content": text} for role, text in zip(PAIR_ROLES, pair)]
+    return [
+        {"role": role, "content": [{"type": "text", "text": text}]} for role, text in zip(PAIR_ROLES, pair)
+    ]
+
+
+def chat_suffix(tokenizer, conversation: list[dict], template_kwargs: dict, text_kwargs: dict) -> list[int]:
+    """The chat template's tail after the content: the common token suffix of two renders with fillers."""
+    renders = []
+    for filler in ("0", "1 2 3 4"):
+        skeleton = [
+            message
+            if message.get("role") == "system"
+            else {
+                **message,
+                "content": [{"type": "text", "text": filler}]
+                if isinstance(message.get("content"), list)
+                else filler,
+            }
+            for message in conversation
+        ]
+        ids = tokenizer.apply_chat_template(
+            [skeleton],
+            tokenize=True,
+            return_dict=True,
+            tokenizer_kwargs=text_kwargs,
+            common_kwargs={},
+            padding=False,
+            truncation=False,
+            **template_kwargs,
+        )["input_ids"][0]
+        renders.append(list(ids))
+    first, second = renders
+    count = 0
+    for left, right in zip(reversed(first), reversed(second)):
+        if left != right:
+            break
+        count += 1
+    return first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
+
+
+def pair_roles_failure(tokenizer, message_format: str, template_kwargs: dict) -> str | None:
+    """Why the chat template cannot carry a query/document pair (CrossEncoder then refuses), or None."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return "the model has no chat template"
+    try:
+        base, *varied = [
+            str(
+                tokenizer.apply_chat_template(
+                    pair_messages(pair, message_format), tokenize=False, **template_kwargs
+                )
+            )
+            for pair in PAIR_ROLE_PROBES
+        ]
+    except Exception as error:  # any template error: CrossEncoder reports it the same way
+        return f"it raised {type(error).__name__}: {error}"
+    dropped = [role for role, render in zip(PAIR_ROLES, varied) if render == base]
+    if dropped:
+        return f"the {' and '.join(repr(r) for r in dropped)} content does not reach the rendered prompt"
+    return None
+
+
+def longest_first_lengths(first: int, second: int, limit: int) -> tuple[int, int]:
+    """How many tokens of each sequence a Hugging Face (Rust) tokenizer keeps under truncation="longest_first".
+
+    limit is the maximum length less the special tokens the pair adds. The shorter sequence is kept whole when
+    the longer one alone can absorb the excess; otherwise the shorter keeps limit // 2 and the longer the rest
+    (on equal lengths, the second keeps the odd token). Both are cut at their end.
+    """
+    if first + second <= limit:
+        return first, second
+    if limit <= 0:
+        return 0, 0
+    n1, n2, swap = first, second, first > second
+    if swap:
+        n1, n2 = n2, n1
+    n2 = n1 if n1 > limit else max(n1, limit - n1)
+    if n1 + n2 > limit:
+        n1 = limit // 2
+        n2 = n1 + limit % 2
+    if swap:
+        n1, n2 = n2, n1
+    return min(first, n1), min(second, n2)
+
+
+def _chat_format(tokenizer, model_type: str, transformer_config: dict, processing: dict) -> ChatFormat | None:
+    """The chat rendering CrossEncoder's Transformer uses for text pairs, or None (pair encoding)."""
+    modality = transformer_config.get("modality_config")
+    if isinstance(modality, dict):
+        message = modality.get("message")
+        if not isinstance(message, dict):
+            return None
+        requested = message.get("format", "auto")
+    else:  # inferred as CrossEncoder does for a directory without a saved modality_config
+        if getattr(tokenizer, "chat_template", None) is None:
+            return None
+        requested = "auto"
+    template = getattr(tokenizer, "chat_template", None)
+    if requested in ("flat", "structured"):
+        message_format = requested
+    elif model_type in FLAT_MESSAGE_MODEL_TYPES:
+        message_format = "flat"
+    elif not isinstance(template, str) or not template:
+        message_format = "structured"
+    else:
+        message_format = "structured" if any(p in template for p in STRUCTURED_PATTERNS) else "flat"
+    kwargs = dict(processing.get("chat_template") or {})
+    restore = bool(kwargs.pop("restore_suffix", True))
+    for key in CHAT_SIZE_KEYS:
+        kwargs.pop(key, None)
+    return ChatFormat(message_format, kwargs, restore)
+
+
+def _transformer_config(module_dir: Path) -> dict:
+    """The saved Transformer module's settings (sentence_bert_config.json or a legacy name)."""
+    for name in TRANSFORMER_CONFIGS:
+        config = _json_object(module_dir / name)
+        if config:
+            return config
+    return {}
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    """tokenizer.convert_tokens_to_ids(token), as CrossEncoder looks its yes/no tokens up."""
+    try:
+        value = tokenizer.convert_tokens_to_ids(token)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _optional_int(value) -> int | None:
+    """An int, or None."""
+    return None if value is None else int(value)
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON object file, or {} when it is missing or not an object."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _json_list(path: Path) -> list | None:
+    """A JSON list file, or None when it is missing or not a list."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, list) else None
