@@ -1,8 +1,9 @@
 """Encoder cross-encoders: (query, item) text pairs → length-sorted padded batches (no packing).
 
-Bidirectional attention lets every token see every other, so items cannot share a sequence; each
-pair is encoded by the model's own tokenizer (`tokenizer(query, item)`, with token_type_ids where
-the tokenizer makes them), exactly what a plain Hugging Face or sentence-transformers loop feeds.
+Bidirectional attention lets every token see every other, so items cannot share a sequence; the
+pairs of a group are encoded by the model's own tokenizer in one batch call (`tokenizer([(query,
+item), …])`, with token_type_ids where the tokenizer makes them), exactly what sentence-transformers'
+CrossEncoder feeds its model.
 """
 
 from __future__ import annotations
@@ -40,37 +41,64 @@ class PairBatch:
 
 
 def encode_pairs(group: Group, tokenizer, cfg: ScoringConfig, max_length: int) -> PairGroup:
-    """Encode every (query, item) pair of a group, truncating the item's tail when allowed."""
+    """Encode every (query, item) pair of a group in one batch call, as CrossEncoder's batches encode them.
+
+    `tokenizer([(query, item), …])` encodes an empty item as a pair (`[CLS] q [SEP] [SEP]`), where a call
+    with one pair `tokenizer(query, "")` drops it (`[CLS] q [SEP]`). Beyond max_length: truncate="error" is a
+    per-item error, "item-tail" cuts the item's end (only_second; only_first under item_first) and
+    "longest-first" is the tokenizer's longest_first rule, CrossEncoder's.
+    """
     n = len(group.items)
     if not isinstance(group.query, str) or any(not isinstance(item, str) for item in group.items):
         error = "an encoder cross-encoder takes text (its tokenizer builds the pair), not token ids"
         return PairGroup([None] * n, [None] * n, [error] * n)
+    if not n:
+        return PairGroup([], [], [])
     query = cfg.query_template.replace("{query}", group.query) if cfg.query_template else group.query
+    items = [cfg.item_template.replace("{item}", raw) if cfg.item_template else raw for raw in group.items]
+    pairs = [(item, query) if cfg.item_first else (query, item) for item in items]
+    if cfg.truncate == "longest-first":
+        encodings = _encode_batch(tokenizer, pairs, truncation="longest_first", max_length=max_length)
+    else:
+        encodings = _encode_batch(tokenizer, pairs)
     item_ids: list[list[int] | None] = []
     type_ids: list[list[int] | None] = []
     errors: list[str | None] = []
-    for index, raw in enumerate(group.items):
-        item = cfg.item_template.replace("{item}", raw) if cfg.item_template else raw
-        first, second = (item, query) if cfg.item_first else (query, item)
-        encoding = tokenizer(first, second)
-        error = None
-        if len(encoding["input_ids"]) > max_length:
+    for index, (pair, encoding) in enumerate(zip(pairs, encodings)):
+        error = encoding if isinstance(encoding, str) else None
+        if error is None and len(encoding["input_ids"]) > max_length:
             if cfg.truncate == "item-tail":
                 which = "only_first" if cfg.item_first else "only_second"
-                try:
-                    encoding = tokenizer(first, second, truncation=which, max_length=max_length)
-                except Exception as failure:  # the tokenizer refuses when the query alone is too long
-                    error = f"pair {index} cannot be truncated to {max_length} tokens: {failure}"
+                encoding = _encode_batch(tokenizer, [pair], truncation=which, max_length=max_length)[0]
+                if isinstance(encoding, str):
+                    error = f"pair {index} cannot be truncated to {max_length} tokens: {encoding}"
             else:
                 error = (
                     f"pair {index} has {len(encoding['input_ids'])} tokens, over the model's limit of "
-                    f"{max_length} (set truncate to item-tail to cut the item to fit)"
+                    f"{max_length} (set truncate to longest-first or item-tail to cut it to fit)"
                 )
         item_ids.append(None if error else list(encoding["input_ids"]))
-        types = encoding.get("token_type_ids")
-        type_ids.append(None if error or types is None else list(types))
+        types = None if error else encoding.get("token_type_ids")
+        type_ids.append(None if types is None else list(types))
         errors.append(error)
     return PairGroup(item_ids, type_ids, errors)
+
+
+def _encode_batch(tokenizer, pairs: list[tuple[str, str]], **kwargs) -> list[dict | str]:
+    """Each pair's encoding ({input_ids, token_type_ids?}) from one batch call, or why it cannot be encoded.
+
+    A tokenizer refuses a whole batch when one pair cannot be truncated as asked (a query longer than the
+    limit under only_second); the pairs are then encoded one at a time (still in batch form, so that an
+    empty item stays a pair) to name the ones that fail.
+    """
+    try:
+        encoding = tokenizer([list(pair) for pair in pairs], **kwargs)
+    except Exception as failure:  # the tokenizers library raises a bare Exception for truncation errors
+        if len(pairs) == 1:
+            return [str(failure)]
+        return [_encode_batch(tokenizer, [pair], **kwargs)[0] for pair in pairs]
+    names = [name for name in ("input_ids", "token_type_ids") if name in encoding]
+    return [{name: encoding[name][row] for name in names} for row in range(len(pairs))]
 
 
 def make_pair_batches(groups: list[PairGroup], max_batch_tokens: int, pad_id: int) -> list[PairBatch]:

@@ -81,8 +81,12 @@ def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "sing
     return cfg.packing
 
 
-def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig) -> int | None:
-    """The longest encoder pair (None for decoders), refusing limits that only packing knows."""
+def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, tokenizer) -> int | None:
+    """The longest encoder pair (None for decoders), refusing limits that only packing knows.
+
+    The smallest of the model's positions, max_pack_tokens and the tokenizer's model_max_length (a
+    CrossEncoder saved with max_length=32 stores 32 there, and CrossEncoder truncates at it).
+    """
     if not info.encoder:
         return None
     packing_only = {
@@ -96,9 +100,12 @@ def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig) 
                 f"ScoringConfig.{name}",
                 getattr(cfg, name),
                 "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
-                "limited per (query, item) pair by its own maximum length (set truncate to item-tail to cut the item to fit)",
+                "limited per (query, item) pair by its own maximum length (set truncate to longest-first or "
+                "item-tail to cut the pair to fit)",
             )
-    return min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
+    limit = min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
+    model_max = getattr(tokenizer, "model_max_length", None)
+    return min(limit, model_max) if isinstance(model_max, int) and model_max > 0 else limit
 
 
 def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int) -> None:
@@ -208,7 +215,7 @@ def resolve_ops(
 
 
 # Truncation policies declared in ScoringConfig whose engine side has not landed yet (refused, never ignored).
-PENDING_TRUNCATE = ("longest-first",)
+PENDING_TRUNCATE: tuple[str, ...] = ()
 
 
 def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
@@ -232,7 +239,7 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         delimiter_token_id=default_delimiter(cfg.delimiter_token_id, tokenizer, info.vocab_size),
         vocab_size=info.vocab_size,
         isolate_sequences=info.isolate_sequences,
-        pair_max_length=_pair_max_length(info, cfg, config),
+        pair_max_length=_pair_max_length(info, cfg, config, tokenizer),
         pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
         max_positions=None if info.encoder else info.max_length,
         # The query computed once per group where the backend attends over cached query K/V.

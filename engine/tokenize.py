@@ -64,6 +64,10 @@ def tokenize_group(
         query = _Encoded(list(group.query), list(range(len(group.query))))
         items = [_Encoded(list(item), list(range(len(item)))) for item in group.items]
 
+    if cfg.truncate == "longest-first":
+        return _longest_first(
+            query, items, tokenizer, cfg, max_pack_tokens - overhead, vocab_size, max_positions
+        )
     query_error = _check_ids(query.ids, vocab_size, "query")
     query_ids: list[int] = []
     if query_error is None:
@@ -208,3 +212,114 @@ def _fit(
         )
     dropped = set(encoded.content[:excess] if from_head else encoded.content[-excess:])
     return [token for i, token in enumerate(encoded.ids) if i not in dropped], None
+
+
+def _longest_first(
+    query: _Encoded,
+    items: list[_Encoded],
+    tokenizer,
+    cfg: ScoringConfig,
+    pack_limit: int,
+    vocab_size: int,
+    max_positions: int | None,
+) -> TokenizedGroup:
+    """truncate="longest-first": each (query, item) pair cut by a Hugging Face tokenizer's longest_first rule.
+
+    A pair may hold the smallest of pack_limit (max_pack_tokens less the item's delimiters), the position
+    limit and the tokenizer's model_max_length (CrossEncoder's limit). max_query_tokens / max_item_tokens,
+    when set, first cut that side's content tail. Then, as the tokenizer truncates a pair
+    (engine/st_model.longest_first_lengths), the longer content loses its tail until the pair fits, both
+    when both must (the shorter keeps half the room); templates and special tokens are kept.
+
+    An item whose pair needs the query cut sees a shorter query than its neighbours: the group's shared
+    query is then cut to the shortest cut, and each item carries the rest of its own query (its tail
+    tokens, template included) at its head, so that query_ids + item_ids is exactly its cut pair. Under
+    item_first the whole pair is the item's and the shared query is empty.
+    """
+    from score_batch.engine.st_model import UNLIMITED, longest_first_lengths
+
+    limit, why = pack_limit, "the pack limit (max_pack_tokens less the delimiters)"
+    if max_positions is not None and max_positions < limit:
+        limit, why = max_positions, f"the model's position limit (max_position_embeddings {max_positions})"
+    model_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(model_max, int) and model_max < min(limit, UNLIMITED):
+        limit, why = model_max, f"the tokenizer's model_max_length ({model_max})"
+    n = len(items)
+    error = _check_ids(query.ids, vocab_size, "query")
+    if error is None:
+        query, error = _cut_to(query, cfg.max_query_tokens, "query")
+    if error is not None:
+        return TokenizedGroup([], [None] * n, [error] * n, cfg.item_first)
+    query_fixed = len(query.ids) - len(query.content)
+    kept: list[tuple[list[int], list[int]] | None] = []  # per item: (its query's ids, its own ids)
+    errors: list[str | None] = []
+    for index, item in enumerate(items):
+        what = f"item {index}"
+        error = _check_ids(item.ids, vocab_size, what)
+        if error is None:
+            item, error = _cut_to(item, cfg.max_item_tokens, what)
+        room = limit - query_fixed - (len(item.ids) - len(item.content))
+        if error is None and len(query.ids) + len(item.ids) > limit and room < 0:
+            error = (
+                f"{what} cannot be truncated to {limit} tokens ({why}): the templates and special tokens "
+                f"alone take {limit - room}"
+            )
+        elif error is None and len(query.ids) + len(item.ids) > limit and not (query.content or item.content):
+            error = f"{what} cannot be truncated to {limit} tokens ({why}): it has no content tokens to cut"
+        if error is not None:
+            kept.append(None)
+            errors.append(error)
+            continue
+        sizes = (
+            (len(item.content), len(query.content))
+            if cfg.item_first
+            else (len(query.content), len(item.content))
+        )
+        first, second = longest_first_lengths(*sizes, max(room, 0))
+        keep_item, keep_query = (first, second) if cfg.item_first else (second, first)
+        kept.append((_keep_content(query, keep_query), _keep_content(item, keep_item)))
+        errors.append(None)
+    lengths = [len(pair[0]) for pair in kept if pair is not None]
+    if not lengths or min(lengths) == len(query.ids):  # no item cuts the query
+        item_ids = [None if pair is None else pair[1] for pair in kept]
+        return _checked_group(query.ids, item_ids, errors, cfg.item_first)
+    if cfg.item_first:  # the query follows the item: each pair is all the item's
+        item_ids = [None if pair is None else pair[1] + pair[0] for pair in kept]
+        return _checked_group([], item_ids, errors, True)
+    shortest = min(lengths)
+    cut = query.content[len(query.content) - (len(query.ids) - shortest)]  # the first content token dropped
+    shared = query.ids[:cut]
+    item_ids = [None if pair is None else pair[0][cut:] + pair[1] for pair in kept]
+    return _checked_group(shared, item_ids, errors, False)
+
+
+def _cut_to(encoded: _Encoded, limit: int | None, what: str) -> tuple[_Encoded, str | None]:
+    """encoded within limit tokens (its content's tail cut), or an error when its content cannot absorb it."""
+    if limit is None or len(encoded.ids) <= limit:
+        return encoded, None
+    excess = len(encoded.ids) - limit
+    if len(encoded.content) < excess:
+        return encoded, f"{what} cannot be truncated to {limit} tokens: its template alone is too long"
+    keep = len(encoded.content) - excess
+    return _Encoded(
+        _keep_content(encoded, keep), encoded.content[:keep]
+    ), None  # kept tokens keep their places
+
+
+def _keep_content(encoded: _Encoded, keep: int) -> list[int]:
+    """encoded's ids with its content tokens after the first `keep` dropped."""
+    dropped = set(encoded.content[keep:])
+    return [token for i, token in enumerate(encoded.ids) if i not in dropped]
+
+
+def _checked_group(
+    query_ids: list[int], item_ids: list[list[int] | None], errors: list[str | None], item_first: bool
+) -> TokenizedGroup:
+    """A TokenizedGroup, with the empty-query errors tokenize_group gives."""
+    if not query_ids and not item_first:
+        message = "query is empty after tokenization (it needs at least one token)"
+        return TokenizedGroup([], [None] * len(item_ids), [message] * len(item_ids), item_first)
+    for index, ids in enumerate(item_ids):
+        if item_first and ids is not None and not ids and not query_ids:
+            item_ids[index], errors[index] = None, f"item {index} and the query are both empty"
+    return TokenizedGroup(query_ids, item_ids, errors, item_first)
