@@ -71,7 +71,7 @@ def _run_phases(config: RunConfig, report: RunReport) -> bool:
     """resolve → preflight → lock → score windows → publish (the report is the caller's); True for a
     batch file."""
     ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
-    check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled)  # needs no input
+    check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled, chunked=config.chunked)
     source = open_source(config.inputs, config.storage_options, config.hive_types)
     try:
         runner = _resolve(config, source)

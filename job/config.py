@@ -106,6 +106,11 @@ class RunConfig:
         return (self.input,) if isinstance(self.input, str) else tuple(self.input)
 
     @property
+    def chunked(self) -> bool:
+        """Whether over-long items are scored as windows (--truncate chunk): the output gets a chunks column."""
+        return self.engine.scoring.truncate == "chunk"
+
+    @property
     def sink(self) -> str:
         """Where scored rows go: 'none' (dry run), 'stdout' (streamed JSONL) or 'parts' (checkpointed file)."""
         if self.dry_run:

@@ -16,7 +16,6 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import Completion, completion_fingerprint, content_digest
 from score_batch.job.config import RunConfig, model_identity
-from score_batch.job.contract import check_kept_columns
 from score_batch.job.policy import (
     KEEP_GOING,
     enforce_fail,
@@ -39,8 +38,6 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     """Score windows on this machine and publish (the output locked, leftovers removed), filling report;
     UserError for user mistakes, Stopped on signals."""
     source = checked.source
-    if chunked(config):  # before the weights load: job.run's early check knows ranking and pooling only
-        check_kept_columns(config.columns.keep_columns, ranked=False, pooled=False, chunked=True)
     completion = Completion(config) if checked.destination is not None and not config.dry_run else None
     sink = open_sink(config, checked.paths)
     mapping, windows = read_windows(source, config.columns, config.window_rows)
@@ -75,9 +72,7 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
     source = checked.source
     scorer, planner, setup = engine
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(
-        chunked(config)
-    )
+    contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(config.chunked)
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
     progress = Progress(
         source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
@@ -146,11 +141,6 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
     finally:
         progress.close()
     report.finish()
-
-
-def chunked(config: RunConfig) -> bool:
-    """Whether the run scores over-long items as windows (--truncate chunk): its output has a chunks column."""
-    return config.engine.scoring.truncate == "chunk"
 
 
 def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]:

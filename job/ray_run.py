@@ -168,8 +168,9 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     if not units:
         raise InputError(f"input {config.input!r} has no rows")
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    chunked = config.engine.scoring.truncate == "chunk"
-    contract = output_contract(config, mapping, types, pooled_dim).with_chunks(chunked)  # + the chunks column
+    contract = output_contract(config, mapping, types, pooled_dim).with_chunks(
+        config.chunked
+    )  # + the chunks column
     partitioning = _partitioning(contract, config.partition_by)
     total_rows = source.total_rows() or 0
 

@@ -41,6 +41,7 @@ class RunReport:
     batches: int = 0
     packed_tokens: int = 0
     pairwise_tokens: int = 0
+    windows: int = 0  # sequences scored: the items, or under --truncate chunk their windows
     seconds_load: float = 0.0
     seconds_scoring: float = 0.0
     seconds_total: float = 0.0
@@ -71,7 +72,7 @@ class RunReport:
 
     def add_plan(self, stats) -> None:
         """Add one window's planning counts (groups, packs, batches, tokens)."""
-        for name in ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens"):
+        for name in ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "windows"):
             setattr(self, name, getattr(self, name) + getattr(stats, name))
 
     def end(self, error: BaseException | None) -> None:
