@@ -1,4 +1,5 @@
-"""CrossEncoder conventions for Scorer.predict / rank: input shapes, default activations, output types."""
+"""CrossEncoder conventions for Scorer.predict / rank: input shapes, default activations, output types, and the
+LogitScore head and shared-prefix groups that score CrossEncoder's own token sequences with the engine."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from importlib import import_module
 import numpy as np
 import torch
 from score_batch.engine.errors import ScoringInputError
+from score_batch.engine.heads import soft_cap
 from score_batch.engine.types import Group
 
 Text = str | list[int]  # a query or an item: text, or token ids used as given
@@ -23,19 +25,77 @@ def is_singular_input(inputs) -> bool:
 
 
 def ce_default_activation_fn(
-    requested: str, kind: str, num_labels: int, model_activation: tuple[str, str] | None
+    requested: str,
+    kind: str,
+    num_labels: int,
+    model_activation: tuple[str, str] | None,
+    trust_remote_code: bool = False,
 ) -> Callable:
-    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins)."""
+    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins).
+
+    As CrossEncoder: the model's own activation_fn when its path starts with "torch." (any path with
+    trust_remote_code), else Sigmoid for one label and Identity otherwise.
+    """
     if kind == "causal" or requested == "none":
         return torch.nn.Identity()
     if requested == "sigmoid":
         return torch.nn.Sigmoid()
     if requested == "softmax":
         return torch.nn.Softmax(dim=-1)
-    if model_activation is not None and model_activation[0].startswith("torch."):
+    if model_activation is not None and (trust_remote_code or model_activation[0].startswith("torch.")):
         module, _, name = model_activation[0].rpartition(".")
-        return getattr(import_module(module), name)()  # as CrossEncoder: torch.* paths are trusted
+        try:
+            return getattr(import_module(module), name)()
+        except (ImportError, AttributeError, TypeError, ValueError) as error:
+            raise ScoringInputError(
+                f"the model's {model_activation[1]} names {model_activation[0]}, which cannot be loaded: {error}"
+            ) from error
     return torch.nn.Sigmoid() if num_labels == 1 else torch.nn.Identity()
+
+
+class LogitScoreHead(torch.nn.Module):
+    """sentence-transformers' LogitScore on score rows: logit[true] - logit[false] (logit[true] alone), [n, 1].
+
+    The two rows of the LM head only, in the model's dtype as its own forward computes them, soft-capped when
+    the model caps its final logits; the runner upcasts the difference to float32 as CrossEncoder does.
+    """
+
+    def __init__(self, lm_head: torch.nn.Module, true_id: int, false_id: int | None, softcap: float | None):
+        super().__init__()
+        ids = [true_id] + ([] if false_id is None else [false_id])
+        self.weight = torch.nn.Parameter(lm_head.weight.detach()[ids].clone(), requires_grad=False)
+        bias = getattr(lm_head, "bias", None)
+        self.bias = (
+            None if bias is None else torch.nn.Parameter(bias.detach()[ids].clone(), requires_grad=False)
+        )
+        self.softcap = softcap
+        self.pair = false_id is not None
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:  # rows: [n, hidden] → [n, 1]
+        logits = soft_cap(torch.nn.functional.linear(rows, self.weight, self.bias), self.softcap)  # [n, 1|2]
+        return logits[:, :1] - logits[:, 1:2] if self.pair else logits[:, :1]
+
+
+def prefix_groups(
+    sequences: list[tuple[int, list[int]]],
+) -> list[tuple[list[int], list[tuple[int, list[int]]]]]:
+    """Token sequences of one query as engine groups: (shared query ids, [(position, item ids)]).
+
+    The query is the sequences' longest common prefix, so query + item is each sequence exactly (an item
+    may be empty: its score row is the query's last token). Sequences with no common first token are split
+    by their first token; an empty sequence stays alone (it fails as an empty query).
+    """
+    by_first: dict[int | None, list[tuple[int, list[int]]]] = {}
+    for position, ids in sequences:
+        by_first.setdefault(ids[0] if ids else None, []).append((position, ids))
+    groups = []
+    for part in by_first.values():
+        shortest = min(len(ids) for _, ids in part)
+        common = 0
+        while common < shortest and all(ids[common] == part[0][1][common] for _, ids in part):
+            common += 1
+        groups.append((part[0][1][:common], [(position, ids[common:]) for position, ids in part]))
+    return groups
 
 
 def ce_outputs(

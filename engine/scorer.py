@@ -1,9 +1,11 @@
 """The public facade: load a model once, then score groups, or `predict`/`rank` pairs as CrossEncoder does.
 
-`Scorer(model, device=...)` resolves scoring profiles as the command line does; `predict` and `rank` follow
-sentence-transformers' CrossEncoder (shapes, types, activations, dict keys) over `score`, which takes `Group`s.
-The work happens in a runner chosen once at load: packed decoders (engine/packed_runner.py) or encoder pairs
-(engine/pair_runner.py).
+`Scorer(model, device=...)` resolves scoring profiles as the command line does and takes sentence-transformers'
+CrossEncoder constructor arguments; `predict` and `rank` follow CrossEncoder 6.2 (shapes, types, activations,
+dict keys, truncation) over `score`, which takes `Group`s. Where no profile, label tokens or templates say
+otherwise, pairs are the token sequences CrossEncoder itself would build (engine/st_model.py) and a CausalLM
+is scored with its LogitScore (logit["yes"] - logit["no"]). The work happens in a runner chosen once at
+load: packed decoders (engine/packed_runner.py) or encoder pairs (engine/pair_runner.py).
 """
 
 from __future__ import annotations
@@ -17,30 +19,40 @@ from pathlib import Path
 import numpy as np
 import torch
 from score_batch.engine.activation import ResolvedActivation, model_activation_fn
-from score_batch.engine.config import EngineConfig
+from score_batch.engine.config import BACKENDS, EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import (
+    LogitScoreHead,
     Text,
     ce_default_activation_fn,
     ce_outputs,
     is_singular_input,
     pair_of,
+    prefix_groups,
     ranking_group,
 )
 from score_batch.engine.errors import ScoringInputError, SettingError
-from score_batch.engine.model_source import resolve_model_dir
-from score_batch.engine.models import load_model
+from score_batch.engine.model_source import hub_id_of, resolve_model_dir
+from score_batch.engine.models import load_model, load_tokenizer, read_model_info
 from score_batch.engine.packed_runner import PackedRunner
 from score_batch.engine.pair_runner import PairRunner
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.profiles import Profile, resolve_scoring
 from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers of the old module
     DEFAULT_BATCH_TOKENS,
+    PLANNERS,
     ResolvedSetup,
     load_planner,
     resolve_device,
     resolve_dtype,
     resolve_packing,
     resolve_setup,
+)
+from score_batch.engine.st_model import (
+    CrossEncoderSpec,
+    LogitScoreSpec,
+    pair_roles_failure,
+    pair_tokens,
+    read_cross_encoder,
 )
 from score_batch.engine.types import Group, GroupResult
 
@@ -50,6 +62,28 @@ _ITEM_NUMBER = re.compile(
     r"\bitem \d+\b"
 )  # the item's index inside an internal group means nothing to the caller
 Runner = PackedRunner | PairRunner
+# torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
+_ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
+# CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
+# and has no prompts or model cards): accepted, logged when given.
+_IGNORED = (
+    "token",
+    "local_files_only",
+    "model_card_data",
+    "prompts",
+    "default_prompt_name",
+    "keep_in_fp32_modules",
+)
+# Older CrossEncoder names of its arguments, as its own decorator maps them.
+_RENAMED = {
+    "model_name": "model_name_or_path",
+    "automodel_args": "model_kwargs",
+    "tokenizer_args": "tokenizer_kwargs",
+    "processor_kwargs": "tokenizer_kwargs",
+    "config_args": "config_kwargs",
+    "cache_dir": "cache_folder",
+    "default_activation_function": "activation_fn",
+}
 
 
 class Scorer:
@@ -57,6 +91,7 @@ class Scorer:
 
     Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI
     does (see from_pretrained); keyword arguments named like ScoringConfig's fields override the profile.
+    CrossEncoder's constructor arguments are accepted too (docs/python-api.md, "Loading").
     """
 
     def __init__(
@@ -66,20 +101,103 @@ class Scorer:
         *,
         config: EngineConfig | None = None,
         profile: str | None = None,
-        **scoring_overrides,
+        max_length: int | None = None,
+        activation_fn: Callable | None = None,
+        num_labels: int | None = None,
+        trust_remote_code: bool | None = None,
+        model_kwargs: dict | None = None,
+        tokenizer_kwargs: dict | None = None,
+        config_kwargs: dict | None = None,
+        cache_folder: str | None = None,
+        revision: str | None = None,
+        backend: str | None = None,
+        modules=None,
+        **overrides,
     ) -> None:
-        config = config or EngineConfig()
-        if device is not None:
-            config = replace(config, device=_device_name(device))
-        model_dir = resolve_model_dir(model_name_or_path)
-        scoring, chosen = resolve_scoring(
-            str(model_name_or_path), model_dir, config.scoring, profile, scoring_overrides
-        )
+        for old, new in _RENAMED.items():
+            if old in overrides:
+                value = overrides.pop(old)
+                if new == "tokenizer_kwargs":
+                    tokenizer_kwargs = {**(value or {}), **(tokenizer_kwargs or {})}
+                elif new == "model_kwargs":
+                    model_kwargs = model_kwargs or value
+                elif new == "config_kwargs":
+                    config_kwargs = config_kwargs or value
+                elif new == "cache_folder":
+                    cache_folder = cache_folder or value
+                elif new == "activation_fn":
+                    activation_fn = activation_fn or value
+        if "classifier_dropout" in overrides:  # training only
+            overrides.pop("classifier_dropout")
+        ignored = {name: overrides.pop(name) for name in _IGNORED if name in overrides}
+        given = {name: value for name, value in ignored.items() if value not in (None, False, {}, [])}
+        if given:
+            log.info("ignored CrossEncoder arguments (no effect in score-batch): %s", ", ".join(given))
+        if modules is not None:
+            raise ScoringInputError(
+                "modules= (a CrossEncoder built from module objects) is not supported: give a model directory"
+            )
+        # CrossEncoder's defaults (longest-first, a LogitScore, its pair tokens) unless an EngineConfig is given:
+        # its ScoringConfig then holds the defaults (truncate "error", label tokens for a CausalLM).
+        ce_defaults = config is None
+        config = _engine_config(config or EngineConfig(), device, trust_remote_code, backend, model_kwargs)
+        config_kwargs = dict(config_kwargs or {})
+        if config_kwargs.get("num_labels") is not None and num_labels is None:
+            num_labels = config_kwargs.pop("num_labels")
+        if config_kwargs:
+            log.info(
+                "config_kwargs ignored (the model's config.json is used as saved): %s", sorted(config_kwargs)
+            )
+        model_dir = resolve_model_dir(model_name_or_path, cache_dir=cache_folder, revision=revision)
+        name = hub_id_of(model_dir) or str(model_name_or_path)  # an HF-cache snapshot: its hub id
+        info = read_model_info(model_dir, config.trust_remote_code)
+        scoring, chosen = resolve_scoring(name, model_dir, config.scoring, profile, overrides)
         if chosen is not None:
             log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
-        self._attach(
-            _load_runner(model_dir, replace(config, scoring=scoring)), replace(config, scoring=scoring)
+        if ce_defaults and "truncate" not in ((chosen.settings if chosen else {}) | _given(overrides)):
+            scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder
+        has_labels = bool(scoring.label_tokens or scoring.label_token_ids)
+        logit_score = ce_defaults and info.kind == "causal" and not has_labels
+        fn_name = _ACTIVATION_NAMES.get(type(activation_fn))
+        labels = 1 if logit_score else info.num_labels
+        if fn_name and overrides.get("activation") is None and (info.kind == "classifier" or logit_score):
+            if fn_name != "softmax" or labels > 1:  # the `score` column gets the given activation too
+                scoring = replace(scoring, activation=fn_name)
+        tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
+        tokenizer_kwargs = _apply_tokenizer_kwargs(tokenizer, tokenizer_kwargs)
+        spec = read_cross_encoder(
+            model_dir,
+            tokenizer,
+            info.architecture,
+            info.model_type,
+            max_length=max_length,
+            tokenizer_kwargs=tokenizer_kwargs,
         )
+        if spec.max_length is not None:
+            tokenizer.model_max_length = spec.max_length  # as CrossEncoder's tokenizer holds it
+        for unsupported in spec.unsupported if ce_defaults and chosen is None else ():
+            log.warning(
+                "the model's CrossEncoder configuration has %s, which score-batch does not apply; its scores can "
+                "differ from CrossEncoder's",
+                unsupported,
+            )
+        if logit_score and spec.logit_score is None:
+            raise ScoringInputError(
+                f"{info.architecture} needs label tokens to score: {spec.refusal} (CrossEncoder refuses it too); "
+                "give label_tokens=(' no', ' yes') or a profile (score-batch models lists them)"
+            )
+        if ce_defaults and spec.default_prompt and info.encoder and scoring.query_template is None:
+            scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
+        _check_num_labels(num_labels, info, logit_score)
+        config = replace(config, scoring=scoring)
+        run_info = replace(info, kind="classifier", num_labels=1) if logit_score else info
+        setup = resolve_setup(run_info, config, tokenizer)
+        log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
+        planner = PLANNERS[setup.runner](tokenizer, replace(scoring, packing=setup.packing), setup.limits)
+        runner = _load_runner(
+            model_dir, config, (planner, setup), info, spec.logit_score if logit_score else None
+        )
+        self._attach(runner, config, spec if ce_defaults else None, activation_fn)
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
 
     @classmethod
@@ -88,19 +206,20 @@ class Scorer:
         model: str | Path,
         config: EngineConfig | None = None,
         profile: str | None = None,
-        **scoring_overrides,
+        **overrides,
     ) -> Scorer:
         """Load a model directory or a cached hub id for scoring, with its scoring profile applied as the CLI does.
 
         The profile is the first that applies: `profile` (a built-in name or a JSON file); score_batch.json in
-        the model directory; a built-in profile whose `models` name the hub id or the directory. Keyword
-        arguments named like ScoringConfig's fields (apply_softmax=False, label_tokens=(" no", " yes"), …)
-        override the profile's values, as flags do; None leaves a value to the profile.
+        the model directory; a built-in profile whose `models` name the hub id, the directory, or the hub id
+        of an HF-cache snapshot directory. Keyword arguments named like ScoringConfig's fields
+        (apply_softmax=False, label_tokens=(" no", " yes"), …) override the profile's values, as flags do;
+        None leaves a value to the profile. CrossEncoder's constructor arguments are accepted as in Scorer().
 
         A config whose `scoring` is not the default ScoringConfig() is taken as given: no profile is looked up
         (keyword overrides still apply, and `profile` with it is an error). `Scorer.load` skips profiles always.
         """
-        return cls(model, config=config, profile=profile, **scoring_overrides)
+        return cls(model, config=config, profile=profile, **overrides)
 
     @classmethod
     def load(
@@ -111,14 +230,24 @@ class Scorer:
         planned: the (planner, setup) load_planner already gave for this model and config (not read again).
         """
         scorer = cls.__new__(cls)
-        scorer._attach(_load_runner(model, config, planned), config)
+        scorer._attach(_load_runner(model, config, planned), config, None, None)
         scorer.profile = None
         return scorer
 
-    def _attach(self, runner: Runner, config: EngineConfig) -> None:
-        """Hold the runner chosen at load."""
+    def _attach(
+        self,
+        runner: Runner,
+        config: EngineConfig,
+        spec: CrossEncoderSpec | None,
+        activation_fn: Callable | None,
+    ) -> None:
+        """Hold the runner chosen at load, and decide how predict/rank encode text pairs."""
         self._runner = runner
-        self.config = config
+        self.engine_config = config
+        self._spec = spec
+        self._hf_config = None
+        self._activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        self._ce_tokens = self._uses_ce_tokens()
 
     # --- what was loaded ----------------------------------------------------------------------------
 
@@ -128,9 +257,62 @@ class Scorer:
         return self._runner.setup
 
     @property
+    def scoring(self) -> ScoringConfig:
+        """The scoring settings in use (profile, overrides and the Python API's default truncation applied)."""
+        return self.engine_config.scoring
+
+    @property
     def activation(self) -> ResolvedActivation:
         """The activation of the `score` column and why it was chosen."""
         return self._runner.setup.activation
+
+    @property
+    def activation_fn(self) -> Callable | None:
+        """The activation predict and rank apply by default (CrossEncoder's activation_fn).
+
+        None for a CausalLM label scorer (labels from a profile or keyword arguments): its `score` needs none.
+        """
+        return self._activation_fn
+
+    @activation_fn.setter
+    def activation_fn(self, value: Callable | None) -> None:
+        self._activation_fn = value
+
+    @property
+    def num_labels(self) -> int:
+        """Scores per pair that predict returns: 1 for one-label heads and every CausalLM scorer, as CrossEncoder."""
+        return 1 if self._label_scorer or self.setup.info.kind == "causal" else self.setup.info.num_labels
+
+    @property
+    def max_length(self) -> int | None:
+        """The longest pair in tokens: the tokenizer's model_max_length, as CrossEncoder's max_length."""
+        return getattr(self.tokenizer, "model_max_length", None)
+
+    max_seq_length = max_length
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model runs on."""
+        return self.setup.device
+
+    @property
+    def config(self):
+        """The model's transformers config (transformers.PretrainedConfig), as CrossEncoder.config.
+
+        The engine's settings are `engine_config` (an EngineConfig) and `scoring`.
+        """
+        if self._hf_config is None:
+            loaded = getattr(self._runner.model.model, "config", None)
+            if loaded is None:  # native decoder layers: no transformers module is built
+                from transformers import AutoConfig
+
+                loaded = AutoConfig.from_pretrained(
+                    self.setup.info.path,
+                    trust_remote_code=self.engine_config.trust_remote_code,
+                    local_files_only=True,
+                )
+            self._hf_config = loaded
+        return self._hf_config
 
     @property
     def planner(self) -> Planner:
@@ -143,7 +325,7 @@ class Scorer:
 
     @property
     def tokenizer(self):
-        """The model's tokenizer."""
+        """The model's Hugging Face tokenizer."""
         return self._runner.planner.tokenizer
 
     @property
@@ -196,34 +378,36 @@ class Scorer:
         *,
         batch_size_hint: int | None = None,
         return_errors: bool = False,
+        **kwargs,
     ):
         """CrossEncoder.predict: the score of each (query, item) pair, in input order.
 
-        Returns a float32 array of shape (n,) for one-label models and CausalLM label scorers (their `score`:
-        the score_index label's probability) and (n, labels) otherwise (CausalLM: with an activation_fn,
-        e.g. torch.nn.Identity(), the label probabilities); a scalar (or a (labels,) row) for one pair given as a single
-        (query, item); a tensor with convert_to_tensor; a list of
-        tensors with convert_to_numpy=False. activation_fn (a callable on the logits tensor) defaults to the
-        model's CrossEncoder activation (its config's activation_fn, else a sigmoid for one label, else none),
-        or to ScoringConfig.activation when that is set. Pairs with the same query are scored as one group
-        (multi-item scoring). batch_size, device, pool and chunk_size only tune CrossEncoder's own batching
-        and are accepted and ignored (ours plans by tokens); batch_size_hint: at most about this many pairs
-        planned at a time. Failed pairs are NaN (return_errors=True also returns the reason per pair).
+        Returns a float32 array of shape (n,) for one-label models and every CausalLM scorer, and (n, labels)
+        for multi-label heads; a scalar (or a (labels,) row) for one pair given as a single (query, item); a
+        tensor with convert_to_tensor; a list of tensors with convert_to_numpy=False. activation_fn (a
+        callable on the logits tensor) defaults to `self.activation_fn`: CrossEncoder's (the model's
+        activation_fn, else a sigmoid for one label, else none), or ScoringConfig.activation when that is set.
+        A CausalLM with a LogitScore (no labels) is scored as CrossEncoder scores it: its logit is
+        logit["yes"] - logit["no"]. A CausalLM label scorer (labels from a profile) returns its `score`;
+        with activation_fn, that function of the labels' log-odds (two labels, or one raw logit). Pairs with
+        the same query are scored as one group (multi-item scoring). batch_size, device, pool and chunk_size
+        only tune CrossEncoder's own batching and are accepted and ignored (ours plans by tokens);
+        batch_size_hint: at most about this many pairs planned at a time. Failed pairs are NaN
+        (return_errors=True also returns the reason per pair).
         """
         _refuse_prompts(prompt_name, prompt)
         _check_batch_size(batch_size)
+        _ignore_kwargs("predict", kwargs)
         singular = is_singular_input(inputs)
         pairs = (
             [inputs] if singular else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
         )
         raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar)
-        if self.setup.info.kind == "causal" and activation_fn is None and not apply_softmax:
-            raw = score[
-                :, None
-            ]  # [n, 1] a label-token reranker's relevance: the `score` column, as the CLI's
-        fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        errors = [None if e is None else f"pairs[{i}]: {e}" for i, e in enumerate(errors)]
+        _warn_failed(errors)
+        values, fn = self._ce_logits(raw, score, activation_fn)
         result = ce_outputs(
-            raw, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, self.setup.device, singular
+            values, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, self.setup.device, singular
         )
         return (result, errors) if return_errors else result
 
@@ -244,15 +428,17 @@ class Scorer:
         device=None,
         pool=None,
         chunk_size: int | None = None,
+        **kwargs,
     ) -> list[dict]:
         """CrossEncoder.rank: documents sorted best first as {"corpus_id", "score"} (+ "text" with return_documents).
 
-        Scores are predict's (the model's CrossEncoder activation, or activation_fn) for one-label models;
-        a multi-label head (which CrossEncoder refuses) ranks by the `score` column (the activated score_index
+        Scores are predict's (with the same activation_fn) for one-label models and CausalLM scorers; a
+        multi-label head (which CrossEncoder refuses) ranks by the `score` column (the activated score_index
         class), or by activation_fn's score_index column when given. Equal scores keep input order; top_k keeps
         the best top_k; documents that failed are left out. apply_softmax, convert_to_numpy and
         convert_to_tensor have no effect, as in CrossEncoder.
         """
+        _ignore_kwargs("rank", kwargs)
         return self.rank_many(
             [(query, documents)],
             top_k=top_k,
@@ -280,77 +466,225 @@ class Scorer:
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
             raise ScoringInputError(f"top_k must be a non-negative integer or None, got {top_k!r}")
         groups = [ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
-        results = self._score_chunked(groups, batch_size_hint, show_progress_bar)
+        pairs = [(group.query, item) for group in groups for item in group.items]
+        raw, score, pair_errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar)
+        values = self._ranking_values(raw, score, activation_fn)
         rankings = []
         errors: list[str | None] = []
-        for number, (group, result) in enumerate(zip(groups, results)):
-            values = self._ranking_scores(result, activation_fn)
+        start = 0
+        for number, group in enumerate(groups):
+            stop = start + len(group.items)
             records = [
-                {"corpus_id": i, "score": values[i]} | ({"text": group.items[i]} if return_documents else {})
+                {"corpus_id": i, "score": values[start + i]}
+                | ({"text": group.items[i]} if return_documents else {})
                 for i in range(len(group.items))
-                if not np.isnan(values[i])
+                if not np.isnan(values[start + i])
             ]
             rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
             errors.extend(
-                None if e is None else f"queries_and_documents[{number}]: {_ITEM_NUMBER.sub('item', e)}"
-                for e in result.failures
+                None if e is None else f"queries_and_documents[{number}]: {e}"
+                for e in pair_errors[start:stop]
             )
+            start = stop
         _warn_failed(errors)
         return rankings
 
     # --- helpers -------------------------------------------------------------------------------------
 
-    def _ranking_scores(self, result: GroupResult, activation_fn: Callable | None) -> list[float]:
-        """The values rank sorts by (module doc of rank), as Python floats of float32 values."""
-        raw = result.raw if result.raw is not None else result.scores
+    @property
+    def _label_scorer(self) -> bool:
+        """A CausalLM scored by label tokens (a profile's or the caller's), not by a LogitScore."""
+        return self.setup.info.kind == "causal"
+
+    def _uses_ce_tokens(self) -> bool:
+        """Whether predict/rank encode text pairs as CrossEncoder does (engine/st_model.py: pair_tokens).
+
+        For decoders without labels, templates or item_first, under truncate longest-first or error; encoders
+        are encoded as CrossEncoder's batches by their pair runner anyway (engine/pairs.py).
+        """
+        spec, cfg = self._spec, self.scoring
+        if spec is None or self.setup.info.encoder or self._label_scorer:
+            return False
+        if (
+            cfg.query_template
+            or cfg.item_template
+            or cfg.item_first
+            or cfg.truncate not in ("longest-first", "error")
+        ):
+            return False
+        if spec.chat is not None:
+            failure = pair_roles_failure(self.tokenizer, spec.chat.message_format, spec.chat.template_kwargs)
+            if failure is not None:
+                log.warning(
+                    "CrossEncoder would refuse pairs for this model: its chat template cannot carry a "
+                    "query/document pair (%s); pairs are encoded as query + item instead",
+                    failure,
+                )
+                return False
+        return True
+
+    def _ce_logits(
+        self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
+    ) -> tuple[np.ndarray, Callable]:
+        """What CrossEncoder's activation runs on ([n, labels]) and the activation, for this model."""
+        if not self._label_scorer:
+            return raw, activation_fn if activation_fn is not None else self._activation_fn
+        if activation_fn is None:
+            return score[:, None], torch.nn.Identity()  # [n, 1] the `score` column, as the CLI's
+        return self._label_logit(raw)[:, None], activation_fn
+
+    def _label_logit(self, raw: np.ndarray) -> np.ndarray:  # raw: [n, labels] → [n] float32
+        """A label scorer's logit as LogitScore defines it: logit[true] - logit[false], or logit[true] alone.
+
+        From the label scores: log-probability ratios for probabilities (a softmax over the labels or the whole
+        vocabulary divides both by the same sum), differences of logits, logits of sigmoids.
+        """
+        cfg = self.scoring
+        kind = getattr(cfg, "label_score", "probability")
+        values = raw.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if kind == "probability":
+                logs = np.log(values)
+            elif kind == "sigmoid":
+                logs = np.log(values) - np.log1p(-values)
+            else:
+                logs = values
+        labels = values.shape[1]
+        if labels == 2:
+            true = cfg.score_index % 2
+            return (logs[:, true] - logs[:, 1 - true]).astype(np.float32)
+        if labels == 1 and kind != "probability":
+            return logs[:, 0].astype(np.float32)
+        raise ScoringInputError(
+            f"activation_fn applies to a CausalLM label scorer's log-odds, which needs two labels (or one label "
+            f"scored as a logit); this model has {labels} label(s) scored as {kind}s: call predict without "
+            "activation_fn for its score, or Scorer.score for every label's score"
+        )
+
+    def _ranking_values(
+        self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
+    ) -> list[float]:
+        """The values rank sorts by (rank's doc), as Python floats of float32 values."""
         one_label = raw.ndim == 2 and raw.shape[1] == 1
-        if activation_fn is None and not one_label:
-            return result.score.tolist()
-        fn = activation_fn if activation_fn is not None else self._default_activation_fn()
-        values = fn(torch.from_numpy(np.ascontiguousarray(raw, np.float32)))  # [n, labels]
-        column = values[:, 0] if one_label else values[:, self.config.scoring.score_index]
+        if not self._label_scorer and activation_fn is None and not one_label:
+            return score.astype(np.float32).tolist()
+        values, fn = self._ce_logits(raw, score, activation_fn)
+        if not len(values):
+            return []
+        activated = fn(torch.from_numpy(np.ascontiguousarray(values, np.float32)))  # [n, labels]
+        one = activated.ndim == 1 or activated.shape[1] == 1
+        column = activated.reshape(-1) if one else activated[:, self.scoring.score_index]
         return column.float().tolist()
 
-    def _default_activation_fn(self) -> Callable:
+    def _default_activation_fn(self) -> Callable | None:
         """CrossEncoder's default activation for this model, or ScoringConfig.activation when set explicitly."""
+        if self._label_scorer:
+            return None
+        spec = self._spec
+        model_activation = spec.activation if spec is not None else model_activation_fn(self.setup.info.path)
         return ce_default_activation_fn(
-            self.config.scoring.activation,
+            self.scoring.activation,
             self.setup.info.kind,
             self.setup.num_scores,
-            model_activation_fn(self.setup.info.path),
+            model_activation,
+            self.engine_config.trust_remote_code,
         )
 
     def _score_pairs(
         self, pairs: list, batch_size_hint: int | None, show_progress_bar: bool | None
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
         """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query."""
-        groups: dict[object, tuple[Text, list[Text], list[int]]] = {}
-        for index, pair in enumerate(pairs):
-            query, item = pair_of(pair, index)
-            key = query if isinstance(query, str) else ("ids", tuple(query))
-            _, items, positions = groups.setdefault(key, (query, [], []))
-            items.append(item)
-            positions.append(index)
+        checked = [pair_of(pair, index) for index, pair in enumerate(pairs)]
         raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
         score = np.full(len(pairs), np.nan, np.float32)
         errors: list[str | None] = [None] * len(pairs)
-        ordered = list(groups.values())
-        results = self._score_chunked(
-            [Group(q, items) for q, items, _ in ordered], batch_size_hint, show_progress_bar
-        )
-        for (_, _, positions), result in zip(ordered, results):
+        text = [i for i, (q, d) in enumerate(checked) if isinstance(q, str) and isinstance(d, str)]
+        groups: list[tuple[Text, list[Text], list[int]]] = []
+        planned = set()
+        if self._ce_tokens and text:
+            groups.extend(self._ce_token_groups(checked, text, errors))
+            planned.update(text)
+        by_query: dict[object, tuple[Text, list[Text], list[int]]] = {}
+        for index, (query, item) in enumerate(checked):
+            if index in planned:
+                continue
+            key = query if isinstance(query, str) else ("ids", tuple(query))
+            _, items, positions = by_query.setdefault(key, (query, [], []))
+            items.append(item)
+            positions.append(index)
+        others = list(by_query.values())
+        progress = _progress(len(pairs)) if show_progress_bar else None
+        on_items = progress.update if progress is not None else None
+        try:
+            results = self._score_chunked(
+                [Group(q, items) for q, items, _ in groups], batch_size_hint, on_items, as_given=True
+            )
+            results += self._score_chunked(
+                [Group(q, items) for q, items, _ in others], batch_size_hint, on_items
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        groups += others
+        for (_, _, positions), result in zip(groups, results):
             raw[positions] = result.raw if result.raw is not None else result.scores
             score[positions] = result.score
             for position, error in zip(positions, result.failures):
                 if error is not None:
-                    errors[position] = f"pairs[{position}]: {_ITEM_NUMBER.sub('item', error)}"
-        _warn_failed(errors)
+                    errors[position] = _ITEM_NUMBER.sub("item", error)
         return raw, score, errors
 
+    def _ce_token_groups(
+        self, checked: list[tuple[Text, Text]], text: list[int], errors: list[str | None]
+    ) -> list[tuple[list[int], list[list[int]], list[int]]]:
+        """Text pairs as CrossEncoder's token sequences, in groups sharing their longest common prefix.
+
+        A sequence that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets
+        its error here and no group.
+        """
+        truncate = self.scoring.truncate == "longest-first"
+        sequences = pair_tokens(self._spec, self.tokenizer, [checked[i] for i in text], truncate)
+        limits = self.setup.limits
+        fits = limits.max_pack_tokens - 2  # the query's delimiter and the item's
+        if limits.max_positions is not None:
+            fits = min(fits, limits.max_positions)
+        by_query: dict[str, list[tuple[int, list[int]]]] = {}
+        for index, ids in zip(text, sequences):
+            error = None
+            if not ids:
+                error = "pair is empty after tokenization"
+            elif not truncate and self.max_length is not None and len(ids) > self.max_length:
+                error = (
+                    f"pair has {len(ids)} tokens, over the model's limit of {self.max_length} (set truncate to "
+                    "longest-first to cut it as CrossEncoder does)"
+                )
+            elif len(ids) > fits:
+                error = (
+                    f"pair has {len(ids)} tokens, more than a pack holds ({fits}); raise "
+                    "EngineConfig.max_pack_tokens, or lower max_length"
+                )
+            if error is not None:
+                errors[index] = error
+                continue
+            by_query.setdefault(checked[index][0], []).append((index, ids))
+        groups = []
+        for sequences_of_query in by_query.values():
+            for query_ids, items in prefix_groups(sequences_of_query):
+                groups.append((query_ids, [ids for _, ids in items], [position for position, _ in items]))
+        return groups
+
     def _score_chunked(
-        self, groups: list[Group], batch_size_hint: int | None, show_progress_bar: bool | None = None
+        self,
+        groups: list[Group],
+        batch_size_hint: int | None,
+        on_items: Callable[[int], None] | None = None,
+        as_given: bool = False,
     ) -> list[GroupResult]:
-        """score() over runs of whole groups of about batch_size_hint items each (None: all at once)."""
+        """score() over runs of whole groups of about batch_size_hint items each (None: all at once).
+
+        as_given: the groups are CrossEncoder token sequences, already truncated: planned with
+        truncate="error" so that the engine never cuts them again.
+        """
         if batch_size_hint is not None and (
             isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
         ):
@@ -365,26 +699,32 @@ class Scorer:
                 size = 0
             chunks[-1].append(group)
             size += len(group.items)
-        progress = _progress(sum(len(g.items) for g in groups)) if show_progress_bar else None
-        try:
-            on_items = progress.update if progress is not None else None
-            results: list[GroupResult] = []
-            for chunk in chunks:
-                if chunk:
-                    results.extend(self.score(chunk, on_items) if on_items else self.score(chunk))
-            return results
-        finally:
-            if progress is not None:
-                progress.close()
+        planner = self._runner.planner
+        planner = replace(planner, cfg=replace(planner.cfg, truncate="error"))
+        results: list[GroupResult] = []
+        for chunk in chunks:
+            if chunk and as_given:
+                results.extend(self.run(planner.plan(chunk), on_items))
+            elif chunk:
+                results.extend(self.score(chunk, on_items))
+        return results
 
 
 def _load_runner(
-    model: str | Path, config: EngineConfig, planned: tuple[Planner, ResolvedSetup] | None = None
+    model: str | Path,
+    config: EngineConfig,
+    planned: tuple[Planner, ResolvedSetup] | None = None,
+    load_info=None,
+    logit_score: LogitScoreSpec | None = None,
 ) -> Runner:
-    """Resolve the setup (unless planned), load the weights and build the runner the model needs (chosen once, here)."""
+    """Resolve the setup (unless planned), load the weights and build the runner the model needs (chosen once, here).
+
+    load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
+    scorer whose head is LogitScoreHead).
+    """
     planner, setup = planned or load_planner(model, config)
     loaded = load_model(
-        setup.info,
+        load_info or setup.info,
         setup.dtype,
         setup.device,
         config.trust_remote_code,
@@ -392,18 +732,90 @@ def _load_runner(
         setup.layers,
         setup.ops,
     )
+    if logit_score is not None:
+        loaded.head = LogitScoreHead(
+            loaded.head, logit_score.true_token_id, logit_score.false_token_id, loaded.final_logit_softcap
+        )
+        loaded.info = setup.info
     log.info(
-        "loaded %s on %s (%s, backend %s, %s layers%s)",
+        "loaded %s on %s (%s, backend %s, %s layers%s%s)",
         setup.info.architecture,
         setup.device,
         setup.dtype,
         setup.backend,
         setup.layers,
         f", {setup.ops} ops" if setup.layers == "native" else "",
+        ", LogitScore head" if logit_score is not None else "",
     )
     if setup.runner == "pairs":
         return PairRunner(loaded, planner, setup)
     return PackedRunner(loaded, planner, setup, config.compile)
+
+
+def _engine_config(
+    config: EngineConfig,
+    device,
+    trust_remote_code: bool | None,
+    backend: str | None,
+    model_kwargs: dict | None,
+) -> EngineConfig:
+    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend, dtype)."""
+    if device is not None:
+        config = replace(config, device=_device_name(device))
+    if trust_remote_code is not None:
+        config = replace(config, trust_remote_code=bool(trust_remote_code))
+    if backend is not None:
+        if backend in BACKENDS:
+            config = replace(config, backend=backend)
+        elif backend in ("torch", "onnx", "openvino"):
+            if backend != "torch":
+                log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
+        else:
+            raise SettingError(
+                "backend",
+                backend,
+                f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
+            )
+    kwargs = dict(model_kwargs or {})
+    dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in ("auto", "float32", "bfloat16", "float16"):
+            raise SettingError("model_kwargs dtype", dtype, "is not one of float32, bfloat16, float16, auto")
+        config = replace(config, dtype=name)
+    if kwargs:
+        log.info("model_kwargs ignored (score-batch loads and places the model itself): %s", sorted(kwargs))
+    return config
+
+
+def _apply_tokenizer_kwargs(tokenizer, kwargs: dict | None) -> dict:
+    """Set the tokenizer attributes CrossEncoder's tokenizer kwargs set (truncation_side, padding_side)."""
+    kwargs = dict(kwargs or {})
+    for name in ("truncation_side", "padding_side"):
+        if name in kwargs:
+            setattr(tokenizer, name, kwargs[name])
+    unused = sorted(set(kwargs) - {"truncation_side", "padding_side", "model_max_length"})
+    if unused:
+        log.info("tokenizer_kwargs ignored (the tokenizer loads from its files): %s", unused)
+    return kwargs
+
+
+def _check_num_labels(num_labels: int | None, info, logit_score: bool) -> None:
+    """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
+    if num_labels is None or info.kind == "causal":
+        return  # a CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore
+    if num_labels != info.num_labels:
+        raise SettingError(
+            "num_labels",
+            num_labels,
+            f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
+            "head; score-batch scores with the trained one only",
+        )
+
+
+def _given(overrides: dict) -> dict:
+    """Keyword overrides that were given (not None)."""
+    return {key: value for key, value in overrides.items() if value is not None}
 
 
 def _device_name(device) -> str:
@@ -421,6 +833,14 @@ def _refuse_prompts(prompt_name: str | None, prompt: str | None) -> None:
             "prompt and prompt_name are not supported; put the text around queries and items in "
             "ScoringConfig.query_template / item_template (e.g. Scorer(model, query_template='Query: {query}'))"
         )
+
+
+def _ignore_kwargs(method: str, kwargs: dict) -> None:
+    """CrossEncoder's deprecated no-op arguments are accepted; anything else is a TypeError, as there."""
+    for name in ("num_workers", "convert_to_numpy", "convert_to_tensor", "apply_softmax"):
+        kwargs.pop(name, None)
+    if kwargs:
+        raise TypeError(f"{method}() got unexpected keyword arguments {sorted(kwargs)}")
 
 
 def _check_batch_size(batch_size) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -10,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from score_batch.engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError, SettingError
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError, SettingError
 from score_batch.engine.profiles import builtin_profiles
 from score_batch.engine.ranking import ranks, top_k_order
 from score_batch.engine.types import GroupResult
@@ -96,9 +97,9 @@ def test_ranking_ties_keep_input_order_and_bad_k_is_refused():
 
 def test_predict_equals_the_cli_for_a_builtin_profile_with_an_override(qwen3_causal, tmp_path):
     scorer = Scorer.from_pretrained(qwen3_causal, profile="yes-no-judge", apply_softmax=False)
-    assert scorer.profile.name == "yes-no-judge" and scorer.config.scoring.apply_softmax is False
+    assert scorer.profile.name == "yes-no-judge" and scorer.scoring.apply_softmax is False
     assert (
-        scorer.config.scoring.query_template == builtin_profiles()["yes-no-judge"].settings["query_template"]
+        scorer.scoring.query_template == builtin_profiles()["yes-no-judge"].settings["query_template"]
     )
     expected = cli_scores(
         tmp_path, "--model", qwen3_causal, "--profile", "yes-no-judge", "--no-apply-softmax"
@@ -109,26 +110,33 @@ def test_predict_equals_the_cli_for_a_builtin_profile_with_an_override(qwen3_cau
 def test_a_model_dir_with_score_batch_json_needs_no_arguments(profiled_dir, tmp_path):
     scorer = Scorer.from_pretrained(profiled_dir)
     assert scorer.profile.name == "score_batch.json"
-    assert scorer.config.scoring == ScoringConfig(
+    assert scorer.scoring == ScoringConfig(
         query_template=PROFILE["query_template"],
         item_template=PROFILE["item_template"],
         label_tokens=LABELS,
         apply_softmax=True,
+        truncate="longest-first",  # the Python API's default: CrossEncoder truncates
     )
     scores = scorer.predict(PAIRS)  # a CausalLM label scorer: its `score` (the last label's probability)
     assert scores.dtype == np.float32 and scores.shape == (len(PAIRS),)
-    both = scorer.predict(PAIRS, activation_fn=torch.nn.Identity())  # the label probabilities: (n, labels)
-    assert both.shape == (len(PAIRS), 2) and max_abs_diff(both[:, -1], scores) <= 1e-6
+    # activation_fn runs on the labels' log-odds, CrossEncoder's LogitScore logit: (n,) as CrossEncoder returns
+    log_odds = scorer.predict(PAIRS, activation_fn=torch.nn.Identity())
+    assert log_odds.shape == (len(PAIRS),)
+    assert max_abs_diff(torch.sigmoid(torch.from_numpy(log_odds)).numpy(), scores) <= 1e-6
+    assert max_abs_diff(scorer.predict(PAIRS, activation_fn=torch.nn.Sigmoid()), scores) <= 1e-6
+    assert max_abs_diff(scorer.predict(PAIRS, apply_softmax=True), scores) <= 1e-6  # (n,): nothing to softmax
+    groups = scorer.score([Group(q, [d]) for q, d in PAIRS])  # every label's probability stays in `scores`
+    assert max_abs_diff(np.concatenate([g.scores[:, -1] for g in groups]), scores) <= 1e-6
     assert max_abs_diff(scores, cli_scores(tmp_path, "--model", profiled_dir)) <= 1e-6
     # An EngineConfig with the default ScoringConfig still gets the profile.
     again = Scorer.from_pretrained(profiled_dir, EngineConfig(device="cpu", backend="sdpa"))
-    assert again.config.scoring == scorer.config.scoring
+    assert again.scoring == dataclasses.replace(scorer.scoring, truncate="error")  # the config's own default
     assert max_abs_diff(again.predict(PAIRS), scores) <= 1e-5
 
 
 def test_overrides_and_an_explicit_scoring_config(profiled_dir, tmp_path):
     overridden = Scorer.from_pretrained(profiled_dir, apply_softmax=False, label_token_ids=(5, 7))
-    cfg = overridden.config.scoring
+    cfg = overridden.scoring
     assert cfg.apply_softmax is False and cfg.label_token_ids == (5, 7) and cfg.label_tokens == ()
     assert cfg.query_template == PROFILE["query_template"]  # the rest still comes from the profile
     expected = cli_scores(tmp_path, "--model", profiled_dir, "--no-apply-softmax", "--label-token-ids", "5,7")
@@ -136,9 +144,9 @@ def test_overrides_and_an_explicit_scoring_config(profiled_dir, tmp_path):
     # A non-default ScoringConfig is taken as given: no profile; keyword overrides still apply to it.
     explicit = ScoringConfig(label_tokens=(" the",))
     plain = Scorer.from_pretrained(profiled_dir, EngineConfig(scoring=explicit))
-    assert plain.profile is None and plain.config.scoring == explicit
+    assert plain.profile is None and plain.scoring == explicit
     widened = Scorer.from_pretrained(profiled_dir, EngineConfig(scoring=explicit), label_tokens=list(LABELS))
-    assert widened.config.scoring == ScoringConfig(label_tokens=LABELS)
+    assert widened.scoring == ScoringConfig(label_tokens=LABELS)  # as given: truncate stays "error"
     with pytest.raises(ScoringInputError, match="profile='yes-no-judge' was given together"):
         Scorer.from_pretrained(profiled_dir, EngineConfig(scoring=explicit), profile="yes-no-judge")
 
@@ -180,10 +188,11 @@ def test_predict_groups_by_query_and_chunks_without_changing_scores(labelled):
     assert labelled.predict([]).shape == (0,) and labelled.rank("q", []) == []
 
 
-def test_predict_failed_items_are_nan_with_errors(labelled, caplog):
+def test_predict_failed_items_are_nan_with_errors(qwen3_causal, labelled, caplog):
+    strict = Scorer.from_pretrained(qwen3_causal, label_tokens=LABELS, truncate="error")
     pairs = [("I pledge allegiance", " to"), ("", " orphan"), ("I pledge allegiance", "x" * 20000)]
     with caplog.at_level(logging.WARNING, logger="score_batch.engine"):
-        scores, errors = labelled.predict(pairs, return_errors=True)
+        scores, errors = strict.predict(pairs, return_errors=True)
     assert np.isfinite(scores[0]) and errors[0] is None
     assert np.isnan(scores[1]) and errors[1].startswith("pairs[1]: query is empty")
     assert (
@@ -192,7 +201,9 @@ def test_predict_failed_items_are_nan_with_errors(labelled, caplog):
         and "set truncate to item-tail" in errors[2]
     )
     assert "2 of 3 items could not be scored" in caplog.text
-    assert np.isnan(labelled.predict(pairs)[1])
+    assert np.isnan(strict.predict(pairs)[1])
+    truncated = labelled.predict(pairs)  # the default, longest-first, cuts the long item to fit
+    assert np.isnan(truncated[1]) and np.isfinite(truncated[2])
 
 
 def test_predict_refuses_malformed_pairs(labelled):
