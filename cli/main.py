@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from score_batch import __version__
+from score_batch.signals import StopSignals
 
 GROUP_OPTIONS = ("-h", "--help", "--version", "--install-completion", "--show-completion")
 
@@ -80,9 +81,14 @@ app.command(
 
 
 def run() -> None:
-    """Console entry point: every exception becomes an exit code through cli.errors' table."""
+    """Console entry point: every exception becomes an exit code through cli.errors' table.
+
+    SIGINT/SIGTERM raise Stopped from the first instruction on (imports and model loading included), so
+    even a run stopped in its first second ends with its report and exit code 130/143.
+    """
     try:
-        code = app(standalone_mode=False)  # returns the exit code of typer.Exit when not standalone
+        with StopSignals(immediate=True):
+            code = app(standalone_mode=False)  # returns the exit code of typer.Exit when not standalone
     except typer.Exit as done:
         code = done.exit_code
     except typer.Abort:

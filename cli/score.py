@@ -63,17 +63,18 @@ def score(options: ScoreOptions) -> None:
     warn_unknown_variables(os.environ, type(options))
     try:
         config = run_config(options)
-    except Exception as error:  # a bad flag value, model or profile: the report still says why
+        quiet_libraries()
+        from score_batch.job.malloc import tune_malloc
+
+        from score_batch import job  # here: --help and --version import no torch
+
+        tune_malloc(os.environ)
+    except (
+        Exception
+    ) as error:  # a bad flag value, model or profile, or a signal while importing: the report says why
         if options.report:
             write_failure_report(options.report, error, overwrite=options.overwrite)
         raise
-    quiet_libraries()
-    from score_batch.job.malloc import tune_malloc
-
-    from score_batch import job  # here: --help and --version import no torch
-
-    tune_malloc(os.environ)
-
     report = job.run(config)
     if not options.quiet:
         typer.echo(report.summary(), err=True)

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from score_batch.io_formats.readers import open_source
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import check_kept_columns
@@ -48,15 +47,18 @@ class Runner:
 
 def run(config: RunConfig) -> RunReport:
     """Run one job (locally, on Ray, or an OpenAI-style batch file); the report is written however it ends."""
-    torch.set_num_threads(config.threads or available_cpus())
     check_report_path(config)  # before the report can be written, so it never replaces a file it must not
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
     started = time.perf_counter()
     batch_file = False
     try:
-        with StopSignals(immediate=True):  # preflight and model load stop at once; scoring defers
+        with StopSignals(immediate=True):  # imports, preflight and model load stop at once; scoring defers
+            import torch  # here: importing score_batch.job (its config, signals, report) costs no torch
+
+            torch.set_num_threads(config.threads or available_cpus())
             batch_file = _run_phases(config, report)
     except BaseException as error:
+        report.seconds_total = round(time.perf_counter() - started, 3)
         report.end(error)
         _write_report(config, report)
         raise

@@ -97,6 +97,8 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
                     digests.append(input_hash)
                     report.rows_skipped_by_resume += len(rows)
                     progress.update(sum(len(r.item_ids) for r in rows))
+                    stats.add_scores(sink.scored(number)["score"])  # the report covers the whole output
+                    stats.add_query_sizes(len(refs) for refs in grouped.refs)
                     continue
                 if config.on_error == "fail":
                     _fail_on_unreadable_row(rows, source)
@@ -140,7 +142,10 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
         raise
     finally:
         progress.close()
-    report.finish()
+        if not report.seconds_scoring:  # a stopped or failed run reports what it did until then
+            report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
+            report.score_stats = stats.summary()
+        report.finish()
 
 
 def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import logging
+import os
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -142,23 +144,30 @@ def report_failure(
         log.warning("no report written: %s", refused)
         return
     failed = RunReport(versions=versions())
+    failed.seconds_total = seconds_since_start()
     failed.end(error)
     failed.write(report)
 
 
-def versions() -> dict:
-    """Versions of the pieces that decide the numbers."""
-    import pyarrow
-    import torch
-    import transformers
+def seconds_since_start() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 where that is not readable)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK")), 3)
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
-    return {
-        "score-batch": __version__,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "pyarrow": pyarrow.__version__,
-    }
+
+def versions() -> dict:
+    """Versions of the pieces that decide the numbers, from package metadata (nothing is imported)."""
+    found = {"score-batch": __version__, "python": sys.version.split()[0]}
+    for name in ("torch", "transformers", "pyarrow"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def settings_of(config) -> dict:

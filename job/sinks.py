@@ -141,6 +141,10 @@ class PartsSink:
         """True when --resume finds this window's part, intact and scored from the same input."""
         return self.config.resume and self.parts.verified(window, input_hash)
 
+    def scored(self, window: int) -> pa.Table:
+        """A done window's checkpointed part (its rows, failed ones included)."""
+        return self.parts.read(window)
+
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Checkpoint the window (all rows, failed ones included)."""
         self.parts.write(window, part, input_hash)

@@ -248,3 +248,32 @@ def test_window_hash_is_the_astuple_json_hash_earlier_checkpoints_carry():
         earlier.update(json.dumps(dataclasses.astuple(row), default=repr, sort_keys=True).encode())
     assert window_hash(rows) == earlier.hexdigest()
     assert window_hash(rows[:1]) != window_hash(rows)
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.9])
+def test_sigterm_in_the_first_second_still_writes_the_report(job, delay):
+    base, _, tmp_path = job
+    report = tmp_path / "early.json"
+    process = start_cli(*base, "-o", tmp_path / "early.parquet", "--report", report)
+    time.sleep(delay)  # imports or model loading, before any window is scored
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 143
+    written = json.loads(report.read_text())
+    assert written["status"] == "stopped" and written["error"] == "Stopped: SIGTERM"
+    assert written["seconds_total"] > 0 and written["versions"]["torch"]
+
+
+def test_a_stopped_run_reports_its_timings_and_a_resume_reports_the_whole_output(job):
+    base, reference, tmp_path = job
+    out, stopped, resumed, full = (tmp_path / n for n in ("out.parquet", "s.json", "r.json", "f.json"))
+    process = start_cli(*base, "-o", out, "--report", stopped)
+    wait_for_parts(tmp_path / "out.parquet.parts", 2, process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 143
+    written = json.loads(stopped.read_text())
+    assert written["seconds_total"] > written["seconds_scoring"] > 0 and written["score_stats"]["scores"]["count"] > 0
+    assert run_cli(*base, "-o", out, "--resume", "--report", resumed).returncode == 0
+    assert run_cli(*base, "-o", tmp_path / "full.parquet", "--report", full).returncode == 0
+    after_resume, uninterrupted = json.loads(resumed.read_text()), json.loads(full.read_text())
+    assert after_resume["rows_skipped_by_resume"] > 0
+    assert after_resume["score_stats"] == uninterrupted["score_stats"]  # every row, not only the rescored
