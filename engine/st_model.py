@@ -209,9 +209,9 @@ def pair_tokens(
     if not pairs:
         return []
     prompt = spec.default_prompt or ""
-    pairs = [(prompt + query, document) for query, document in pairs]
     truncation = "longest_first" if truncate else False
     if spec.chat is None:
+        pairs = [(prompt + query, document) for query, document in pairs]  # the prompt goes before the query
         kwargs = (
             {"truncation": truncation, **spec.text_kwargs}
             if truncate
@@ -220,6 +220,9 @@ def pair_tokens(
         encoding = tokenizer([list(pair) for pair in pairs], **kwargs)
         return [list(ids) for ids in encoding["input_ids"]]
     conversations = [pair_messages(pair, spec.chat.message_format) for pair in pairs]
+    if prompt:  # a system message first, as CrossEncoder adds a prompt to messages
+        content = prompt if spec.chat.message_format == "flat" else [{"type": "text", "text": prompt}]
+        conversations = [[{"role": "system", "content": content}, *messages] for messages in conversations]
     text_kwargs = dict(spec.text_kwargs)
     top_level = {key: text_kwargs.pop(key) for key in CHAT_SIZE_KEYS if key in text_kwargs}
     top_level["truncation"] = top_level.get("truncation", truncation) if truncate else False

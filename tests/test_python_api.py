@@ -98,9 +98,7 @@ def test_ranking_ties_keep_input_order_and_bad_k_is_refused():
 def test_predict_equals_the_cli_for_a_builtin_profile_with_an_override(qwen3_causal, tmp_path):
     scorer = Scorer.from_pretrained(qwen3_causal, profile="yes-no-judge", apply_softmax=False)
     assert scorer.profile.name == "yes-no-judge" and scorer.scoring.apply_softmax is False
-    assert (
-        scorer.scoring.query_template == builtin_profiles()["yes-no-judge"].settings["query_template"]
-    )
+    assert scorer.scoring.query_template == builtin_profiles()["yes-no-judge"].settings["query_template"]
     expected = cli_scores(
         tmp_path, "--model", qwen3_causal, "--profile", "yes-no-judge", "--no-apply-softmax"
     )

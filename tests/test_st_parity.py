@@ -274,6 +274,29 @@ def _pair(model_dir):
     return _PAIRS_CACHE[model_dir]
 
 
+@pytest.mark.parametrize(("family", "num_labels"), [("qwen3", 1), ("qwen3", 3), ("llama", 1)])
+def test_decoder_classifiers_equal_cross_encoder(zoo, tmp_path_factory, family, num_labels):
+    source = zoo.get(family, "classifier", add_bos=family == "llama", num_labels=num_labels)
+    model_dir = saved(source, tmp_path_factory, max_length=24)  # the long pairs are cut by both
+    ours, theirs = Scorer(model_dir, device="cpu"), st.CrossEncoder(str(model_dir), device="cpu")
+    pairs = PAIRS[:-1] + LONG_PAIRS
+    for kwargs in ({}, {"activation_fn": torch.nn.Identity()}, {"apply_softmax": True}):
+        same(ours.predict(pairs, **kwargs), theirs.predict(pairs, **kwargs))
+
+
+def test_a_saved_default_prompt_is_applied_as_cross_encoder_applies_it(causal_dirs, zoo, tmp_path_factory):
+    sources = (
+        causal_dirs["pair-encoding"],
+        causal_dirs["chat-flat"],
+        zoo.get("bert", "classifier", num_labels=1),
+    )
+    for source in sources:
+        prompt = {"prompts": {"query": "Judge: "}, "default_prompt_name": "query"}
+        model_dir = saved(source, tmp_path_factory, **prompt)
+        ours, theirs = Scorer(model_dir, device="cpu"), st.CrossEncoder(str(model_dir), device="cpu")
+        same(ours.predict(PAIRS[:-1]), theirs.predict(PAIRS[:-1]))
+
+
 def test_score_groups_of_a_logit_score_model_are_one_label(causal_dirs):
     ours, theirs = _pair(causal_dirs["pair-encoding"])
     result = ours.score([Group(QUERY, DOCS)])[0]
