@@ -109,11 +109,15 @@ class PackedRunner:
                     for r, ref in zip(rows, pack.item_refs):
                         table.put(ref, raw[r], scores[r], None if pooled is None else pooled[r])
                 if on_items is not None:
-                    on_items(countdown.finished(batch.item_refs))
+                    repeats = tuple(r for ref in batch.item_refs for r in plan.copies.get(ref, ()))
+                    on_items(countdown.finished(batch.item_refs + repeats))
         if rescored:
             log.warning(
                 "%d items shared a pack with a non-finite output and were scored again alone", rescored
             )
+        for original, repeats in plan.copies.items():  # duplicate (query, item) pairs: scored once
+            for repeat in repeats:
+                table.copy(original, repeat, plan.item_name(repeat))
         errors = [plan.scored_group(g).errors for g in range(len(plan.tokenized))]
         return table.results(errors, self.setup.activation, cfg.score_index)
 

@@ -31,6 +31,8 @@ class PlanLimits:
     # A group needing several MIS packs computes its query once: its later packs read the first pack's
     # per-layer query K/V from the run's QueryCache (only for backends whose capabilities say cached_query).
     cache_query: bool = False
+    # Repeated (query, item) sequences of one call are scored once and copied (PackedPlan.copies).
+    dedupe: bool = True
 
 
 @dataclass
@@ -46,6 +48,7 @@ class PlanStats:
     batches: int = 0
     packed_tokens: int = 0  # tokens the forward passes run (a cached pack's query is not among them)
     pairwise_tokens: int = 0
+    duplicates: int = 0  # scored sequences equal to an earlier one of the call: scored once, copied
 
 
 @dataclass
@@ -57,6 +60,8 @@ class PackedPlan:
     stats: PlanStats = field(default_factory=PlanStats)
     # truncate="chunk": each group's windows, which the packs' ItemRefs index instead of its items
     chunked: list[ChunkedGroup] | None = None
+    # a scored sequence → the later ones equal to it (same query and item tokens): those are not packed
+    copies: dict[ItemRef, tuple[ItemRef, ...]] = field(default_factory=dict)
 
     def scored_group(self, group: int) -> TokenizedGroup:
         """The group whose items the packs score (ItemRef.item indexes it): its windows under chunk, else itself."""
@@ -102,16 +107,20 @@ class PackedPlanner:
         ]
         chunked = [chunk_group(g) for g in tokenized] if cfg.truncate == "chunk" else None
         scored = tokenized if chunked is None else [c.scored for c in chunked]
+        copies = duplicate_sequences(scored) if limits.dedupe else {}
+        skipped = {ref for refs in copies.values() for ref in refs}
         packs: list[Pack] = []
         for group_index, group in enumerate(scored):
-            packs.extend(_group_packs(group_index, group, cfg, limits))
+            skip = frozenset(ref.item for ref in skipped if ref.group == group_index)
+            packs.extend(_group_packs(group_index, group, cfg, limits, skip))
         budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
         batches = make_batches(packs, budget)
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in tokenized),
             failed_items=sum(e is not None for g in tokenized for e in g.errors),
-            windows=sum(ids is not None for g in scored for ids in g.item_ids),
+            windows=sum(ids is not None for g in scored for ids in g.item_ids) - len(skipped),
+            duplicates=len(skipped),
             packs=len(packs),
             batches=len(batches),
             packed_tokens=sum(len(p) for p in packs),
@@ -122,7 +131,7 @@ class PackedPlanner:
                 if ids is not None
             ),
         )
-        return PackedPlan(tokenized=tokenized, batches=batches, stats=stats, chunked=chunked)
+        return PackedPlan(tokenized=tokenized, batches=batches, stats=stats, chunked=chunked, copies=copies)
 
 
 @dataclass(frozen=True)
@@ -159,14 +168,36 @@ Planner = PackedPlanner | PairPlanner
 WorkPlan = PackedPlan | PairPlan
 
 
+def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[ItemRef, ...]]:
+    """Each scored sequence that later ones repeat exactly (same query and item tokens, same order) → those
+    repeats, across the call's groups: they are scored once and copied (pure; no model)."""
+    first: dict[tuple, ItemRef] = {}
+    copies: dict[ItemRef, list[ItemRef]] = {}
+    for g, group in enumerate(groups):
+        for i, ids in enumerate(group.item_ids):
+            if ids is None:
+                continue
+            key = (group.item_first, tuple(group.query_ids), tuple(ids))
+            ref = ItemRef(g, i)
+            original = first.setdefault(key, ref)
+            if original != ref:
+                copies.setdefault(original, []).append(ref)
+    return {original: tuple(refs) for original, refs in copies.items()}
+
+
 def _group_packs(
-    group_index: int, group: TokenizedGroup, cfg: ScoringConfig, limits: PlanLimits
+    group_index: int,
+    group: TokenizedGroup,
+    cfg: ScoringConfig,
+    limits: PlanLimits,
+    skip: frozenset[int] = frozenset(),
 ) -> list[Pack]:
     """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit.
 
     With limits.cache_query, a group of several runs computes its query once (see _query_once_packs).
+    Items in skip (repeats of an earlier sequence) are left out.
     """
-    valid = [i for i, ids in enumerate(group.item_ids) if ids is not None]
+    valid = [i for i, ids in enumerate(group.item_ids) if ids is not None and i not in skip]
     if cfg.packing == "single" or group.item_first:
         return [single_pack(group.reference_sequence(i), ItemRef(group_index, i)) for i in valid]
     if limits.cache_query:

@@ -49,6 +49,16 @@ class ResultTable:
         if self.pooled[ref.group] is not None:
             self.pooled[ref.group][ref.item] = np.nan
 
+    def copy(self, original: ItemRef, repeat: ItemRef, name: str | None = None) -> None:
+        """Give a repeated sequence its original's outputs (and, when it failed, the failure in its own name)."""
+        self.raw[repeat.group][repeat.item] = self.raw[original.group][original.item]
+        self.scores[repeat.group][repeat.item] = self.scores[original.group][original.item]
+        if self.pooled[repeat.group] is not None:
+            self.pooled[repeat.group][repeat.item] = self.pooled[original.group][original.item]
+        if self.item_errors[original.group][original.item] is not None:
+            raw = self.raw[original.group][original.item]
+            self.item_errors[repeat.group][repeat.item] = non_finite_message(raw, repeat.item, name)
+
     def results(
         self, errors: list[list[str | None]], activation: ResolvedActivation, score_index: int
     ) -> list[GroupResult]:

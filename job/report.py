@@ -44,6 +44,7 @@ class RunReport:
     packed_tokens: int = 0
     pairwise_tokens: int = 0
     windows: int = 0  # sequences scored: the items, or under --truncate chunk their windows
+    duplicates: int = 0  # (query, item) pairs equal to an earlier one of their window: scored once, copied
     seconds_load: float = 0.0
     seconds_scoring: float = 0.0
     seconds_total: float = 0.0
@@ -74,7 +75,15 @@ class RunReport:
 
     def add_plan(self, stats) -> None:
         """Add one window's planning counts (groups, packs, batches, tokens)."""
-        for name in ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "windows"):
+        for name in (
+            "groups",
+            "packs",
+            "batches",
+            "packed_tokens",
+            "pairwise_tokens",
+            "windows",
+            "duplicates",
+        ):
             setattr(self, name, getattr(self, name) + getattr(stats, name))
 
     def end(self, error: BaseException | None) -> None:
@@ -111,7 +120,8 @@ class RunReport:
         return (
             f"score-batch: {verb} {count} items from {source} in {self.groups} groups, {self.packs} packs, "
             f"{self.batches} batches; {self.packed_tokens} tokens packed vs {self.pairwise_tokens} pairwise "
-            f"({ratio:.2f}x); {self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, "
+            f"({ratio:.2f}x{f', {self.duplicates} duplicate pairs scored once' if self.duplicates else ''}); "
+            f"{self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, "
             f"peak RSS {self.peak_rss_mb:.0f} MB"
         )
 

@@ -44,8 +44,8 @@ QUERY_ONCE_GROUPS = [
 
 
 def _planner(cache_query: bool, max_pack_tokens: int = 24, max_batch_tokens: int = 1000) -> PackedPlanner:
-    """A token-id planner (no tokenizer needed) under small pack limits."""
-    limits = PlanLimits(max_pack_tokens, max_batch_tokens, D, 1000, cache_query=cache_query)
+    """A token-id planner (no tokenizer needed) under small pack limits; repeated items stay (layouts studied)."""
+    limits = PlanLimits(max_pack_tokens, max_batch_tokens, D, 1000, cache_query=cache_query, dedupe=False)
     return PackedPlanner(None, ScoringConfig(packing="mis"), limits)
 
 
