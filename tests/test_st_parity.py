@@ -181,7 +181,7 @@ def causal_dirs(zoo, tmp_path_factory):
         "chat-flat": with_template(plain, tmp_path_factory, FLAT_TEMPLATE),
         "chat-structured": with_template(llama, tmp_path_factory, STRUCTURED_TEMPLATE),
         "chat-saved-truncated": saved(
-            with_template(plain, tmp_path_factory, FLAT_TEMPLATE), tmp_path_factory, max_length=40
+            with_template(plain, tmp_path_factory, FLAT_TEMPLATE), tmp_path_factory, max_length=100
         ),
     }
 
@@ -216,7 +216,7 @@ def test_causal_lm_scores_and_ranks_equal_cross_encoder_with_no_arguments(causal
     assert [r["corpus_id"] for r in got] == [r["corpus_id"] for r in want]
     assert all(abs(a["score"] - b["score"]) <= TOL and a["text"] == b["text"] for a, b in zip(got, want))
     if name == "chat-saved-truncated":  # some pairs were cut, their template tail written back
-        assert ours.max_length == 40 and int(theirs.preprocess(pairs)["attention_mask"].sum(1).max()) == 40
+        assert ours.max_length == 100 and int(theirs.preprocess(pairs)["attention_mask"].sum(1).max()) == 100
     assert worst <= TOL
 
 
