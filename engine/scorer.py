@@ -74,6 +74,8 @@ _IGNORED = (
     "default_prompt_name",
     "keep_in_fp32_modules",
 )
+# EngineConfig fields a keyword may set without giving an EngineConfig (which would drop CrossEncoder's defaults).
+_ENGINE_FIELDS = ("dtype", "max_batch_tokens", "max_pack_tokens", "allow_pickle", "compile", "layers", "ops")
 # Older CrossEncoder names of its arguments, as its own decorator maps them.
 _RENAMED = {
     "model_name": "model_name_or_path",
@@ -90,7 +92,8 @@ class Scorer:
     """Scores (query, item) pairs with one loaded model; safe to call repeatedly.
 
     Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI
-    does (see from_pretrained); keyword arguments named like ScoringConfig's fields override the profile.
+    does (see from_pretrained); keyword arguments named like ScoringConfig's fields override the profile, and
+    those named like EngineConfig's (max_pack_tokens, max_batch_tokens, dtype, …) set the engine.
     CrossEncoder's constructor arguments are accepted too (docs/python-api.md, "Loading").
     """
 
@@ -140,7 +143,9 @@ class Scorer:
         # CrossEncoder's defaults (longest-first, a LogitScore, its pair tokens) unless an EngineConfig is given:
         # its ScoringConfig then holds the defaults (truncate "error", label tokens for a CausalLM).
         ce_defaults = config is None
-        config = _engine_config(config or EngineConfig(), device, trust_remote_code, backend, model_kwargs)
+        engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
+        config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
+        config = _engine_config(config, device, trust_remote_code, backend, model_kwargs)
         config_kwargs = dict(config_kwargs or {})
         if config_kwargs.get("num_labels") is not None and num_labels is None:
             num_labels = config_kwargs.pop("num_labels")
@@ -281,7 +286,7 @@ class Scorer:
     @property
     def num_labels(self) -> int:
         """Scores per pair that predict returns: 1 for one-label heads and every CausalLM scorer, as CrossEncoder."""
-        return 1 if self._label_scorer or self.setup.info.kind == "causal" else self.setup.info.num_labels
+        return 1 if self._label_scorer else self.setup.info.num_labels  # a LogitScore runs as one label
 
     @property
     def max_length(self) -> int | None:
@@ -645,7 +650,7 @@ class Scorer:
         truncate = self.scoring.truncate == "longest-first"
         sequences = pair_tokens(self._spec, self.tokenizer, [checked[i] for i in text], truncate)
         limits = self.setup.limits
-        fits = limits.max_pack_tokens - 2  # the query's delimiter and the item's
+        fits = limits.max_pack_tokens - (0 if self.setup.packing == "single" else 2)  # MIS: two delimiters
         if limits.max_positions is not None:
             fits = min(fits, limits.max_positions)
         by_query: dict[str, list[tuple[int, list[int]]]] = {}
@@ -660,8 +665,8 @@ class Scorer:
                 )
             elif len(ids) > fits:
                 error = (
-                    f"pair has {len(ids)} tokens, more than a pack holds ({fits}); raise "
-                    "EngineConfig.max_pack_tokens, or lower max_length"
+                    f"pair has {len(ids)} tokens, more than a pack holds ({fits}); raise max_pack_tokens "
+                    "(Scorer(model, max_pack_tokens=…)), or lower max_length"
                 )
             if error is not None:
                 errors[index] = error

@@ -415,6 +415,17 @@ def test_cross_encoder_constructor_arguments_are_accepted(zoo, tmp_path_factory)
     assert attention.setup.backend == "sdpa"  # our attention backends are taken by name
 
 
+def test_engine_settings_as_keywords_keep_cross_encoders_defaults(causal_dirs):
+    model_dir = causal_dirs["pair-encoding"]
+    _, theirs = _pair(model_dir)
+    small = Scorer(model_dir, device="cpu", max_pack_tokens=24, max_batch_tokens=64)
+    assert small.engine_config.max_pack_tokens == 24 and small.scoring.truncate == "longest-first"
+    scores, errors = small.predict(LONG_PAIRS, return_errors=True)
+    assert np.isnan(scores[1]) and "more than a pack holds (22); raise max_pack_tokens" in errors[1]
+    fits = [i for i, e in enumerate(errors) if e is None]
+    assert fits and max_abs_diff(scores[fits], theirs.predict([LONG_PAIRS[i] for i in fits])) <= TOL
+
+
 def test_the_attributes_of_a_causal_lm_scorer(causal_dirs):
     ours, theirs = _pair(causal_dirs["saved-modules"])
     with pytest.deprecated_call():  # CrossEncoder's deprecated max_length too
