@@ -132,9 +132,12 @@ def read_cross_encoder(
                 transformer_config = _transformer_config(path / str(module.get("path", "")))
             elif name == LOGIT_SCORE:
                 settings = _json_object(path / str(module.get("path", "")) / "config.json")
-                logit_score = LogitScoreSpec(
-                    int(settings.get("true_token_id")), _optional_int(settings.get("false_token_id"))
-                )
+                if isinstance(settings.get("true_token_id"), int):
+                    logit_score = LogitScoreSpec(
+                        settings["true_token_id"], _optional_int(settings.get("false_token_id"))
+                    )
+                else:
+                    refusal = f"its LogitScore module ({module.get('path')}/config.json) has no true_token_id"
             else:
                 unsupported.append(f"a {name or '?'} module (modules.json)")
         if TRANSFORMER not in types:
