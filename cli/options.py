@@ -429,6 +429,15 @@ ProgressSecondsOpt = Annotated[
         rich_help_panel=JOB,
     ),
 ]
+PricePerHourOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="The machine's price per hour (any currency): the report's usage then gives the run's cost and "
+        "the cost per million items.",
+        rich_help_panel=JOB,
+        show_default=False,
+    ),
+]
 LogFormatOpt = Annotated[
     LogFormat,
     typer.Option(help="Log lines on stderr: text or json (one object per line).", rich_help_panel=JOB),
@@ -524,6 +533,7 @@ class ScoreOptions:
     quiet: QuietOpt = False
     pipeline: PipelineOpt = True
     progress_seconds: ProgressSecondsOpt = 30.0
+    price_per_hour: PricePerHourOpt = None
     log_format: LogFormatOpt = "text"
     ray: RayOpt = False
     ray_address: RayAddressOpt = None

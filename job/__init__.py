@@ -59,10 +59,12 @@ def run(config: RunConfig) -> RunReport:
             batch_file = _run_phases(config, report)
     except BaseException as error:
         report.seconds_total = round(time.perf_counter() - started, 3)
+        report.add_usage(config.price_per_hour)
         report.end(error)
         _write_report(config, report)
         raise
     report.seconds_total = round(time.perf_counter() - started, 3)
+    report.add_usage(config.price_per_hour)
     report.end(None)
     _write_report(config, report)
     warn_failed_items(report, config, batch_file)

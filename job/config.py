@@ -73,6 +73,7 @@ class RunConfig:
     ] = ()  # --storage-option key=value: endpoint, region (no secrets)
     partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
     hive_types: Literal["infer", "string"] = "infer"  # --hive-types: input partition values typed, or strings
+    price_per_hour: float | None = None  # --price-per-hour: the machine's price, for the report's cost
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR_MODES:
@@ -89,6 +90,8 @@ class RunConfig:
             raise ConfigError("RunConfig.threads", self.threads, "must be at least 1")
         if self.progress_seconds <= 0:
             raise ConfigError("RunConfig.progress_seconds", self.progress_seconds, "must be positive")
+        if self.price_per_hour is not None and not self.price_per_hour >= 0:
+            raise ConfigError("RunConfig.price_per_hour", self.price_per_hour, "must be a price >= 0")
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError("RunConfig.top_k", self.top_k, "must be at least 1")
         if not isinstance(self.input, str) and not self.input:
@@ -121,7 +124,14 @@ class RunConfig:
         """Everything that decides the output rows, for refusing a mismatched --resume (and saying what differs)."""
         settings = dataclasses.asdict(self)
         ignored = ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray")
-        for name in (*ignored, "threads", "progress_seconds", "pipeline", "storage_options"):
+        for name in (
+            *ignored,
+            "threads",
+            "progress_seconds",
+            "pipeline",
+            "storage_options",
+            "price_per_hour",
+        ):
             settings.pop(name)
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)

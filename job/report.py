@@ -66,12 +66,33 @@ class RunReport:
     )  # job.score_stats.ScoreStats.summary() of the scored items
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    # input_tokens (what the pairs would run one by one), computed_tokens (what ran), device,
+    # device_seconds, items_per_second; with --price-per-hour: price_per_hour, cost, cost_per_million_items
+    usage: dict = field(default_factory=dict)
 
     def add_setup(self, setup) -> None:
         """The engine settings as resolved for this model and machine (an engine.setup.ResolvedSetup)."""
         self.backend, self.device = setup.backend, str(setup.device)
         self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
         self.layers, self.ops = setup.layers, setup.ops
+
+    def add_usage(self, price_per_hour: float | None) -> None:
+        """The usage object: tokens asked for and computed, the device and its seconds, and the cost at a price."""
+        workers = self.ray_workers or 1
+        usage = {
+            "input_tokens": self.pairwise_tokens,
+            "computed_tokens": self.packed_tokens,
+            "device": device_name(self.device),
+            "device_seconds": round(self.seconds_scoring * workers, 3),
+            "items_per_second": self.items_per_second,
+        }
+        if price_per_hour is not None:
+            cost = price_per_hour * self.seconds_total * workers / 3600
+            usage.update(price_per_hour=price_per_hour, cost=round(cost, 6))
+            usage["cost_per_million_items"] = (
+                round(cost * 1e6 / self.items_scored, 6) if self.items_scored else None
+            )
+        self.usage = usage
 
     def add_plan(self, stats) -> None:
         """Add one window's planning counts (groups, packs, batches, tokens)."""
@@ -122,7 +143,8 @@ class RunReport:
             f"{self.batches} batches; {self.packed_tokens} tokens packed vs {self.pairwise_tokens} pairwise "
             f"({ratio:.2f}x{f', {self.duplicates} duplicate pairs scored once' if self.duplicates else ''}); "
             f"{self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, "
-            f"peak RSS {self.peak_rss_mb:.0f} MB"
+            + (f"cost {self.usage['cost']:.4g}, " if "cost" in self.usage else "")
+            + f"peak RSS {self.peak_rss_mb:.0f} MB"
         )
 
     def write(self, path: str) -> None:
@@ -157,6 +179,21 @@ def report_failure(
     failed.seconds_total = seconds_since_start()
     failed.end(error)
     failed.write(report)
+
+
+def device_name(device: str) -> str:
+    """The scoring device in words: the GPU's name (torch, when a CUDA run imported it) or the CPU's model."""
+    if device.startswith("cuda") and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return device or "unknown"
 
 
 def seconds_since_start() -> float:

@@ -271,9 +271,35 @@ def test_a_stopped_run_reports_its_timings_and_a_resume_reports_the_whole_output
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 143
     written = json.loads(stopped.read_text())
-    assert written["seconds_total"] > written["seconds_scoring"] > 0 and written["score_stats"]["scores"]["count"] > 0
+    assert (
+        written["seconds_total"] > written["seconds_scoring"] > 0
+        and written["score_stats"]["scores"]["count"] > 0
+    )
     assert run_cli(*base, "-o", out, "--resume", "--report", resumed).returncode == 0
     assert run_cli(*base, "-o", tmp_path / "full.parquet", "--report", full).returncode == 0
     after_resume, uninterrupted = json.loads(resumed.read_text()), json.loads(full.read_text())
     assert after_resume["rows_skipped_by_resume"] > 0
     assert after_resume["score_stats"] == uninterrupted["score_stats"]  # every row, not only the rescored
+
+
+def test_the_report_gives_usage_and_the_cost_at_a_price(qwen3_causal, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows(4, 3))
+    report = tmp_path / "r.json"
+    env = {"SCORE_BATCH_PRICE_PER_HOUR": "3.6"}  # the environment spelling of --price-per-hour
+    result = run_cli(
+        data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", tmp_path / "o.parquet", "--report", report, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    written = json.loads(report.read_text())
+    usage = written["usage"]
+    assert (
+        usage["input_tokens"]
+        == written["pairwise_tokens"]
+        > usage["computed_tokens"]
+        == written["packed_tokens"]
+    )
+    assert usage["device"] and usage["device_seconds"] == written["seconds_scoring"]
+    assert usage["cost"] == round(3.6 * written["seconds_total"] / 3600, 6)
+    assert usage["cost_per_million_items"] == round(usage["cost"] * 1e6 / 12, 6)
+    assert "cost " in result.stderr
+    assert run_cli(data, "-o", tmp_path / "x.parquet", "--price-per-hour", "-1").returncode == 2
