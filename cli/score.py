@@ -83,7 +83,7 @@ def score(options: ScoreOptions) -> None:
 def run_config(options: ScoreOptions):
     """Resolve one invocation's options into a RunConfig (model, profile, engine, columns, job)."""
     from score_batch.engine.config import EngineConfig, ScoringConfig
-    from score_batch.engine.model_source import resolve_model_dir
+    from score_batch.engine.model_source import hub_id_of, resolve_model_dir
     from score_batch.engine.profiles import choose_profile, scoring_config
     from score_batch.io_formats.schema import ColumnOverrides
     from score_batch.job.config import RayOptions, RunConfig
@@ -91,7 +91,8 @@ def run_config(options: ScoreOptions):
     from score_batch.demo import demo_model_path
 
     model_dir = resolve_model_dir(options.model) if options.model else Path(demo_model_path())
-    profile = choose_profile(options.profile, options.model or "", model_dir)
+    name = hub_id_of(model_dir) or options.model or ""  # an HF-cache snapshot directory: its hub id
+    profile = choose_profile(options.profile, name, model_dir)
     if profile is not None:
         log.info("scoring profile: %s (%s)", profile.name, profile.source)
     scoring = scoring_config(profile, from_options(options, ScoringConfig))  # None: not given, the profile's

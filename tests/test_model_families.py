@@ -46,7 +46,7 @@ def test_gemma2_soft_capping_and_windows_are_exact_on_every_backend(zoo, backend
 def _encoder_reference(model_dir, query: str, item: str):
     """Plain HF: the pair alone (no padding), logits and the CLS / mean hidden state of its backbone."""
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
-    encoding = tokenizer(str(model_dir))(query, item, return_tensors="pt")
+    encoding = tokenizer(str(model_dir))([[query, item]], return_tensors="pt")  # a batch: "" stays a pair
     with torch.no_grad():
         logits = model(**encoding).logits[0]
         hidden = getattr(model, model.base_model_prefix)(**encoding).last_hidden_state[0]  # [len, hidden]
@@ -86,7 +86,7 @@ def test_encoder_cross_encoders_match_plain_hf_pairs(zoo, family, overrides):
 def test_encoder_scores_equal_sentence_transformers_cross_encoder(zoo):
     st = pytest.importorskip("sentence_transformers")
     model_dir = zoo.get("bert", "classifier", num_labels=1)
-    # CrossEncoder drops an empty item from its batched pair encoding, so empty items are left out here.
+    # Empty items are left out here: tests/test_st_parity.py compares them with CrossEncoder 6.2.
     groups = [Group(g.query, [item for item in g.items if item]) for g in GROUPS if g.items]
     results = make_scorer(model_dir, "classifier", backend="auto").score(groups)
     pairs = [(g.query, item) for g in groups for item in g.items]

@@ -526,3 +526,14 @@ def test_a_snapshot_directory_resolves_to_its_hub_id_for_the_profile(zoo, tmp_pa
     by_id = Scorer("Qwen/Qwen3-Reranker-0.6B", device="cpu", cache_folder=str(tmp_path / "hub"))
     assert by_id.profile.name == "qwen3-reranker"
     assert max_abs_diff(by_path.predict(PAIRS[:3]), by_id.predict(PAIRS[:3])) <= TOL
+
+
+def test_a_snapshot_directory_on_the_command_line_picks_its_hub_ids_profile(zoo, tmp_path):
+    from tests.test_cli import run_cli, write_jsonl
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-Reranker-0.6B" / "snapshots" / ("b" * 40)
+    shutil.copytree(zoo.get("qwen3", "causal"), snapshot)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"query": "Tokyo is a city in", "item": " Japan"}])
+    result = run_cli(src, "-o", tmp_path / "o.jsonl", "--model", snapshot, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "scoring profile: qwen3-reranker" in result.stderr
