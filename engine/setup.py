@@ -214,23 +214,27 @@ def resolve_ops(
     return "torch"
 
 
-# Truncation policies declared in ScoringConfig whose engine side has not landed yet (refused, never ignored).
-PENDING_TRUNCATE: tuple[str, ...] = ()
-
-
 def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
     """Check the model against the config and resolve devices, budgets, packing, labels and activation."""
     cfg = config.scoring
-    if cfg.truncate in PENDING_TRUNCATE:
-        raise SettingError("ScoringConfig.truncate", cfg.truncate, "is not available in this version yet")
     packing = resolve_packing(info, cfg)
     device = resolve_device(config.device)
     label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
     if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
         log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
+    if info.kind == "classifier" and cfg.label_score != "probability":
+        raise SettingError(
+            "ScoringConfig.label_score",
+            cfg.label_score,
+            "applies to CausalLM label tokens; a SequenceClassification model's scores are its head's logits",
+        )
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
     _check_scores(info, cfg, num_scores)
     activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
+    if info.kind == "causal" and cfg.label_score != "probability":  # the raw label logit, or its sigmoid
+        activation = ResolvedActivation(
+            "none", f"the label scores are label_score={cfg.label_score} as asked"
+        )
     dtype = resolve_dtype(config.dtype, device)
     backend = _backend(info, config, device, dtype)
     limits = PlanLimits(

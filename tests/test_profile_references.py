@@ -434,3 +434,18 @@ def test_label_score_on_a_causal_model_against_plain_hf(zoo, copy_model):
     assert np.max(np.abs(got - expected)) <= 1e-5
     sigmoid = engine_scores(model_dir, label_score="sigmoid")
     assert np.max(np.abs(sigmoid.ravel() - 1 / (1 + np.exp(-expected[:, 1])))) <= 1e-6
+
+
+def test_label_score_is_refused_on_a_classifier_and_named_in_the_activation(zoo):
+    from score_batch.engine import EngineConfig, Scorer, ScoringConfig, SettingError
+
+    with pytest.raises(SettingError, match="applies to CausalLM label tokens"):
+        Scorer.load(
+            zoo.get("qwen3", "classifier"),
+            EngineConfig(device="cpu", scoring=ScoringConfig(label_score="logit")),
+        )
+    causal = Scorer.load(
+        zoo.get("qwen3", "causal"),
+        EngineConfig(device="cpu", scoring=ScoringConfig(label_tokens=(" to",), label_score="logit")),
+    )
+    assert causal.activation.name == "none" and "label_score=logit" in causal.activation.reason
