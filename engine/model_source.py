@@ -100,12 +100,12 @@ def check_weight_files(path: str | Path) -> str:
         ("pickle", PICKLE_INDEX, "pytorch_model.bin"),
     ):
         check = _check_safetensors if kind == "safetensors" else _check_pickle
+        if _present(path / single):  # transformers' order: the single file wins over an index beside it
+            check(path / single, path)
+            return kind
         if _present(path / index_name):
             for shard in _index_shards(path / index_name):
                 check(path / shard, path)
-            return kind
-        if _present(path / single):
-            check(path / single, path)
             return kind
     stray = sorted(p.name for p in path.glob("*.safetensors")) + sorted(p.name for p in path.glob("*.bin"))
     found = (

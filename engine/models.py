@@ -84,7 +84,8 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     if native_refusal is None:
         native_refusal = _native_refusal(config, path, architecture, trust_remote_code)
     uses_windows = "sliding_attention" in layer_types or (
-        not layer_types and getattr(text_config, "use_sliding_window", True)
+        (not layer_types or model_type == "mistral")  # Mistral's attention windows every layer regardless
+        and getattr(text_config, "use_sliding_window", True)
     )
     return ModelInfo(
         path=path,

@@ -218,3 +218,51 @@ def test_transformers_layers_load_without_a_progress_bar(qwen3_causal, capfd):
         assert hf_logging.is_progress_bar_enabled()  # the user's setting is left as it was
     finally:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+def _resaved(source, target, change):
+    """A copy of a model directory whose model.safetensors went through change(tensors)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    tensors = load_file(target / "model.safetensors")
+    change(tensors)
+    save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    return target
+
+
+def test_tied_checkpoints_load_their_head_as_transformers_does(zoo, tmp_path):
+    source = zoo.get("qwen3", "causal", tie_word_embeddings=True)
+    cases = {
+        # tie_word_embeddings with a different lm_head.weight saved: transformers keeps it untied
+        "own-head": lambda t: t.__setitem__(
+            "lm_head.weight", torch.randn_like(t["model.embed_tokens.weight"])
+        ),
+        # only the head saved: transformers ties the embeddings to it
+        "head-only": lambda t: t.__setitem__("lm_head.weight", t.pop("model.embed_tokens.weight")),
+    }
+    for name, change in cases.items():
+        model_dir = _resaved(source, tmp_path / name, change)
+        scorer = _scorer(model_dir, "causal", layers="auto")
+        assert scorer.setup.layers == "native"
+        assert _worst_against_reference(model_dir, "causal", GROUPS[:2], scorer.score(GROUPS[:2])) <= EXACT, (
+            name
+        )
+
+
+def test_a_single_file_beside_an_index_wins_as_in_transformers(zoo, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = _resaved(zoo.get("qwen2", "causal"), tmp_path / "both", lambda t: None)
+    stale = AutoModelForCausalLM.from_pretrained(zoo.get("qwen2", "causal"))
+    with torch.no_grad():
+        for parameter in stale.parameters():
+            parameter.add_(1.0)  # other weights, which transformers never reads here
+    stale.save_pretrained(tmp_path / "stale", max_shard_size="20KB")
+    for shard in (tmp_path / "stale").glob("model*.safetensors*"):
+        (model_dir / shard.name).write_bytes(shard.read_bytes())  # old shards and their index beside it
+    assert (model_dir / "model.safetensors.index.json").exists()
+    scorer = _scorer(model_dir, "causal")
+    assert _worst_against_reference(model_dir, "causal", GROUPS[:2], scorer.score(GROUPS[:2])) <= EXACT

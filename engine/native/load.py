@@ -22,6 +22,25 @@ def read_config(model_dir: Path, trust_remote_code: bool):
     return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
 
 
+def _ties(reader: CheckpointReader, prefix: str, model_dir: Path) -> bool:
+    """Whether a tie_word_embeddings checkpoint's LM head is its embedding matrix, as transformers decides it:
+    an lm_head.weight that differs from the embeddings is kept as the head (with a warning)."""
+    embedding = prefix + "embed_tokens.weight"
+    if reader.has("lm_head.weight") and not reader.has(embedding):
+        reader.alias(embedding, "lm_head.weight")  # transformers ties the embeddings to the saved head
+        return True
+    if not reader.has("lm_head.weight"):
+        return True
+    if torch.equal(reader.read("lm_head.weight"), reader.read(embedding)):
+        return True
+    log.warning(
+        "%s: tie_word_embeddings is set but lm_head.weight differs from the embeddings; the checkpoint's "
+        "lm_head.weight is used as the head, as transformers does",
+        model_dir,
+    )
+    return False
+
+
 def load_native(
     model_dir: Path,
     kind: str,
@@ -41,7 +60,7 @@ def load_native(
     head = Linear(spec.hidden_size, spec.vocab_size if kind == "causal" else num_labels, bias=False)
     reader = CheckpointReader(model_dir, dtype, device)
     prefix = backbone_prefix(reader)
-    tied = kind == "causal" and spec.tie_word_embeddings
+    tied = kind == "causal" and spec.tie_word_embeddings and _ties(reader, prefix, model_dir)
     head_source = None if tied else ("lm_head.weight" if kind == "causal" else "score.weight")
     load_parameters(backbone, reader, prefix, None if tied else (head, head_source), str(model_dir))
     if tied:

@@ -25,12 +25,12 @@ FUSED = {
 
 
 def shard_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: the index's shards, else model.safetensors."""
-    index = model_dir / SAFETENSORS_INDEX
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
-    return [model_dir / "model.safetensors"]
+    """The safetensors files of a checkpoint in transformers' order: model.safetensors, else the index's shards."""
+    single, index = model_dir / "model.safetensors", model_dir / SAFETENSORS_INDEX
+    if single.exists() or not index.exists():
+        return [single]
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return [model_dir / name for name in sorted(set(weight_map.values()))]
 
 
 class CheckpointReader:
@@ -48,6 +48,10 @@ class CheckpointReader:
             for name in handle.keys():
                 self._where[name] = handle
 
+    def alias(self, name: str, source: str) -> None:
+        """Read tensor `name` from `source` (a tied checkpoint that saved only its LM head)."""
+        self._where[name] = _Renamed(self._where[source], source)
+
     def names(self) -> set[str]:
         """Every tensor name in the checkpoint."""
         return set(self._where)
@@ -59,6 +63,16 @@ class CheckpointReader:
     def read(self, name: str) -> torch.Tensor:
         """One tensor in the model's dtype on the model's device."""
         return self._where[name].get_tensor(name).to(device=self._device, dtype=self._dtype)
+
+
+class _Renamed:
+    """A shard handle that answers get_tensor(any name) with one stored tensor."""
+
+    def __init__(self, handle, source: str) -> None:
+        self._handle, self._source = handle, source
+
+    def get_tensor(self, name: str):
+        return self._handle.get_tensor(self._source)
 
 
 def _checkpoint_names(parameter: str, backbone_prefix: str) -> list[str]:
@@ -124,4 +138,4 @@ def _refuse_shape(name: str, found: str, expected: tuple, where: str) -> None:
 
 def backbone_prefix(reader: CheckpointReader) -> str:
     """'model.' for *ForCausalLM / *ForSequenceClassification checkpoints; '' for a bare backbone's."""
-    return BACKBONE_PREFIX if reader.has(BACKBONE_PREFIX + "embed_tokens.weight") else ""
+    return BACKBONE_PREFIX if any(name.startswith(BACKBONE_PREFIX) for name in reader.names()) else ""
