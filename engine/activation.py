@@ -72,10 +72,10 @@ def model_activation_fn(model_dir: str | Path, saved: bool | None = None) -> tup
     it is there.
     """
     model_dir = Path(model_dir)
-    st_config = _json_object(model_dir / "config_sentence_transformers.json")
+    st_config = json_object(model_dir / "config_sentence_transformers.json")
     if saved is not False and isinstance(st_config.get("activation_fn"), str):
         return st_config["activation_fn"], "config_sentence_transformers.json activation_fn"
-    config = _json_object(model_dir / "config.json")
+    config = json_object(model_dir / "config.json")
     nested = config.get("sentence_transformers")
     if isinstance(nested, dict) and isinstance(nested.get("activation_fn"), str):
         return nested["activation_fn"], "config.json sentence_transformers.activation_fn"
@@ -136,7 +136,7 @@ def resolve_activation(
     )
 
 
-def _json_object(path: Path) -> dict:
+def json_object(path: Path) -> dict:
     """A JSON object file, or {} when it is missing or not an object (the model loader reports broken files)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from score_batch.engine.activation import model_activation_fn
+from score_batch.engine.activation import json_object, model_activation_fn
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def read_cross_encoder(
     are read, never changed). architecture, model_type: config.json's (engine.models.ModelInfo).
     """
     path = Path(model_dir)
-    st_config = _json_object(path / "config_sentence_transformers.json")
+    st_config = json_object(path / "config_sentence_transformers.json")
     modules = _json_list(path / "modules.json")
     saved = modules is not None and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
     unsupported: list[str] = []
@@ -131,7 +131,7 @@ def read_cross_encoder(
             if name == TRANSFORMER:
                 transformer_config = _transformer_config(path / str(module.get("path", "")))
             elif name == LOGIT_SCORE:
-                settings = _json_object(path / str(module.get("path", "")) / "config.json")
+                settings = json_object(path / str(module.get("path", "")) / "config.json")
                 if isinstance(settings.get("true_token_id"), int):
                     logit_score = LogitScoreSpec(
                         settings["true_token_id"], _optional_int(settings.get("false_token_id"))
@@ -196,7 +196,7 @@ def ce_max_length(tokenizer, model_dir: Path, given: int | None) -> int | None:
     if given is not None:
         return int(given)
     limit = getattr(tokenizer, "model_max_length", None)
-    positions = _json_object(Path(model_dir) / "config.json").get("max_position_embeddings")
+    positions = json_object(Path(model_dir) / "config.json").get("max_position_embeddings")
     if isinstance(positions, int) and positions != -1:
         limit = positions if limit is None else min(limit, positions)
     return None if limit is None or limit >= UNLIMITED else int(limit)
@@ -369,7 +369,7 @@ def _chat_format(tokenizer, model_type: str, transformer_config: dict, processin
 def _transformer_config(module_dir: Path) -> dict:
     """The saved Transformer module's settings (sentence_bert_config.json or a legacy name)."""
     for name in TRANSFORMER_CONFIGS:
-        config = _json_object(module_dir / name)
+        config = json_object(module_dir / name)
         if config:
             return config
     return {}
@@ -387,15 +387,6 @@ def _token_id(tokenizer, token: str) -> int | None:
 def _optional_int(value) -> int | None:
     """An int, or None."""
     return None if value is None else int(value)
-
-
-def _json_object(path: Path) -> dict:
-    """A JSON object file, or {} when it is missing or not an object."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _json_list(path: Path) -> list | None:
