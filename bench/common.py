@@ -161,15 +161,10 @@ def best_of(repeats: int, fn, *args, clock=time.perf_counter, **kwargs):
 
 def machine() -> str:
     """One line naming the machine and software the figures come from."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import transformers
+    from score_batch.job.report import device_name
+
+    cpu = device_name("cpu")
 
     return (
         f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "

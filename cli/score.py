@@ -41,8 +41,8 @@ BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by run_config, not 
 RUN_BATCH_FIXED = {"input_format": "openai-batch"}  # what run-batch means, so it takes no --input-format
 
 
-# SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh).
 ENV_PREFIX = "SCORE_BATCH"  # cli/main.py's auto_envvar_prefix
+# SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh).
 TOOLING_VARIABLES = ("SCORE_BATCH_NO_FA3", "SCORE_BATCH_REQUIRE_GPU")
 
 
@@ -69,9 +69,8 @@ def score(options: ScoreOptions) -> None:
         from score_batch import job  # here: --help and --version import no torch
 
         tune_malloc(os.environ)
-    except (
-        Exception
-    ) as error:  # a bad flag value, model or profile, or a signal while importing: the report says why
+    except Exception as error:
+        # A bad flag value, model or profile, or a signal while importing: the report still says why.
         if options.report:
             write_failure_report(options.report, error, overwrite=options.overwrite)
         raise

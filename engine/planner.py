@@ -108,19 +108,21 @@ class PackedPlanner:
         chunked = [chunk_group(g) for g in tokenized] if cfg.truncate == "chunk" else None
         scored = tokenized if chunked is None else [c.scored for c in chunked]
         copies = duplicate_sequences(scored) if limits.dedupe else {}
-        skipped = {ref for refs in copies.values() for ref in refs}
+        skipped: list[set[int]] = [set() for _ in scored]  # per group: the repeats it does not pack
+        for refs in copies.values():
+            for ref in refs:
+                skipped[ref.group].add(ref.item)
         packs: list[Pack] = []
         for group_index, group in enumerate(scored):
-            skip = frozenset(ref.item for ref in skipped if ref.group == group_index)
-            packs.extend(_group_packs(group_index, group, cfg, limits, skip))
+            packs.extend(_group_packs(group_index, group, cfg, limits, frozenset(skipped[group_index])))
         budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
         batches = make_batches(packs, budget)
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in tokenized),
             failed_items=sum(e is not None for g in tokenized for e in g.errors),
-            windows=sum(ids is not None for g in scored for ids in g.item_ids) - len(skipped),
-            duplicates=len(skipped),
+            windows=sum(ids is not None for g in scored for ids in g.item_ids) - sum(map(len, skipped)),
+            duplicates=sum(map(len, skipped)),
             packs=len(packs),
             batches=len(batches),
             packed_tokens=sum(len(p) for p in packs),

@@ -1,7 +1,7 @@
 """Overlap: the next window is read, hashed, grouped and planned on a worker thread while this one runs.
 
-The first window starts as soon as the planner exists, so its reading and planning overlap the loading
-of the model's weights (run_local starts it between the two).
+run_local starts the worker before the model loads: the first window is read, hashed and grouped while
+the tokenizer and weights load, and planned once the tokenizer is there.
 """
 
 from __future__ import annotations

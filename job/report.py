@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import platform
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -55,9 +56,8 @@ class RunReport:
     dtype: str = ""  # as resolved (--dtype auto: bfloat16 on CUDA, float32 on CPU)
     packing: str = ""  # as resolved: mis (one packed sequence per query) or single (one item per sequence)
     layers: str = ""  # as resolved: native (engine/native) or transformers (its modeling code)
-    ops: str = (
-        ""  # the native layers' element-wise kernels: torch or flashinfer; none for transformers layers
-    )
+    # the native layers' element-wise kernels: torch or flashinfer; none for transformers layers
+    ops: str = ""
     dry_run: bool = False
     already_complete: bool = False  # --resume found the output complete for the same model, settings, input
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
@@ -193,7 +193,7 @@ def device_name(device: str) -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return device or "unknown"
+    return platform.processor() or device or "unknown"
 
 
 def seconds_since_start() -> float:

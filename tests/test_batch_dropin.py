@@ -131,7 +131,9 @@ def logits(cross_encoder) -> np.ndarray:
         )
 
 
-def _run(model_dir: Path, tmp_path: Path, requests: list[dict], scoring: ScoringConfig) -> list[dict]:
+def run_batch_file(
+    model_dir: Path, tmp_path: Path, requests: list[dict], scoring: ScoringConfig, **engine
+) -> list[dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in requests))
@@ -140,7 +142,7 @@ def _run(model_dir: Path, tmp_path: Path, requests: list[dict], scoring: Scoring
         output=str(out),
         model_dir=model_dir,
         columns=ColumnOverrides(),
-        engine=EngineConfig(device="cpu", scoring=scoring),
+        engine=EngineConfig(device="cpu", scoring=scoring, **engine),
     )
     job.run(config)  # the batch-file runner of the one run loop
     lines = out.read_text().splitlines()
@@ -164,7 +166,7 @@ def _close(got, expected, tolerance: float = 1e-5) -> None:
 
 
 def test_score_file_validates_and_raw_is_the_logit(cross_encoder, logits, tmp_path):
-    bodies = _bodies(_run(cross_encoder, tmp_path, SCORE_REQUESTS, ScoringConfig()), ScoreResponse)
+    bodies = _bodies(run_batch_file(cross_encoder, tmp_path, SCORE_REQUESTS, ScoringConfig()), ScoreResponse)
     assert [d.index for d in bodies["score-1"].data] == [0, 1]
     assert bodies["score-1"].usage.prompt_tokens > 0
     _close([d.score for d in bodies["score-1"].data], [d.score for d in bodies["score-2"].data], 0)
@@ -172,7 +174,9 @@ def test_score_file_validates_and_raw_is_the_logit(cross_encoder, logits, tmp_pa
 
 
 def test_rerank_file_validates(cross_encoder, logits, tmp_path):
-    bodies = _bodies(_run(cross_encoder, tmp_path, RERANK_REQUESTS, ScoringConfig()), RerankResponse)
+    bodies = _bodies(
+        run_batch_file(cross_encoder, tmp_path, RERANK_REQUESTS, ScoringConfig()), RerankResponse
+    )
     order = list(np.argsort(-logits, kind="stable"))
     assert [r.index for r in bodies["rerank-1"].results] == order  # sigmoid keeps the logit order
     assert [r.document.text for r in bodies["rerank-1"].results] == [DOCUMENTS[i] for i in order]
@@ -190,11 +194,14 @@ def test_use_activation_true_is_the_sigmoid(cross_encoder, logits, tmp_path):
     sigmoid = 1 / (1 + np.exp(-logits))
     for activation in ("auto", "none"):
         scoring = ScoringConfig(activation=activation)
-        bodies = _bodies(_run(cross_encoder, tmp_path / activation, SCORE_REQUESTS, scoring), ScoreResponse)
+        bodies = _bodies(
+            run_batch_file(cross_encoder, tmp_path / activation, SCORE_REQUESTS, scoring), ScoreResponse
+        )
         _close([d.score for d in bodies["score-act"].data], sigmoid)
         _close([d.score for d in bodies["score-raw"].data], logits)
     bodies = _bodies(
-        _run(cross_encoder, tmp_path / "default", SCORE_REQUESTS[:1], ScoringConfig()), ScoreResponse
+        run_batch_file(cross_encoder, tmp_path / "default", SCORE_REQUESTS[:1], ScoringConfig()),
+        ScoreResponse,
     )
     _close([d.score for d in bodies["score-1"].data], sigmoid[:2])
 
@@ -227,7 +234,7 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(qwen3_causal, tmp_path):
         _request("whole", "/v1/score", {"text_1": query, "text_2": items, "truncate_prompt_tokens": -1}),
         _request("long", "/v1/rerank", {"query": query, "documents": items, "truncate_prompt_tokens": 1000}),
     ]
-    lines = _run(qwen3_causal, tmp_path, requests, ScoringConfig(label_tokens=labels))
+    lines = run_batch_file(qwen3_causal, tmp_path, requests, ScoringConfig(label_tokens=labels))
     bodies = {line["custom_id"]: line["response"]["body"] for line in lines}
     _close([d["score"] for d in bodies["cut"]["data"]], [reference(ids[-keep:]) for ids in sequences])
     whole = [reference(ids) for ids in sequences]
@@ -242,6 +249,6 @@ def test_truncate_prompt_tokens_on_an_encoder_is_an_error_line(cross_encoder, tm
             "fits", "/v1/score", {"text_1": QUESTION, "text_2": DOCUMENTS, "truncate_prompt_tokens": 500}
         ),
     ]
-    cut, fits = _run(cross_encoder, tmp_path, requests, ScoringConfig())
+    cut, fits = run_batch_file(cross_encoder, tmp_path, requests, ScoringConfig())
     assert cut["response"]["status_code"] == 400 and "truncate_prompt_tokens 4" in cut["error"]["message"]
     assert fits["error"] is None

@@ -21,13 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from score_batch.engine import EngineConfig, ScoringConfig
+from score_batch.engine import ScoringConfig
 from score_batch.io_formats.openai_batch import parse_request
-from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.config import RunConfig
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from score_batch import job
+from tests.test_batch_dropin import run_batch_file
 
 LABELS = (" to", " the")
 QUERY = "Tokyo is a city in the east of Japan and the capital of the country"
@@ -83,20 +81,10 @@ def _request(custom_id: str, url: str, body: dict) -> dict:
 
 
 def _run(model_dir: Path, tmp_path: Path, requests: list, scoring: ScoringConfig, **engine) -> dict:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in requests))
-    config = RunConfig(
-        input=str(src),
-        output=str(out),
-        model_dir=model_dir,
-        columns=ColumnOverrides(),
-        engine=EngineConfig(device="cpu", scoring=scoring, **engine),
-    )
-    job.run(config)
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(lines) == len(requests)
-    return {line["custom_id"]: line for line in lines}
+    """The batch file's response lines (each checked against vLLM's schema) by custom_id."""
+    return {
+        line["custom_id"]: line for line in run_batch_file(model_dir, tmp_path, requests, scoring, **engine)
+    }
 
 
 def _scores(line: dict) -> list[float]:
