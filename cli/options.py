@@ -438,6 +438,18 @@ PricePerHourOpt = Annotated[
         show_default=False,
     ),
 ]
+ReuseOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--reuse",
+        metavar="PATH|URI",
+        help="An earlier score-batch output (file, partitioned directory, s3://…), repeatable: pairs whose "
+        "score key matches (same query, item, model and scoring settings) copy its score, scores and "
+        "pooled vectors bit for bit; only the rest is scored (docs/operations.md).",
+        rich_help_panel=JOB,
+        show_default=False,
+    ),
+]
 LogFormatOpt = Annotated[
     LogFormat,
     typer.Option(help="Log lines on stderr: text or json (one object per line).", rich_help_panel=JOB),
@@ -534,6 +546,7 @@ class ScoreOptions:
     pipeline: PipelineOpt = True
     progress_seconds: ProgressSecondsOpt = 30.0
     price_per_hour: PricePerHourOpt = None
+    reuse: ReuseOpt = None
     log_format: LogFormatOpt = "text"
     ray: RayOpt = False
     ray_address: RayAddressOpt = None

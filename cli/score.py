@@ -139,6 +139,7 @@ CONVERT = {  # options whose command-line spelling differs from the config field
     "storage_option": _storage_options,
     "keep_columns": comma_list,
     "partition_by": comma_list,
+    "reuse": lambda paths: tuple(paths) if paths else (),
     "label_tokens": lambda tokens: tuple(tokens) if tokens else None,
     "label_token_ids": lambda ids: comma_ints(ids, "ScoringConfig.label_token_ids"),
 }

@@ -1,7 +1,7 @@
 """Idempotent reruns: how a finished output records what produced it, and the check of a rerun.
 
 Every published output carries its completion fingerprint (model, settings and a digest of the input's
-content, window by window): a Parquet file in its schema metadata, a partitioned dataset in its
+rows, whatever the window size): a Parquet file in its schema metadata, a partitioned dataset in its
 `_common_metadata` (trusted only with `_SUCCESS`). JSONL has no place for it, so a --resume run writing
 JSONL records it in OUTPUT.done beside the output, with the output's size and time. Rerunning the same
 command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no model is
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -31,18 +30,13 @@ RECORD_KEY = b"score_batch.completion_record"  # what the fingerprint digests, t
 SIDECAR = ".done"  # JSONL outputs: OUTPUT.done
 
 
-def content_digest(window_hashes: Iterable[str]) -> str:
-    """One digest of the input's content from its windows' hashes, in order."""
-    digest = hashlib.sha256()
-    for value in window_hashes:
-        digest.update(value.encode())
-    return digest.hexdigest()
-
-
 def input_digest(config: RunConfig, source: InputSource) -> str:
-    """Read the whole input (no model) and digest it the way a run does, window by window."""
+    """Read the whole input (no model) and digest its rows the way a run does (window_hash's content)."""
     _, windows = read_windows(source, config.columns, config.window_rows)
-    return content_digest(window_hash(rows) for rows in windows)
+    content = hashlib.sha256()
+    for rows in windows:
+        window_hash(rows, content)
+    return content.hexdigest()
 
 
 def completion_fingerprint(config: RunConfig, digest: str) -> Fingerprint:

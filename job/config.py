@@ -74,6 +74,7 @@ class RunConfig:
     partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
     hive_types: Literal["infer", "string"] = "infer"  # --hive-types: input partition values typed, or strings
     price_per_hour: float | None = None  # --price-per-hour: the machine's price, for the report's cost
+    reuse: tuple[str, ...] = ()  # --reuse: earlier outputs whose scores are copied for pairs with equal keys
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR_MODES:
@@ -131,13 +132,25 @@ class RunConfig:
             "pipeline",
             "storage_options",
             "price_per_hour",
+            "reuse",  # reused scores are the scores the run gives (job/reuse.py)
+            "window_rows",  # recorded (not digested): a resumed run reads its parts' windows
         ):
             settings.pop(name)
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)
         record = {"settings": settings, "model": model_identity, "input": input_identity}
+        record["layout"] = {"window_rows": self.window_rows}
         record["software"] = software_identity()
         return Fingerprint.of(json.loads(json.dumps(record, sort_keys=True, default=str)))
+
+    def reads_windows_of(self, record: dict | None) -> RunConfig:
+        """This config reading windows of the size an earlier run's fingerprint record names (its checkpoint
+        parts are numbered by them); itself when the record names none."""
+        layout = record.get("layout") if isinstance(record, dict) else None
+        rows = layout.get("window_rows") if isinstance(layout, dict) else None
+        if not isinstance(rows, int) or rows < 1 or rows == self.window_rows:
+            return self
+        return dataclasses.replace(self, window_rows=rows)
 
 
 # Settings whose changes leave scores within the documented batch-invariance bound: not fingerprinted.
@@ -147,7 +160,8 @@ RECORD_PARTS = ("settings", "model", "input", "software")
 
 @dataclasses.dataclass(frozen=True)
 class Fingerprint:
-    """What produced an output: its digest (compared) and the record it digests (to name a difference)."""
+    """What produced an output: its digest (compared) and the record it digests (to name a difference); the
+    record's `layout` (window rows) is kept beside it, not digested."""
 
     digest: str
     record: dict

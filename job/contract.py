@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from score_batch.io_formats.earlier import SCORE_KEY
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
 
@@ -33,10 +34,9 @@ def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chu
             continue
         if name in ID_COLUMNS:
             raise InputError(f"--keep-columns: {name!r} is already in the output as {name}; leave it out")
-        if name == QUERY_KEY:
+        if name in (QUERY_KEY, SCORE_KEY):
             raise InputError(
-                f"--keep-columns {name!r}: with --rank / --top-k that name is taken by a column of the "
-                "checkpoint parts; rename the input column"
+                f"--keep-columns {name!r}: that name is taken by a column the job writes; rename the input column"
             )
         when = (
             " with --rank / --top-k" if name == RANK else " with --truncate chunk" if name == CHUNKS else ""
@@ -135,6 +135,7 @@ class OutputContract:
         if self.pooled_dim is not None:
             fields.append(pa.field("pooled_hidden_state", pa.list_(pa.float32(), self.pooled_dim)))
         fields.extend(pa.field(name, dtype) for name, dtype in self.kept)
+        fields.append(pa.field(SCORE_KEY, pa.string()))  # --reuse matches rows by it (job/reuse.py)
         if self.ranked:
             fields.append(pa.field(QUERY_KEY, pa.string()))
         fields.append(pa.field(ERROR, pa.string()))

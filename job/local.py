@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -9,12 +10,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from score_batch.engine import GroupResult
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
-from score_batch.job.completion import Completion, completion_fingerprint, content_digest
+from score_batch.job.completion import Completion, completion_fingerprint
 from score_batch.job.config import RunConfig, model_identity
 from score_batch.job.policy import (
     KEEP_GOING,
@@ -24,10 +26,11 @@ from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, output_contract
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
+from score_batch.job.reuse import REUSED, EarlierScores, pair_keys, score_identity
 from score_batch.job.score_stats import ScoreStats
 from score_batch.job.signals import StopSignals
 from score_batch.job.sinks import open_sink
-from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash
+from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
 
 from score_batch.errors import UserError
 
@@ -40,34 +43,75 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     source = checked.source
     completion = Completion(config) if checked.destination is not None and not config.dry_run else None
     sink = open_sink(config, checked.paths)
+    config = config.reads_windows_of(sink.resumed_record())  # a resumed run reads its parts' windows
     mapping, windows = read_windows(source, config.columns, config.window_rows)
     listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
-    planner_ready: Future[Planner] = Future()
-    with Prefetch(enumerate(windows), config.pipeline) as prefetch:
-        # The worker reads, hashes and groups the first window while the tokenizer and weights load, and
-        # plans it as soon as the tokenizer is there.
-        prefetch.start(_preparer(planner_ready, listed))
-        try:
-            engine = load_engine(config, report, planner_ready.set_result)
-        finally:
-            if not planner_ready.done():  # the load failed before the tokenizer: the worker stops waiting
-                planner_ready.set_exception(RuntimeError("the engine did not load"))
-        _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch)
+    ready: Future[WindowTools] = Future()
+    content = hashlib.sha256()  # the input's rows, for the completion record
+    try:
+        with Prefetch(enumerate(windows), config.pipeline) as prefetch:
+            # The worker reads, hashes and groups the first window while the tokenizer and weights load,
+            # and plans it as soon as the tokenizer (and, under --reuse, the earlier scores) are there.
+            prefetch.start(_preparer(ready, listed, content))
+            try:
+                engine = load_engine(
+                    config,
+                    report,
+                    lambda planner, setup: ready.set_result(_tools(config, checked, planner, setup, report)),
+                )
+            finally:
+                if not ready.done():  # the load failed before the tokenizer: the worker stops waiting
+                    ready.set_exception(RuntimeError("the engine did not load"))
+            _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch, content)
+    finally:
+        if ready.done() and ready.exception() is None and ready.result().earlier is not None:
+            ready.result().earlier.close()
 
 
-def _preparer(planner: Future[Planner], listed: frozenset[int]) -> Callable[[tuple[int, list]], Prepared]:
-    """The worker's job for one numbered window: its hash, groups and plan (no plan for a listed window)."""
+@dataclass(frozen=True)
+class WindowTools:
+    """What the worker needs to make a window ready: the planner, the score identity, earlier scores."""
+
+    planner: Planner
+    identity: bytes  # job/reuse.score_identity: the key of every pair's score key
+    earlier: EarlierScores | None  # --reuse: the earlier outputs' values for this run's pairs
+
+
+def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report: RunReport) -> WindowTools:
+    """The worker's tools once the tokenizer is there; under --reuse the earlier outputs are joined first."""
+    identity = score_identity(config, setup)
+    earlier = None
+    if config.reuse:
+        pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
+        contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(
+            config.chunked
+        )
+        schema = contract.part_schema()
+        values = pa.schema([schema.field(name) for name in REUSED if name in schema.names])
+        earlier = EarlierScores.join(config, checked.source, identity, values)
+    return WindowTools(planner, identity, earlier)
+
+
+def _preparer(
+    ready: Future[WindowTools], listed: frozenset[int], content
+) -> Callable[[tuple[int, list]], Prepared]:
+    """The worker's job for one numbered window: its hash, keys, groups, reused values and plan (no plan for a
+    listed window)."""
 
     def prepare(numbered: tuple[int, list]) -> Prepared:
         number, rows = numbered
-        input_hash, grouped = window_hash(rows), group_window(rows)
-        plan = None if number in listed else planner.result().plan(grouped.groups)
-        return Prepared(number, rows, input_hash, grouped, plan)
+        input_hash, grouped = window_hash(rows, content), group_window(rows)
+        tools = ready.result()
+        reused = {} if tools.earlier is None else tools.earlier.take(rows)
+        todo = without(grouped, reused)
+        plan = None if number in listed else tools.planner.plan(todo.groups)
+        keys = pair_keys(rows, tools.identity)
+        return Prepared(number, rows, input_hash, grouped, todo, reused, keys, plan)
 
     return prepare
 
 
-def _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch) -> None:
+def _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch, content) -> None:
     """Score the prefetched windows into the sink and publish, filling report (see run_local)."""
     source = checked.source
     scorer, planner, setup = engine
@@ -79,7 +123,6 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
     )
     scoring_started = time.perf_counter()
     windows_read = 0
-    digests: list[str] = []  # every window's input hash: the completion record's input digest
     stats = ScoreStats()  # the scored windows' score distribution and items per query, for the report
     try:
         with StopSignals() as stop:
@@ -94,7 +137,6 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
                 report.rows_read += len(rows)
                 progress.add_rows(len(rows))
                 if sink.done(number, input_hash):
-                    digests.append(input_hash)
                     report.rows_skipped_by_resume += len(rows)
                     progress.update(sum(len(r.item_ids) for r in rows))
                     stats.add_scores(sink.scored(number)["score"])  # the report covers the whole output
@@ -102,7 +144,8 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
                     continue
                 if config.on_error == "fail":
                     _fail_on_unreadable_row(rows, source)
-                plan = window.plan or planner.plan(grouped.groups)
+                plan = window.plan or planner.plan(window.todo.groups)
+                report.reused += len(window.reused)
                 report.add_plan(plan.stats)
                 if scorer is None:  # a dry run: the plan's own row errors (over-long items, …)
                     results = planned_results(plan, pooled_dim)
@@ -113,7 +156,7 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
                         stop.check()
 
                     results = scorer.run(plan, advance)
-                columns = output_columns(rows, grouped, results, contract)
+                columns = output_columns(rows, window.todo, results, contract, window.keys, window.reused)
                 part = contract.part_table(columns)
                 stats.add_scores(part["score"])
                 stats.add_query_sizes(len(refs) for refs in grouped.refs)
@@ -121,7 +164,6 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
                 report.items += part.num_rows
                 report.items_failed += failed
                 enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
-                digests.append(input_hash)
                 if config.dry_run:
                     continue
                 report.items_scored += part.num_rows - failed
@@ -130,7 +172,7 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
             report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
             report.score_stats = stats.summary()
             sink.check_read(windows_read)
-            fingerprint = completion_fingerprint(config, content_digest(digests))
+            fingerprint = completion_fingerprint(config, content.hexdigest())
             report.items_skipped = sink.commit(contract, stop.check, fingerprint)
             if completion is not None:
                 completion.published(fingerprint, config.resume)
@@ -167,16 +209,16 @@ def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]
 
 
 def load_engine(
-    config: RunConfig, report: RunReport, on_planner: Callable[[Planner], None] | None = None
+    config: RunConfig, report: RunReport, on_planner: Callable[[Planner, ResolvedSetup], None] | None = None
 ) -> tuple[Scorer | None, Planner, ResolvedSetup]:
     """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup.
 
-    on_planner runs once the tokenizer and settings are ready, before the weights load.
+    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load.
     """
     started = time.perf_counter()
     planner, setup = load_planner(config.model_dir, config.engine)
     if on_planner is not None:
-        on_planner(planner)
+        on_planner(planner, setup)
     scorer = None if config.dry_run else Scorer.load(config.model_dir, config.engine, (planner, setup))
     report.seconds_load = round(time.perf_counter() - started, 3)
     report.add_setup(setup)
@@ -185,12 +227,15 @@ def load_engine(
 
 @dataclass(frozen=True)
 class Prepared:
-    """One window made ready off the critical path: its rows, their hash, groups and plan."""
+    """One window made ready off the critical path: its rows, their hash, groups, score keys and plan."""
 
     number: int
     rows: list
     input_hash: str
-    grouped: WindowGroups
+    grouped: WindowGroups  # every readable pair
+    todo: WindowGroups  # the pairs to score: grouped less the reused ones
+    reused: dict  # (row position, item position) → values copied from an earlier output (--reuse)
+    keys: list  # per row, per item: the pair's score key
     plan: WorkPlan | None  # None: listed as finished by an earlier run (planned only if it must rerun)
 
 

@@ -78,6 +78,7 @@ def check_batch_config(config: RunConfig) -> None:
     refusals = {
         "--ray": config.ray is not None,
         "--resume": config.resume,
+        "--reuse": bool(config.reuse),
         "--top-k (use top_n in rerank requests)": getattr(config, "top_k", None) is not None,
         "--rank (rerank requests return their results sorted)": getattr(config, "rank", False),
         "--pooled-hidden-states": config.engine.scoring.pooled_hidden_states,

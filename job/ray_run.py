@@ -54,6 +54,7 @@ from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, output_contract, preflight
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
+from score_batch.job.reuse import pair_keys, score_identity
 from score_batch.job.score_stats import scores_summary, written_score_stats
 from score_batch.job.windows import group_window, output_columns, query_group_key
 
@@ -120,6 +121,7 @@ class ScoreActor:
         self.config = config
         self.contract = contract
         self.scorer = Scorer.load(config.model_dir, config.engine)
+        self.identity = score_identity(config, self.scorer.setup)  # as this actor resolved the device
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = sorted(
@@ -129,9 +131,8 @@ class ScoreActor:
         grouped = group_window(rows)
         results = self.scorer.score(grouped.groups)
         contract = self.contract
-        columns = output_columns(rows, grouped, results, contract)
-        part = self.contract.part_table(columns)
-        return part
+        columns = output_columns(rows, grouped, results, contract, pair_keys(rows, self.identity))
+        return contract.part_table(columns)
 
 
 def check_ray_run(config: RunConfig) -> None:
@@ -144,6 +145,8 @@ def check_ray_run(config: RunConfig) -> None:
         raise InputError("--resume is for local runs; a Ray run retries failed work itself")
     if config.dry_run:
         raise InputError("--dry-run plans on this machine; run it without --ray")
+    if config.reuse:
+        raise InputError("--reuse runs locally for now; run it without --ray")
 
 
 def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:

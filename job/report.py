@@ -46,6 +46,7 @@ class RunReport:
     pairwise_tokens: int = 0
     windows: int = 0  # sequences scored: the items, or under --truncate chunk their windows
     duplicates: int = 0  # (query, item) pairs equal to an earlier one of their window: scored once, copied
+    reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
     seconds_load: float = 0.0
     seconds_scoring: float = 0.0
     seconds_total: float = 0.0
@@ -141,11 +142,20 @@ class RunReport:
         return (
             f"score-batch: {verb} {count} items from {source} in {self.groups} groups, {self.packs} packs, "
             f"{self.batches} batches; {self.packed_tokens} tokens packed vs {self.pairwise_tokens} pairwise "
-            f"({ratio:.2f}x{f', {self.duplicates} duplicate pairs scored once' if self.duplicates else ''}); "
+            f"({ratio:.2f}x{self._saved()}); "
             f"{self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, "
             + (f"cost {self.usage['cost']:.4g}, " if "cost" in self.usage else "")
             + f"peak RSS {self.peak_rss_mb:.0f} MB"
         )
+
+    def _saved(self) -> str:
+        """What reuse and dedup saved, for the summary line ('' when nothing)."""
+        said = ""
+        if self.reused:
+            said += f", {self.reused} of {self.items} pairs reused from earlier outputs"
+        if self.duplicates:
+            said += f", {self.duplicates} duplicate pairs scored once"
+        return said
 
     def write(self, path: str) -> None:
         """Write the report as JSON to a file (atomically), or to stderr for -."""

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 class NullSink:
     """A dry run: rows are planned and counted, nothing is written (and the base of the other sinks)."""
 
+    def resumed_record(self) -> dict | None:
+        """Nothing to continue."""
+        return None
+
     def listed(self) -> frozenset[int]:
         """No window was finished before."""
         return frozenset()
@@ -132,6 +136,10 @@ class PartsSink:
         self.parts.start(
             fingerprint.digest, keep=self.config.resume and previous is not None, record=fingerprint.record
         )
+
+    def resumed_record(self) -> dict | None:
+        """The fingerprint record of the parts this --resume continues (None: nothing to continue)."""
+        return self.parts.record() if self.config.resume and self._previous is not None else None
 
     def listed(self) -> frozenset[int]:
         """Windows the manifest lists as finished (to be verified by done())."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from score_batch.engine import Group, GroupResult
 from score_batch.io_formats.readers import InputRow
-from score_batch.job.contract import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, OutputContract
+from score_batch.job.contract import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, SCORE_KEY, OutputContract
 from score_batch.job.ranking import query_key
 
 
@@ -47,16 +47,39 @@ def group_window(rows: list[InputRow]) -> WindowGroups:
     return WindowGroups([Group(q, items) for q, items in groups], refs)
 
 
+def without(grouped: WindowGroups, reused: dict[tuple[int, int], dict]) -> WindowGroups:
+    """The groups of a window less the items --reuse found (groups left with no item are dropped)."""
+    if not reused:
+        return grouped
+    groups, refs = [], []
+    for group, g_refs in zip(grouped.groups, grouped.refs):
+        kept = [k for k, ref in enumerate(g_refs) if ref not in reused]
+        if kept:
+            groups.append(Group(group.query, [group.items[k] for k in kept]))
+            refs.append([g_refs[k] for k in kept])
+    return WindowGroups(groups, refs)
+
+
 def output_columns(
-    rows: list[InputRow], grouped: WindowGroups, results: list[GroupResult] | None, contract: OutputContract
+    rows: list[InputRow],
+    grouped: WindowGroups,
+    results: list[GroupResult] | None,
+    contract: OutputContract,
+    keys: list[list[str | None]],
+    reused: dict[tuple[int, int], dict] | None = None,
 ) -> dict[str, list]:
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
     A null id stays null when the input has an id column; without one, the row index is the query id. Under
     --truncate chunk (contract.chunked) each item's row also has its window count (GroupResult.chunks).
+    keys: each pair's score key (job/reuse.pair_keys); reused: the values of pairs copied from an earlier
+    output (job/reuse.EarlierScores.take), which grouped and results leave out.
     """
     keep, pooled = contract.keep, contract.pooled_dim is not None
     by_item: dict[tuple[int, int], tuple] = {}
+    for ref, values in (reused or {}).items():
+        vector = values.get("pooled_hidden_state") if pooled else None
+        by_item[ref] = (values["score"], values["scores"], vector, values.get("chunks"), None)
     if results is not None:
         for g_refs, result in zip(grouped.refs, results):
             errors = item_errors(result)
@@ -73,6 +96,7 @@ def output_columns(
         *([CHUNKS] if contract.chunked else []),  # a kept column may take the name otherwise
         "pooled_hidden_state",
         *keep,
+        SCORE_KEY,
         QUERY_KEY,
         ERROR,
     ]
@@ -96,6 +120,7 @@ def output_columns(
             columns["pooled_hidden_state"].append(vector)
             for name in keep:
                 columns[name].append(row.kept.get(name))
+            columns[SCORE_KEY].append(None if error is not None else keys[row_pos][item_pos])
             columns[QUERY_KEY].append(key)
             columns[ERROR].append(
                 error if error is None else f"row {row.index}: {error}{_ids(query_id, item_id)}"
@@ -121,8 +146,9 @@ def _ids(query_id: Any, item_id: Any) -> str:
 ROW_FIELDS = tuple(f.name for f in dataclasses.fields(InputRow))
 
 
-def window_hash(rows: list[InputRow]) -> str:
-    """A hash of everything read for a window, so --resume can tell that the input did not change.
+def window_hash(rows: list[InputRow], content=None) -> str:
+    """A hash of everything read for a window, so --resume can tell that the input did not change; content
+    (a hashlib object), when given, takes the same rows too: the whole input's digest, whatever the windows.
 
     Each row is the JSON of its fields' values in order: the same text dataclasses.astuple gave (its deep
     copies serialize alike) at a quarter of the cost, so parts checkpointed by earlier versions still verify.
@@ -130,5 +156,8 @@ def window_hash(rows: list[InputRow]) -> str:
     digest = hashlib.sha256()
     for row in rows:
         values = tuple(getattr(row, name) for name in ROW_FIELDS)
-        digest.update(json.dumps(values, default=repr, sort_keys=True).encode())
+        text = json.dumps(values, default=repr, sort_keys=True).encode()
+        digest.update(text)
+        if content is not None:
+            content.update(text)
     return digest.hexdigest()

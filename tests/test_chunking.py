@@ -381,6 +381,7 @@ def test_cli_writes_one_row_per_item_with_chunks(qwen3_causal, tmp_path, suffix)
             "scores",
             "chunks",
             "pooled_hidden_state",
+            "score_key",
         ]
         assert str(table.schema.field("chunks").type) == "int32"
         rows = table.to_pylist()
@@ -401,7 +402,7 @@ def test_cli_ranks_items_by_their_aggregate(qwen3_causal, tmp_path):
     ran = run_cli(data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, *CHUNK_FLAGS, "--top-k", "2")
     assert ran.returncode == 0, ran.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert list(rows[0]) == ["query_id", "item_id", "score", "rank", "scores", "chunks"]
+    assert list(rows[0]) == ["query_id", "item_id", "score", "rank", "scores", "chunks", "score_key"]
     expected = dict(zip((r["item_id"] for r in ROWS), engine_expectation(qwen3_causal, ROWS)))
     for query in ("a", "b"):
         mine = [r for r in rows if r["query_id"] == query]

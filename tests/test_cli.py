@@ -101,7 +101,15 @@ def test_long_parquet_matches_reference_in_input_order(qwen3_causal, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     table = pq.read_table(out)
-    assert table.column_names == ["query_id", "item_id", "score", "scores", "pooled_hidden_state", "tag"]
+    assert table.column_names == [
+        "query_id",
+        "item_id",
+        "score",
+        "scores",
+        "pooled_hidden_state",
+        "tag",
+        "score_key",
+    ]
     assert table.schema.field("score").type == pa.float32()
     assert table.schema.field("pooled_hidden_state").type == pa.list_(pa.float32(), 64)
     assert table.column("item_id").to_pylist() == [r["item_id"] for r in ROWS]

@@ -84,15 +84,17 @@ def killed_after_two_parts(base, out: Path) -> None:
 
 
 def test_resume_with_other_settings_is_refused(job):
-    base, _, tmp_path = job
+    base, reference, tmp_path = job
     out = tmp_path / "out.parquet"
     killed_after_two_parts(base, out)
     result = run_cli(*base, "-o", out, "--resume", "--apply-softmax")
     assert result.returncode == 2
     assert "written differently: setting engine.scoring.apply_softmax false → true" in result.stderr
-    # The batch budget leaves scores within the invariance bound: resuming with another one goes on.
-    resumed = run_cli(*base, "-o", out, "--resume", "--max-batch-tokens", "333")
+    # The batch budget and window rows leave scores within the invariance bound: resuming with others goes
+    # on, reading the windows its parts were written with.
+    resumed = run_cli(*base, "-o", out, "--resume", "--max-batch-tokens", "333", "--window-rows", "5")
     assert resumed.returncode == 0, resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
 
 
 UPGRADED_TORCH = """

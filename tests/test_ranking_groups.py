@@ -134,6 +134,7 @@ def part(rows: list[tuple], given: OutputContract) -> pa.Table:
     for row_index, query_id, key, score, error in rows:
         values = {"row_index": row_index, "query_id": query_id, "item_id": row_index, "score": score}
         values.update({"scores": None if score is None else [score], QUERY_KEY: key, ERROR: error})
+        values["score_key"] = None if error else f"pair-{row_index}"
         for name in columns:
             columns[name].append(values[name])
     return given.part_table(columns)

@@ -1,0 +1,191 @@
+"""--reuse: the score key every output row carries, and earlier outputs' scores joined to this run's pairs.
+
+A pair's score key is a 128-bit keyed BLAKE2b digest of its query and item (text or token ids, as read);
+the key of the hash is the run's score identity: the model (config and weight files: names, sizes,
+modification times), every setting that can change a score (templates, labels, truncation, chunking,
+packing, pooling, activation, …), the resolved device type, dtype, attention backend, decoder layers and
+element-wise ops, and the versions of score-batch, torch, transformers and flashinfer. Settings that leave
+scores within the batch-invariance bound (the batch token budget, window rows, prefetch, threads) are
+not in it. Equal keys therefore mean the same pair scored the same way.
+
+The join is streamed and bounded in memory: this run's keys are written to a temporary Parquet file in one
+pass over the input, the earlier outputs are scanned in record batches, and DuckDB joins them (spilling to
+disk past its memory limit) into a file of (row_index, item position, values) in input order, which the
+run then reads window by window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from score_batch.io_formats.earlier import SCORE_KEY, earlier_batches
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.readers import InputRow, InputSource, read_windows
+from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, model_identity, software_identity
+from score_batch.job.resources import available_cpus
+
+log = logging.getLogger(__name__)
+REUSED = ("score", "scores", "chunks", "pooled_hidden_state")  # the values a reused row copies
+RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # taken as resolved, not as asked
+JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to the temporary directory
+KEY_ROWS = 65_536  # keys per written batch
+
+
+def score_identity(config: RunConfig, setup) -> bytes:
+    """The 32-byte digest of everything besides the pair's text that decides its score (see the module)."""
+    engine = dataclasses.asdict(config.engine)
+    for owner, name in INVARIANT_SETTINGS:
+        if owner == "engine":
+            engine.pop(name)
+    for name in RESOLVED_ENGINE:
+        engine.pop(name)
+    resolved = {
+        "device": setup.device.type,
+        "dtype": str(setup.dtype),
+        "backend": setup.backend,
+        "packing": setup.packing,
+        "layers": setup.layers,
+        "ops": setup.ops,
+        "label_ids": list(setup.label_ids),
+    }
+    record = {
+        "engine": engine,
+        "resolved": resolved,
+        "model": model_identity(config.model_dir),
+        "software": software_identity(),
+    }
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).digest()
+
+
+def pair_keys(rows: list[InputRow], identity: bytes) -> list[list[str | None]]:
+    """Per row, per item: the pair's score key (hex), None for a row that cannot be read."""
+    keys = []
+    for row in rows:
+        if row.error is not None:
+            keys.append([None] * len(row.item_ids))
+            continue
+        query = json.dumps(row.query, ensure_ascii=False)
+        keys.append(
+            [
+                hashlib.blake2b(
+                    f"[{query},{json.dumps(item, ensure_ascii=False)}]".encode(), digest_size=16, key=identity
+                ).hexdigest()
+                for item in row.items
+            ]
+        )
+    return keys
+
+
+class EarlierScores:
+    """The earlier outputs' values for this run's pairs, in input order: `take` hands out one window's."""
+
+    def __init__(self, directory: Path, joined: Path, matched: int) -> None:
+        self.directory = directory
+        self.matched = matched  # pairs of this run found in an earlier output
+        self._batches = pq.ParquetFile(joined).iter_batches(batch_size=KEY_ROWS)
+        self._rows: list[dict] = []
+        self._next = 0
+
+    @classmethod
+    def join(
+        cls, config: RunConfig, source: InputSource, identity: bytes, values: pa.Schema
+    ) -> EarlierScores:
+        """Key every pair of the input, join the keys to config.reuse's outputs; values: the reused columns'
+        types in this run's output (score, scores, and chunks / pooled_hidden_state when the run writes them)."""
+        directory = Path(tempfile.mkdtemp(prefix="score-batch-reuse-"))
+        try:
+            keys = directory / "keys.parquet"
+            _write_keys(config, source, identity, keys)
+            joined = directory / "reused.parquet"
+            matched = _join(config, keys, values, directory, joined)
+            return cls(directory, joined, matched)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def take(self, rows: list[InputRow]) -> dict[tuple[int, int], dict]:
+        """The reused values of a window's pairs: (row position, item position) → {score, scores, …}. Windows
+        are taken in input order; rows before this window's (windows a resumed run skipped) are passed over."""
+        if not rows:
+            return {}
+        position = {row.index: number for number, row in enumerate(rows)}
+        last = rows[-1].index
+        found = {}
+        while True:
+            if self._next == len(self._rows):
+                batch = next(self._batches, None)
+                if batch is None:
+                    return found
+                self._rows, self._next = batch.to_pylist(), 0
+                continue
+            row = self._rows[self._next]
+            if row["row_index"] > last:
+                return found
+            self._next += 1
+            number = position.get(row["row_index"])
+            if number is not None:
+                found[(number, row["item_pos"])] = {name: row[name] for name in REUSED if name in row}
+
+    def close(self) -> None:
+        """Remove the temporary files."""
+        self._batches.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:
+    """One pass over the input: (row_index, item_pos, score_key) of every readable pair, to a Parquet file."""
+    schema = pa.schema([("row_index", pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
+    _, windows = read_windows(source, config.columns, config.window_rows)
+    with pq.ParquetWriter(path, schema) as writer:
+        for rows in windows:
+            indexes, positions, keys = [], [], []
+            for row, row_keys in zip(rows, pair_keys(rows, identity)):
+                for item_pos, key in enumerate(row_keys):
+                    if key is not None:
+                        indexes.append(row.index)
+                        positions.append(item_pos)
+                        keys.append(key)
+            writer.write_table(pa.table([indexes, positions, keys], schema=schema))
+
+
+def _join(config: RunConfig, keys: Path, values: pa.Schema, directory: Path, joined: Path) -> int:
+    """DuckDB: this run's keys ⋈ the earlier outputs' rows, in input order, to joined; the number of pairs
+    matched. A key held by several earlier rows takes the first --reuse output's, the lowest score there."""
+    try:
+        import duckdb
+    except ImportError:
+        raise InputError("--reuse needs DuckDB, which is not installed: pip install duckdb") from None
+    schema = pa.schema([pa.field(SCORE_KEY, pa.string()), *values])
+    batches = earlier_batches(config.reuse, schema, config.storage_options)
+    stream = pa.RecordBatchReader.from_batches(schema.append(pa.field("source", pa.int32())), batches)
+    names = ", ".join(f"e.{name}" for name in values.names)
+    connection = duckdb.connect()
+    try:
+        spill = directory / "spill"
+        connection.execute(f"SET memory_limit = '{JOIN_MEMORY}'")
+        connection.execute(f"SET temp_directory = '{spill}'")
+        connection.execute(f"SET threads = {available_cpus()}")
+        connection.register("earlier", stream)
+        connection.execute(
+            f"""COPY (
+                SELECT k.row_index, k.item_pos, {names}
+                FROM read_parquet('{keys}') AS k JOIN earlier AS e USING ({SCORE_KEY})
+                QUALIFY row_number() OVER (PARTITION BY k.row_index, k.item_pos ORDER BY e.source, e.score, e.scores) = 1
+                ORDER BY k.row_index, k.item_pos
+            ) TO '{joined}' (FORMAT parquet)"""
+        )
+    except duckdb.Error as error:
+        raise InputError(f"--reuse: joining the earlier outputs failed: {error}") from None
+    finally:
+        connection.close()
+    matched = pq.ParquetFile(joined).metadata.num_rows
+    log.info("--reuse: %d pairs found in %d earlier output(s)", matched, len(config.reuse))
+    return matched

@@ -1,0 +1,249 @@
+"""--reuse: earlier outputs' scores copied bit for bit for pairs whose score key matches; only the rest scored."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from score_batch.io_formats.rows import InputRow
+from score_batch.job.reuse import pair_keys
+
+from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+from tests.test_job import many_rows, start_cli, wait_for_parts
+from tests.test_object_stores import get_table, s3, s3_server  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.slow
+VALUES = ("score", "scores")
+
+
+def by_item(table: pa.Table) -> dict:
+    """item_id → (score, scores) of a scored output."""
+    rows = table.select(["item_id", *VALUES]).to_pylist()
+    return {row["item_id"]: (row["score"], row["scores"]) for row in rows}
+
+
+def nightly(tmp_path, model, *flags):
+    """Yesterday's input and output (30 queries × 5 items), and today's input: 80% of yesterday's pairs, in
+    another order, and 20% new ones; returns (base flags, yesterday's output, today's input, the new ids)."""
+    yesterday_rows = many_rows(30, 5)
+    new_rows = [
+        {**row, "item_id": f"new-{row['item_id']}", "item": row["item"] + " new"} for row in many_rows(6, 5)
+    ]
+    today_rows = yesterday_rows[: 24 * 5] + new_rows
+    random.Random(7).shuffle(today_rows)
+    base = ["--model", model, *LABEL_FLAGS, "--window-rows", "16", *flags]
+    yesterday = tmp_path / "yesterday.parquet"
+    ran = run_cli(write_jsonl(tmp_path / "yesterday.jsonl", yesterday_rows), *base, "-o", yesterday)
+    assert ran.returncode == 0, ran.stderr
+    today = write_jsonl(tmp_path / "today.jsonl", today_rows)
+    return base, yesterday, today, {row["item_id"] for row in new_rows}
+
+
+def test_a_rerun_copies_unchanged_pairs_bit_for_bit_and_scores_only_the_new(qwen3_causal, tmp_path):
+    base, yesterday, today, new_ids = nightly(tmp_path, qwen3_causal)
+    fresh, reused = tmp_path / "fresh.parquet", tmp_path / "reused.parquet"
+    assert run_cli(today, *base, "-o", fresh).returncode == 0
+    report = tmp_path / "report.json"
+    ran = run_cli(today, *base, "-o", reused, "--reuse", yesterday, "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    stats = json.loads(report.read_text())
+    assert stats["reused"] == 120 and stats["items"] == 150 and stats["items_scored"] == 150
+    assert "120 of 150 pairs reused" in ran.stderr
+
+    earlier, out, reference = (by_item(pq.read_table(p)) for p in (yesterday, reused, fresh))
+    table = pq.read_table(reused)
+    assert table.column_names == pq.read_table(fresh).column_names  # same columns, score_key included
+    assert table["score_key"].to_pylist() == pq.read_table(fresh)["score_key"].to_pylist()
+    for item_id, values in out.items():
+        if item_id in new_ids:  # scored now: as a fresh run gives it
+            np.testing.assert_allclose(values[0], reference[item_id][0], atol=1e-5)
+            np.testing.assert_allclose(values[1], reference[item_id][1], atol=1e-5)
+        else:  # copied: yesterday's bits
+            assert np.float32(values[0]).tobytes() == np.float32(earlier[item_id][0]).tobytes()
+            assert (
+                np.asarray(values[1], np.float32).tobytes()
+                == np.asarray(earlier[item_id][1], np.float32).tobytes()
+            )
+    # The packed tokens are those of the 30 new pairs only.
+    fresh_report = tmp_path / "fresh-report.json"
+    assert run_cli(today, *base, "-o", tmp_path / "again.parquet", "--report", fresh_report).returncode == 0
+    assert (
+        stats["usage"]["computed_tokens"]
+        < json.loads(fresh_report.read_text())["usage"]["computed_tokens"] / 3
+    )
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ["--query-template", "Q: {query}"],  # a template changes every key
+        ["--label-score", "logit"],
+        ["--truncate", "item-tail", "--max-item-tokens", "4"],
+    ],
+)
+def test_a_changed_setting_reuses_nothing(qwen3_causal, tmp_path, change):
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    report = tmp_path / "report.json"
+    ran = run_cli(
+        today, *base, *change, "-o", tmp_path / "o.parquet", "--reuse", yesterday, "--report", report
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["reused"] == 0
+
+
+def test_a_changed_model_reuses_nothing(qwen3_causal, copy_model, tmp_path):
+    model = copy_model(qwen3_causal)
+    base, yesterday, today, _ = nightly(tmp_path, model)
+    weights = next(model.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # re-downloaded
+    report = tmp_path / "report.json"
+    ran = run_cli(today, *base, "-o", tmp_path / "o.parquet", "--reuse", yesterday, "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["reused"] == 0
+
+
+def test_settings_that_cannot_change_scores_keep_the_keys(qwen3_causal, tmp_path):
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    report = tmp_path / "report.json"
+    flags = ["--window-rows", "7", "--max-batch-tokens", "96", "--no-pipeline"]
+    ran = run_cli(today, *base, *flags, "-o", tmp_path / "o.jsonl", "--reuse", yesterday, "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["reused"] == 120
+
+
+def test_every_output_layout_is_a_cache(qwen3_causal, tmp_path):
+    """JSONL (gzip), a partitioned directory and several --reuse outputs at once."""
+    base, _, today, new_ids = nightly(tmp_path, qwen3_causal)
+    gz, parted = tmp_path / "y.jsonl.gz", tmp_path / "parted"
+    first = write_jsonl(tmp_path / "first.jsonl", many_rows(30, 5)[:60])
+    second = write_jsonl(tmp_path / "second.jsonl", many_rows(30, 5)[60:])
+    assert run_cli(first, *base, "-o", gz).returncode == 0
+    assert run_cli(second, *base, "-o", parted, "--partition-by", "query_id").returncode == 0
+    report, out = tmp_path / "report.json", tmp_path / "out.parquet"
+    ran = run_cli(today, *base, "-o", out, "--reuse", gz, "--reuse", parted, "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["reused"] == 120
+    earlier = {}
+    import gzip
+
+    with gzip.open(gz, "rt") as handle:
+        for line in handle:
+            row = json.loads(line)
+            earlier[row["item_id"]] = (row["score"], row["scores"])
+    for item_id, values in by_item(pq.read_table(out)).items():
+        if item_id in earlier:
+            assert np.float32(values[0]) == np.float32(earlier[item_id][0])
+            assert (
+                np.asarray(values[1], np.float32).tolist()
+                == np.asarray(earlier[item_id][1], np.float32).tolist()
+            )
+
+
+def test_pooled_vectors_and_ranks_over_reused_and_new_rows(qwen3_causal, tmp_path):
+    base, _, today, _ = nightly(tmp_path, qwen3_causal)
+    yesterday = tmp_path / "pooled.parquet"
+    flags = ["--pooled-hidden-states"]
+    assert run_cli(tmp_path / "yesterday.jsonl", *base, *flags, "-o", yesterday).returncode == 0
+    fresh, reused = tmp_path / "fresh.parquet", tmp_path / "reused.parquet"
+    assert run_cli(today, *base, *flags, "--top-k", "2", "-o", fresh).returncode == 0
+    ran = run_cli(today, *base, *flags, "--top-k", "2", "-o", reused, "--reuse", yesterday)
+    assert ran.returncode == 0, ran.stderr
+    got, want = pq.read_table(reused), pq.read_table(fresh)
+    assert got.column_names == want.column_names and "rank" in got.column_names
+    assert got["item_id"].to_pylist() == want["item_id"].to_pylist()  # the same top 2 of every query
+    assert got["rank"].to_pylist() == want["rank"].to_pylist()
+    earlier = {r["item_id"]: r["pooled_hidden_state"] for r in pq.read_table(yesterday).to_pylist()}
+    for row in got.to_pylist():
+        if row["item_id"] in earlier:
+            assert (
+                np.asarray(row["pooled_hidden_state"], np.float32).tobytes()
+                == np.asarray(earlier[row["item_id"]], np.float32).tobytes()
+            )
+
+
+def test_a_killed_reuse_run_resumes_to_the_same_output(qwen3_causal, tmp_path):
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    base = [*base, "--window-rows", "4", "--reuse", yesterday]
+    reference, out = tmp_path / "reference.parquet", tmp_path / "out.parquet"
+    assert run_cli(today, *base, "-o", reference).returncode == 0
+    process = start_cli(today, *base, "-o", out)
+    wait_for_parts(tmp_path / "out.parquet.parts", 3, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    ran = run_cli(today, *base, "-o", out, "--resume")
+    assert ran.returncode == 0, ran.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+
+
+def test_an_earlier_output_on_an_object_store(qwen3_causal, tmp_path, s3):  # noqa: F811
+    client, bucket, storage = s3
+    base, _, today, _ = nightly(tmp_path, qwen3_causal)
+    uri = f"s3://{bucket}/scores/yesterday.parquet"
+    ran = run_cli(tmp_path / "yesterday.jsonl", *base, *storage, "-o", uri)
+    assert ran.returncode == 0, ran.stderr
+    report, out = tmp_path / "report.json", tmp_path / "out.jsonl"
+    ran = run_cli(today, *base, *storage, "-o", out, "--reuse", uri, "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["reused"] == 120
+    earlier = by_item(get_table(client, bucket, "scores/yesterday.parquet"))
+    for line in out.read_text().splitlines():
+        row = json.loads(line)
+        if row["item_id"] in earlier:
+            assert np.float32(row["score"]) == np.float32(earlier[row["item_id"]][0])
+
+
+def test_python_api_and_stdout(qwen3_causal, tmp_path):
+    from score_batch.engine import EngineConfig, ScoringConfig
+    from score_batch.io_formats.schema import ColumnOverrides
+    from score_batch.job import RunConfig, run
+
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    config = RunConfig(
+        input=str(today),
+        output=str(tmp_path / "api.parquet"),
+        model_dir=qwen3_causal,
+        columns=ColumnOverrides(),
+        engine=EngineConfig(scoring=ScoringConfig(label_tokens=(" to", " the"))),
+        window_rows=16,
+        reuse=(str(yesterday),),
+        quiet=True,
+    )
+    assert run(config).reused == 120
+    ran = run_cli(today, *base, "-o", "-", "--reuse", yesterday)
+    assert ran.returncode == 0, ran.stderr
+    lines = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert len(lines) == 150 and all(len(line["score_key"]) == 32 for line in lines)
+
+
+def test_reuse_refusals_are_one_line(qwen3_causal, tmp_path):
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    foreign = tmp_path / "foreign.parquet"
+    pq.write_table(pa.table({"item_id": ["x"], "score": [0.5]}), foreign)
+    for earlier, said in [
+        (tmp_path / "missing.parquet", "no such file"),
+        (foreign, "has no score_key column"),
+        (today, "has no score_key column"),  # an input, not an output
+        (tmp_path / "notes.txt", "not a score-batch output"),
+    ]:
+        (tmp_path / "notes.txt").write_text("hello")
+        ran = run_cli(today, *base, "-o", tmp_path / "o.parquet", "--reuse", earlier)
+        assert ran.returncode == 2 and said in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
+        assert not (tmp_path / "o.parquet").exists()
+
+
+def test_pair_keys_depend_on_text_and_identity_only():
+    row = InputRow(index=0, query="q", items=["a", "b", "a"], query_id="x", item_ids=[1, 2, 3])
+    other_ids = InputRow(index=9, query="q", items=["a"], query_id="y", item_ids=[7])
+    broken = InputRow(index=1, query=None, items=[], query_id=None, item_ids=[None], error="bad line")
+    keys = pair_keys([row, other_ids, broken], b"i" * 32)
+    assert keys[0][0] == keys[0][2] == keys[1][0] != keys[0][1]
+    assert keys[2] == [None]
+    assert pair_keys([row], b"j" * 32)[0][0] != keys[0][0]
+    assert pair_keys([InputRow(0, "q ", ["a"], None, [1])], b"i" * 32)[0][0] != keys[0][0]
+    assert pair_keys([InputRow(0, [1, 2], [[3]], None, [1])], b"i" * 32)[0][0] != keys[0][0]
