@@ -38,7 +38,11 @@ def earlier_batches(texts: tuple[str, ...], schema: pa.Schema, options=()) -> It
         for number, dataset in enumerate(datasets):
             names = [name for name in schema.names if name in dataset.schema.names]
             scanner = dataset.scanner(
-                columns=names, filter=ds.field(SCORE_KEY).is_valid(), batch_size=SCAN_BATCH_ROWS
+                columns=names,
+                filter=ds.field(SCORE_KEY).is_valid(),
+                batch_size=SCAN_BATCH_ROWS,
+                batch_readahead=2,  # memory: a few batches in flight, not the scanner's default 16
+                fragment_readahead=1,
             )
             for batch in scanner.to_batches():
                 if batch.num_rows:

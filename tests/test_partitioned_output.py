@@ -224,3 +224,37 @@ def test_kill_9_on_s3_then_resume_replaces_a_publish_cut_off_midway(countries, s
     }
     assert_partitioned_like(files, reference, ("country",))  # the stray partition is gone
     assert [k for k in keys(client, bucket) if not k.startswith(prefix)] == []
+
+
+def test_polars_pandas_duckdb_and_pyarrow_read_it_with_the_documented_calls(countries):
+    """docs/formats.md's calls: every tool gets every row, partition columns typed as written (no
+    categoricals), whatever markers the directory holds (_SUCCESS, _common_metadata)."""
+    import duckdb
+
+    pl = pytest.importorskip("polars")
+    pd = pytest.importorskip("pandas")
+    base, reference, tmp_path = countries
+    out = tmp_path / "dataset"
+    ran = run_cli(*base, "-o", out, "--partition-by", "country,query_id")
+    assert ran.returncode == 0, ran.stderr
+    order = ["item_id"]
+    want = reference.sort_by([(name, "ascending") for name in order])
+    schema = pq.read_schema(out / "_common_metadata")  # the full schema, partition columns included
+    assert schema.field("query_id").type == pa.int64()
+
+    def check(table: pa.Table) -> None:
+        table = table.select(reference.column_names).sort_by([(name, "ascending") for name in order])
+        assert table.schema.field("query_id").type == pa.int64()
+        assert table.schema.field("country").type in (pa.string(), pa.large_string())
+        assert table.cast(want.schema).equals(want)
+
+    check(pl.read_parquet(f"{out}/**/*.parquet", hive_partitioning=True).to_arrow())
+    frame = pd.read_parquet(out, schema=schema)
+    assert not any(isinstance(dtype, pd.CategoricalDtype) for dtype in frame.dtypes)
+    check(pa.Table.from_pandas(frame, preserve_index=False))
+    check(
+        duckdb.sql(
+            f"SELECT * FROM read_parquet('{out}/**/*.parquet', hive_partitioning = true)"
+        ).to_arrow_table()
+    )
+    check(pq.read_table(out, schema=schema))
