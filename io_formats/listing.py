@@ -28,6 +28,10 @@ import pyarrow.fs as pafs
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import HTTP, Location, has_glob
 
+# What a run asks for (RunConfig.input_format, --input-format): its input's own format (table: Parquet or
+# JSONL rows), an OpenAI-style batch file, or auto (a batch file when its first request says so).
+RequestedFormat = Literal["auto", "table", "openai-batch"]
+
 
 class InputFormat(str, Enum):
     """What an input holds: Parquet or JSONL query/item rows, or OpenAI-style batch requests (JSONL)."""

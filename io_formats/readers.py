@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 from score_batch.io_formats.errors import InputError
@@ -31,6 +31,7 @@ from score_batch.io_formats.listing import (
     HiveTypes,
     InputFile,
     InputFormat,
+    RequestedFormat,
     check_one_format,
     expand,
     type_partitions,
@@ -43,7 +44,6 @@ from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolv
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
-RequestedFormat = Literal["auto", "table", "openai-batch"]  # RunConfig.input_format
 
 __all__ = [
     "STDIN",

@@ -8,20 +8,17 @@ import importlib.metadata
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from score_batch.engine import EngineConfig
+from score_batch.io_formats.listing import RequestedFormat
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import STDOUT
 
 from score_batch.errors import ConfigError
 
 ON_ERROR_MODES = ("fail", "record", "skip")
-INPUT_FORMATS = (
-    "auto",
-    "table",
-    "openai-batch",
-)  # table: query/item rows; openai-batch: vLLM-style batch file
+INPUT_FORMATS: tuple[str, ...] = get_args(RequestedFormat)
 DEFAULT_WINDOW_ROWS = 2048
 
 
@@ -62,7 +59,9 @@ class RunConfig:
     dry_run: bool = False
     quiet: bool = False
     ray: RayOptions | None = None  # None: a local run
-    input_format: str = "auto"  # auto: openai-batch when the input's lines are batch requests, else table
+    input_format: RequestedFormat = (
+        "auto"  # auto: openai-batch when the input's lines are batch requests, else table
+    )
     top_k: int | None = None  # keep the best top_k items per query (adds rank)
     rank: bool = False  # add a rank column (1 = best) to every row
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
