@@ -4,35 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
-from score_batch.engine import GroupResult
 from score_batch.engine.planner import Planner, WorkPlan
-from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import Completion, completion_fingerprint
 from score_batch.job.config import RunConfig, model_identity
+from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
 from score_batch.job.policy import (
     KEEP_GOING,
     enforce_fail,
 )
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, output_contract
-from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import REUSED, EarlierScores, pair_keys, score_identity
-from score_batch.job.score_stats import ScoreStats
-from score_batch.job.signals import StopSignals
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
-
-from score_batch.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -112,117 +104,46 @@ def _preparer(
 
 
 def _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch, content) -> None:
-    """Score the prefetched windows into the sink and publish, filling report (see run_local)."""
+    """Score the prefetched windows into the sink and publish (see run_local)."""
     source = checked.source
     scorer, planner, setup = engine
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
     contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(config.chunked)
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
-    progress = Progress(
-        source.total_rows() if mapping.layout == "long" else None, config.quiet, config.progress_seconds
-    )
-    scoring_started = time.perf_counter()
+    total = source.total_rows() if mapping.layout == "long" else None
     windows_read = 0
-    stats = ScoreStats()  # the scored windows' score distribution and items per query, for the report
-    try:
-        with StopSignals() as stop:
-            for window in prefetch:
-                number, rows, input_hash, grouped = (
-                    window.number,
-                    window.rows,
-                    window.input_hash,
-                    window.grouped,
+    with ScoringPhase(config, report, sink, total) as phase:
+        for window in prefetch:
+            number, rows, grouped = window.number, window.rows, window.grouped
+            windows_read = number + 1
+            sizes = [len(refs) for refs in grouped.refs]
+            if sink.done(number, window.input_hash):
+                phase.advance(sum(len(r.item_ids) for r in rows))
+                scores = sink.scored(number)["score"]  # the report covers the whole output
+                phase.add(ScoredWindow(len(rows), 0, 0, scores=scores, query_sizes=sizes, resumed=True))
+                continue
+            if config.on_error == "fail":
+                _fail_on_unreadable_row(rows, source)
+            plan = window.plan or planner.plan(window.todo.groups)
+            results = score_plan(scorer, plan, phase, pooled_dim)
+            columns = output_columns(rows, window.todo, results, contract, window.keys, window.reused)
+            part = contract.part_table(columns)
+            failed = part.num_rows - part["error"].null_count
+            reused = len(window.reused)
+            phase.add(
+                ScoredWindow(
+                    len(rows), part.num_rows, failed, plan.stats, part["score"], sizes, reused=reused
                 )
-                windows_read = number + 1
-                report.rows_read += len(rows)
-                progress.add_rows(len(rows))
-                if sink.done(number, input_hash):
-                    report.rows_skipped_by_resume += len(rows)
-                    progress.update(sum(len(r.item_ids) for r in rows))
-                    stats.add_scores(sink.scored(number)["score"])  # the report covers the whole output
-                    stats.add_query_sizes(len(refs) for refs in grouped.refs)
-                    continue
-                if config.on_error == "fail":
-                    _fail_on_unreadable_row(rows, source)
-                plan = window.plan or planner.plan(window.todo.groups)
-                report.reused += len(window.reused)
-                report.add_plan(plan.stats)
-                if scorer is None:  # a dry run: the plan's own row errors (over-long items, …)
-                    results = planned_results(plan, pooled_dim)
-                else:
-
-                    def advance(count: int) -> None:
-                        progress.update(count)
-                        stop.check()
-
-                    results = scorer.run(plan, advance)
-                columns = output_columns(rows, window.todo, results, contract, window.keys, window.reused)
-                part = contract.part_table(columns)
-                stats.add_scores(part["score"])
-                stats.add_query_sizes(len(refs) for refs in grouped.refs)
-                failed = part.num_rows - part["error"].null_count
-                report.items += part.num_rows
-                report.items_failed += failed
-                enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
-                if config.dry_run:
-                    continue
-                report.items_scored += part.num_rows - failed
-                sink.write(number, part, contract, input_hash)
-                stop.check()
-            report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
-            report.score_stats = stats.summary()
-            sink.check_read(windows_read)
-            fingerprint = completion_fingerprint(config, content.hexdigest())
-            report.items_skipped = sink.commit(contract, stop.check, fingerprint)
-            if completion is not None:
-                completion.published(fingerprint, config.resume)
-    except UserError:
-        sink.abort(keep_checkpoints=False)  # the input or settings must change, which invalidates the parts
-        raise
-    except BaseException:
-        sink.abort(keep_checkpoints=True)  # a signal, the machine or a bug: --resume continues from here
-        raise
-    finally:
-        progress.close()
-        if not report.seconds_scoring:  # a stopped or failed run reports what it did until then
-            report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
-            report.score_stats = stats.summary()
-        report.finish()
-
-
-def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]:
-    """A dry run's stand-in for scores: NaN everywhere, and the plan's per-item errors (over-long items,
-    untokenizable text), so the dry run reports the row errors the real run would; under --truncate chunk,
-    each item's planned window count."""
-    results = []
-    for index, group in enumerate(plan.tokenized):
-        count = len(group.item_ids)
-        scores = np.full((count, 1), np.nan, np.float32)  # [items, 1]
-        pooled = None if pooled_dim is None else np.full((count, pooled_dim), np.nan, np.float32)
-        chunks = None if plan.chunked is None else np.asarray(plan.chunked[index].counts, np.int32)
-        results.append(
-            GroupResult(
-                scores=scores, score=scores[:, 0], pooled=pooled, errors=list(group.errors), chunks=chunks
             )
-        )
-    return results
-
-
-def load_engine(
-    config: RunConfig, report: RunReport, on_planner: Callable[[Planner, ResolvedSetup], None] | None = None
-) -> tuple[Scorer | None, Planner, ResolvedSetup]:
-    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup.
-
-    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load.
-    """
-    started = time.perf_counter()
-    planner, setup = load_planner(config.model_dir, config.engine)
-    if on_planner is not None:
-        on_planner(planner, setup)
-    scorer = None if config.dry_run else Scorer.load(config.model_dir, config.engine, (planner, setup))
-    report.seconds_load = round(time.perf_counter() - started, 3)
-    report.add_setup(setup)
-    return scorer, planner, setup
+            enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
+            if not config.dry_run:
+                sink.write(number, part, contract, window.input_hash)
+            phase.check()
+        sink.check_read(windows_read)
+        fingerprint = completion_fingerprint(config, content.hexdigest())
+        phase.commit(contract, phase.check, fingerprint)
+        if completion is not None:
+            completion.published(fingerprint, config.resume)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Literal
@@ -36,14 +35,12 @@ from score_batch.io_formats.openai_batch import (
 )
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.io_formats.writers import durable_replace, exclusive_temp
 from score_batch.job.config import STDOUT, RunConfig
-from score_batch.job.local import load_engine
+from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import check_destination, check_run_paths
 from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
-from score_batch.job.signals import StopSignals
-from tqdm import tqdm
+from score_batch.job.sinks import LinesSink
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
@@ -111,58 +108,37 @@ def _score_requests(config: RunConfig, destination, report: RunReport, batch: Ba
         getattr(config.engine.scoring, "label_score", "probability"),
     )
     failures = _Failures()
-    progress = tqdm(
-        unit="item",
-        file=sys.stderr,
-        dynamic_ncols=True,
-        desc="scoring",
-        disable=config.quiet or not sys.stderr.isatty(),
-    )
-    sink = _LineSink(
+    sink = LinesSink(
         None if config.dry_run else destination, stdout=config.output == STDOUT and not config.dry_run
     )
-    scoring_started = time.perf_counter()
-    try:
-        with StopSignals() as stop:
-            for window in _windows(batch.requests(), config.window_rows):
-                report.rows_read += len(window)
-                groups, owners = _groups(window, planner)
-                plan = planner.plan(groups) if groups else None
-                results = None
-                if plan is not None:
-                    report.add_plan(plan.stats)
-                    if scorer is not None:
-
-                        def advance(count: int) -> None:
-                            progress.update(count)
-                            stop.check()
-
-                        results = scorer.run(plan, advance)
-                lines = []
-                for number, request in enumerate(window):
-                    line, error = _response(request, number, owners, plan, results, model, created, switches)
-                    items = len(request.items)
-                    report.items += items
-                    report.requests += 1
-                    if error is not None:
-                        report.items_failed += items
-                        report.requests_failed += 1
-                        failures.add(request, error)
-                    elif scorer is not None:
-                        report.items_scored += items
-                    lines.append(line)
-                if not config.dry_run:
-                    sink.write(lines)
-                stop.check()
-            report.seconds_scoring = round(time.perf_counter() - scoring_started, 3)
-            sink.commit()
-    except BaseException:
-        sink.abort()
-        raise
-    finally:
-        progress.close()
+    with ScoringPhase(config, report, sink) as phase:
+        for window in _windows(batch.requests(), config.window_rows):
+            groups, owners = _groups(window, planner)
+            plan = planner.plan(groups) if groups else None
+            results = None if plan is None or scorer is None else scorer.run(plan, phase.advance)
+            lines, items, failed_items, failed_requests = [], 0, 0, 0
+            for number, request in enumerate(window):
+                line, error = _response(request, number, owners, plan, results, model, created, switches)
+                items += len(request.items)
+                if error is not None:
+                    failed_items += len(request.items)
+                    failed_requests += 1
+                    failures.add(request, error)
+                lines.append(line)
+            scored = ScoredWindow(
+                len(window),
+                items,
+                failed_items,
+                None if plan is None else plan.stats,
+                requests=len(window),
+                requests_failed=failed_requests,
+            )
+            phase.add(scored)
+            if not config.dry_run:
+                sink.write(lines)
+            phase.check()
+        phase.commit()
     failures.summarize(report.rows_read)
-    report.finish()
 
 
 def _windows(requests, window_items: int):
@@ -530,40 +506,6 @@ class _Failures:
     def summarize(self, total: int) -> None:
         if self.count:
             log.warning("%d of %d requests failed; their output lines carry the error", self.count, total)
-
-
-class _LineSink:
-    """Response lines: to an exclusive temporary file renamed onto the destination, to stdout, or nowhere."""
-
-    def __init__(self, destination: Path | None, stdout: bool) -> None:
-        self.destination = destination
-        self.stdout = stdout
-        self.tmp = exclusive_temp(destination) if destination is not None else None
-        self._handle = open(self.tmp, "w", encoding="utf-8") if self.tmp is not None else None
-
-    def write(self, lines: list[str]) -> None:
-        if self._handle is not None:
-            self._handle.writelines(lines)
-        elif self.stdout:
-            sys.stdout.writelines(lines)
-            sys.stdout.flush()
-
-    def commit(self) -> None:
-        """Publish the finished file (nothing to do for stdout or a dry run)."""
-        if self._handle is None:
-            return
-        self._handle.close()
-        self._handle = None
-        durable_replace(self.tmp, self.destination)
-        self.tmp = None
-
-    def abort(self) -> None:
-        """Drop the unpublished file; the destination is untouched."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
 
 
 __all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]

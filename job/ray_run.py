@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -50,12 +49,13 @@ from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
 from score_batch.job.errors_sink import ErrorsSink
 from score_batch.job.malloc import tune_malloc
+from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, output_contract, preflight
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import pair_keys, score_identity
-from score_batch.job.score_stats import scores_summary, written_score_stats
+from score_batch.job.score_stats import written_scores
 from score_batch.job.windows import group_window, output_columns, query_group_key
 
 from score_batch.errors import UserError
@@ -161,7 +161,6 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     import ray
 
     options = config.ray or RayOptions()
-    started = time.perf_counter()
     report.ray_workers = options.num_workers
     report.versions["ray"] = ray.__version__
     source, destination, mapping, types = checked.source, checked.destination, checked.mapping, checked.types
@@ -217,44 +216,74 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
     staging = _Staging.beside(destination)
-    errors = ErrorsSink(checked.paths.errors)
+    sink = _StagedOutput(staging, destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
     try:
-        try:
-            if config.on_error != "record":
-                # Failed rows come back as data (exceptions lose their cause on the way from a worker):
-                # under fail the first one in input order stops the run, under skip they are listed.
-                dataset = dataset.materialize()
-                failed = _sorted_table(
-                    dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all(), contract
-                )
-                enforce_fail(contract, failed, source.label)
-                if not contract.ranked:  # ranked runs list them with their query's generated id
-                    errors.write(failed)
-            if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
-                counts = _write_ranked(dataset, contract, staging, partitioning, errors, report)
-            else:
-                counts = dataset.map_batches(
-                    _write_block,
-                    fn_args=(contract, staging.fs, staging.path, partitioning),
-                    batch_size=None,
-                    batch_format="pyarrow",
-                    num_cpus=LIGHT_CPUS,
-                ).take_all()
-                report.score_stats = written_score_stats(staging.path, staging.fs)  # no items per query
-        except Exception as error:
-            user_error = _user_error(error)
-            if user_error is not None:
-                raise user_error from None
-            raise
-        staging.publish(destination, contract.ray_schema())
-        errors.commit()
-    except BaseException:
-        errors.abort()
-        raise
+        with ScoringPhase(config, report, sink, show_progress=False) as phase:
+            try:
+                counts = _score_on_ray(dataset, contract, staging, partitioning, sink.errors, phase, source)
+            except Exception as error:
+                user_error = _user_error(error)
+                if user_error is not None:
+                    raise user_error from None
+                raise
+            items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
+            phase.add(ScoredWindow(total_rows, items, failed))
+            phase.commit()
     finally:
         staging.remove()
-    report.items_skipped = errors.count
-    _fill_report(report, counts, total_rows, config, started)
+
+
+def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, source) -> list[dict]:
+    """Run the dataset: failed rows checked (fail) or listed (skip), scored blocks written into staging; the
+    counts of every written block."""
+    import ray
+
+    if contract.on_error != "record":
+        # Failed rows come back as data (exceptions lose their cause on the way from a worker): under
+        # fail the first one in input order stops the run, under skip they are listed.
+        dataset = dataset.materialize()
+        failed = _sorted_table(dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all(), contract)
+        enforce_fail(contract, failed, source.label)
+        if not contract.ranked:  # ranked runs list them with their query's generated id
+            errors.write(failed)
+    if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
+        tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
+        rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
+        phase.add(ScoredWindow(0, 0, 0, scores=rows["score"]))  # the distribution before --top-k
+        ranked, failed = rank_parts([rows], contract)
+        errors.write(failed)
+        ranked = contract.ray_view(ranked)
+        _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
+        return _counts(rows).to_pylist()
+    counts = dataset.map_batches(
+        _write_block,
+        fn_args=(contract, staging.fs, staging.path, partitioning),
+        batch_size=None,
+        batch_format="pyarrow",
+        num_cpus=LIGHT_CPUS,
+    ).take_all()
+    for scores in written_scores(staging.path, staging.fs):  # the distribution, read back from the files
+        phase.add(ScoredWindow(0, 0, 0, scores=scores))
+    return counts
+
+
+@dataclass(frozen=True)
+class _StagedOutput:
+    """A Ray run's sink: the staging directory the write tasks fill, published onto OUTPUT, and the errors."""
+
+    staging: _Staging
+    destination: Target
+    schema: pa.Schema
+    errors: ErrorsSink
+
+    def commit(self) -> int:
+        """Publish OUTPUT and the errors file; the rows left out (--on-error skip)."""
+        self.staging.publish(self.destination, self.schema)
+        self.errors.commit()
+        return self.errors.count
+
+    def abort(self, keep_checkpoints: bool) -> None:
+        self.errors.abort()
 
 
 @dataclass(frozen=True)
@@ -358,24 +387,6 @@ def _user_error(error: BaseException) -> UserError | None:
     return None
 
 
-def _write_ranked(
-    dataset, contract: OutputContract, staging: _Staging, partitioning, errors: ErrorsSink, report: RunReport
-) -> list[dict]:
-    """All scored rows in input order, ranked per query, written from the driver in the Ray schema; failed
-    rows (--on-error skip) to errors; the scores' distribution (before --top-k) to the report."""
-    import ray
-
-    tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
-    rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
-    report.score_stats = scores_summary([rows["score"]])
-    ranked, failed = rank_parts([rows], contract)
-    errors.write(failed)
-    _write_files(
-        contract.ray_view(ranked), staging.fs, staging.path, partitioning, "part-000000000000-ranked"
-    )
-    return _counts(rows).to_pylist()
-
-
 def _failed_rows(table: pa.Table) -> pa.Table:
     """Rows that carry an error (part schema)."""
     return table.filter(pc.is_valid(table[ERROR]))
@@ -385,15 +396,3 @@ def _sorted_table(rows: list[dict], contract: OutputContract) -> pa.Table:
     """Failed rows gathered from the workers, back in input order."""
     rows = sorted(rows, key=lambda row: row[ROW_INDEX])
     return pa.Table.from_pylist(rows, schema=contract.part_schema())
-
-
-def _fill_report(
-    report: RunReport, counts: list[dict], total_rows: int, config: RunConfig, started: float
-) -> None:
-    """Counts from the write tasks (every input row is read by one of them)."""
-    report.rows_read = total_rows
-    report.items = sum(count["items"] for count in counts)
-    report.items_failed = sum(count["failed"] for count in counts)
-    report.items_scored = report.items - report.items_failed
-    report.seconds_total = report.seconds_scoring = round(time.perf_counter() - started, 3)
-    report.finish()

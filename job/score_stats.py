@@ -9,7 +9,7 @@ of group sizes (one counter per distinct size), so their min, median and max are
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -114,21 +114,13 @@ class ScoreStats:
         return {"scores": scores, "items_per_query": _size_summary(self._sizes)}
 
 
-def scores_summary(batches: Iterable[pa.Array | pa.ChunkedArray]) -> dict:
-    """The report's `scores` numbers alone (no items per query) over batches of scores."""
-    stats = ScoreStats()
-    for batch in batches:
-        stats.add_scores(batch)
-    return {"scores": stats.summary()["scores"]}
-
-
-def written_score_stats(directory: str, filesystem: pafs.FileSystem) -> dict:
-    """scores_summary read back from the `score` column of a directory of Parquet files (an unranked Ray run's
-    output, whose scores are never gathered in one place); one column, streamed batch by batch."""
+def written_scores(directory: str, filesystem: pafs.FileSystem) -> Iterator[pa.Array]:
+    """The `score` column of a directory of Parquet files (an unranked Ray run's output, whose scores are never
+    gathered in one place), streamed batch by batch."""
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s)
 
     dataset = ds.dataset(directory, filesystem=filesystem, format="parquet")
-    return scores_summary(batch.column(0) for batch in dataset.to_batches(columns=["score"]))
+    return (batch.column(0) for batch in dataset.to_batches(columns=["score"]))
 
 
 def _float_array(scores) -> np.ndarray:

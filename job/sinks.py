@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pyarrow as pa
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.writers import (
     StdoutJsonlWriter,
+    durable_replace,
+    exclusive_temp,
     output_format,
     write_partitioned,
 )
@@ -242,6 +246,41 @@ class PartsSink:
         """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""
         if not keep_checkpoints:
             self.parts.clear()
+
+
+class LinesSink:
+    """Response lines of a batch file: to an exclusive temporary file renamed onto the destination, to stdout,
+    or nowhere (a dry run)."""
+
+    def __init__(self, destination: Path | None, stdout: bool) -> None:
+        self.destination = destination
+        self.stdout = stdout
+        self.tmp = exclusive_temp(destination) if destination is not None else None
+        self._handle = open(self.tmp, "w", encoding="utf-8") if self.tmp is not None else None
+
+    def write(self, lines: list[str]) -> None:
+        if self._handle is not None:
+            self._handle.writelines(lines)
+        elif self.stdout:
+            sys.stdout.writelines(lines)
+            sys.stdout.flush()
+
+    def commit(self) -> None:
+        """Publish the finished file (nothing to do for stdout or a dry run)."""
+        if self._handle is None:
+            return
+        self._handle.close()
+        self._handle = None
+        durable_replace(self.tmp, self.destination)
+        self.tmp = None
+
+    def abort(self, keep_checkpoints: bool = False) -> None:
+        """Drop the unpublished file (a batch file has no checkpoints); the destination is untouched."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
 
 
 def open_sink(config: RunConfig, paths: RunPaths) -> NullSink | StdoutSink | PartsSink:

@@ -23,15 +23,15 @@ pytestmark = pytest.mark.slow
 def no_model_load(monkeypatch):
     """Any model or tokenizer load fails the test: preflight must refuse before one."""
     import score_batch.engine.scorer as scorer
-    import score_batch.job.local as local
+    import score_batch.job.phase as phase
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before preflight refused the run")
 
     monkeypatch.setattr(scorer.Scorer, "load", classmethod(refuse))
     monkeypatch.setattr(scorer, "load_planner", refuse)
-    monkeypatch.setattr(local, "load_planner", refuse)
-    monkeypatch.setattr(local, "Scorer", type("NoScorer", (), {"load": staticmethod(refuse)}))
+    monkeypatch.setattr(phase, "load_planner", refuse)
+    monkeypatch.setattr(phase, "Scorer", type("NoScorer", (), {"load": staticmethod(refuse)}))
 
 
 def table_input(tmp_path):
@@ -164,15 +164,15 @@ def test_report_failure_writes_the_report_of_a_run_that_never_started(tmp_path):
 
 
 def test_sigterm_during_model_load_exits_143_with_the_report(qwen3_causal, tmp_path, monkeypatch):
-    import score_batch.job.local as local
+    import score_batch.job.phase as phase
 
-    loaded = local.Scorer.load
+    loaded = phase.Scorer.load
 
     def load_then_signal(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler raises Stopped here, mid-load
         return loaded(*args, **kwargs)
 
-    monkeypatch.setattr(local.Scorer, "load", staticmethod(load_then_signal))
+    monkeypatch.setattr(phase.Scorer, "load", staticmethod(load_then_signal))
     data = write_jsonl(tmp_path / "in.jsonl", ROWS)
     report = tmp_path / "r.json"
     result = run_cli(

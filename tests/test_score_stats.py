@@ -152,7 +152,7 @@ def test_merged_accumulators_equal_one_over_both_streams():
 def test_scores_read_back_from_a_partitioned_directory(tmp_path):
     import pyarrow.dataset as ds
     import pyarrow.fs as pafs
-    from score_batch.job.score_stats import written_score_stats
+    from score_batch.job.score_stats import ScoreStats, written_scores
 
     rng = np.random.default_rng(2)
     scores = rng.normal(size=300).astype(np.float32)
@@ -163,7 +163,10 @@ def test_scores_read_back_from_a_partitioned_directory(tmp_path):
     ds.write_dataset(
         table, tmp_path / "out", format="parquet", partitioning=["country"], partitioning_flavor="hive"
     )
-    got = written_score_stats(str(tmp_path / "out"), pafs.LocalFileSystem())["scores"]
+    stats = ScoreStats()
+    for batch in written_scores(str(tmp_path / "out"), pafs.LocalFileSystem()):
+        stats.add_scores(batch)
+    got = stats.summary()["scores"]
     kept = np.array([s for i, s in enumerate(scores) if i % 50], np.float64)
     assert got["count"] == kept.size and got["min"] == kept.min() and got["max"] == kept.max()
     assert [got[name] for name in NAMES] == pytest.approx(list(np.quantile(kept, QUANTILES)), abs=1e-12)

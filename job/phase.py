@@ -1,0 +1,156 @@
+"""The scoring phase every runner shares: the engine loaded once, progress, stop signals, the sink's commit or
+abort, and the report built from the scored windows (runners never fill the report's counts by hand).
+
+A runner (job/local.py, job/openai_batch.py, job/ray_run.py) says where windows come from, where they are
+scored and what a scored window is; inside `ScoringPhase` it hands each one to `add` and ends with
+`commit`. However the phase ends, the report holds the scoring time and score statistics so far; a user
+mistake drops the sink's checkpoints (the input or settings must change), anything else keeps them for
+--resume.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from score_batch.engine import GroupResult
+from score_batch.engine.planner import Planner, WorkPlan
+from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
+from score_batch.job.config import RunConfig
+from score_batch.job.progress import Progress
+from score_batch.job.report import RunReport
+from score_batch.job.score_stats import ScoreStats
+from score_batch.job.signals import StopSignals
+
+from score_batch.errors import UserError
+
+
+@dataclass(frozen=True)
+class ScoredWindow:
+    """What one scored (or resumed, or dry-run planned) window adds to the run: counts, plan, scores."""
+
+    rows: int  # input rows (or request lines) read
+    items: int  # output items: rows of the output, failed ones included
+    failed: int  # items that carry an error
+    plan: object | None = None  # the window's PlanStats (None: nothing planned)
+    scores: object = ()  # the items' scores, for the report's distribution (an Arrow or numpy array)
+    query_sizes: Iterable[int] = ()  # items per query group
+    resumed: bool = False  # a window --resume found checkpointed: read back, not scored
+    reused: int = 0  # pairs copied from earlier outputs (--reuse)
+    requests: int = 0  # request lines (OpenAI batch files)
+    requests_failed: int = 0
+
+
+@dataclass
+class ScoringPhase:
+    """One run's scoring: enter it, `add` every window, `commit` the sink (see the module)."""
+
+    config: RunConfig
+    report: RunReport
+    sink: object  # job/sinks.py: write, commit, abort(keep_checkpoints)
+    total_items: int | None = None  # for the progress bar's ETA (None: unknown)
+    show_progress: bool = True  # False where another progress display runs (Ray Data's bars)
+    stats: ScoreStats = field(default_factory=ScoreStats)
+
+    def __enter__(self) -> ScoringPhase:
+        self._started = time.perf_counter()
+        quiet = self.config.quiet or not self.show_progress
+        self.progress = Progress(self.total_items, quiet, self.config.progress_seconds)
+        self._signals = StopSignals()
+        self._stop = self._signals.__enter__()
+        return self
+
+    def advance(self, items: int) -> None:
+        """Items finished inside a window (the engine's callback): progress, and a pending stop is raised."""
+        self.progress.update(items)
+        self._stop.check()
+
+    def check(self) -> None:
+        """Raise Stopped at this safe point when a signal came."""
+        self._stop.check()
+
+    def add(self, window: ScoredWindow) -> None:
+        """Count a finished window into the report and the score statistics."""
+        report = self.report
+        report.rows_read += window.rows
+        report.items += window.items
+        report.items_failed += window.failed
+        report.reused += window.reused
+        report.requests += window.requests
+        report.requests_failed += window.requests_failed
+        if window.resumed:
+            report.rows_skipped_by_resume += window.rows
+        elif not self.config.dry_run:
+            report.items_scored += window.items - window.failed
+        if window.plan is not None:
+            report.add_plan(window.plan)
+        self.stats.add_scores(window.scores)
+        self.stats.add_query_sizes(window.query_sizes)
+        self.progress.add_rows(window.rows)
+
+    def commit(self, *args, **kwargs) -> None:
+        """The scoring time and statistics into the report, then the sink's commit (it returns the rows it
+        left out of the output: --on-error skip's, listed in the errors file)."""
+        self._close_timing()
+        self.report.items_skipped = self.sink.commit(*args, **kwargs) or 0
+
+    def _close_timing(self) -> None:
+        if not self.report.seconds_scoring:
+            self.report.seconds_scoring = round(time.perf_counter() - self._started, 3)
+            self.report.score_stats = self.stats.summary()
+
+    def __exit__(self, kind, error, traceback) -> None:
+        try:
+            if error is not None:
+                # A user mistake: the input or settings must change, which invalidates the checkpoints; a
+                # signal, the machine or a bug: --resume continues from them.
+                self.sink.abort(keep_checkpoints=not isinstance(error, UserError))
+        finally:
+            self._signals.__exit__(kind, error, traceback)
+            self.progress.close()
+            self._close_timing()  # a stopped or failed run reports what it did until then
+            self.report.finish()
+
+
+def load_engine(
+    config: RunConfig, report: RunReport, on_planner: Callable[[Planner, ResolvedSetup], None] | None = None
+) -> tuple[Scorer | None, Planner, ResolvedSetup]:
+    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup.
+
+    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load.
+    """
+    started = time.perf_counter()
+    planner, setup = load_planner(config.model_dir, config.engine)
+    if on_planner is not None:
+        on_planner(planner, setup)
+    scorer = None if config.dry_run else Scorer.load(config.model_dir, config.engine, (planner, setup))
+    report.seconds_load = round(time.perf_counter() - started, 3)
+    report.add_setup(setup)
+    return scorer, planner, setup
+
+
+def score_plan(scorer: Scorer | None, plan: WorkPlan, phase: ScoringPhase, pooled_dim: int | None):
+    """The plan's results: the engine's, or for a dry run (no scorer) planned_results."""
+    if scorer is None:
+        return planned_results(plan, pooled_dim)
+    return scorer.run(plan, phase.advance)
+
+
+def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]:
+    """A dry run's stand-in for scores: NaN everywhere, and the plan's per-item errors (over-long items,
+    untokenizable text), so the dry run reports the row errors the real run would; under --truncate chunk,
+    each item's planned window count."""
+    results = []
+    for index, group in enumerate(plan.tokenized):
+        count = len(group.item_ids)
+        scores = np.full((count, 1), np.nan, np.float32)  # [items, 1]
+        pooled = None if pooled_dim is None else np.full((count, pooled_dim), np.nan, np.float32)
+        chunks = None if plan.chunked is None else np.asarray(plan.chunked[index].counts, np.int32)
+        results.append(
+            GroupResult(
+                scores=scores, score=scores[:, 0], pooled=pooled, errors=list(group.errors), chunks=chunks
+            )
+        )
+    return results
