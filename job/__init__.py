@@ -109,11 +109,9 @@ def _resolve(config: RunConfig, source) -> Runner:
 def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     """--resume on an output an earlier run completed: True (nothing to do) when model, settings and input
     content are the same; InputError when they are not; False when the output is not complete."""
-    if not config.resume or config.dry_run or checked.destination is None:
+    completion = checked.paths.completion
+    if not config.resume or completion is None:
         return False
-    from score_batch.job.completion import Completion
-
-    completion = Completion(config)
     if not completion.exists():
         return False
     completion.check_rerun(config, checked.source)

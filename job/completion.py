@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
-from score_batch.io_formats.target import Target, target
+from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import COMMON_METADATA, SUCCESS, output_format
 from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig, model_identity
 from score_batch.job.windows import window_hash
@@ -55,13 +55,14 @@ def stamped(schema: pa.Schema, fingerprint: Fingerprint | None) -> pa.Schema:
 
 
 class Completion:
-    """The completion record of one output (a local path or an object-store URI)."""
+    """The completion record of one output (a local path or an object-store URI; dataset: a --partition-by
+    directory)."""
 
-    def __init__(self, config: RunConfig) -> None:
-        self.output = target(config.output, config.storage_options)
-        self.dataset = bool(config.partition_by)
-        self.sidecar = not self.dataset and output_format(config.output) == "jsonl"
-        self.record = self.output.sibling(SIDECAR)
+    def __init__(self, output: Target, dataset: bool) -> None:
+        self.output = output
+        self.dataset = dataset
+        self.sidecar = not dataset and output_format(output.path) == "jsonl"
+        self.record = output.sibling(SIDECAR)
 
     def recorded(self) -> str | None:
         """The fingerprint the existing output was completed with (None: no completed output here)."""

@@ -12,7 +12,7 @@ import pyarrow as pa
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
-from score_batch.job.completion import Completion, completion_fingerprint
+from score_batch.job.completion import completion_fingerprint
 from score_batch.job.config import RunConfig, model_identity
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
 from score_batch.job.policy import (
@@ -33,7 +33,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     """Score windows on this machine and publish (the output locked, leftovers removed), filling report;
     UserError for user mistakes, Stopped on signals."""
     source = checked.source
-    completion = Completion(config) if checked.destination is not None and not config.dry_run else None
+    completion = checked.paths.completion
     sink = open_sink(config, checked.paths)
     config = config.reads_windows_of(sink.resumed_record())  # a resumed run reads its parts' windows
     mapping, windows = read_windows(source, config.columns, config.window_rows)

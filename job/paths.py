@@ -16,6 +16,7 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import has_glob
 from score_batch.io_formats.target import LocalTarget, Target, target
 from score_batch.io_formats.writers import STDOUT
+from score_batch.job.completion import Completion
 from score_batch.job.config import RunConfig
 from score_batch.job.lock import lock_path
 
@@ -91,6 +92,7 @@ class RunPaths:
     errors: Target | None  # where --on-error skip lists skipped rows (None: the log, or not skipping)
     default_errors: Target | None  # OUTPUT.errors.jsonl: an earlier run's list, removed when stale
     report: Target | None  # --report FILE (None: none, or stderr)
+    completion: Completion | None = None  # the output's completion record (None: stdout or a dry run)
 
     @classmethod
     def resolve(cls, config: RunConfig, destination: Target | None) -> RunPaths:
@@ -105,6 +107,7 @@ class RunPaths:
             errors,
             default_errors_path(destination) if writes else None,
             report,
+            Completion(destination, bool(config.partition_by)) if writes else None,
         )
 
     @property

@@ -69,18 +69,18 @@ def check_destination(config: RunConfig, directory: bool) -> Target | None:
     ):
         log.info("%s holds a publish of this output cut off midway; this run replaces it", destination)
         return destination
-    if kind != FileType.NotFound and not config.overwrite and not completed(config):
+    if kind != FileType.NotFound and not config.overwrite and not completed(config, destination):
         raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
     if kind == FileType.Directory and dataset and config.overwrite:  # only a dataset is replaced
         _check_replaceable_dataset(config.output, destination.list_names() + destination.list_directories())
     return destination
 
 
-def completed(config: RunConfig) -> bool:
+def completed(config: RunConfig, destination: Target) -> bool:
     """True when --resume finds the existing output recorded as complete (checked against the input later)."""
     from score_batch.job.completion import Completion
 
-    return config.resume and Completion(config).exists()
+    return config.resume and Completion(destination, bool(config.partition_by)).exists()
 
 
 def _check_replaceable_dataset(output: str, names: list[str]) -> None:
