@@ -19,13 +19,9 @@ SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scorin
 SCAN_BATCH_ROWS = 65_536
 
 
-def earlier_batches(texts: tuple[str, ...], schema: pa.Schema, options=()) -> Iterator[pa.RecordBatch]:
-    """Record batches of every earlier output in order, in schema (score_key first; the value columns the run
-    writes), with a `source` int32 column: the position of the output in texts. Rows with no score key
-    (failed rows) are dropped. Every output is opened and checked first: InputError for a path that is
-    missing or is not a score-batch output."""
-    import pyarrow.dataset as ds
-
+def open_earlier(texts: tuple[str, ...], options=()) -> list:
+    """The earlier outputs as pyarrow datasets, opened and checked (no data read): InputError for a path that
+    is missing or is not a score-batch output."""
     datasets = [_dataset(text, options) for text in texts]
     for text, dataset in zip(texts, datasets):
         if SCORE_KEY not in dataset.schema.names:
@@ -33,6 +29,16 @@ def earlier_batches(texts: tuple[str, ...], schema: pa.Schema, options=()) -> It
                 f"--reuse {text!r} has no {SCORE_KEY} column: it was not written by score-batch 0.2 or later, "
                 "or it is not a score-batch output, so its rows cannot be matched; leave it out"
             )
+    return datasets
+
+
+def earlier_batches(texts: tuple[str, ...], schema: pa.Schema, options=()) -> Iterator[pa.RecordBatch]:
+    """Record batches of every earlier output in order, in schema (score_key first; the value columns the run
+    writes), with a `source` int32 column: the position of the output in texts. Rows with no score key
+    (failed rows) are dropped. The outputs are opened and checked first (open_earlier)."""
+    import pyarrow.dataset as ds
+
+    datasets = open_earlier(texts, options)
 
     def batches() -> Iterator[pa.RecordBatch]:
         for number, dataset in enumerate(datasets):

@@ -1,7 +1,7 @@
 """Preflight: every check that needs no model weights, run before any model is loaded.
 
-Paths and collisions, column names and types from the input's metadata (or its JSONL lines) and the
-partition columns; job.run checks the reserved output names (contract.check_kept_columns) and opens the
+Paths and collisions, column names and types from the input's metadata (or its JSONL lines), the
+partition columns and the --reuse outputs; job.run checks the reserved output names (contract.check_kept_columns) and opens the
 input (its existence) just before. A failure here is a one-line exit 2 with the report written, and no
 model was loaded.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+from score_batch.io_formats.earlier import open_earlier
 from score_batch.io_formats.readers import InputSource, column_types, input_mapping
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.job.config import RunConfig
@@ -46,6 +47,7 @@ def preflight(config: RunConfig, source: InputSource, directory: bool = False) -
     if config.partition_by:  # partition columns must be usable output columns (not lists, …)
         pooled = PLACEHOLDER_POOLED_DIM if config.engine.scoring.pooled_hidden_states else None
         output_contract(config, mapping, types, pooled).partition_schema(config.partition_by)
+    open_earlier(config.reuse, config.storage_options)  # --reuse outputs exist and carry score keys
     return Checked(source, paths, mapping, types)
 
 

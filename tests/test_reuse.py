@@ -221,8 +221,11 @@ def test_python_api_and_stdout(qwen3_causal, tmp_path):
     assert len(lines) == 150 and all(len(line["score_key"]) == 32 for line in lines)
 
 
-def test_reuse_refusals_are_one_line(qwen3_causal, tmp_path):
+def test_reuse_refusals_are_one_line(qwen3_causal, tmp_path, monkeypatch):
+    import score_batch.job.local as local
+
     base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    monkeypatch.setattr(local, "load_engine", lambda *a, **k: pytest.fail("preflight loads no model"))
     foreign = tmp_path / "foreign.parquet"
     pq.write_table(pa.table({"item_id": ["x"], "score": [0.5]}), foreign)
     for earlier, said in [
