@@ -63,7 +63,8 @@ def truncated_pairs(
             if len(ids) > keep:
                 cut[k] = (
                     f"truncate_prompt_tokens {keep}: the pair has {len(ids)} tokens, and an encoder "
-                    "cross-encoder's pairs cannot be cut to a part of their tokens (use --truncate item-tail)"
+                    "cross-encoder's pairs cannot be cut to a part of their tokens (the run's truncate policy item-tail "
+                    "cuts items to fit)"
                 )
             continue
         sequence = measured.reference_sequence(k)

@@ -61,7 +61,7 @@ class Completion:
     def __init__(self, output: Target, dataset: bool) -> None:
         self.output = output
         self.dataset = dataset
-        self.sidecar = not dataset and output_format(output.path) == "jsonl"
+        self.sidecar = not dataset and _names_jsonl(output.path)
         self.record = output.sibling(SIDECAR)
 
     def recorded(self) -> str | None:
@@ -131,6 +131,14 @@ class Completion:
         """Size and modification time of the output file."""
         info = self.output.info()
         return [info.size, info.mtime_ns] if info.type == pafs.FileType.File else None
+
+
+def _names_jsonl(path: str) -> bool:
+    """True when an output path names a JSONL file (a directory, as a Ray run writes, names none)."""
+    try:
+        return output_format(path) == "jsonl"
+    except InputError:
+        return False
 
 
 def _read_schema(where: Target) -> pa.Schema:
