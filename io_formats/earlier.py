@@ -2,55 +2,110 @@
 
 Any output score-batch writes is read: a Parquet file, a JSONL file (plain or .gz/.zst/.bz2), a partitioned
 Parquet directory (hive `col=value/`; `_SUCCESS` and `_common_metadata` skipped), on a local disk or an
-object store. Rows are scanned in record batches (pyarrow's dataset scanner), never held whole, and come
-out in the types the current run writes, so a value read back is the value written, bit for bit.
+object store. Rows are read in record batches (pyarrow's dataset scanner, or its streaming JSON reader),
+never held whole, and come out in the types the current run writes, so a value read back is the value
+written, bit for bit. A column whose values cannot take this run's type (another model's pooled width)
+comes out null: such rows were scored under another score identity, so their keys cannot match.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pyarrow as pa
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location, parse_location
-from score_batch.io_formats.writers import output_format
+from score_batch.io_formats.writers import output_compression, output_format
 
 SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scoring settings, query, item)
 SCAN_BATCH_ROWS = 65_536
+JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
+
+
+class _ParquetOutput:
+    """A Parquet file or partitioned directory, scanned with little readahead."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+        self.names = dataset.schema.names
+
+    def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.dataset as ds
+
+        scanner = self.dataset.scanner(
+            columns=names,
+            filter=ds.field(SCORE_KEY).is_valid(),
+            batch_size=SCAN_BATCH_ROWS,
+            batch_readahead=2,  # memory: a few batches in flight, not the scanner's default 16
+            fragment_readahead=1,
+        )
+        return scanner.to_batches()
+
+
+class _JsonlOutput:
+    """A JSONL output (compressed as its name says), read block by block with fixed column types."""
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        first = next((line for line in self._lines() if line.strip()), None)
+        try:
+            row = json.loads(first) if first is not None else {}
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise InputError(
+                f"--reuse {location.uri!r}: not a score-batch output (its lines are not JSON objects)"
+            )
+        self.names = list(row) if first is not None else [SCORE_KEY]
+
+    def _stream(self):
+        compression = output_compression(self.location.path)  # by name, as the writer chose it
+        return self.location.fs.open_input_stream(self.location.path, compression=compression)
+
+    def _lines(self) -> Iterator[str]:
+        import io
+
+        with self._stream() as stream:
+            yield from io.TextIOWrapper(stream, encoding="utf-8")
+
+    def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
+        import pyarrow.json as pj
+
+        parse = pj.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore")
+        with self._stream() as stream:
+            reader = pj.open_json(
+                stream, read_options=pj.ReadOptions(block_size=JSON_BLOCK_BYTES), parse_options=parse
+            )
+            for batch in reader:
+                batch = batch.select([name for name in names if name in batch.schema.names])
+                yield batch.filter(pc.is_valid(batch.column(SCORE_KEY)))
 
 
 def open_earlier(texts: tuple[str, ...], options=()) -> list:
-    """The earlier outputs as pyarrow datasets, opened and checked (no data read): InputError for a path that
-    is missing or is not a score-batch output."""
-    datasets = [_dataset(text, options) for text in texts]
-    for text, dataset in zip(texts, datasets):
-        if SCORE_KEY not in dataset.schema.names:
+    """The earlier outputs, opened and checked (no rows read): InputError for a path that is missing or is
+    not a score-batch output."""
+    outputs = [_open(text, options) for text in texts]
+    for text, output in zip(texts, outputs):
+        if SCORE_KEY not in output.names:
             raise InputError(
                 f"--reuse {text!r} has no {SCORE_KEY} column: it was not written by score-batch 0.2 or later, "
                 "or it is not a score-batch output, so its rows cannot be matched; leave it out"
             )
-    return datasets
+    return outputs
 
 
 def earlier_batches(texts: tuple[str, ...], schema: pa.Schema, options=()) -> Iterator[pa.RecordBatch]:
     """Record batches of every earlier output in order, in schema (score_key first; the value columns the run
     writes), with a `source` int32 column: the position of the output in texts. Rows with no score key
     (failed rows) are dropped. The outputs are opened and checked first (open_earlier)."""
-    import pyarrow.dataset as ds
-
-    datasets = open_earlier(texts, options)
+    outputs = open_earlier(texts, options)
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for number, dataset in enumerate(datasets):
-            names = [name for name in schema.names if name in dataset.schema.names]
-            scanner = dataset.scanner(
-                columns=names,
-                filter=ds.field(SCORE_KEY).is_valid(),
-                batch_size=SCAN_BATCH_ROWS,
-                batch_readahead=2,  # memory: a few batches in flight, not the scanner's default 16
-                fragment_readahead=1,
-            )
-            for batch in scanner.to_batches():
+        for number, output in enumerate(outputs):
+            names = [name for name in schema.names if name in output.names]
+            for batch in output.batches(names):
                 if batch.num_rows:
                     yield _conformed(batch, schema, number)
 
@@ -58,48 +113,45 @@ def earlier_batches(texts: tuple[str, ...], schema: pa.Schema, options=()) -> It
 
 
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:
-    """A batch in schema's columns and types (a column the output lacks is null) plus its source number."""
+    """A batch in schema's columns and types (a column the output lacks, or whose values cannot take the
+    type, is null) plus its source number."""
     arrays = []
     for field in schema:
-        if field.name in batch.schema.names:
-            arrays.append(batch.column(field.name).cast(field.type))
-        else:
+        column = batch.column(field.name) if field.name in batch.schema.names else None
+        try:
+            arrays.append(pa.nulls(batch.num_rows, field.type) if column is None else column.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            if field.name == SCORE_KEY:
+                raise InputError(f"--reuse: an earlier output's {SCORE_KEY} column is not text") from None
             arrays.append(pa.nulls(batch.num_rows, field.type))
     arrays.append(pa.array([number] * batch.num_rows, pa.int32()))
     return pa.RecordBatch.from_arrays(arrays, schema=schema.append(pa.field("source", pa.int32())))
 
 
-def _dataset(text: str, options):
-    """The earlier output at text as a pyarrow dataset (its format from its name, or a Parquet directory)."""
+def _open(text: str, options):
+    """The earlier output at text (its format from its name, or a Parquet directory)."""
     import pyarrow.dataset as ds
-    import pyarrow.json as pj
 
     location = parse_location(text, options)
-    info = location.info()
-    if info.type.name == "NotFound":
+    kind = location.info().type.name
+    if kind == "NotFound":
         raise InputError(f"--reuse {location.uri!r}: no such file or directory")
-    if info.type.name == "Directory":
-        return ds.dataset(location.path, filesystem=location.fs, format="parquet", partitioning="hive")
     try:
+        if kind == "Directory":
+            dataset = ds.dataset(location.path, filesystem=location.fs, format="parquet", partitioning="hive")
+            return _ParquetOutput(dataset)
         fmt = output_format(location.path)
+        if fmt == "parquet":
+            return _ParquetOutput(ds.dataset(location.path, filesystem=location.fs, format="parquet"))
+        return _JsonlOutput(location)
     except InputError:
         raise InputError(
-            f"--reuse {location.uri!r}: not a score-batch output (a .parquet or .jsonl file, or a directory)"
+            f"--reuse {location.uri!r}: not a score-batch output (a .parquet or .jsonl file, or a directory "
+            "of Parquet files)"
         ) from None
-    if fmt == "parquet":
-        return _parquet(location)
-    parse = pj.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore")
-    return ds.dataset(location.path, filesystem=location.fs, format=ds.JsonFileFormat(parse_options=parse))
-
-
-def _parquet(location: Location):
-    """One Parquet file as a dataset; InputError when it is not Parquet."""
-    import pyarrow.dataset as ds
-
-    try:
-        return ds.dataset(location.path, filesystem=location.fs, format="parquet")
-    except (pa.ArrowInvalid, OSError) as error:
-        raise InputError(f"--reuse {location.uri!r}: not a readable Parquet file ({error})") from None
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputError(f"--reuse {location.uri!r}: not a readable score-batch output ({first})") from None
 
 
 # JSONL outputs are read with these types (JSON numbers are doubles; a float32 written as JSON reads back to

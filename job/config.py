@@ -175,12 +175,14 @@ class Fingerprint:
         """What differs from an earlier record, in words ('' when unknown: an output of an older version)."""
         if not isinstance(earlier, dict) or any(k not in earlier for k in RECORD_PARTS):
             return ""
+        before = dict(earlier["software"])
+        now = dict(self.record["software"])
         said = _changed_settings(earlier["settings"], self.record["settings"])
         if earlier["model"] != self.record["model"]:
             said.append("the model's config or weight files changed")
-        if earlier["input"] != self.record["input"]:
-            said.append("the input changed")
-        before = dict(earlier["software"])
+        if earlier["input"] != self.record["input"] and before.get("score-batch") == now.get("score-batch"):
+            said.append("the input changed")  # (another score-batch may digest the same input differently)
+
         said.extend(
             f"{name} {before.get(name)} → {version}"
             for name, version in self.record["software"]
@@ -192,7 +194,7 @@ class Fingerprint:
 def _changed_settings(before: dict, now: dict, prefix: str = "") -> list[str]:
     """'setting name old → new' for every setting that differs, nested configs by dotted name."""
     changed = []
-    for key in sorted(set(before) | set(now)):
+    for key in sorted(now):  # a setting an older version recorded and this one no longer does is no change
         old, new = before.get(key), now.get(key)
         if isinstance(old, dict) and isinstance(new, dict):
             changed.extend(_changed_settings(old, new, f"{prefix}{key}."))
@@ -201,8 +203,10 @@ def _changed_settings(before: dict, now: dict, prefix: str = "") -> list[str]:
     return changed
 
 
-SCORING_SOFTWARE = ("score-batch", "torch", "transformers", "flashinfer-python")
-FINGERPRINTED = "model, input, settings or score-batch/torch/transformers version"  # for refusal messages
+SCORING_SOFTWARE = ("score-batch", "torch", "transformers", "tokenizers", "flashinfer-python")
+FINGERPRINTED = (
+    "model, input, settings or score-batch/torch/transformers/tokenizers version"  # for refusal messages
+)
 
 
 def software_identity() -> list:
@@ -217,10 +221,13 @@ def software_identity() -> list:
     return versions
 
 
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".py")
+
+
 def model_identity(model_dir: Path) -> list:
-    """The model's config and the names, sizes and times of its weight files."""
+    """The model's config and the names, sizes and times of its weight, tokenizer and code files."""
     entries = [["config.json", hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()]]
     for path in sorted(model_dir.iterdir()):
-        if path.suffix in (".safetensors", ".bin", ".json") and path.is_file():
+        if path.suffix in MODEL_FILE_SUFFIXES and path.is_file():
             entries.append([path.name, path.stat().st_size, path.stat().st_mtime_ns])
     return entries

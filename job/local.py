@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from score_batch.job.report import RunReport
 from score_batch.job.reuse import REUSED, EarlierScores, pair_keys, score_identity
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
+
+from score_batch.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +97,10 @@ def _preparer(
         number, rows = numbered
         input_hash, grouped = window_hash(rows, content), group_window(rows)
         tools = ready.result()
-        reused = {} if tools.earlier is None else tools.earlier.take(rows)
+        keys = pair_keys(rows, tools.identity)
+        reused = {} if tools.earlier is None else tools.earlier.take(rows, keys)
         todo = without(grouped, reused)
         plan = None if number in listed else tools.planner.plan(todo.groups)
-        keys = pair_keys(rows, tools.identity)
         return Prepared(number, rows, input_hash, grouped, todo, reused, keys, plan)
 
     return prepare
@@ -129,13 +132,15 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
             columns = output_columns(rows, window.todo, results, contract, window.keys, window.reused)
             part = contract.part_table(columns)
             failed = part.num_rows - part["error"].null_count
-            reused = len(window.reused)
-            phase.add(
-                ScoredWindow(
-                    len(rows), part.num_rows, failed, plan.stats, part["score"], sizes, reused=reused
-                )
+            scored = ScoredWindow(
+                len(rows), part.num_rows, failed, plan.stats, part["score"], sizes, reused=len(window.reused)
             )
-            enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
+            try:
+                enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
+            except UserError:
+                phase.add(dataclasses.replace(scored, written=False))
+                raise
+            phase.add(scored)
             if not config.dry_run:
                 sink.write(number, part, contract, window.input_hash)
             phase.check()

@@ -41,6 +41,7 @@ class ScoredWindow:
     reused: int = 0  # pairs copied from earlier outputs (--reuse)
     requests: int = 0  # request lines (OpenAI batch files)
     requests_failed: int = 0
+    written: bool = True  # False: the window stopped the run (--on-error fail) and was not written
 
 
 @dataclass
@@ -52,13 +53,15 @@ class ScoringPhase:
     sink: object  # job/sinks.py: write, commit, abort(keep_checkpoints)
     total_items: int | None = None  # for the progress bar's ETA (None: unknown)
     show_progress: bool = True  # False where another progress display runs (Ray Data's bars)
+    immediate_stop: bool = False  # a signal stops at once (Ray: the driver only waits, no safe points)
     stats: ScoreStats = field(default_factory=ScoreStats)
 
     def __enter__(self) -> ScoringPhase:
         self._started = time.perf_counter()
         quiet = self.config.quiet or not self.show_progress
         self.progress = Progress(self.total_items, quiet, self.config.progress_seconds)
-        self._signals = StopSignals()
+        self._signals = StopSignals(immediate=self.immediate_stop)
+        self._sizes_added = False
         self._stop = self._signals.__enter__()
         return self
 
@@ -82,24 +85,31 @@ class ScoringPhase:
         report.requests_failed += window.requests_failed
         if window.resumed:
             report.rows_skipped_by_resume += window.rows
-        elif not self.config.dry_run:
+        elif window.written and not self.config.dry_run:
             report.items_scored += window.items - window.failed
         if window.plan is not None:
             report.add_plan(window.plan)
         self.stats.add_scores(window.scores)
-        self.stats.add_query_sizes(window.query_sizes)
+        sizes = list(window.query_sizes)
+        self._sizes_added |= bool(sizes)
+        self.stats.add_query_sizes(sizes)
         self.progress.add_rows(window.rows)
 
     def commit(self, *args, **kwargs) -> None:
         """The scoring time and statistics into the report, then the sink's commit (it returns the rows it
         left out of the output: --on-error skip's, listed in the errors file)."""
+        self.check()  # nothing is published after a signal
         self._close_timing()
         self.report.items_skipped = self.sink.commit(*args, **kwargs) or 0
 
     def _close_timing(self) -> None:
         if not self.report.seconds_scoring:
             self.report.seconds_scoring = round(time.perf_counter() - self._started, 3)
-            self.report.score_stats = self.stats.summary()
+            if self.stats.count or self.stats.non_finite or self._sizes_added:  # else: nothing to describe
+                summary = self.stats.summary()
+                if not self._sizes_added:  # a runner that sees no query groups (Ray) gives none
+                    summary.pop("items_per_query")
+                self.report.score_stats = summary
 
     def __exit__(self, kind, error, traceback) -> None:
         try:

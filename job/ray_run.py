@@ -218,7 +218,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     staging = _Staging.beside(destination)
     sink = _StagedOutput(staging, destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
     try:
-        with ScoringPhase(config, report, sink, show_progress=False) as phase:
+        with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
             try:
                 counts = _score_on_ray(dataset, contract, staging, partitioning, sink.errors, phase, source)
             except Exception as error:

@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,6 +31,7 @@ from score_batch.io_formats.earlier import SCORE_KEY, earlier_batches
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
 from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, model_identity, software_identity
+from score_batch.job.report import device_name
 from score_batch.job.resources import available_cpus
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ REUSED = ("score", "scores", "chunks", "pooled_hidden_state")  # the values a re
 RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # taken as resolved, not as asked
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to the temporary directory
 KEY_ROWS = 65_536  # keys per written batch
+TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
 
 
 def score_identity(config: RunConfig, setup) -> bytes:
@@ -49,6 +52,7 @@ def score_identity(config: RunConfig, setup) -> bytes:
         engine.pop(name)
     resolved = {
         "device": setup.device.type,
+        "gpu": device_name(str(setup.device)) if setup.device.type == "cuda" else None,
         "dtype": str(setup.dtype),
         "backend": setup.backend,
         "packing": setup.packing,
@@ -100,7 +104,8 @@ class EarlierScores:
     ) -> EarlierScores:
         """Key every pair of the input, join the keys to config.reuse's outputs; values: the reused columns'
         types in this run's output (score, scores, and chunks / pooled_hidden_state when the run writes them)."""
-        directory = Path(tempfile.mkdtemp(prefix="score-batch-reuse-"))
+        _remove_stale_directories()
+        directory = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
         try:
             keys = directory / "keys.parquet"
             _write_keys(config, source, identity, keys)
@@ -111,9 +116,11 @@ class EarlierScores:
             shutil.rmtree(directory, ignore_errors=True)
             raise
 
-    def take(self, rows: list[InputRow]) -> dict[tuple[int, int], dict]:
-        """The reused values of a window's pairs: (row position, item position) → {score, scores, …}. Windows
-        are taken in input order; rows before this window's (windows a resumed run skipped) are passed over."""
+    def take(self, rows: list[InputRow], keys: list[list[str | None]]) -> dict[tuple[int, int], dict]:
+        """The reused values of a window's pairs: (row position, item position) → {score, scores, …}, for
+        pairs whose key (keys: pair_keys of rows) is the one joined (an input rewritten since the key pass is
+        scored, never given another pair's value). Windows are taken in input order; rows before this
+        window's (windows a resumed run skipped) are passed over."""
         if not rows:
             return {}
         position = {row.index: number for number, row in enumerate(rows)}
@@ -131,8 +138,9 @@ class EarlierScores:
                 return found
             self._next += 1
             number = position.get(row["row_index"])
-            if number is not None:
-                found[(number, row["item_pos"])] = {name: row[name] for name in REUSED if name in row}
+            item = row["item_pos"]
+            if number is not None and item < len(keys[number]) and keys[number][item] == row[SCORE_KEY]:
+                found[(number, item)] = {name: row[name] for name in REUSED if name in row}
 
     def close(self) -> None:
         """Remove the temporary files."""
@@ -167,25 +175,52 @@ def _join(config: RunConfig, keys: Path, values: pa.Schema, directory: Path, joi
     batches = earlier_batches(config.reuse, schema, config.storage_options)
     stream = pa.RecordBatchReader.from_batches(schema.append(pa.field("source", pa.int32())), batches)
     names = ", ".join(f"e.{name}" for name in values.names)
+    spill_sql, keys_sql, joined_sql = (_sql_text(path) for path in (directory / "spill", keys, joined))
     connection = duckdb.connect()
     try:
-        spill = directory / "spill"
         connection.execute(f"SET memory_limit = '{JOIN_MEMORY}'")
-        connection.execute(f"SET temp_directory = '{spill}'")
+        connection.execute(f"SET temp_directory = '{spill_sql}'")
         connection.execute(f"SET threads = {available_cpus()}")
         connection.register("earlier", stream)
         connection.execute(
             f"""COPY (
-                SELECT k.row_index, k.item_pos, {names}
-                FROM read_parquet('{keys}') AS k JOIN earlier AS e USING ({SCORE_KEY})
+                SELECT k.row_index, k.item_pos, k.{SCORE_KEY}, {names}
+                FROM read_parquet('{keys_sql}') AS k JOIN earlier AS e USING ({SCORE_KEY})
                 QUALIFY row_number() OVER (PARTITION BY k.row_index, k.item_pos ORDER BY e.source, e.score, e.scores) = 1
                 ORDER BY k.row_index, k.item_pos
-            ) TO '{joined}' (FORMAT parquet)"""
+            ) TO '{joined_sql}' (FORMAT parquet)"""
         )
     except duckdb.Error as error:
-        raise InputError(f"--reuse: joining the earlier outputs failed: {error}") from None
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if isinstance(error, (duckdb.IOException, duckdb.OutOfMemoryException)):  # the machine's: exit 3
+            raise OSError(f"--reuse: joining the earlier outputs failed: {first}") from None
+        raise InputError(f"--reuse: joining the earlier outputs failed: {first}") from None
     finally:
         connection.close()
     matched = pq.ParquetFile(joined).metadata.num_rows
     log.info("--reuse: %d pairs found in %d earlier output(s)", matched, len(config.reuse))
     return matched
+
+
+def _remove_stale_directories() -> None:
+    """Remove the temporary directories of --reuse runs whose process is gone (killed with -9)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
+        pid = path.name[len(TEMP_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """True when a process of this pid runs on this machine (or cannot be signalled by us)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sql_text(path: Path) -> str:
+    """A path as the inside of a SQL string literal (a quote doubled)."""
+    return str(path).replace("'", "''")

@@ -117,10 +117,11 @@ def test_settings_that_cannot_change_scores_keep_the_keys(qwen3_causal, tmp_path
     assert json.loads(report.read_text())["reused"] == 120
 
 
-def test_every_output_layout_is_a_cache(qwen3_causal, tmp_path):
-    """JSONL (gzip), a partitioned directory and several --reuse outputs at once."""
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_every_output_layout_is_a_cache(qwen3_causal, tmp_path, suffix):
+    """Compressed JSONL, a partitioned directory and several --reuse outputs at once."""
     base, _, today, new_ids = nightly(tmp_path, qwen3_causal)
-    gz, parted = tmp_path / "y.jsonl.gz", tmp_path / "parted"
+    gz, parted = tmp_path / f"y{suffix}", tmp_path / "parted"
     first = write_jsonl(tmp_path / "first.jsonl", many_rows(30, 5)[:60])
     second = write_jsonl(tmp_path / "second.jsonl", many_rows(30, 5)[60:])
     assert run_cli(first, *base, "-o", gz).returncode == 0
@@ -130,10 +131,8 @@ def test_every_output_layout_is_a_cache(qwen3_causal, tmp_path):
     assert ran.returncode == 0, ran.stderr
     assert json.loads(report.read_text())["reused"] == 120
     earlier = {}
-    import gzip
-
-    with gzip.open(gz, "rt") as handle:
-        for line in handle:
+    with pa.input_stream(str(gz), compression="detect") as stream:
+        for line in stream.read().decode().splitlines():
             row = json.loads(line)
             earlier[row["item_id"]] = (row["score"], row["scores"])
     for item_id, values in by_item(pq.read_table(out)).items():
@@ -250,3 +249,60 @@ def test_pair_keys_depend_on_text_and_identity_only():
     assert pair_keys([row], b"j" * 32)[0][0] != keys[0][0]
     assert pair_keys([InputRow(0, "q ", ["a"], None, [1])], b"i" * 32)[0][0] != keys[0][0]
     assert pair_keys([InputRow(0, [1, 2], [[3]], None, [1])], b"i" * 32)[0][0] != keys[0][0]
+
+
+def test_a_pair_whose_key_changed_since_the_join_is_scored_not_copied(tmp_path):
+    from score_batch.job.reuse import EarlierScores
+
+    joined = tmp_path / "reused.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "row_index": pa.array([0, 1, 1, 3], pa.int64()),
+                "item_pos": pa.array([0, 0, 1, 0], pa.int32()),
+                "score_key": ["k0", "old", "k1b", "k3"],
+                "score": pa.array([0.1, 0.2, 0.3, 0.4], pa.float32()),
+                "scores": [[0.1], [0.2], [0.3], [0.4]],
+            }
+        ),
+        joined,
+    )
+    earlier = EarlierScores(tmp_path, joined, 4)
+    rows = [InputRow(i, "q", ["a", "b"], None, [1, 2]) for i in range(3)]
+    keys = [["k0", "x"], ["new", "k1b"], ["y", "z"]]  # row 1 item 0 was rewritten after the key pass
+    found = earlier.take(rows, keys)
+    assert sorted(found) == [(0, 0), (1, 1)] and found[(1, 1)]["scores"] == [pytest.approx(0.3)]
+    later = earlier.take([InputRow(3, "q", ["c"], None, [1])], [["k3"]])
+    assert list(later) == [(0, 0)]
+    earlier.close()
+    assert not tmp_path.exists()
+
+
+def test_another_models_pooled_width_reads_as_null_not_an_error():
+    from score_batch.io_formats.earlier import _conformed
+
+    batch = pa.record_batch(
+        {"score_key": ["k"], "pooled_hidden_state": pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))}
+    )
+    schema = pa.schema([("score_key", pa.string()), ("pooled_hidden_state", pa.list_(pa.float32(), 3))])
+    conformed = _conformed(batch, schema, 0)
+    assert (
+        conformed.column("pooled_hidden_state").null_count == 1 and conformed.column("source")[0].as_py() == 0
+    )
+
+
+def test_the_temporary_files_of_a_killed_run_are_removed_by_the_next(tmp_path, monkeypatch):
+    import tempfile
+
+    from score_batch.job import reuse
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead, mine = (
+        tmp_path / f"{reuse.TEMP_PREFIX}999999999-x",
+        tmp_path / f"{reuse.TEMP_PREFIX}{os.getpid()}-y",
+    )
+    for directory in (dead, mine):
+        directory.mkdir()
+        (directory / "keys.parquet").write_bytes(b"x")
+    reuse._remove_stale_directories()
+    assert not dead.exists() and mine.exists()
