@@ -23,7 +23,7 @@ from score_batch.job.policy import (
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, output_contract
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import REUSED, EarlierScores, pair_keys, score_identity
+from score_batch.job.reuse import REUSED, EarlierScores, ScoredPairs, pair_keys, score_identity
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
 
@@ -57,7 +57,9 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
             finally:
                 if not ready.done():  # the load failed before the tokenizer: the worker stops waiting
                     ready.set_exception(RuntimeError("the engine did not load"))
-            _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch, content)
+            _score_windows(
+                config, checked, report, sink, completion, engine, mapping, prefetch, content, ready
+            )
     finally:
         if ready.done() and ready.exception() is None and ready.result().earlier is not None:
             ready.result().earlier.close()
@@ -70,6 +72,7 @@ class WindowTools:
     planner: Planner
     identity: bytes  # job/reuse.score_identity: the key of every pair's score key
     earlier: EarlierScores | None  # --reuse: the earlier outputs' values for this run's pairs
+    pairs: ScoredPairs  # the values of pairs written by earlier windows of this run
 
 
 def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report: RunReport) -> WindowTools:
@@ -84,7 +87,7 @@ def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report:
         schema = contract.part_schema()
         values = pa.schema([schema.field(name) for name in REUSED if name in schema.names])
         earlier = EarlierScores.join(config, checked.source, identity, values)
-    return WindowTools(planner, identity, earlier)
+    return WindowTools(planner, identity, earlier, ScoredPairs())
 
 
 def _preparer(
@@ -99,17 +102,21 @@ def _preparer(
         tools = ready.result()
         keys = pair_keys(rows, tools.identity)
         reused = {} if tools.earlier is None else tools.earlier.take(rows, keys)
-        todo = without(grouped, reused)
+        copies = tools.pairs.take(without(grouped, reused), keys)  # repeats of pairs already written
+        todo = without(grouped, reused | copies)
         plan = None if number in listed else tools.planner.plan(todo.groups)
-        return Prepared(number, rows, input_hash, grouped, todo, reused, keys, plan)
+        return Prepared(number, rows, input_hash, grouped, todo, reused, copies, keys, plan)
 
     return prepare
 
 
-def _score_windows(config, checked, report, sink, completion, engine, mapping, prefetch, content) -> None:
+def _score_windows(
+    config, checked, report, sink, completion, engine, mapping, prefetch, content, ready
+) -> None:
     """Score the prefetched windows into the sink and publish (see run_local)."""
     source = checked.source
     scorer, planner, setup = engine
+    pairs = ready.result().pairs
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
     contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(config.chunked)
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
@@ -122,18 +129,33 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
             sizes = [len(refs) for refs in grouped.refs]
             if sink.done(number, window.input_hash):
                 phase.advance(sum(len(r.item_ids) for r in rows))
-                scores = sink.scored(number)["score"]  # the report covers the whole output
-                phase.add(ScoredWindow(len(rows), 0, 0, scores=scores, query_sizes=sizes, resumed=True))
+                part = sink.scored(number)
+                pairs.add(part)
+                phase.add(
+                    ScoredWindow(len(rows), 0, 0, scores=part["score"], query_sizes=sizes, resumed=True)
+                )
                 continue
             if config.on_error == "fail":
                 _fail_on_unreadable_row(rows, source)
-            plan = window.plan or planner.plan(window.todo.groups)
+            todo, plan = window.todo, window.plan
+            late = pairs.take(todo, window.keys)  # repeats of the window written while this one was prepared
+            if late:
+                todo, plan = without(todo, late), None
+            plan = plan or planner.plan(todo.groups)
+            copies = window.copies | late
             results = score_plan(scorer, plan, phase, pooled_dim)
-            columns = output_columns(rows, window.todo, results, contract, window.keys, window.reused)
+            columns = output_columns(rows, todo, results, contract, window.keys, window.reused | copies)
             part = contract.part_table(columns)
             failed = part.num_rows - part["error"].null_count
             scored = ScoredWindow(
-                len(rows), part.num_rows, failed, plan.stats, part["score"], sizes, reused=len(window.reused)
+                len(rows),
+                part.num_rows,
+                failed,
+                plan.stats,
+                part["score"],
+                sizes,
+                reused=len(window.reused),
+                duplicates=len(copies),
             )
             try:
                 enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
@@ -141,6 +163,7 @@ def _score_windows(config, checked, report, sink, completion, engine, mapping, p
                 phase.add(dataclasses.replace(scored, written=False))
                 raise
             phase.add(scored)
+            pairs.add(part)
             if not config.dry_run:
                 sink.write(number, part, contract, window.input_hash)
             phase.check()
@@ -161,6 +184,7 @@ class Prepared:
     grouped: WindowGroups  # every readable pair
     todo: WindowGroups  # the pairs to score: grouped less the reused ones
     reused: dict  # (row position, item position) → values copied from an earlier output (--reuse)
+    copies: dict  # (row position, item position) → values of the same pair in an earlier window of this run
     keys: list  # per row, per item: the pair's score key
     plan: WorkPlan | None  # None: listed as finished by an earlier run (planned only if it must rerun)
 

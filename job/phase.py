@@ -39,6 +39,7 @@ class ScoredWindow:
     query_sizes: Iterable[int] = ()  # items per query group
     resumed: bool = False  # a window --resume found checkpointed: read back, not scored
     reused: int = 0  # pairs copied from earlier outputs (--reuse)
+    duplicates: int = 0  # pairs copied from an earlier window of the run (the plan counts those within one)
     requests: int = 0  # request lines (OpenAI batch files)
     requests_failed: int = 0
     written: bool = True  # False: the window stopped the run (--on-error fail) and was not written
@@ -81,6 +82,7 @@ class ScoringPhase:
         report.items += window.items
         report.items_failed += window.failed
         report.reused += window.reused
+        report.duplicates += window.duplicates
         report.requests += window.requests
         report.requests_failed += window.requests_failed
         if window.resumed:

@@ -45,7 +45,7 @@ class RunReport:
     packed_tokens: int = 0
     pairwise_tokens: int = 0
     windows: int = 0  # sequences scored: the items, or under --truncate chunk their windows
-    duplicates: int = 0  # (query, item) pairs equal to an earlier one of their window: scored once, copied
+    duplicates: int = 0  # (query, item) pairs equal to an earlier one of the run: scored once, copied
     reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
     seconds_load: float = 0.0
     seconds_scoring: float = 0.0

@@ -23,9 +23,12 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from score_batch.io_formats.earlier import SCORE_KEY, earlier_batches
 from score_batch.io_formats.errors import InputError
@@ -40,6 +43,7 @@ RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # taken as re
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to the temporary directory
 KEY_ROWS = 65_536  # keys per written batch
 TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
+PAIRS_MEMORY = 256 << 20  # bytes of scored values a run keeps for later repeats (ScoredPairs)
 
 
 def score_identity(config: RunConfig, setup) -> bytes:
@@ -146,6 +150,57 @@ class EarlierScores:
         """Remove the temporary files."""
         self._batches.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class ScoredPairs:
+    """The values of the pairs this run has written, by score key, so a pair repeated in a later window is
+    copied rather than scored. Bounded: past `budget` bytes (as Python holds them) the oldest are forgotten,
+    and a repeat of one of them is scored again. Safe to share between the scoring loop and the prefetch
+    worker."""
+
+    def __init__(self, budget: int = PAIRS_MEMORY) -> None:
+        self.budget = budget
+        self._values: OrderedDict[str, tuple[dict, int]] = OrderedDict()  # key → (values, bytes)
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, part: pa.Table) -> None:
+        """Remember a written window's scored pairs (part schema: rows with a key and no error)."""
+        kept = part.filter(pc.and_(pc.is_valid(part[SCORE_KEY]), pc.is_null(part["error"])))
+        if kept.num_rows == 0:
+            return
+        names = [name for name in REUSED if name in kept.schema.names]
+        keys, rows = kept[SCORE_KEY].to_pylist(), kept.select(names).to_pylist()
+        with self._lock:
+            for key, values in zip(keys, rows):
+                if key in self._values:
+                    continue
+                size = _held_bytes(values)
+                self._values[key] = (values, size)
+                self._bytes += size
+            while self._bytes > self.budget and self._values:
+                _, (_, size) = self._values.popitem(last=False)
+                self._bytes -= size
+
+    def take(self, grouped, keys: list[list[str | None]]) -> dict[tuple[int, int], dict]:
+        """The remembered values of a window's pairs still to score (grouped: job/windows.WindowGroups;
+        keys: pair_keys of its rows): (row position, item position) → {score, scores, …}."""
+        found = {}
+        with self._lock:
+            for refs in grouped.refs:
+                for row_pos, item_pos in refs:
+                    held = self._values.get(keys[row_pos][item_pos])
+                    if held is not None:
+                        found[(row_pos, item_pos)] = held[0]
+        return found
+
+
+def _held_bytes(values: dict) -> int:
+    """About what one remembered pair costs in Python objects: the dict and key, 32 bytes per number."""
+    numbers = sum(
+        len(value) if isinstance(value, list) else 1 for value in values.values() if value is not None
+    )
+    return 400 + 32 * numbers
 
 
 def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:

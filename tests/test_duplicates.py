@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 from score_batch.engine import Group
 from score_batch.engine.packing import ItemRef
 from score_batch.engine.planner import duplicate_sequences
 from score_batch.engine.tokenize import TokenizedGroup
+from score_batch.job.reuse import ScoredPairs
+from score_batch.job.windows import WindowGroups
 
-from tests.test_cli import run_cli, write_jsonl
+from tests.test_cli import LABEL_FLAGS, expected_scores, run_cli, write_jsonl
+from tests.test_job import many_rows, start_cli, wait_for_parts
 from tests.test_scorer import assert_matches_reference, make_scorer
 
 GROUPS = [
@@ -59,3 +66,72 @@ def test_the_report_counts_duplicates(qwen3_causal, tmp_path):
     assert written["duplicates"] == 3 and written["items_scored"] == 8
     lines = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert lines[0]["score"] == lines[2]["score"] and lines[3]["score"] == lines[4]["score"]
+
+
+def test_pairs_repeated_in_later_windows_are_copied_not_scored(qwen3_causal, tmp_path):
+    """A pair seen in an earlier window (the one just before, still being scored while this one was
+    prepared, or one far back) is copied bit for bit, counted once, and every score matches plain HF."""
+    unique = [
+        {"query": f"query {q} about Tokyo", "item": f" item {i} of the city"}
+        for q in range(4)
+        for i in range(3)
+    ]
+    repeats = [unique[0], unique[4], unique[11], unique[0]]
+    rows = (
+        unique[:6] + [repeats[0]] + unique[6:] + repeats[1:]
+    )  # windows of 4 rows: repeats in windows 1 and 3
+    src, report = write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "r.json"
+    out = tmp_path / "o.parquet"
+    flags = ["--model", qwen3_causal, "--label-tokens", " to", "--label-tokens", " the", "--window-rows", "4"]
+    result = run_cli(src, "-o", out, *flags, "--report", report)
+    assert result.returncode == 0, result.stderr
+    written = json.loads(report.read_text())
+    assert written["duplicates"] == 4 and written["items_scored"] == 16 and written["windows"] == 12
+    assert "4 duplicate pairs scored once" in result.stderr
+    table = pq.read_table(out)
+    scores = table["scores"].to_pylist()
+    for k, row in enumerate(rows):  # every repeat holds the bits of the pair's first scoring
+        original = min(j for j, other in enumerate(rows) if other == row)
+        assert (
+            np.asarray(scores[k], np.float32).tobytes() == np.asarray(scores[original], np.float32).tobytes()
+        )
+    reference = expected_scores(qwen3_causal, rows)
+    np.testing.assert_allclose(np.asarray(scores), np.asarray(reference), atol=1e-5)
+
+
+def test_scored_pairs_forget_the_oldest_past_their_budget():
+    pairs = ScoredPairs(budget=1000)  # two pairs of 464 bytes
+    table = pa.table(
+        {
+            "score": [0.1, 0.2, 0.3, None],
+            "scores": [[0.1], [0.2], [0.3], None],
+            "score_key": ["a", "b", "c", None],
+            "error": [None, None, None, "row 3: bad"],
+        }
+    )
+    pairs.add(table)
+    grouped = WindowGroups([Group("q", ["x", "y", "z"])], [[(0, 0), (0, 1), (0, 2)]])
+    found = pairs.take(grouped, [["a", "b", "c"]])
+    assert found == {(0, 1): {"score": 0.2, "scores": [0.2]}, (0, 2): {"score": 0.3, "scores": [0.3]}}
+    assert pairs.take(grouped, [["d", "d", "d"]]) == {}
+
+
+@pytest.mark.slow
+def test_after_resume_repeats_of_checkpointed_pairs_are_copied(qwen3_causal, tmp_path):
+    first = many_rows(12, 5)
+    rows = first + [{**row, "item_id": f"again-{row['item_id']}"} for row in first]  # same pairs, new ids
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    base = [src, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "4"]
+    reference, out, report = tmp_path / "reference.parquet", tmp_path / "out.parquet", tmp_path / "r.json"
+    assert run_cli(*base, "-o", reference).returncode == 0
+    process = start_cli(*base, "-o", out)
+    wait_for_parts(tmp_path / "out.parquet.parts", 3, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    ran = run_cli(*base, "-o", out, "--resume", "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["duplicates"] == 60  # every repeat copied, resumed windows' too
+    table = pq.read_table(out)
+    assert table.equals(pq.read_table(reference))
+    scores = np.asarray(table["score"].to_pylist(), np.float32)
+    assert scores[:60].tobytes() == scores[60:].tobytes()
