@@ -101,7 +101,8 @@ def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: 
         return Location(pafs.LocalFileSystem(), os.path.abspath(text), text, LOCAL)
     split = urllib.parse.urlsplit(text)
     scheme = _SCHEMES.get(split.scheme.lower())
-    shown = urllib.parse.urlunsplit((split.scheme, split.hostname or "", split.path, "", ""))
+    host = split.netloc.rpartition("@")[2]  # credentials are never shown (and are refused below)
+    shown = urllib.parse.urlunsplit((split.scheme, host, split.path, "", ""))
     shown = shown + ("?…" if split.query else "")
     if scheme is None:
         raise InputError(

@@ -8,13 +8,16 @@ and what is not supported are in docs/openai-batch.md.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+from score_batch.io_formats.listing import InputFile
 
 STDIN = "-"
 SCORE_URLS = ("/v1/score", "/score")
@@ -80,8 +83,9 @@ class BatchRequest:
         return list(zip(self.queries, positions))
 
 
-def looks_like_openai_batch(path: str | Path) -> bool:
-    """True when path is a file whose first non-blank line is a JSON object with custom_id, url and body.
+def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
+    """True when path (a local path, or a listed JSONL input file on any store) is a file whose first
+    non-blank line is a JSON object with custom_id, url and body.
 
     A UTF-8 byte order mark and CRLF line ends (files saved by Windows editors) are allowed. Directories,
     Parquet files and anything unreadable are not batch files; stdin ("-") is sniffed by the caller on
@@ -89,11 +93,12 @@ def looks_like_openai_batch(path: str | Path) -> bool:
     """
     if str(path) == STDIN:
         return False
-    p = Path(path)
-    if not p.is_file() or p.suffix.lower() == ".parquet":
+    if not isinstance(path, InputFile) and (
+        not Path(path).is_file() or Path(path).suffix.lower() == ".parquet"
+    ):
         return False
     try:
-        with open(p, "rb") as handle:
+        with _open_binary(path) as handle:
             first = True
             while True:
                 raw = handle.readline(DETECT_LIMIT)
@@ -116,16 +121,17 @@ def is_request_record(record: Any) -> bool:
 
 @dataclass(frozen=True)
 class BatchFileReader:
-    """An OpenAI-style batch file (a local JSONL file, the stdin spool, or "-" for stdin itself) → requests."""
+    """An OpenAI-style batch file (a local path, a listed input file on any store, compressed or not, the
+    stdin spool, or "-" for stdin itself) → requests."""
 
-    path: str | Path
+    path: str | Path | InputFile
 
     def requests(self) -> Iterator[BatchRequest]:
         """The request lines in order, parsed (see read_requests)."""
         return read_requests(self.path)
 
 
-def read_requests(path: str | Path) -> Iterator[BatchRequest]:
+def read_requests(path: str | Path | InputFile) -> Iterator[BatchRequest]:
     """The request lines of a batch file (or stdin), parsed; blank lines are skipped, bad lines carry an error."""
     index = 0
     for line, raw in _nonblank_lines(path):
@@ -133,13 +139,21 @@ def read_requests(path: str | Path) -> Iterator[BatchRequest]:
         index += 1
 
 
-def _nonblank_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+def _nonblank_lines(path: str | Path | InputFile) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
     if str(path) == STDIN:
         yield from _numbered(sys.stdin.buffer)
         return
-    with open(path, "rb") as handle:
+    with _open_binary(path) as handle:
         yield from _numbered(handle)
+
+
+def _open_binary(path: str | Path | InputFile) -> BinaryIO:
+    """A local file, or a listed input file read through its store's filesystem (decompressed by suffix)."""
+    if isinstance(path, InputFile):
+        location = path.location
+        return io.BufferedReader(location.fs.open_input_stream(location.path, compression=path.compression))
+    return open(path, "rb")
 
 
 def _numbered(handle) -> Iterator[tuple[int, bytes]]:

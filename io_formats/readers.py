@@ -177,20 +177,18 @@ def input_format(source: InputSource, requested: RequestedFormat = "auto") -> In
 def _sniff_batch(source: InputSource) -> bool:
     if source.path == STDIN:
         return looks_like_openai_batch(source.spool_path())
-    if len(source.files) != 1 or not source.files[0].location.local or source.directories:
-        return False  # a batch file is one local JSONL file
-    return source.format == InputFormat.JSONL and looks_like_openai_batch(source.files[0].location.path)
+    if len(source.files) != 1 or source.directories:
+        return False  # a batch file is one JSONL file
+    return source.format == InputFormat.JSONL and looks_like_openai_batch(source.files[0])
 
 
 def batch_reader(source: InputSource) -> BatchFileReader:
-    """The batch-file reader of a source: its one local file, or the stdin spool."""
+    """The batch-file reader of a source: its one file (local or on an object store), or the stdin spool."""
     if source.path == STDIN:
         return BatchFileReader(source.spool_path())
-    if len(source.files) != 1 or not source.files[0].location.local:
-        raise InputError(
-            f"input {source.label!r}: an OpenAI batch file is one local JSONL file, or - for stdin"
-        )
-    return BatchFileReader(Path(source.files[0].location.path))
+    if len(source.files) != 1 or source.directories:
+        raise InputError(f"input {source.label!r}: an OpenAI batch file is one JSONL file, or - for stdin")
+    return BatchFileReader(source.files[0])
 
 
 def open_source(

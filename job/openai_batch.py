@@ -27,7 +27,6 @@ from score_batch.engine.planner import Planner
 from score_batch.io_formats import readers
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import InputFormat
-from score_batch.io_formats.locations import is_uri
 from score_batch.io_formats.openai_batch import (
     STDIN,
     BatchError,
@@ -60,8 +59,10 @@ def is_openai_batch(input_format: str, source: InputSource) -> bool:
 def batch_preflight(config: RunConfig, source: InputSource) -> Checked:
     """The batch-file runner's preflight (no weights): its settings, the output and every written path."""
     check_batch_config(config)
+    if source.path != STDIN and (len(source.files) != 1 or source.directories):
+        raise InputError(f"input {source.label!r}: an OpenAI batch file is one JSONL file, or - for stdin")
     destination = check_destination(config, directory=False)
-    paths = check_run_paths(config, () if config.input == STDIN else (Path(config.input),), destination)
+    paths = check_run_paths(config, source.files, destination)
     return Checked(source, paths, mapping=None, types={})
 
 
@@ -88,10 +89,8 @@ def check_batch_config(config: RunConfig) -> None:
     for option, given in refusals.items():
         if given:
             raise InputError(f"{option} does not apply to an OpenAI batch file (--input-format openai-batch)")
-    if not isinstance(config.input, str) or (config.input != STDIN and not Path(config.input).is_file()):
+    if not isinstance(config.input, str):
         raise InputError(f"input {config.input!r}: an OpenAI batch file is one JSONL file, or - for stdin")
-    if config.output != STDOUT and is_uri(config.output):
-        raise InputError(f"output {config.output!r}: an OpenAI batch output is a local .jsonl file or -")
     if config.output != STDOUT and Path(config.output).suffix.lower() not in (".jsonl", ".ndjson"):
         raise InputError(
             f"output {config.output!r}: an OpenAI batch output is JSONL; give a .jsonl path or -"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,8 +42,6 @@ from score_batch.io_formats.readers import (
     read_unit,
     read_units,
 )
-from score_batch.io_formats.target import Target
-from score_batch.io_formats.writers import COMMON_METADATA
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
 from score_batch.job.errors_sink import ErrorsSink
@@ -56,6 +53,7 @@ from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import pair_keys, score_identity
 from score_batch.job.score_stats import written_scores
+from score_batch.job.sinks import StagedDirectorySink
 from score_batch.job.windows import group_window, output_columns, query_group_key
 
 from score_batch.errors import UserError
@@ -215,12 +213,13 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
         num_cpus=options.cpus_per_worker,
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
-    staging = _Staging.beside(destination)
-    sink = _StagedOutput(staging, destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
+    sink = StagedDirectorySink(destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
     try:
         with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
             try:
-                counts = _score_on_ray(dataset, contract, staging, partitioning, sink.errors, phase, source)
+                counts = _score_on_ray(
+                    dataset, contract, sink.staging, partitioning, sink.errors, phase, source
+                )
             except Exception as error:
                 user_error = _user_error(error)
                 if user_error is not None:
@@ -230,7 +229,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
             phase.add(ScoredWindow(total_rows, items, failed))
             phase.commit()
     finally:
-        staging.remove()
+        sink.remove()
 
 
 def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, source) -> list[dict]:
@@ -265,53 +264,6 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
     for scores in written_scores(staging.path, staging.fs):  # the distribution, read back from the files
         phase.add(ScoredWindow(0, 0, 0, scores=scores))
     return counts
-
-
-@dataclass(frozen=True)
-class _StagedOutput:
-    """A Ray run's sink: the staging directory the write tasks fill, published onto OUTPUT, and the errors."""
-
-    staging: _Staging
-    destination: Target
-    schema: pa.Schema
-    errors: ErrorsSink
-
-    def commit(self) -> int:
-        """Publish OUTPUT and the errors file; the rows left out (--on-error skip)."""
-        self.staging.publish(self.destination, self.schema)
-        self.errors.commit()
-        return self.errors.count
-
-    def abort(self, keep_checkpoints: bool) -> None:
-        self.errors.abort()
-
-
-@dataclass(frozen=True)
-class _Staging:
-    """The hidden directory beside OUTPUT that the write tasks fill, on OUTPUT's filesystem."""
-
-    target: Target  # `.NAME.tmp-…` beside OUTPUT: the next run removes it if this one dies
-
-    @property
-    def fs(self) -> pafs.FileSystem:
-        return self.target.fs
-
-    @property
-    def path(self) -> str:
-        return self.target.path
-
-    @classmethod
-    def beside(cls, destination: Target) -> _Staging:
-        return cls(destination.temp_sibling(directory=True))
-
-    def publish(self, destination: Target, schema: pa.Schema) -> None:
-        """Make the written files OUTPUT in one step (object stores: `_SUCCESS` last)."""
-        pq.write_metadata(schema, f"{self.path}/{COMMON_METADATA}", filesystem=self.fs)
-        destination.replace_with(self.target)
-
-    def remove(self) -> None:
-        """Drop what is left of the staging directory (nothing after a local publish)."""
-        self.target.delete_tree()
 
 
 def _partitioning(contract: OutputContract, partition_by: tuple[str, ...]) -> pa.Schema | None:

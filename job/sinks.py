@@ -7,15 +7,15 @@ import logging
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import PartStore
+from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import (
+    COMMON_METADATA,
     StdoutJsonlWriter,
-    durable_replace,
-    exclusive_temp,
     output_format,
     write_partitioned,
 )
@@ -249,13 +249,13 @@ class PartsSink:
 
 
 class LinesSink:
-    """Response lines of a batch file: to an exclusive temporary file renamed onto the destination, to stdout,
-    or nowhere (a dry run)."""
+    """Response lines of a batch file: to a staging file published onto the destination in one step (a local
+    rename or an object-store upload), to stdout, or nowhere (a dry run)."""
 
-    def __init__(self, destination: Path | None, stdout: bool) -> None:
+    def __init__(self, destination: Target | None, stdout: bool) -> None:
         self.destination = destination
         self.stdout = stdout
-        self.tmp = exclusive_temp(destination) if destination is not None else None
+        self.tmp = destination.staging_file() if destination is not None else None
         self._handle = open(self.tmp, "w", encoding="utf-8") if self.tmp is not None else None
 
     def write(self, lines: list[str]) -> None:
@@ -271,7 +271,7 @@ class LinesSink:
             return
         self._handle.close()
         self._handle = None
-        durable_replace(self.tmp, self.destination)
+        self.destination.publish_file(self.tmp)
         self.tmp = None
 
     def abort(self, keep_checkpoints: bool = False) -> None:
@@ -281,6 +281,30 @@ class LinesSink:
             self._handle = None
         if self.tmp is not None:
             self.tmp.unlink(missing_ok=True)
+
+
+class StagedDirectorySink:
+    """A directory output that other writers fill (a Ray run's write tasks): a hidden staging directory beside
+    OUTPUT on its store, published whole (`_common_metadata`, then `_SUCCESS` last) after the errors file."""
+
+    def __init__(self, destination: Target, schema: pa.Schema, errors: ErrorsSink) -> None:
+        self.destination, self.schema, self.errors = destination, schema, errors
+        self.staging = destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
+
+    def commit(self) -> int:
+        """Publish the errors file, then OUTPUT; the rows left out (--on-error skip)."""
+        self.errors.commit()
+        pq.write_metadata(self.schema, f"{self.staging.path}/{COMMON_METADATA}", filesystem=self.staging.fs)
+        self.destination.replace_with(self.staging)
+        return self.errors.count
+
+    def abort(self, keep_checkpoints: bool) -> None:
+        """Drop the unpublished errors list (the staging directory goes in remove)."""
+        self.errors.abort()
+
+    def remove(self) -> None:
+        """Drop what is left of the staging directory (nothing after a local publish)."""
+        self.staging.delete_tree()
 
 
 def open_sink(config: RunConfig, paths: RunPaths) -> NullSink | StdoutSink | PartsSink:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import sys
@@ -17,6 +18,7 @@ from score_batch.job.config import RunConfig
 
 from score_batch import job
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
+from tests.test_object_stores import keys, s3, s3_server  # noqa: F401 (fixtures)
 
 LABELS = (" to", " the")  # the labels of tests.test_cli.LABEL_FLAGS
 QUERY_A, QUERY_B = "I pledge allegiance", "Tokyo is a city in"
@@ -425,3 +427,35 @@ def _near(line: dict, expected) -> None:
     """A score response's scores within 1e-5 of a plain forward pass (a raw logit, not a probability)."""
     got = np.array([d["score"] for d in _ok(line)["data"]])
     assert np.max(np.abs(got - np.asarray(expected))) <= 1e-5, (got, expected)
+
+
+def test_batch_files_on_an_object_store_and_compressed(qwen3_causal, tmp_path, s3):  # noqa: F811
+    """A batch file read from s3:// (gzip-compressed) and its responses published to s3:// give the lines a
+    local run gives (detected without --input-format; `created` aside)."""
+    client, bucket, storage = s3
+    src = write_batch(tmp_path / "batch.jsonl", REQUESTS)
+    flags = ["--model", qwen3_causal, *LABEL_FLAGS, "--max-item-tokens", "16", *storage]
+    local = run_cli(src, "-o", tmp_path / "out.jsonl", *flags)
+    assert local.returncode == 0, local.stderr
+    gz = gzip.compress(src.read_bytes())
+    client.put_object(Bucket=bucket, Key="in/batch.jsonl.gz", Body=gz, ACL="public-read")  # HTTP reads it too
+    remote = run_cli(f"s3://{bucket}/in/batch.jsonl.gz", "-o", f"s3://{bucket}/out/responses.jsonl", *flags)
+    assert remote.returncode == 0, remote.stderr
+    body = client.get_object(Bucket=bucket, Key="out/responses.jsonl")["Body"].read().decode()
+
+    def without_created(text: str) -> list[dict]:
+        lines = [json.loads(line) for line in text.splitlines()]
+        for line in lines:
+            (line["response"] or {}).get("body", {}) and line["response"]["body"].pop("created", None)
+        return lines
+
+    assert without_created(body) == without_created((tmp_path / "out.jsonl").read_text())
+    assert keys(client, bucket) == ["in/batch.jsonl.gz", "out/responses.jsonl"]  # no lock or staging left
+    again = run_cli(f"s3://{bucket}/in/batch.jsonl.gz", "-o", f"s3://{bucket}/out/responses.jsonl", *flags)
+    assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr
+    endpoint = storage[1].split("=", 1)[
+        1
+    ]  # the same object over plain HTTP(S), as vllm run-batch -i https://
+    fetched = run_cli(f"{endpoint}/{bucket}/in/batch.jsonl.gz", "-o", tmp_path / "http.jsonl", *flags)
+    assert fetched.returncode == 0, fetched.stderr
+    assert without_created((tmp_path / "http.jsonl").read_text()) == without_created(body)
