@@ -100,7 +100,7 @@ def test_pairs_repeated_in_later_windows_are_copied_not_scored(qwen3_causal, tmp
 
 
 def test_scored_pairs_forget_the_oldest_past_their_budget():
-    pairs = ScoredPairs(budget=1000)  # two pairs of 464 bytes
+    pairs = ScoredPairs(budget=1200)  # two pairs of 544 bytes
     table = pa.table(
         {
             "score": [0.1, 0.2, 0.3, None],
