@@ -9,7 +9,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import pyarrow as pa
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
@@ -23,7 +22,7 @@ from score_batch.job.policy import (
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, output_contract
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import REUSED, EarlierScores, ScoredPairs, pair_keys, score_identity
+from score_batch.job.reuse import EarlierScores, ScoredPairs, pair_keys, reused_schema, score_identity
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
 
@@ -84,9 +83,7 @@ def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report:
         contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(
             config.chunked
         )
-        schema = contract.part_schema()
-        values = pa.schema([schema.field(name) for name in REUSED if name in schema.names])
-        earlier = EarlierScores.join(config, checked.source, identity, values)
+        earlier = EarlierScores.join(config, checked.source, identity, reused_schema(contract.part_schema()))
     return WindowTools(planner, identity, earlier, ScoredPairs())
 
 

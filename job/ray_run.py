@@ -15,6 +15,10 @@ whole read on one broken line and type hive partition values by guessing; the lo
 row_index as file order then row order, unifies types over the whole input and turns unreadable
 lines into row errors. Reading units with the same readers keeps row_index, types and errors identical.
 
+--reuse: the driver joins this run's pair keys to the earlier outputs (job/reuse.EarlierScores) and copies
+the joined file beside OUTPUT on its store; each read task attaches its unit's joined values to its rows,
+and the actors copy those whose key they confirm, scoring only the rest.
+
 Writing: each scored block is written by a Ray task as Parquet (hive `col=value/` directories with
 --partition-by, pyarrow's hive flavor as in a local run) into a hidden staging directory beside
 OUTPUT on OUTPUT's filesystem, under a name derived from the block's rows (a retried task rewrites the
@@ -42,6 +46,7 @@ from score_batch.io_formats.readers import (
     read_unit,
     read_units,
 )
+from score_batch.io_formats.target import Target
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
 from score_batch.job.errors_sink import ErrorsSink
@@ -51,10 +56,10 @@ from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, output_contract, preflight
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import pair_keys, score_identity
+from score_batch.job.reuse import EarlierScores, pair_keys, reused_schema, reused_values, score_identity
 from score_batch.job.score_stats import written_scores
 from score_batch.job.sinks import StagedDirectorySink
-from score_batch.job.windows import group_window, output_columns, query_group_key
+from score_batch.job.windows import group_window, output_columns, query_group_key, without
 
 from score_batch.errors import UserError
 
@@ -62,30 +67,54 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
+REUSED_FLAG = (
+    "__reused"  # the actors' extra column: the pair's values came from --reuse (counted, not written)
+)
+FLAG_FIELD = pa.field(REUSED_FLAG, pa.bool_())
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
-    """Read units as plain rows (file position, row group or -1, first row index); the source travels once."""
+    """Read units as plain rows (file position, row group or -1, first row index, the next unit's first row);
+    the source travels once."""
     position = {id(file): index for index, file in enumerate(source.files)}
+    ends = [unit.first_row for unit in units[1:]] + [2**62]
     return [
         {
             "file": position[id(unit.file)],
             "row_group": -1 if unit.row_group is None else unit.row_group,
             "first_row": unit.first_row,
+            "end_row": end,
         }
-        for unit in units
+        for unit, end in zip(units, ends)
     ]
 
 
-def _read_rows(batch: dict, source: InputSource, mapping, types: dict) -> dict:
-    """Ray Data stage: read units (on their own filesystem) → rows keyed by query group (pickled InputRows)."""
+def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: Target | None) -> dict:
+    """Ray Data stage: read units (on their own filesystem) → rows keyed by query group, each pickled with its
+    pairs' joined earlier values (--reuse; reused: the joined file on the output's store)."""
     keys, blobs = [], []
-    for file, group, first in zip(batch["file"], batch["row_group"], batch["first_row"]):
+    for file, group, first, end in zip(
+        batch["file"], batch["row_group"], batch["first_row"], batch["end_row"]
+    ):
         unit = ReadUnit(source, source.files[int(file)], None if group < 0 else int(group), int(first))
+        joined = _joined_rows(reused, int(first), int(end))
         for row in read_unit(unit, mapping, types):
             keys.append(_group_key(row, mapping.layout))
-            blobs.append(pickle.dumps(row))
+            blobs.append(pickle.dumps((row, joined.get(row.index, ()))))
     return {"group": keys, "rows": blobs}
+
+
+def _joined_rows(reused: Target | None, first: int, end: int) -> dict[int, list[dict]]:
+    """The joined earlier values of input rows [first, end), by row index (the file is sorted: the scan reads
+    only the row groups that hold them)."""
+    if reused is None:
+        return {}
+    dataset = ds.dataset(reused.path, filesystem=reused.fs, format="parquet")
+    table = dataset.to_table(filter=(pc.field(ROW_INDEX) >= first) & (pc.field(ROW_INDEX) < end))
+    found: dict[int, list[dict]] = {}
+    for joined in table.to_pylist():
+        found.setdefault(joined[ROW_INDEX], []).append(joined)
+    return found
 
 
 def _group_key(row, layout: str) -> str:
@@ -122,15 +151,26 @@ class ScoreActor:
         self.identity = score_identity(config, self.scorer.setup)  # as this actor resolved the device
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = sorted(
-            (row for blob in batch.column("rows").to_pylist() for row in pickle.loads(blob)),
-            key=lambda row: row.index,
+        """Part rows of the batch's groups, with a REUSED_FLAG column (the pair's values came from --reuse)."""
+        entries = sorted(
+            (entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)),
+            key=lambda entry: entry[0].index,
         )
-        grouped = group_window(rows)
-        results = self.scorer.score(grouped.groups)
-        contract = self.contract
-        columns = output_columns(rows, grouped, results, contract, pair_keys(rows, self.identity))
-        return contract.part_table(columns)
+        rows = [row for row, _ in entries]
+        keys = pair_keys(rows, self.identity)
+        reused = {}
+        for number, (_, joined_rows) in enumerate(entries):
+            for joined in joined_rows:
+                values = reused_values(joined, keys[number])
+                if values is not None:
+                    reused[(number, joined["item_pos"])] = values
+        todo = without(group_window(rows), reused)
+        results = self.scorer.score(todo.groups)
+        part = self.contract.part_table(output_columns(rows, todo, results, self.contract, keys, reused))
+        flags = [
+            (number, item) in reused for number, row in enumerate(rows) for item in range(len(row.item_ids))
+        ]
+        return part.append_column(REUSED_FLAG, pa.array(flags, pa.bool_()))
 
 
 def check_ray_run(config: RunConfig) -> None:
@@ -143,8 +183,6 @@ def check_ray_run(config: RunConfig) -> None:
         raise InputError("--resume is for local runs; a Ray run retries failed work itself")
     if config.dry_run:
         raise InputError("--dry-run plans on this machine; run it without --ray")
-    if config.reuse:
-        raise InputError("--reuse runs locally for now; run it without --ray")
 
 
 def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:
@@ -172,7 +210,6 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
         config.chunked
     )  # + the chunks column
     partitioning = _partitioning(contract, config.partition_by)
-    total_rows = source.total_rows() or 0
 
     if not ray.is_initialized():
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages
@@ -190,10 +227,24 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     if gpus is None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 and config.engine.device != "cpu" else 0
 
+    reused = _joined_on_store(config, source, destination, contract, gpus) if config.reuse else None
+    try:
+        _run_dataset(config, checked, report, options, units, contract, partitioning, gpus, reused)
+    finally:
+        if reused is not None:
+            reused.parent.delete_tree()
+
+
+def _run_dataset(config, checked, report, options, units, contract, partitioning, gpus, reused) -> None:
+    """Build and run the Ray Data pipeline; publish through the sink (see run_ray)."""
+    import ray
+
+    source, mapping, types = checked.source, checked.mapping, checked.types
+    total_rows = source.total_rows() or 0
     dataset = ray.data.from_items(_unit_rows(units, source), override_num_blocks=len(units))
     dataset = dataset.map_batches(
         _read_rows,
-        fn_args=(source, mapping, types),
+        fn_args=(source, mapping, types, reused),
         batch_size=1,
         num_cpus=LIGHT_CPUS,
     )
@@ -213,7 +264,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
         num_cpus=options.cpus_per_worker,
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
-    sink = StagedDirectorySink(destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
+    sink = StagedDirectorySink(checked.destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
     try:
         with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
             try:
@@ -226,7 +277,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
                     raise user_error from None
                 raise
             items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
-            phase.add(ScoredWindow(total_rows, items, failed))
+            phase.add(ScoredWindow(total_rows, items, failed, reused=sum(c["reused"] for c in counts)))
             phase.commit()
     finally:
         sink.remove()
@@ -246,10 +297,11 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
         if not contract.ranked:  # ranked runs list them with their query's generated id
             errors.write(failed)
     if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
-        tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().empty_table()]
-        rows = pa.concat_tables([t.cast(contract.part_schema()) for t in tables]).sort_by(ROW_INDEX)
+        tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().append(FLAG_FIELD).empty_table()]
+        rows = pa.concat_tables([t.cast(contract.part_schema().append(FLAG_FIELD)) for t in tables])
+        rows = rows.sort_by(ROW_INDEX)
         phase.add(ScoredWindow(0, 0, 0, scores=rows["score"]))  # the distribution before --top-k
-        ranked, failed = rank_parts([rows], contract)
+        ranked, failed = rank_parts([rows.drop_columns([REUSED_FLAG])], contract)
         errors.write(failed)
         ranked = contract.ray_view(ranked)
         _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
@@ -264,6 +316,37 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
     for scores in written_scores(staging.path, staging.fs):  # the distribution, read back from the files
         phase.add(ScoredWindow(0, 0, 0, scores=scores))
     return counts
+
+
+def _joined_on_store(config: RunConfig, source: InputSource, destination: Target, contract, gpus) -> Target:
+    """--reuse: this run's keys joined to the earlier outputs (job/reuse.EarlierScores, on this machine, keyed
+    with the score identity an actor resolves) and copied into a hidden directory beside OUTPUT, on its store,
+    where every read task can reach it."""
+    import ray
+
+    task = ray.remote(_actor_identity).options(num_cpus=LIGHT_CPUS, num_gpus=gpus)
+    try:  # the device, dtype and ops an actor resolves may differ from this machine's
+        identity = ray.get(task.remote(config))
+    except Exception as error:
+        raise (_user_error(error) or error) from None
+    earlier = EarlierScores.join(config, source, identity, reused_schema(contract.part_schema()))
+    directory = destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
+    try:
+        joined = directory.child("reused.parquet")
+        pafs.copy_files(str(earlier.joined), joined.path, destination_filesystem=joined.fs)
+    except BaseException:
+        directory.delete_tree()
+        raise
+    finally:
+        earlier.close()
+    log.info("--reuse: %d pairs found; the actors read them from %s", earlier.matched, directory)
+    return joined
+
+
+def _actor_identity(config: RunConfig) -> bytes:
+    """Ray task: the score identity as an actor with the actors' resources resolves it (no weights loaded)."""
+    _, setup = load_planner(config.model_dir, config.engine)
+    return score_identity(config, setup)
 
 
 def _partitioning(contract: OutputContract, partition_by: tuple[str, ...]) -> pa.Schema | None:
@@ -320,9 +403,10 @@ def _write_files(
 
 
 def _counts(part: pa.Table) -> pa.Table:
-    """A scored block's items and failed items (as a local run counts them, before --on-error skip)."""
+    """A scored block's items, failed items (as a local run counts them, before --on-error skip) and reused."""
     failed = part.num_rows - part[ERROR].null_count
-    return pa.table({"items": [part.num_rows], "failed": [failed]})
+    reused = pc.sum(part[REUSED_FLAG]).as_py() or 0
+    return pa.table({"items": [part.num_rows], "failed": [failed], "reused": [reused]})
 
 
 def _user_error(error: BaseException) -> UserError | None:

@@ -97,6 +97,7 @@ class EarlierScores:
 
     def __init__(self, directory: Path, joined: Path, matched: int) -> None:
         self.directory = directory
+        self.joined = joined  # (row_index, item_pos, score_key, values…) sorted by row_index, item_pos
         self.matched = matched  # pairs of this run found in an earlier output
         self._batches = pq.ParquetFile(joined).iter_batches(batch_size=KEY_ROWS)
         self._rows: list[dict] = []
@@ -142,14 +143,28 @@ class EarlierScores:
                 return found
             self._next += 1
             number = position.get(row["row_index"])
-            item = row["item_pos"]
-            if number is not None and item < len(keys[number]) and keys[number][item] == row[SCORE_KEY]:
-                found[(number, item)] = {name: row[name] for name in REUSED if name in row}
+            values = None if number is None else reused_values(row, keys[number])
+            if values is not None:
+                found[(number, row["item_pos"])] = values
 
     def close(self) -> None:
         """Remove the temporary files."""
         self._batches.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def reused_schema(part_schema: pa.Schema) -> pa.Schema:
+    """The reused columns (REUSED) a run's output has, with their types there."""
+    return pa.schema([part_schema.field(name) for name in REUSED if name in part_schema.names])
+
+
+def reused_values(joined: dict, keys: list[str | None]) -> dict | None:
+    """A joined row's values ({score, scores, …}) when its pair's key is still the joined one (keys: the pair
+    keys of the input row it names, as read now); None when the row changed since the key pass."""
+    item = joined["item_pos"]
+    if item < len(keys) and keys[item] == joined[SCORE_KEY]:
+        return {name: joined[name] for name in REUSED if name in joined}
+    return None
 
 
 class ScoredPairs:

@@ -16,7 +16,7 @@ from score_batch.job.reuse import pair_keys
 
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows, start_cli, wait_for_parts
-from tests.test_object_stores import get_table, s3, s3_server  # noqa: F401 (fixtures)
+from tests.test_object_stores import get_table, keys, s3, s3_server  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 VALUES = ("score", "scores")
@@ -306,3 +306,58 @@ def test_the_temporary_files_of_a_killed_run_are_removed_by_the_next(tmp_path, m
         (directory / "keys.parquet").write_bytes(b"x")
     reuse._remove_stale_directories()
     assert not dead.exists() and mine.exists()
+
+
+@pytest.mark.parametrize(
+    "ranked, store", [(False, False), (True, False), (False, True)], ids=["plain", "top-k", "s3"]
+)
+def test_a_ray_run_reuses_like_a_local_run(qwen3_causal, tmp_path, ranked, store, request):
+    """--ray --reuse: the read tasks carry the joined values to the actors (from beside OUTPUT: a local
+    directory or an object store); reused rows are yesterday's bits, the others a local run's scores;
+    rankings are made over both (and equal the local run's)."""
+    pytest.importorskip("ray")
+    ranking = ["--top-k", "3"] if ranked else []
+    storage, output = [], tmp_path / "ray"
+    if store:
+        client, bucket, storage = request.getfixturevalue("s3")
+        output = f"s3://{bucket}/ray"
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal, *ranking, *storage)
+    local, local_report, report = (
+        tmp_path / "local.parquet",
+        tmp_path / "local.json",
+        tmp_path / "report.json",
+    )
+    ran = run_cli(today, *base, "-o", local, "--reuse", yesterday, "--report", local_report)
+    assert ran.returncode == 0, ran.stderr
+    ran = run_cli(
+        today, *base, "-o", output, "--ray", "--num-workers", "1", "--reuse", yesterday,
+        "--report", report, "-q", fresh_process=True,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    reused = json.loads(report.read_text())["reused"]
+    assert reused == json.loads(local_report.read_text())["reused"] == (24 * 3 if ranked else 120)
+    if store:  # everything under the output's prefix is the published output: no joined file left
+        assert all(key.startswith("ray/") for key in keys(client, bucket))
+        for key in keys(client, bucket, "ray/part-"):
+            (tmp_path / "ray").mkdir(exist_ok=True)
+            (tmp_path / "ray" / key[4:]).write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    got = pq.read_table(tmp_path / "ray").sort_by("row_index").drop_columns(["row_index"])
+    expected = pq.read_table(local)
+    assert sorted(got.column_names) == sorted(expected.column_names)  # score_key included
+    if ranked:  # the same items ranked the same (a ranked output is in rank order, Ray's in row order)
+        ranks = [dict(zip(t["item_id"].to_pylist(), t["rank"].to_pylist())) for t in (got, expected)]
+        assert ranks[0] == ranks[1]
+    else:
+        assert got.column("item_id").to_pylist() == expected.column("item_id").to_pylist()
+    earlier, reference = by_item(pq.read_table(yesterday)), by_item(expected)
+    copied = 0
+    for item_id, values in by_item(got).items():
+        if item_id in earlier:  # reused: yesterday's bits
+            assert np.float32(values[0]).tobytes() == np.float32(earlier[item_id][0]).tobytes()
+            copied += 1
+        else:
+            np.testing.assert_allclose(values[0], reference[item_id][0], atol=1e-5)
+    assert copied == reused or (ranked and 0 < copied < reused)  # --top-k keeps some reused pairs out
+    assert not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".")
+    ]  # the joined file's directory is gone
