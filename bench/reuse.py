@@ -1,4 +1,5 @@
-"""A nightly rerun where most pairs are unchanged: --reuse of yesterday's output against a full run.
+"""A nightly rerun where most pairs are unchanged: --reuse of yesterday's output against a full run; and
+a run whose every pair comes twice (the repeats in later windows) against the same pairs once.
 
     python bench/reuse.py [--queries 150] [--items 20] [--unchanged 0.8] [--repeats 2]
 
@@ -8,7 +9,10 @@ those pairs (shuffled) and adds new ones up to the same size. In alternating rou
 today's input is scored in full and with --reuse of yesterday's output, through score_batch.job.run (the
 CLI's run loop). Printed: seconds scoring and in total (the reuse run's key pass and join are in its
 load time), their ratios (goal: scoring under 0.35× the full run's at 80% unchanged), reused pairs, and
-the checks: reused rows bit for bit yesterday's, new rows within 1e-5 of the full run.
+the checks: reused rows bit for bit yesterday's, new rows within 1e-5 of the full run. Then today's input
+followed by the same pairs under new ids, in windows of 500 rows (so every repeat is in a later window than
+its first), against today's input once in the same windows: the ratio of scoring seconds (goal: about 1,
+repeats are copied, not scored) and whether every repeat holds its first copy's bits.
 """
 
 from __future__ import annotations
@@ -45,9 +49,17 @@ def write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def score(model_dir: Path, data: Path, out: Path, threads: int, reuse: tuple[str, ...] = ()):
+def score(
+    model_dir: Path,
+    data: Path,
+    out: Path,
+    threads: int,
+    reuse: tuple[str, ...] = (),
+    window_rows: int = 10_000,
+):
     """One run through the job's run loop; its report."""
     config = RunConfig(
+        window_rows=window_rows,
         input=str(data),
         output=str(out),
         model_dir=model_dir,
@@ -115,6 +127,22 @@ def main() -> None:
                     new_diff, float(np.abs(np.subtract(row["scores"], full[row["item_id"]]["scores"])).max())
                 )
 
+        doubled_rows = today_rows + [{**row, "item_id": f"again-{row['item_id']}"} for row in today_rows]
+        doubled = write(tmp / "doubled.jsonl", doubled_rows)
+        twice: dict[str, float] = {}
+        for round_ in range(args.repeats):
+            for name, data in (("once", today), ("twice", doubled)):
+                report = score(
+                    model_dir, data, tmp / f"{name}-{round_}.parquet", args.threads, window_rows=500
+                )
+                twice[name] = min(twice.get(name, float("inf")), report.seconds_scoring)
+                copies = report.duplicates
+        scores = np.asarray(pq.read_table(tmp / f"twice-{args.repeats - 1}.parquet")["scores"].to_pylist())
+        half = len(today_rows)
+        repeats_bitwise = (
+            scores[:half].astype(np.float32).tobytes() == scores[half:].astype(np.float32).tobytes()
+        )
+
     print(machine())
     print(f"{len(today_rows)} pairs today, {kept} of them scored yesterday ({args.unchanged:.0%})")
     for name, figures in best.items():
@@ -127,6 +155,11 @@ def main() -> None:
         f"total {best['reuse']['total'] / best['full']['total']:.2f}x (goal: scoring < 0.35x)"
     )
     print(f"reused rows bit for bit yesterday's: {bitwise}; new rows max |diff| vs full run {new_diff:.1e}")
+    print(
+        f"every pair twice ({2 * half} rows, windows of 500): scoring {twice['twice']:.3f} s vs once "
+        f"{twice['once']:.3f} s = {twice['twice'] / twice['once']:.2f}x; {copies} repeats copied, "
+        f"bit for bit their first copy: {repeats_bitwise}"
+    )
 
 
 if __name__ == "__main__":
