@@ -42,7 +42,9 @@ class Location:
 
     @property
     def name(self) -> str:
-        return posixpath.basename(self.path.rstrip("/"))
+        """The last path segment (a URL's without its query: a presigned URL is named by its path)."""
+        path = urllib.parse.urlsplit(self.path).path if self.scheme == HTTP else self.path
+        return posixpath.basename(path.rstrip("/"))
 
     def local_path(self) -> Path:
         """The local path (local locations only)."""

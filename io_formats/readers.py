@@ -166,7 +166,7 @@ def reader(source: InputSource) -> TableReader:
 
 def input_format(source: InputSource, requested: RequestedFormat = "auto") -> InputFormat:
     """What the input holds: `table` → its files' format; `openai-batch` → batch requests; `auto` → batch
-    requests when the input is one local file, or stdin, whose first non-blank line is a request."""
+    requests when the input is one file (local or a URI), or stdin, whose first non-blank line is a request."""
     if requested == "openai-batch":
         return InputFormat.OPENAI_BATCH
     if requested == "auto" and _sniff_batch(source):

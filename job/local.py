@@ -140,6 +140,7 @@ def _score_windows(
                 todo, plan = without(todo, late), None
             plan = plan or planner.plan(todo.groups)
             copies = window.copies | late
+            phase.advance(len(window.reused) + len(copies))  # copied pairs are done already
             results = score_plan(scorer, plan, phase, pooled_dim)
             columns = output_columns(rows, todo, results, contract, window.keys, window.reused | copies)
             part = contract.part_table(columns)

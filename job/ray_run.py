@@ -48,7 +48,7 @@ from score_batch.io_formats.readers import (
 )
 from score_batch.io_formats.target import Target
 from score_batch.job.config import RayOptions, RunConfig
-from score_batch.job.contract import ERROR, ROW_INDEX, OutputContract
+from score_batch.job.contract import ERROR, REUSED_FLAG, ROW_INDEX, OutputContract
 from score_batch.job.errors_sink import ErrorsSink
 from score_batch.job.malloc import tune_malloc
 from score_batch.job.phase import ScoredWindow, ScoringPhase
@@ -67,9 +67,6 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
-REUSED_FLAG = (
-    "__reused"  # the actors' extra column: the pair's values came from --reuse (counted, not written)
-)
 FLAG_FIELD = pa.field(REUSED_FLAG, pa.bool_())
 
 
@@ -328,7 +325,10 @@ def _joined_on_store(config: RunConfig, source: InputSource, destination: Target
     try:  # the device, dtype and ops an actor resolves may differ from this machine's
         identity = ray.get(task.remote(config))
     except Exception as error:
-        raise (_user_error(error) or error) from None
+        user_error = _user_error(error)
+        if user_error is not None:
+            raise user_error from None
+        raise
     earlier = EarlierScores.join(config, source, identity, reused_schema(contract.part_schema()))
     directory = destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
     try:

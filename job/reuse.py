@@ -185,6 +185,8 @@ class ScoredPairs:
         if kept.num_rows == 0:
             return
         names = [name for name in REUSED if name in kept.schema.names]
+        fits = self.budget // _held_bytes(kept.select(names).slice(0, 1).to_pylist()[0])
+        kept = kept.slice(max(0, kept.num_rows - fits))  # only the newest that fit become Python objects
         keys, rows = kept[SCORE_KEY].to_pylist(), kept.select(names).to_pylist()
         with self._lock:
             for key, values in zip(keys, rows):

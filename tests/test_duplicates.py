@@ -114,6 +114,9 @@ def test_scored_pairs_forget_the_oldest_past_their_budget():
     found = pairs.take(grouped, [["a", "b", "c"]])
     assert found == {(0, 1): {"score": 0.2, "scores": [0.2]}, (0, 2): {"score": 0.3, "scores": [0.3]}}
     assert pairs.take(grouped, [["d", "d", "d"]]) == {}
+    too_big = ScoredPairs(budget=500)  # one pair costs 544 bytes: none is held (nor converted)
+    too_big.add(table)
+    assert too_big.take(grouped, [["a", "b", "c"]]) == {}
 
 
 @pytest.mark.slow

@@ -459,3 +459,14 @@ def test_batch_files_on_an_object_store_and_compressed(qwen3_causal, tmp_path, s
     fetched = run_cli(f"{endpoint}/{bucket}/in/batch.jsonl.gz", "-o", tmp_path / "http.jsonl", *flags)
     assert fetched.returncode == 0, fetched.stderr
     assert without_created((tmp_path / "http.jsonl").read_text()) == without_created(body)
+
+
+def test_a_presigned_url_is_named_by_its_path():
+    from score_batch.io_formats.listing import file_format
+    from score_batch.io_formats.locations import parse_location
+
+    location = parse_location(
+        "https://bucket.example.com/in/batch.jsonl.gz?X-Amz-Signature=abc&X-Amz-Expires=60"
+    )
+    assert location.name == "batch.jsonl.gz" and "abc" not in location.uri
+    assert file_format(location.name) is not None

@@ -54,7 +54,18 @@ def test_wrong_column_name_exits_2_without_loading_the_model(qwen3_causal, tmp_p
 
 
 @pytest.mark.parametrize(
-    "name", ["rank", "query_id", "item_id", "score", "scores", "pooled_hidden_state", "error", "row_index"]
+    "name",
+    [
+        "rank",
+        "query_id",
+        "item_id",
+        "score",
+        "scores",
+        "pooled_hidden_state",
+        "error",
+        "row_index",
+        "__reused",
+    ],
 )
 def test_every_reserved_output_name_exits_2_before_any_model_load(
     qwen3_causal, tmp_path, no_model_load, name
