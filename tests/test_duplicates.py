@@ -138,3 +138,57 @@ def test_after_resume_repeats_of_checkpointed_pairs_are_copied(qwen3_causal, tmp
     assert table.equals(pq.read_table(reference))
     scores = np.asarray(table["score"].to_pylist(), np.float32)
     assert scores[:60].tobytes() == scores[60:].tobytes()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--truncate", "chunk", "--max-item-tokens", "9", "--chunk-overlap", "2"],
+        ["--pooled-hidden-states"],
+        ["--rank"],
+        ["--on-error", "skip"],
+    ],
+    ids=["chunk", "pooled", "rank", "skip"],
+)
+def test_copies_across_windows_agree_with_one_window(qwen3_causal, tmp_path, flags):
+    """Windows of 3 rows (repeats copied from earlier windows) against one window (repeats deduped by the
+    engine): the same rows and values within 1e-5, every repeat's values the bits of its first copy, and
+    (outside chunking, where the engine counts windows) the same duplicates count."""
+    unique = [
+        {"query": f"query {q} about Tokyo", "item": f" item {i} of the city" + " far" * (4 * i)}
+        for q in range(3)
+        for i in range(3)
+    ]
+    rows = [dict(row, item_id=f"{k}") for k, row in enumerate(unique + unique[::-1] + unique[:4])]
+    rows[5]["item"] = None  # an unreadable row: it is never a copy, nor copied
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    errors = [] if "--on-error" in flags else ["--on-error", "record"]
+    base = [src, "--model", qwen3_causal, *LABEL_FLAGS, *errors, *flags]
+    outputs, reports = [], []
+    for window_rows in (3, 1000):
+        out, report = tmp_path / f"o{window_rows}.parquet", tmp_path / f"r{window_rows}.json"
+        ran = run_cli(*base, "-o", out, "--window-rows", window_rows, "--report", report)
+        assert ran.returncode == 0, ran.stderr
+        outputs.append(pq.read_table(out).sort_by("item_id"))
+        reports.append(json.loads(report.read_text()))
+    windows, one = outputs
+    assert windows.column_names == one.column_names and windows.num_rows == one.num_rows
+    names = [n for n in ("score", "scores", "chunks", "pooled_hidden_state", "rank") if n in one.column_names]
+    assert windows["item_id"].to_pylist() == one["item_id"].to_pylist()
+    for name in names:
+        got, want = windows[name].to_pylist(), one[name].to_pylist()
+        assert [v is None for v in got] == [v is None for v in want], name
+        for a, b in zip(got, want):
+            if a is not None:
+                np.testing.assert_allclose(a, b, atol=1e-5)
+    first: dict = {}
+    for row in windows.to_pylist():
+        source = rows[int(row["item_id"])]
+        if row["score"] is None:
+            continue
+        key = (source["query"], source["item"])
+        values = tuple(np.asarray(row[n], np.float32).tobytes() for n in names if n != "rank")
+        assert first.setdefault(key, values) == values  # a repeat holds its first copy's bits
+    if "chunk" not in flags:
+        assert reports[0]["duplicates"] == reports[1]["duplicates"] > 0
