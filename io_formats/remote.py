@@ -1,9 +1,11 @@
 """Writing to object stores, which have no rename: one-step publishing, conditional create, leftovers.
 
-- A finished local file is published by uploading it under a hidden temporary key beside the
-  destination (`.NAME.tmp-…`) and then copying it server-side onto the destination key (S3 CopyObject,
-  GCS rewrite): readers see either the old object or the whole new one, never a partial upload, even
-  when the upload itself is cut off. (S3 copies one object of at most 5 GB this way.)
+- A finished local file is published in one step: readers see either the old object or the whole new
+  one, never a partial upload, even when the upload itself is cut off. On S3 with boto3 it is one managed
+  upload to the key itself (a multipart upload above 8 MB, which S3 makes visible only when it completes;
+  any size up to S3's 5 TB); elsewhere, or without boto3, it is uploaded under a hidden temporary key
+  beside the destination (`.NAME.tmp-…`) and copied server-side onto it (GCS rewrite; S3 CopyObject,
+  which copies at most 5 GB).
 - `create_exclusive` writes an object only if none exists: on S3 with boto3's `put_object(IfNoneMatch="*")`
   (a conditional write every current S3 API honours); elsewhere, or without boto3, it checks then
   writes, which holds only under a single-writer rule (documented in the README).
@@ -37,8 +39,23 @@ def temp_sibling(destination: Location) -> Location:
     return parent.child(f".{destination.name}.tmp-{secrets.token_hex(8)}")
 
 
-def upload(local: Path, destination: Location) -> None:
-    """Publish a finished local file at destination in one step (temporary key, then server-side copy)."""
+def upload(local: Path, destination: Location, options: tuple[tuple[str, str], ...] = ()) -> None:
+    """Publish a finished local file at destination in one step (see the module docstring)."""
+    client = (
+        _s3_client(options, "S3 outputs are copied into place (at most 5 GB)")
+        if destination.scheme == S3
+        else None
+    )
+    if client is not None:
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, _, key = destination.path.partition("/")
+        try:
+            client.upload_file(str(local), bucket, key)  # s3transfer aborts a multipart upload that fails
+        except (S3UploadFailedError, BotoCoreError, ClientError) as error:
+            raise OSError(f"{destination.uri}: the upload failed: {error}") from None
+        return
     tmp = temp_sibling(destination)
     try:
         with open(local, "rb") as source, tmp.fs.open_output_stream(tmp.path, compression=None) as out:
@@ -125,7 +142,7 @@ def delete_dir(location: Location) -> None:
 def create_exclusive(location: Location, data: bytes, options: tuple[tuple[str, str], ...]) -> bool:
     """Create the object only if it does not exist; False when it does. See the module docstring."""
     if location.scheme == S3:
-        client = _s3_client(options)
+        client = _s3_client(options, "the S3 output lock is check-then-write (single-writer rule)")
         if client is not None:
             from botocore.exceptions import ClientError
 
@@ -144,11 +161,12 @@ def create_exclusive(location: Location, data: bytes, options: tuple[tuple[str, 
     return True
 
 
-def _s3_client(options: tuple[tuple[str, str], ...]):
-    """A boto3 S3 client with the same endpoint and region (credentials: boto3's standard chain), or None."""
+def _s3_client(options: tuple[tuple[str, str], ...], without: str):
+    """A boto3 S3 client with the same endpoint and region (credentials: boto3's standard chain), or None
+    (logged with `without`: what a run does without boto3)."""
     try:
         import boto3
     except ImportError:
-        log.warning("boto3 is not installed: the S3 output lock is check-then-write (single-writer rule)")
+        log.warning("boto3 is not installed: %s", without)
         return None
     return boto3.client("s3", **s3_client_kwargs(options))  # the endpoint resolved as for the data path

@@ -347,7 +347,7 @@ class ObjectTarget(Target):
 
     def publish_file(self, local: Path) -> None:
         try:
-            remote.upload(local, self.location)
+            remote.upload(local, self.location, self.options)
         finally:
             local.unlink(missing_ok=True)
 

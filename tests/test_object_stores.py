@@ -404,3 +404,22 @@ def test_endpoint_resolution_order(s3, monkeypatch, tmp_path, qwen3_causal):
         "--storage-option", f"endpoint_override={closed}", "--storage-option", "connect_timeout=1",
     )  # fmt: skip
     assert refused.returncode == 3  # the option (a closed port) beat both variables
+
+
+@pytest.mark.parametrize("boto3_installed", [True, False], ids=["managed-upload", "copy-into-place"])
+def test_a_file_is_published_whole_past_the_multipart_threshold(s3, tmp_path, monkeypatch, boto3_installed):
+    """A 20 MB output (boto3 uploads it in parts, which S3 shows only once complete) lands whole at its key,
+    the local file consumed and no temporary key left; without boto3 the copy-into-place path does the same."""
+    from score_batch.io_formats import remote
+    from score_batch.io_formats.locations import parse_storage_options
+    from score_batch.io_formats.target import target
+
+    client, bucket, options = s3
+    if not boto3_installed:
+        monkeypatch.setattr(remote, "_s3_client", lambda options, without: None)
+    data = os.urandom(20 << 20)
+    local = tmp_path / "out.parquet"
+    local.write_bytes(data)
+    target(f"s3://{bucket}/out/scores.parquet", parse_storage_options([options[1]])).publish_file(local)
+    assert client.get_object(Bucket=bucket, Key="out/scores.parquet")["Body"].read() == data
+    assert keys(client, bucket) == ["out/scores.parquet"] and not local.exists()
