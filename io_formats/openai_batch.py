@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from score_batch.io_formats.errors import InputError, is_environment
 from score_batch.io_formats.listing import InputFile
 
 STDIN = "-"
@@ -144,8 +145,17 @@ def _nonblank_lines(path: str | Path | InputFile) -> Iterator[tuple[int, bytes]]
     if str(path) == STDIN:
         yield from _numbered(sys.stdin.buffer)
         return
-    with _open_binary(path) as handle:
-        yield from _numbered(handle)
+    try:
+        with _open_binary(path) as handle:
+            yield from _numbered(handle)
+    except FileNotFoundError:
+        raise InputError(f"{path}: the file is gone (removed while the run started?)") from None
+    except (
+        OSError
+    ) as error:  # a damaged compressed file reads as a bad input, the machine's refusal as itself
+        if is_environment(error):
+            raise
+        raise InputError(f"{path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
 
 
 def _open_binary(path: str | Path | InputFile) -> BinaryIO:

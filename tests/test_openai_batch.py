@@ -470,3 +470,14 @@ def test_a_presigned_url_is_named_by_its_path():
     )
     assert location.name == "batch.jsonl.gz" and "abc" not in location.uri
     assert file_format(location.name) is not None
+
+
+def test_a_damaged_compressed_batch_file_is_a_one_line_error(qwen3_causal, tmp_path):
+    good = gzip.compress(write_batch(tmp_path / "batch.jsonl", REQUESTS).read_bytes())
+    damaged = tmp_path / "damaged.jsonl.gz"
+    damaged.write_bytes(good[: len(good) // 2])  # cut off midway: the first lines read, then the stream ends
+    out = tmp_path / "out.jsonl"
+    ran = run_cli(damaged, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, "--input-format", "openai-batch")
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    assert "damaged.jsonl.gz: cannot read" in ran.stderr and not out.exists()
+    assert not list(tmp_path.glob(".out.jsonl*"))  # no temporary file left beside the output
