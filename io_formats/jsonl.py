@@ -203,32 +203,37 @@ class JsonlReader:
 
     def _lines(self, index: int) -> Iterator[bytes]:
         """The raw lines of the index-th file, decompressed by its suffix."""
-        file = self.files[index]
-        try:
-            stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
-        except FileNotFoundError:
-            raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
-        except OSError as error:
-            if is_environment(error):
-                raise
-            raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
-        with stream:
-            rest = b""
-            while True:
-                try:
-                    chunk = stream.read(READ_CHUNK)
-                except READ_ERRORS as error:
-                    if is_environment(error):
-                        raise
-                    raise InputError(f"{file}: cannot read ({error})") from None
-                if not chunk:
-                    break
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()
-                for line in lines:
-                    yield line + b"\n"
-            if rest:
-                yield rest
+        return file_lines(self.files[index])
+
+
+def file_lines(file: InputFile) -> Iterator[bytes]:
+    """The raw lines of one input file on its store, decompressed by its suffix; a damaged or vanished file is
+    an InputError, the machine's refusal an OSError."""
+    try:
+        stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
+    except FileNotFoundError:
+        raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
+    except OSError as error:
+        if is_environment(error):
+            raise
+        raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    with stream:
+        rest = b""
+        while True:
+            try:
+                chunk = stream.read(READ_CHUNK)
+            except READ_ERRORS as error:
+                if is_environment(error):
+                    raise
+                raise InputError(f"{file}: cannot read ({error})") from None
+            if not chunk:
+                break
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                yield line + b"\n"
+        if rest:
+            yield rest
 
 
 class StdinReader(JsonlReader):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from score_batch.io_formats.errors import InputError, is_environment
+from score_batch.io_formats.jsonl import file_lines
 from score_batch.io_formats.listing import InputFile
 
 STDIN = "-"
@@ -144,22 +144,16 @@ def _nonblank_lines(path: str | Path | InputFile) -> Iterator[tuple[int, bytes]]
     """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
     if str(path) == STDIN:
         yield from _numbered(sys.stdin.buffer)
-        return
-    try:
-        with _open_binary(path) as handle:
+    elif isinstance(path, InputFile):  # read as the table reader reads a JSONL file (codec, errors)
+        yield from _numbered(file_lines(path))
+    else:
+        with open(path, "rb") as handle:
             yield from _numbered(handle)
-    except FileNotFoundError:
-        raise InputError(f"{path}: the file is gone (removed while the run started?)") from None
-    except (
-        OSError
-    ) as error:  # a damaged compressed file reads as a bad input, the machine's refusal as itself
-        if is_environment(error):
-            raise
-        raise InputError(f"{path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
 
 
 def _open_binary(path: str | Path | InputFile) -> BinaryIO:
-    """A local file, or a listed input file read through its store's filesystem (decompressed by suffix)."""
+    """A local file, or a listed input file through its store's filesystem (decompressed by suffix), for
+    looks_like_openai_batch's bounded readline."""
     if isinstance(path, InputFile):
         location = path.location
         return io.BufferedReader(location.fs.open_input_stream(location.path, compression=path.compression))

@@ -14,13 +14,14 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import completion_fingerprint
 from score_batch.job.config import RunConfig, model_identity
+from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
 from score_batch.job.policy import (
     KEEP_GOING,
     enforce_fail,
 )
 from score_batch.job.prefetch import Prefetch
-from score_batch.job.preflight import Checked, output_contract
+from score_batch.job.preflight import Checked, run_contract
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, pair_keys, reused_schema, score_identity
 from score_batch.job.sinks import open_sink
@@ -66,9 +67,11 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
 
 @dataclass(frozen=True)
 class WindowTools:
-    """What the worker needs to make a window ready: the planner, the score identity, earlier scores."""
+    """What the worker needs to make a window ready (and the loop to write it): the planner, the output contract,
+    the score identity, earlier scores, this run's written pairs."""
 
     planner: Planner
+    contract: OutputContract  # the run's output (job/preflight.run_contract)
     identity: bytes  # job/reuse.score_identity: the key of every pair's score key
     earlier: EarlierScores | None  # --reuse: the earlier outputs' values for this run's pairs
     pairs: ScoredPairs  # the values of pairs written by earlier windows of this run
@@ -76,15 +79,11 @@ class WindowTools:
 
 def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report: RunReport) -> WindowTools:
     """The worker's tools once the tokenizer is there; under --reuse the earlier outputs are joined first."""
-    identity = score_identity(config, setup)
+    identity, contract = score_identity(config, setup), run_contract(config, checked, setup)
     earlier = None
     if config.reuse:
-        pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-        contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(
-            config.chunked
-        )
         earlier = EarlierScores.join(config, checked.source, identity, reused_schema(contract.part_schema()))
-    return WindowTools(planner, identity, earlier, ScoredPairs())
+    return WindowTools(planner, contract, identity, earlier, ScoredPairs())
 
 
 def _preparer(
@@ -112,10 +111,8 @@ def _score_windows(
 ) -> None:
     """Score the prefetched windows into the sink and publish (see run_local)."""
     source = checked.source
-    scorer, planner, setup = engine
-    pairs = ready.result().pairs
-    pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    contract = output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(config.chunked)
+    scorer, planner, _ = engine
+    contract, pairs = ready.result().contract, ready.result().pairs
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
     total = source.total_rows() if mapping.layout == "long" else None
     windows_read = 0
@@ -141,7 +138,7 @@ def _score_windows(
             plan = plan or planner.plan(todo.groups)
             copies = window.copies | late
             phase.advance(len(window.reused) + len(copies))  # copied pairs are done already
-            results = score_plan(scorer, plan, phase, pooled_dim)
+            results = score_plan(scorer, plan, phase, contract.pooled_dim)
             columns = output_columns(rows, todo, results, contract, window.keys, window.reused | copies)
             part = contract.part_table(columns)
             failed = part.num_rows - part["error"].null_count

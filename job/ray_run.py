@@ -53,7 +53,7 @@ from score_batch.job.errors_sink import ErrorsSink
 from score_batch.job.malloc import tune_malloc
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
-from score_batch.job.preflight import Checked, output_contract, preflight
+from score_batch.job.preflight import Checked, preflight, run_contract
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, pair_keys, reused_schema, reused_values, score_identity
@@ -196,16 +196,13 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     options = config.ray or RayOptions()
     report.ray_workers = options.num_workers
     report.versions["ray"] = ray.__version__
-    source, destination, mapping, types = checked.source, checked.destination, checked.mapping, checked.types
+    source, destination = checked.source, checked.destination
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
     report.add_setup(setup)
     units = read_units(source)
     if not units:
         raise InputError(f"input {config.input!r} has no rows")
-    pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    contract = output_contract(config, mapping, types, pooled_dim).with_chunks(
-        config.chunked
-    )  # + the chunks column
+    contract = run_contract(config, checked, setup)
     partitioning = _partitioning(contract, config.partition_by)
 
     if not ray.is_initialized():
