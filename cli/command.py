@@ -6,16 +6,21 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import shutil
 import sys
 import typing
 from collections.abc import Callable
 from typing import Any
 
+from typer import _click as click
 from typer._click.exceptions import BadParameter
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
 
 from score_batch.errors import UserError
+
+# Narrower than this, rich's option table cuts flag and variable names short (--pooled-hidden-…).
+RICH_HELP_COLUMNS = 120
 
 
 def command_from(
@@ -46,6 +51,13 @@ def command_from(
     return command
 
 
+def _plain(text: str) -> str:
+    """Help text written in rich's markup, as plain text."""
+    from rich.text import Text  # only when help is shown: rich stays out of a run's start-up
+
+    return Text.from_markup(text).plain
+
+
 class ReportingCommand(TyperCommand):
     """A command whose bad flag values (found while parsing, before the command runs) still write --report.
 
@@ -58,6 +70,22 @@ class ReportingCommand(TyperCommand):
         for param in self.params:
             if getattr(param, "multiple", False):
                 param.value_from_envvar = _json_list_or(param, param.value_from_envvar)
+
+    def format_help(self, ctx, formatter) -> None:
+        """Rich panels on a wide terminal; below RICH_HELP_COLUMNS click's plain layout, which wraps long flag
+        and environment-variable names where rich's table would cut them short."""
+        if shutil.get_terminal_size().columns >= RICH_HELP_COLUMNS:
+            return super().format_help(ctx, formatter)
+        holders = [self, *self.params]
+        marked = [holder.help for holder in holders]
+        for holder in holders:  # rich's markup ([bold]…, \[) as plain text; examples kept line by line (\b)
+            paragraphs = _plain(holder.help).split("\n\n") if holder.help else []
+            holder.help = "\n\n".join(f"\b\n{p}" if p.startswith("  ") else p for p in paragraphs) or None
+        try:
+            return click.Command.format_help(self, ctx, formatter)
+        finally:
+            for holder, text in zip(holders, marked):
+                holder.help = text
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         given = list(args)  # click's parser consumes the list it parses

@@ -495,3 +495,29 @@ def test_a_file_named_like_the_command_is_still_an_input(tmp_path):
     # `score-batch run-batch` is the command; a file of that name is given as ./run-batch
     result = run_cli("./run-batch", "-o", tmp_path / "o.jsonl", cwd=tmp_path)
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 119, 120, 200])
+@pytest.mark.parametrize("name", ["score", "run-batch"])
+def test_help_shows_every_flag_and_variable_name_whole_at_any_width(name, columns):
+    """Below 120 columns rich's table cut names short (--pooled-hidden-…, SCORE_BATCH_LABE…): narrow terminals
+    get click's wrapped layout instead, with rich's markup turned into plain text."""
+    import os
+    import subprocess
+    import sys
+
+    command = typer.main.get_command(app).commands[name]
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "score_batch.cli.main", name, "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
+    words = set(shown.replace(",", " ").replace("[", " ").replace("]", " ").replace(";", " ").split())
+    for param in command.params:
+        for flag in (*param.opts, *param.secondary_opts):
+            assert flag in words or not flag.startswith("-"), (flag, columns)
+        if isinstance(param.envvar, str):
+            assert param.envvar in words, (param.envvar, columns)
+    assert "[bold]" not in shown and "\\[" not in shown
