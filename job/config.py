@@ -59,49 +59,36 @@ class RunConfig:
     dry_run: bool = False
     quiet: bool = False
     ray: RayOptions | None = None  # None: a local run
-    input_format: RequestedFormat = (
-        "auto"  # auto: openai-batch when the input's lines are batch requests, else table
-    )
+    input_format: RequestedFormat = "auto"  # auto: openai-batch when the lines are batch requests, else table
     top_k: int | None = None  # keep the best top_k items per query (adds rank)
     rank: bool = False  # add a rank column (1 = best) to every row
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
     progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
     pipeline: bool = True  # read and plan the next window on a worker thread while this one is scored
-    storage_options: tuple[
-        tuple[str, str], ...
-    ] = ()  # --storage-option key=value: endpoint, region (no secrets)
+    # --storage-option key=value: endpoint, region (no secrets)
+    storage_options: tuple[tuple[str, str], ...] = ()
     partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
     hive_types: Literal["infer", "string"] = "infer"  # --hive-types: input partition values typed, or strings
     price_per_hour: float | None = None  # --price-per-hour: the machine's price, for the report's cost
     reuse: tuple[str, ...] = ()  # --reuse: earlier outputs whose scores are copied for pairs with equal keys
 
     def __post_init__(self) -> None:
-        if self.on_error not in ON_ERROR_MODES:
-            raise ConfigError(
-                "RunConfig.on_error", self.on_error, f"is not one of {', '.join(ON_ERROR_MODES)}"
-            )
-        if self.window_rows < 1:
-            raise ConfigError("RunConfig.window_rows", self.window_rows, "must be at least 1")
-        if self.input_format not in INPUT_FORMATS:
-            raise ConfigError(
-                "RunConfig.input_format", self.input_format, f"is not one of {', '.join(INPUT_FORMATS)}"
-            )
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError("RunConfig.threads", self.threads, "must be at least 1")
-        if self.progress_seconds <= 0:
-            raise ConfigError("RunConfig.progress_seconds", self.progress_seconds, "must be positive")
-        if self.price_per_hour is not None and not self.price_per_hour >= 0:
-            raise ConfigError("RunConfig.price_per_hour", self.price_per_hour, "must be a price >= 0")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError("RunConfig.top_k", self.top_k, "must be at least 1")
-        if not isinstance(self.input, str) and not self.input:
-            raise ConfigError("RunConfig.input", self.input, "names no input")
-        if self.partition_by and self.output == STDOUT:
-            raise ConfigError(
-                "RunConfig.partition_by", self.partition_by, "needs an output directory, not stdout"
-            )
-        if self.resume and self.output == STDOUT:
-            raise ConfigError("RunConfig.resume", True, "needs an output file (stdout cannot be resumed)")
+        stdout = self.output == STDOUT
+        refused = (  # (field, refused?, why)
+            ("on_error", self.on_error not in ON_ERROR_MODES, _one_of(ON_ERROR_MODES)),
+            ("window_rows", self.window_rows < 1, "must be at least 1"),
+            ("input_format", self.input_format not in INPUT_FORMATS, _one_of(INPUT_FORMATS)),
+            ("threads", self.threads is not None and self.threads < 1, "must be at least 1"),
+            ("progress_seconds", self.progress_seconds <= 0, "must be positive"),
+            ("price_per_hour", not (self.price_per_hour is None or self.price_per_hour >= 0), "must be >= 0"),
+            ("top_k", self.top_k is not None and self.top_k < 1, "must be at least 1"),
+            ("input", not isinstance(self.input, str) and not self.input, "names no input"),
+            ("partition_by", self.partition_by and stdout, "needs an output directory, not stdout"),
+            ("resume", self.resume and stdout, "needs an output file (stdout cannot be resumed)"),
+        )
+        for name, bad, why in refused:
+            if bad:
+                raise ConfigError(f"RunConfig.{name}", getattr(self, name), why)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -123,17 +110,7 @@ class RunConfig:
     def fingerprint(self, model_identity: list, input_identity: list) -> Fingerprint:
         """Everything that decides the output rows, for refusing a mismatched --resume (and saying what differs)."""
         settings = dataclasses.asdict(self)
-        ignored = ("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray")
-        for name in (
-            *ignored,
-            "threads",
-            "progress_seconds",
-            "pipeline",
-            "storage_options",
-            "price_per_hour",
-            "reuse",  # reused scores are the scores the run gives (job/reuse.py)
-            "window_rows",  # recorded (not digested): a resumed run reads its parts' windows
-        ):
+        for name in UNFINGERPRINTED:
             settings.pop(name)
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)
@@ -150,6 +127,18 @@ class RunConfig:
         if not isinstance(rows, int) or rows < 1 or rows == self.window_rows:
             return self
         return dataclasses.replace(self, window_rows=rows)
+
+
+# What a run does with its output rows but not which rows: never in the fingerprint. (reuse: reused scores are
+# the scores the run gives, job/reuse.py; window_rows is recorded, not digested: a resumed run reads its parts'.)
+UNFINGERPRINTED = (
+    *("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray", "threads"),
+    *("progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse", "window_rows"),
+)
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return f"is not one of {', '.join(choices)}"
 
 
 # Settings whose changes leave scores within the documented batch-invariance bound: not fingerprinted.

@@ -16,10 +16,7 @@ from score_batch.job.completion import completion_fingerprint
 from score_batch.job.config import RunConfig, model_identity
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
-from score_batch.job.policy import (
-    KEEP_GOING,
-    enforce_fail,
-)
+from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, run_contract
 from score_batch.job.report import RunReport

@@ -32,13 +32,6 @@ class OutputLock:
         self.held = False
 
     @classmethod
-    def for_run(cls, config, destination: Target | None) -> OutputLock | contextlib.nullcontext:
-        """The lock a run on destination takes: none for stdout or a dry run."""
-        if destination is None or config.dry_run:
-            return contextlib.nullcontext()
-        return cls(lock_path(destination))
-
-    @classmethod
     def for_paths(cls, paths) -> OutputLock | contextlib.nullcontext:
         """The lock of a run's resolved paths (RunPaths.lock; None: stdout or a dry run)."""
         return contextlib.nullcontext() if paths.lock is None else cls(paths.lock)
@@ -96,31 +89,32 @@ class OutputLock:
     def _holder(self) -> dict | None:
         """The lock file's record, or None when it cannot be read."""
         try:
-            holder = json.loads(self._read())
+            holder = json.loads(self.path.read_bytes())
         except (OSError, ValueError, TypeError):
             return None
         return holder if isinstance(holder, dict) else None
 
-    def _read(self) -> bytes | None:
-        return self.path.read_bytes()
-
     @staticmethod
     def _stale(holder: dict) -> bool:
         """True when the holder ran on this host and its process is gone."""
-        if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
-            return False
-        try:
-            os.kill(holder["pid"], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
+        pid = holder.get("pid")
+        return holder.get("host") == socket.gethostname() and isinstance(pid, int) and process_gone(pid)
 
     def _remove_if_unchanged(self, holder: dict) -> None:
         """Remove a stale lock unless another run replaced it meanwhile."""
         if self._holder() == holder:
             self.path.delete()
+
+
+def process_gone(pid: int) -> bool:
+    """True when no process of this pid runs on this machine (one we may not signal counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _holder_record() -> dict:

@@ -40,8 +40,9 @@ from score_batch.io_formats.openai_batch import (
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.job.config import STDOUT, RunConfig
+from score_batch.job.paths import check_run_paths
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
-from score_batch.job.policy import check_destination, check_run_paths
+from score_batch.job.policy import check_destination
 from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
 from score_batch.job.sinks import LinesSink

@@ -1,6 +1,5 @@
-"""Rules shared by local and Ray runs: the destination guard, on-error fail, leftovers. Every written path
-is a Target (io_formats.target): the same code for local files and object stores. (RunPaths and the path
-checks live in job/paths.py, the errors list in job/errors_sink.py; re-exported here.)"""
+"""Rules shared by every runner: the destination guard, on-error fail, leftovers. Every written path is a
+Target (io_formats.target): the same code for local files and object stores."""
 
 from __future__ import annotations
 
@@ -15,17 +14,7 @@ from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
 from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract, check_partition_by
-from score_batch.job.errors_sink import ErrorsSink
-from score_batch.job.paths import (
-    RunPaths,
-    check_report_file,
-    check_report_path,
-    check_run_paths,
-    check_side_file,
-    default_errors_path,
-    errors_path,
-    parts_dir,
-)
+from score_batch.job.paths import parts_dir
 
 log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
@@ -115,20 +104,3 @@ def remove_leftovers(*paths: Target | None) -> None:
     for path in paths:
         for leftover in path.remove_leftovers() if path is not None else ():
             log.info("removed %s, left by an interrupted run", leftover)
-
-
-__all__ = [
-    "KEEP_GOING",
-    "ErrorsSink",
-    "RunPaths",
-    "check_destination",
-    "check_report_file",
-    "check_report_path",
-    "check_run_paths",
-    "check_side_file",
-    "default_errors_path",
-    "enforce_fail",
-    "errors_path",
-    "parts_dir",
-    "remove_leftovers",
-]

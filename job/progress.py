@@ -9,7 +9,7 @@ import sys
 import time
 
 from score_batch.job.config import STDOUT, RunConfig
-from score_batch.job.policy import errors_path
+from score_batch.job.paths import errors_path
 from score_batch.job.report import RunReport
 from tqdm import tqdm
 

@@ -20,6 +20,7 @@ from score_batch import __version__
 from score_batch.errors import exit_code
 
 log = logging.getLogger(__name__)
+PLAN_COUNTS = ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "windows", "duplicates")
 
 
 @dataclass
@@ -62,9 +63,7 @@ class RunReport:
     dry_run: bool = False
     already_complete: bool = False  # --resume found the output complete for the same model, settings, input
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
-    score_stats: dict = field(
-        default_factory=dict
-    )  # job.score_stats.ScoreStats.summary() of the scored items
+    score_stats: dict = field(default_factory=dict)  # job/score_stats.ScoreStats.summary() of the output
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     # input_tokens (what the pairs would run one by one), computed_tokens (what ran), device,
@@ -97,15 +96,7 @@ class RunReport:
 
     def add_plan(self, stats) -> None:
         """Add one window's planning counts (groups, packs, batches, tokens)."""
-        for name in (
-            "groups",
-            "packs",
-            "batches",
-            "packed_tokens",
-            "pairwise_tokens",
-            "windows",
-            "duplicates",
-        ):
+        for name in PLAN_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(stats, name))
 
     def end(self, error: BaseException | None) -> None:
@@ -125,27 +116,23 @@ class RunReport:
         """One line for stderr."""
         if self.already_complete:
             return "score-batch: already complete (same model, settings and input); the output is unchanged"
-        if self.ray_workers:
-            return (
-                f"score-batch: scored {self.items_scored} items from {self.rows_read} rows ({self.items_failed} "
-                f"failed) on Ray with {self.ray_workers} workers; {self.seconds_total:.1f}s total, "
-                f"{self.items_per_second:.1f} items/s"
-            )
-        ratio = self.pairwise_tokens / self.packed_tokens if self.packed_tokens else 0.0
-        verb = "planned" if self.dry_run else "scored"
-        count = self.items if self.dry_run else self.items_scored
+        verb, count = ("planned", self.items) if self.dry_run else ("scored", self.items_scored)
         source = (
             f"{self.rows_read} requests ({self.requests_failed} failed, {self.items_failed} items in them)"
             if self.requests
             else f"{self.rows_read} rows ({self.items_failed} failed, {self.rows_skipped_by_resume} rows resumed)"
         )
+        ratio = self.pairwise_tokens / self.packed_tokens if self.packed_tokens else 0.0
+        work = (  # a Ray run's plans are made on its workers, uncounted
+            f"on Ray with {self.ray_workers} workers{self._saved()}"
+            if self.ray_workers
+            else f"in {self.groups} groups, {self.packs} packs, {self.batches} batches; {self.packed_tokens} "
+            f"tokens packed vs {self.pairwise_tokens} pairwise ({ratio:.2f}x{self._saved()})"
+        )
+        cost = f"cost {self.usage['cost']:.4g}, " if "cost" in self.usage else ""
         return (
-            f"score-batch: {verb} {count} items from {source} in {self.groups} groups, {self.packs} packs, "
-            f"{self.batches} batches; {self.packed_tokens} tokens packed vs {self.pairwise_tokens} pairwise "
-            f"({ratio:.2f}x{self._saved()}); "
-            f"{self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, "
-            + (f"cost {self.usage['cost']:.4g}, " if "cost" in self.usage else "")
-            + f"peak RSS {self.peak_rss_mb:.0f} MB"
+            f"score-batch: {verb} {count} items from {source} {work}; {self.seconds_total:.1f}s total, "
+            f"{self.items_per_second:.1f} items/s, {cost}peak RSS {self.peak_rss_mb:.0f} MB"
         )
 
     def _saved(self) -> str:

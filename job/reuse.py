@@ -34,6 +34,7 @@ from score_batch.io_formats.earlier import SCORE_KEY, earlier_batches
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
 from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, model_identity, software_identity
+from score_batch.job.lock import process_gone
 from score_batch.job.report import device_name
 from score_batch.job.resources import available_cpus
 
@@ -278,19 +279,8 @@ def _remove_stale_directories() -> None:
     """Remove the temporary directories of --reuse runs whose process is gone (killed with -9)."""
     for path in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
         pid = path.name[len(TEMP_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and process_gone(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    """True when a process of this pid runs on this machine (or cannot be signalled by us)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _sql_text(path: Path) -> str:

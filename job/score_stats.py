@@ -79,23 +79,6 @@ class ScoreStats:
         keep = slots.size - 1 - last_from_end
         self._sample[slots[keep]] = values[keep]
 
-    def merge(self, other: ScoreStats) -> None:
-        """Add another accumulator's numbers (e.g. one per worker); the merged sample is a uniform sample of
-        both streams (a hypergeometric split of the slots between the two samples)."""
-        if other.count:
-            self._min, self._max = min(self._min, other._min), max(self._max, other._max)
-            self._sum += other._sum
-            if self.count + other.count <= self.sample_size:
-                self._sample = np.concatenate([self._sample, other._sample])
-            else:
-                from_self = self._rng.hypergeometric(self.count, other.count, self.sample_size)
-                mine = self._rng.choice(self._sample, from_self, replace=False)
-                theirs = self._rng.choice(other._sample, self.sample_size - from_self, replace=False)
-                self._sample = np.concatenate([mine, theirs])
-            self.count += other.count
-        self.non_finite += other.non_finite
-        self._sizes.update(other._sizes)
-
     @property
     def exact(self) -> bool:
         """True while every finite score is kept (the quantiles are exact)."""

@@ -82,7 +82,7 @@ def output_columns(
         by_item[ref] = (values["score"], values["scores"], vector, values.get("chunks"), None)
     if results is not None:
         for g_refs, result in zip(grouped.refs, results):
-            errors = item_errors(result)
+            errors = result.failures  # per item: why it has no score, else None
             for k, ref in enumerate(g_refs):
                 vector = result.pooled[k].tolist() if pooled and errors[k] is None else None
                 chunks = None if result.chunks is None else int(result.chunks[k])
@@ -126,11 +126,6 @@ def output_columns(
                 error if error is None else f"row {row.index}: {error}{_ids(query_id, item_id)}"
             )
     return columns
-
-
-def item_errors(result: GroupResult) -> list[str | None]:
-    """Per item: why it has no score (not scored, or a non-finite score the engine isolated), else None."""
-    return result.failures
 
 
 def _ids(query_id: Any, item_id: Any) -> str:

@@ -120,35 +120,6 @@ def test_the_report_carries_the_distribution_of_the_written_scores(qwen3_causal,
     }
 
 
-def test_merged_accumulators_equal_one_over_both_streams():
-    rng = np.random.default_rng(5)
-    small = [rng.normal(size=n) for n in (10, 0, 30)]
-    parts = [ScoreStats() for _ in small]
-    for stats, values in zip(parts, small):
-        stats.add_scores(values)
-        stats.add_query_sizes([values.size or 1])
-    merged = ScoreStats()
-    for stats in parts:
-        merged.merge(stats)
-    whole = ScoreStats()
-    whole.add_scores(np.concatenate(small))
-    whole.add_query_sizes([10, 1, 30])
-    got, expected = merged.summary(), whole.summary()  # exact while small
-    assert got["items_per_query"] == expected["items_per_query"]
-    assert got["scores"].pop("quantiles") == expected["scores"].pop("quantiles") == "exact"
-    assert got["scores"] == pytest.approx(expected["scores"], rel=1e-12)
-    # Large: a 70/30 split of the run is 70/30 in the merged sample; extremes and mean stay exact.
-    first, second = rng.uniform(0, 1, 70_000), rng.uniform(2, 3, 30_000)
-    left, right = ScoreStats(sample_size=2_000), ScoreStats(sample_size=2_000)
-    left.add_scores(first)
-    right.add_scores(second)
-    left.merge(right)
-    summary = left.summary()["scores"]
-    assert summary["count"] == 100_000 and summary["min"] == first.min() and summary["max"] == second.max()
-    assert summary["mean"] == pytest.approx(np.concatenate([first, second]).mean(), rel=1e-12)
-    assert abs(np.mean(left._sample >= 2) - 0.3) <= 0.035 and left._sample.size == 2_000
-
-
 def test_scores_read_back_from_a_partitioned_directory(tmp_path):
     import pyarrow.dataset as ds
     import pyarrow.fs as pafs
