@@ -7,7 +7,7 @@ errors file, so a local run and a Ray run write the same columns with the same t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -99,14 +99,6 @@ class OutputContract:
         id_types = (typed(mapping.query_id, pa.int64()), typed(mapping.item_id, pa.int64()))
         kept = tuple((name, typed(name, pa.string())) for name in mapping.keep)
         return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k, chunked)
-
-    def with_chunks(self, chunked: bool) -> OutputContract:
-        """This contract with the chunks column when chunked (--truncate chunk), refusing a kept column of that
-        name (the job's early check_kept_columns knows ranking and pooling only)."""
-        if not chunked:
-            return self
-        check_kept_columns(self.keep, ranked=self.ranked, pooled=self.pooled_dim is not None, chunked=True)
-        return replace(self, chunked=True)
 
     @staticmethod
     def written_columns(*, ranked: bool, pooled: bool, chunked: bool = False) -> tuple[str, ...]:

@@ -53,11 +53,13 @@ def preflight(config: RunConfig, source: InputSource, directory: bool = False) -
 
 def output_contract(config: RunConfig, mapping: ColumnMapping, types: dict, pooled_dim: int | None):
     """The output contract of this run (pooled_dim: the model's hidden size, when pooled states are asked for)."""
-    return OutputContract.from_types(mapping, types, pooled_dim, config.on_error, config.rank, config.top_k)
+    return OutputContract.from_types(
+        mapping, types, pooled_dim, config.on_error, config.rank, config.top_k, config.chunked
+    )
 
 
 def run_contract(config: RunConfig, checked: Checked, setup) -> OutputContract:
     """The run's output contract once the model is known (setup: its ResolvedSetup): the pooled column's
     width when pooled states are asked for, the chunks column under --truncate chunk."""
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
-    return output_contract(config, checked.mapping, checked.types, pooled_dim).with_chunks(config.chunked)
+    return output_contract(config, checked.mapping, checked.types, pooled_dim)

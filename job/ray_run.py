@@ -1,34 +1,19 @@
 """A score-batch run on Ray Data: read units → rows → whole query groups → actor pool of Scorers → Parquet dir.
 
-Each actor loads the model once and scores batches of complete query groups with the same code as a
-local run (group_window → Scorer → output_columns), so scores and schema match a local run; every
-output row also carries the input's `row_index`. Ray restarts a dead actor and retries its batch.
-
-Reading: the input (any INPUT a local run takes: several inputs, globs, hive partitions, s3://, gs://,
-https://, compressed JSONL) is listed once on the driver (io_formats.readers.open_source), split into
-read units (Parquet row groups, whole JSONL files) with the input row index of each unit's first row,
-and each unit is read inside a Ray task by io_formats' own readers on the unit's filesystem (the
-pickled pyarrow filesystem keeps --storage-option settings; credentials come from the workers'
-standard chain). Ray Data's read_parquet/read_json are not used: they give no row's position in its
-file (blocks are split, merged and reordered across read tasks), infer JSON types per block, fail a
-whole read on one broken line and type hive partition values by guessing; the local run defines
-row_index as file order then row order, unifies types over the whole input and turns unreadable
-lines into row errors. Reading units with the same readers keeps row_index, types and errors identical.
-
---reuse: the driver joins this run's pair keys to the earlier outputs (job/reuse.EarlierScores) and copies
-the joined file beside OUTPUT on its store; each read task attaches its unit's joined values to its rows,
-and the actors copy those whose key they confirm, scoring only the rest.
-
-Writing: each scored block is written by a Ray task as Parquet (hive `col=value/` directories with
---partition-by, pyarrow's hive flavor as in a local run) into a hidden staging directory beside
-OUTPUT on OUTPUT's filesystem, under a name derived from the block's rows (a retried task rewrites the
-same file). Locally the staging directory is then renamed onto OUTPUT; on an object store its objects
-are moved (server-side copies) under OUTPUT and `_SUCCESS` is written last. Both hold
-`_common_metadata` (the full schema) and `_SUCCESS`.
+Each actor loads the model once and scores batches of complete query groups with the same code as a local
+run (group_window → Scorer → output_columns), so scores and schema match a local run; every output row also
+carries the input's `row_index`. The input is listed once on the driver and split into read units (Parquet
+row groups, whole JSONL files), each read in a Ray task by io_formats' own readers, so row_index, types and
+row errors are a local run's (why not Ray Data's readers: docs/ray.md). With --reuse the driver joins this
+run's pair keys to the earlier outputs (job/reuse.EarlierScores) into a file beside OUTPUT that every read
+task reaches; actors copy the values whose key they confirm and score the rest. Scored blocks are written
+by Ray tasks as Parquet (hive directories with --partition-by) into a StagedDirectorySink, named by their
+rows (a retried task rewrites the same file), and published whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -49,7 +34,6 @@ from score_batch.io_formats.readers import (
 from score_batch.io_formats.target import Target
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import ERROR, REUSED_FLAG, ROW_INDEX, OutputContract
-from score_batch.job.errors_sink import ErrorsSink
 from score_batch.job.malloc import tune_malloc
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
@@ -58,7 +42,7 @@ from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, pair_keys, reused_schema, reused_values, score_identity
 from score_batch.job.score_stats import written_scores
-from score_batch.job.sinks import StagedDirectorySink
+from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_window, output_columns, query_group_key, without
 
 from score_batch.errors import UserError
@@ -170,8 +154,8 @@ class ScoreActor:
         return part.append_column(REUSED_FLAG, pa.array(flags, pa.bool_()))
 
 
-def check_ray_run(config: RunConfig) -> None:
-    """What a Ray run refuses before anything starts."""
+def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:
+    """A Ray run's preflight: Ray installed, no local-only flags, then the table preflight (a directory output)."""
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -180,11 +164,6 @@ def check_ray_run(config: RunConfig) -> None:
         raise InputError("--resume is for local runs; a Ray run retries failed work itself")
     if config.dry_run:
         raise InputError("--dry-run plans on this machine; run it without --ray")
-
-
-def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:
-    """A Ray run's preflight: Ray installed, no local-only flags, then the table preflight (a directory output)."""
-    check_ray_run(config)
     return preflight(config, source, directory=True)
 
 
@@ -203,7 +182,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     if not units:
         raise InputError(f"input {config.input!r} has no rows")
     contract = run_contract(config, checked, setup)
-    partitioning = _partitioning(contract, config.partition_by)
+    partitioning = contract.partition_schema(config.partition_by) if config.partition_by else None
 
     if not ray.is_initialized():
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages
@@ -261,15 +240,10 @@ def _run_dataset(config, checked, report, options, units, contract, partitioning
     sink = StagedDirectorySink(checked.destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
     try:
         with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
-            try:
+            with _user_errors():
                 counts = _score_on_ray(
                     dataset, contract, sink.staging, partitioning, sink.errors, phase, source
                 )
-            except Exception as error:
-                user_error = _user_error(error)
-                if user_error is not None:
-                    raise user_error from None
-                raise
             items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
             phase.add(ScoredWindow(total_rows, items, failed, reused=sum(c["reused"] for c in counts)))
             phase.commit()
@@ -286,7 +260,10 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
         # Failed rows come back as data (exceptions lose their cause on the way from a worker): under
         # fail the first one in input order stops the run, under skip they are listed.
         dataset = dataset.materialize()
-        failed = _sorted_table(dataset.map_batches(_failed_rows, batch_format="pyarrow").take_all(), contract)
+        taken = dataset.map_batches(
+            lambda part: part.filter(pc.is_valid(part[ERROR])), batch_format="pyarrow"
+        ).take_all()
+        failed = pa.Table.from_pylist(sorted(taken, key=lambda row: row[ROW_INDEX]), contract.part_schema())
         enforce_fail(contract, failed, source.label)
         if not contract.ranked:  # ranked runs list them with their query's generated id
             errors.write(failed)
@@ -319,13 +296,8 @@ def _joined_on_store(config: RunConfig, source: InputSource, destination: Target
     import ray
 
     task = ray.remote(_actor_identity).options(num_cpus=LIGHT_CPUS, num_gpus=gpus)
-    try:  # the device, dtype and ops an actor resolves may differ from this machine's
+    with _user_errors():  # the device, dtype and ops an actor resolves may differ from this machine's
         identity = ray.get(task.remote(config))
-    except Exception as error:
-        user_error = _user_error(error)
-        if user_error is not None:
-            raise user_error from None
-        raise
     earlier = EarlierScores.join(config, source, identity, reused_schema(contract.part_schema()))
     directory = destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
     try:
@@ -344,20 +316,6 @@ def _actor_identity(config: RunConfig) -> bytes:
     """Ray task: the score identity as an actor with the actors' resources resolves it (no weights loaded)."""
     _, setup = load_planner(config.model_dir, config.engine)
     return score_identity(config, setup)
-
-
-def _partitioning(contract: OutputContract, partition_by: tuple[str, ...]) -> pa.Schema | None:
-    """The hive partitioning of a --partition-by output: the named output columns with their types."""
-    if not partition_by:
-        return None
-    schema = contract.ray_schema()
-    missing = [name for name in partition_by if name not in schema.names or name == ROW_INDEX]
-    if missing:
-        raise InputError(
-            f"--partition-by names {missing[0]!r}, which is not a column of the output "
-            f"({', '.join(contract.final_schema().names)})"
-        )
-    return pa.schema([schema.field(name) for name in partition_by])
 
 
 def _write_block(
@@ -406,6 +364,18 @@ def _counts(part: pa.Table) -> pa.Table:
     return pa.table({"items": [part.num_rows], "failed": [failed], "reused": [reused]})
 
 
+@contextlib.contextmanager
+def _user_errors():
+    """A user mistake raised inside a Ray task surfaces as itself (a one-line exit 2), not Ray's wrapper."""
+    try:
+        yield
+    except Exception as error:
+        user_error = _user_error(error)
+        if user_error is not None:
+            raise user_error from None
+        raise
+
+
 def _user_error(error: BaseException) -> UserError | None:
     """The user mistake raised inside a Ray task, if any (Ray wraps it; its cause chain keeps the original)."""
     pending, seen = [error], set()
@@ -418,14 +388,3 @@ def _user_error(error: BaseException) -> UserError | None:
             return current
         pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
     return None
-
-
-def _failed_rows(table: pa.Table) -> pa.Table:
-    """Rows that carry an error (part schema)."""
-    return table.filter(pc.is_valid(table[ERROR]))
-
-
-def _sorted_table(rows: list[dict], contract: OutputContract) -> pa.Table:
-    """Failed rows gathered from the workers, back in input order."""
-    rows = sorted(rows, key=lambda row: row[ROW_INDEX])
-    return pa.Table.from_pylist(rows, schema=contract.part_schema())

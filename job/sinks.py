@@ -1,5 +1,6 @@
-"""Where a local run's scored windows go: checkpointed parts merged into a file (or, with --partition-by, a
-hive-partitioned directory), stdout, or nowhere (dry run)."""
+"""Where scored rows go: a local run's checkpointed parts merged into a file (or, with --partition-by, a
+hive-partitioned directory), stdout, or nowhere (dry run); a batch file's response lines; a Ray run's staged
+directory; skipped rows' errors file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import shutil
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +24,6 @@ from score_batch.io_formats.writers import (
 from score_batch.job.completion import stamped
 from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig
 from score_batch.job.contract import OutputContract
-from score_batch.job.errors_sink import ErrorsSink
 from score_batch.job.paths import RunPaths, normalized
 from score_batch.job.ranking import rank_parts
 
@@ -248,39 +249,102 @@ class PartsSink:
             self.parts.clear()
 
 
-class LinesSink:
-    """Response lines of a batch file: to a staging file published onto the destination in one step (a local
-    rename or an object-store upload), to stdout, or nowhere (a dry run)."""
+class StagedFile:
+    """Lines written to a staging file (opened at the first write) and published at a Target in one step."""
 
-    def __init__(self, destination: Target | None, stdout: bool) -> None:
-        self.destination = destination
-        self.stdout = stdout
-        self.tmp = destination.staging_file() if destination is not None else None
-        self._handle = open(self.tmp, "w", encoding="utf-8") if self.tmp is not None else None
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._tmp: Path | None = None
+        self._handle = None
 
     def write(self, lines: list[str]) -> None:
+        if self._handle is None:
+            self._tmp = self.target.staging_file()
+            self._handle = open(self._tmp, "w", encoding="utf-8")
+        self._handle.writelines(lines)
+
+    def commit(self) -> bool:
+        """Publish what was written; False, with the target untouched, when nothing was."""
+        if self._handle is None:
+            return False
+        self._handle.close()
+        self._handle = None
+        try:
+            self.target.publish_file(self._tmp)
+        finally:
+            self._tmp.unlink(missing_ok=True)
+        return True
+
+    def abort(self) -> None:
+        """Drop the unpublished file; the target is untouched."""
         if self._handle is not None:
-            self._handle.writelines(lines)
+            self._handle.close()
+            self._handle = None
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+
+
+class ErrorsSink:
+    """Skipped rows under --on-error skip: JSONL lines published at the errors target, or warnings in the log."""
+
+    def __init__(self, path: Target | None) -> None:
+        self.path = path
+        self.count = 0
+        self._file = None if path is None else StagedFile(path)
+
+    def write(self, failed: pa.Table) -> None:
+        """Record failed rows (a part-schema table)."""
+        if failed.num_rows == 0:
+            return
+        self.count += failed.num_rows
+        lines = OutputContract.error_lines(failed)
+        if self._file is not None:
+            self._file.write(lines)
+            return
+        for line in lines:
+            log.warning("skipped %s", line.rstrip())
+
+    def commit(self) -> None:
+        """Publish the list, or remove an earlier run's list when nothing was skipped this time."""
+        if self._file is None:
+            return
+        if self._file.commit():
+            log.info("skipped rows are listed in %s", self.path)  # the run's one warning names it too
+        else:
+            self.path.delete()
+
+    def abort(self) -> None:
+        """Drop the unpublished list."""
+        if self._file is not None:
+            self._file.abort()
+
+
+class LinesSink:
+    """Response lines of a batch file: a staging file published onto the destination in one step (a local
+    rename or an object-store upload), stdout, or nowhere (a dry run)."""
+
+    def __init__(self, destination: Target | None, stdout: bool) -> None:
+        self.stdout = stdout
+        self.file = None if destination is None else StagedFile(destination)
+        if self.file is not None:
+            self.file.write([])  # created before any scoring; an empty batch publishes an empty file
+
+    def write(self, lines: list[str]) -> None:
+        if self.file is not None:
+            self.file.write(lines)
         elif self.stdout:
             sys.stdout.writelines(lines)
             sys.stdout.flush()
 
     def commit(self) -> None:
         """Publish the finished file (nothing to do for stdout or a dry run)."""
-        if self._handle is None:
-            return
-        self._handle.close()
-        self._handle = None
-        self.destination.publish_file(self.tmp)
-        self.tmp = None
+        if self.file is not None:
+            self.file.commit()
 
     def abort(self, keep_checkpoints: bool = False) -> None:
         """Drop the unpublished file (a batch file has no checkpoints); the destination is untouched."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
+        if self.file is not None:
+            self.file.abort()
 
 
 class StagedDirectorySink:
