@@ -61,6 +61,33 @@ def activate(
     raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
 
 
+@dataclass(frozen=True)
+class RequestActivation:
+    """A request's use_activation applied to a run's results, as vLLM's PoolingParams.use_activation.
+
+    None: the run's own `score` (what a table run writes). False: the raw value, entry score_index of
+    `scores`. True: the activated value: the run's `score` when the run applies an activation (its
+    activation, `auto` by default: the model's own, as vLLM's default use_activation=true), else a sigmoid
+    (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit applies
+    none (its scores are raw logits); under label_score sigmoid there is no raw value to give (a request
+    asking for one is refused before scoring).
+    """
+
+    run_activation: str  # the run's ScoringConfig.activation (auto | none | sigmoid | softmax)
+    score_index: int
+    label_score: str = "probability"  # the run's ScoringConfig.label_score
+
+    def values(self, scores: np.ndarray, score: np.ndarray, use_activation: bool | None) -> np.ndarray:
+        """[n] values of one group's items; scores: [n, num_scores], score: [n] (the run's)."""
+        if use_activation is None:
+            return score
+        if not use_activation:
+            return scores[:, self.score_index]
+        if self.run_activation != "none" and self.label_score != "logit":
+            return score
+        return activate(scores, "sigmoid" if scores.shape[1] == 1 else "softmax", self.score_index)
+
+
 def model_activation_fn(model_dir: str | Path, saved: bool | None = None) -> tuple[str, str] | None:
     """The activation function a model's files name for CrossEncoder, as (dotted path, where), or None.
 

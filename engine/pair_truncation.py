@@ -1,6 +1,6 @@
 """Requests' own truncation settings applied to (query, item) pairs, as vLLM and TEI apply them.
 
-vLLM's max_tokens_per_query / max_tokens_per_doc cut texts (truncate_text_to_tokens), its
+vLLM's max_tokens_per_query / max_tokens_per_doc cut texts (cut_texts, truncate_text_to_tokens), its
 truncate_prompt_tokens keeps N tokens of each whole pair (truncated_pairs), and TEI's truncate cuts a pair
 over the model's length longest first (tei_truncated_pairs). A cut pair becomes its own Group (token ids
 for decoders, texts for encoder cross-encoders); a pair that cannot be cut gets the reason instead.
@@ -26,6 +26,39 @@ def truncate_text_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
         return text
     char_end = encoding["offset_mapping"][max_tokens - 1][1]
     return text[:char_end]
+
+
+class RequestRefused(ValueError):
+    """A request's truncation setting this run cannot honour: the batch error code and the message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def cut_texts(
+    query: str, items: list[str], max_query: int | None, max_doc: int | None, planner: Planner
+) -> tuple[str, list[str]]:
+    """vLLM's max_tokens_per_query / max_tokens_per_doc: the texts cut (truncate_text_to_tokens) before any
+    template wraps them. RequestRefused for a limit not below the model's length (vLLM's
+    _validate_token_limit), or a slow tokenizer (it has no offset mapping to cut the text by)."""
+    limit = model_length(planner.limits)
+    for name, value in (("max_tokens_per_query", max_query), ("max_tokens_per_doc", max_doc)):
+        if value and value >= limit:
+            raise RequestRefused(
+                "invalid_body", f"body.{name} ({value}) must be less than the model's length ({limit})"
+            )
+    try:
+        if max_query:
+            query = truncate_text_to_tokens(query, planner.tokenizer, max_query)
+        if max_doc:
+            items = [truncate_text_to_tokens(item, planner.tokenizer, max_doc) for item in items]
+    except NotImplementedError:
+        raise RequestRefused(
+            "unsupported_parameter",
+            "max_tokens_per_query / max_tokens_per_doc need a fast tokenizer (its offset mapping cuts the text)",
+        ) from None
+    return query, items
 
 
 def model_length(limits) -> int:

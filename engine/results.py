@@ -77,3 +77,21 @@ class ResultTable:
                 )
             )
         return out
+
+
+def planned_results(plan, pooled_dim: int | None) -> list[GroupResult]:
+    """A dry run's stand-in for a plan's results: NaN scores, the plan's per-item errors (over-long items,
+    untokenizable text: the row errors the real run would report) and, when chunked, each item's planned
+    window count (pooled_dim: the pooled vectors' width, None when none are asked for)."""
+    results = []
+    for index, group in enumerate(plan.tokenized):
+        count = len(group.item_ids)
+        scores = np.full((count, 1), np.nan, np.float32)  # [items, 1]
+        pooled = None if pooled_dim is None else np.full((count, pooled_dim), np.nan, np.float32)
+        chunks = None if plan.chunked is None else np.asarray(plan.chunked[index].counts, np.int32)
+        results.append(
+            GroupResult(
+                scores=scores, score=scores[:, 0], pooled=pooled, errors=list(group.errors), chunks=chunks
+            )
+        )
+    return results

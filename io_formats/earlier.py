@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 from score_batch.io_formats.errors import InputError
@@ -20,6 +21,7 @@ from score_batch.io_formats.writers import output_compression, output_format
 
 SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scoring settings, query, item)
 SCAN_BATCH_ROWS = 65_536
+JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to disk
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
 
 
@@ -96,20 +98,70 @@ def open_earlier(texts: tuple[str, ...], options=()) -> list:
     return outputs
 
 
-def earlier_batches(texts: tuple[str, ...], schema: pa.Schema, options=()) -> Iterator[pa.RecordBatch]:
+def join_earlier(
+    texts: tuple[str, ...],
+    options,
+    keys: Path,
+    values: pa.Schema,
+    directory: Path,
+    joined: Path,
+    threads: int,
+) -> int:
+    """DuckDB: a run's keys (keys: a Parquet file of row_index, item_pos, score_key) ⋈ the earlier outputs'
+    rows, in input order, to the Parquet file joined (row_index, item_pos, score_key, then values: the reused
+    columns in this run's types); the number of pairs matched. Streamed: the outputs are scanned in record
+    batches and DuckDB spills to directory past JOIN_MEMORY. A key held by several earlier rows takes the
+    first output's, the lowest score there."""
+    import pyarrow.parquet as pq
+
+    try:
+        import duckdb
+    except ImportError:
+        raise InputError("--reuse needs DuckDB, which is not installed: pip install duckdb") from None
+    schema = pa.schema([pa.field(SCORE_KEY, pa.string()), *values])
+    stream = pa.RecordBatchReader.from_batches(
+        schema.append(pa.field("source", pa.int32())), _earlier_batches(open_earlier(texts, options), schema)
+    )
+    names = ", ".join(f"e.{name}" for name in values.names)
+    spill_sql, keys_sql, joined_sql = (_sql_text(path) for path in (directory / "spill", keys, joined))
+    connection = duckdb.connect()
+    try:
+        connection.execute(f"SET memory_limit = '{JOIN_MEMORY}'")
+        connection.execute(f"SET temp_directory = '{spill_sql}'")
+        connection.execute(f"SET threads = {threads}")
+        connection.register("earlier", stream)
+        connection.execute(
+            f"""COPY (
+                SELECT k.row_index, k.item_pos, k.{SCORE_KEY}, {names}
+                FROM read_parquet('{keys_sql}') AS k JOIN earlier AS e USING ({SCORE_KEY})
+                QUALIFY row_number() OVER (PARTITION BY k.row_index, k.item_pos ORDER BY e.source, e.score, e.scores) = 1
+                ORDER BY k.row_index, k.item_pos
+            ) TO '{joined_sql}' (FORMAT parquet)"""
+        )
+    except duckdb.Error as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if isinstance(error, (duckdb.IOException, duckdb.OutOfMemoryException)):  # the machine's: exit 3
+            raise OSError(f"--reuse: joining the earlier outputs failed: {first}") from None
+        raise InputError(f"--reuse: joining the earlier outputs failed: {first}") from None
+    finally:
+        connection.close()
+    return pq.ParquetFile(joined).metadata.num_rows
+
+
+def _earlier_batches(outputs: list, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Record batches of every earlier output in order, in schema (score_key first; the value columns the run
-    writes), with a `source` int32 column: the position of the output in texts. Rows with no score key
-    (failed rows) are dropped. The outputs are opened and checked first (open_earlier)."""
-    outputs = open_earlier(texts, options)
+    writes), with a `source` int32 column: the output's position. Rows with no score key (failed rows) are
+    dropped."""
+    for number, output in enumerate(outputs):
+        names = [name for name in schema.names if name in output.names]
+        for batch in output.batches(names):
+            if batch.num_rows:
+                yield _conformed(batch, schema, number)
 
-    def batches() -> Iterator[pa.RecordBatch]:
-        for number, output in enumerate(outputs):
-            names = [name for name in schema.names if name in output.names]
-            for batch in output.batches(names):
-                if batch.num_rows:
-                    yield _conformed(batch, schema, number)
 
-    return batches()
+def _sql_text(path: Path) -> str:
+    """A path as the inside of a SQL string literal (a quote doubled)."""
+    return str(path).replace("'", "''")
 
 
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:

@@ -13,16 +13,10 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Literal
 
-import numpy as np
 from score_batch.engine import Group
-from score_batch.engine.pair_truncation import (
-    model_length,
-    tei_truncated_pairs,
-    truncate_text_to_tokens,
-    truncated_pairs,
-)
+from score_batch.engine.activation import RequestActivation
+from score_batch.engine.pair_truncation import RequestRefused, cut_texts, tei_truncated_pairs, truncated_pairs
 from score_batch.engine.planner import Planner
 from score_batch.io_formats import readers
 from score_batch.io_formats.errors import InputError
@@ -49,7 +43,6 @@ from score_batch.job.sinks import LinesSink
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
-Activation = Literal["none", "sigmoid", "softmax"]
 
 
 def is_openai_batch(input_format: str, source: InputSource) -> bool:
@@ -106,12 +99,8 @@ def _score_requests(config: RunConfig, destination, report: RunReport, batch: Ba
     """Load the engine, score the requests window by window and publish the response lines."""
     scorer, planner, setup = load_engine(config, report)
     model, created = str(config.model_dir), int(time.time())
-    switches = _Switches(
-        getattr(config.engine.scoring, "activation", "auto"),
-        config.engine.scoring.score_index,
-        getattr(config.engine.scoring, "label_score", "probability"),
-    )
-    failures = _Failures()
+    scoring = config.engine.scoring
+    switches = RequestActivation(scoring.activation, scoring.score_index, scoring.label_score)
     sink = LinesSink(
         None if config.dry_run else destination, stdout=config.output == STDOUT and not config.dry_run
     )
@@ -127,22 +116,30 @@ def _score_requests(config: RunConfig, destination, report: RunReport, batch: Ba
                 if error is not None:
                     failed_items += len(request.items)
                     failed_requests += 1
-                    failures.add(request, error)
+                    if report.requests_failed + failed_requests <= LOGGED_FAILURES:
+                        log.warning("request %r failed: %s", request.custom_id, error.message)
                 lines.append(line)
-            scored = ScoredWindow(
-                len(window),
-                items,
-                failed_items,
-                None if plan is None else plan.stats,
-                requests=len(window),
-                requests_failed=failed_requests,
+            stats = None if plan is None else plan.stats
+            phase.add(
+                ScoredWindow(
+                    len(window),
+                    items,
+                    failed_items,
+                    stats,
+                    requests=len(window),
+                    requests_failed=failed_requests,
+                )
             )
-            phase.add(scored)
             if not config.dry_run:
                 sink.write(lines)
             phase.check()
         phase.commit()
-    failures.summarize(report.rows_read)
+    if report.requests_failed:
+        log.warning(
+            "%d of %d requests failed; their output lines carry the error",
+            report.requests_failed,
+            report.rows_read,
+        )
 
 
 def _windows(requests, window_items: int):
@@ -174,7 +171,7 @@ Owners = dict[int, list[_Part]]  # request number → its parts
 def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], Owners]:
     """The engine groups of a window's good requests, and per request its (group index, item positions).
 
-    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts (_cut_texts); then a
+    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts (cut_texts); then a
     pair over truncate_prompt_tokens N is scored on N of its tokens (_truncated), or, with TEI's truncate, a
     pair over the model's limit is cut longest first (_tei_truncated); each such pair is its own group. A
     request whose settings cannot be honoured gets its error here.
@@ -190,13 +187,17 @@ def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], 
             )
         if request.error is not None:
             continue
+        limits = (request.max_tokens_per_query, request.max_tokens_per_doc)
         try:
-            grouped = _cut_texts(request, planner)
-        except _RequestError as failure:
-            request.error = BatchError(failure.code, f"line {request.line}: {failure}")
+            grouped = [
+                (positions, *cut_texts(query, [request.items[p] for p in positions], *limits, planner))
+                for query, positions in request.grouped()
+            ]
+        except RequestRefused as refused:
+            request.error = BatchError(refused.code, f"line {request.line}: {refused}")
             continue
         owners[number] = []
-        for query, positions, items in grouped:
+        for positions, query, items in grouped:
             cut: dict[int, Group | str] = {}
             if request.truncate_prompt_tokens is not None:
                 cut = truncated_pairs(
@@ -217,45 +218,8 @@ def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], 
     return groups, owners
 
 
-class _RequestError(Exception):
-    """A request's setting this run cannot honour: the request's error line (code, message)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _cut_texts(request: BatchRequest, planner: Planner) -> list[tuple[str, list[int], list[str]]]:
-    """(query, item positions, items) per group of the request, with vLLM's max_tokens_per_query and
-    max_tokens_per_doc applied to the texts (truncate_text_to_tokens) before any template wraps them."""
-    limit = model_length(planner.limits)
-    for name in ("max_tokens_per_query", "max_tokens_per_doc"):
-        value = getattr(request, name)
-        if value and value >= limit:  # vLLM's _validate_token_limit
-            raise _RequestError(
-                "invalid_body", f"body.{name} ({value}) must be less than the model's length ({limit})"
-            )
-    grouped = []
-    for query, positions in request.grouped():
-        items = [request.items[p] for p in positions]
-        try:
-            if request.max_tokens_per_query:
-                query = truncate_text_to_tokens(query, planner.tokenizer, request.max_tokens_per_query)
-            if request.max_tokens_per_doc:
-                items = [
-                    truncate_text_to_tokens(i, planner.tokenizer, request.max_tokens_per_doc) for i in items
-                ]
-        except NotImplementedError:  # a slow tokenizer has no offset mapping
-            raise _RequestError(
-                "unsupported_parameter",
-                "max_tokens_per_query / max_tokens_per_doc need a fast tokenizer (its offset mapping cuts the text)",
-            ) from None
-        grouped.append((query, positions, items))
-    return grouped
-
-
 def _response(
-    request, number, owners, plan, results, model, created, switches: _Switches
+    request, number, owners, plan, results, model, created, switches: RequestActivation
 ) -> tuple[str, BatchError | None]:
     """A request's output line, and its error (None when it was scored, or planned in a dry run)."""
     if request.error is not None:
@@ -297,57 +261,6 @@ def _response(
     if request.endpoint == "rerank":
         return success_line(request, rerank_body(request, scores, tokens, model)), None
     return success_line(request, score_body(request, scores, tokens, model, created)), None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Switches:
-    """A request's use_activation applied to the engine's results, as vLLM's PoolingParams.use_activation.
-
-    None: the run's own `score` (what a table run writes). False: the raw value, entry score_index of
-    `scores`. True: the activated value: the run's `score` when the run applies an activation (its
-    --activation, `auto` by default: the model's own, as vLLM's default use_activation=true), else a
-    sigmoid (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit
-    applies none (its scores are raw logits); under label_score sigmoid there is no raw value to give
-    (_groups refuses use_activation false there).
-    """
-
-    run_activation: str  # the run's ScoringConfig.activation (auto | none | sigmoid | softmax)
-    score_index: int
-    label_score: str = "probability"  # the run's ScoringConfig.label_score
-
-    def values(self, scores: np.ndarray, score: np.ndarray, use_activation: bool | None) -> np.ndarray:
-        """[n] values of one group's items; scores: [n, num_scores], score: [n] (the run's)."""
-        if use_activation is None:
-            return score
-        if not use_activation:
-            return scores[:, self.score_index]
-        if self.run_activation != "none" and self.label_score != "logit":
-            return score
-        activation: Activation = "sigmoid" if scores.shape[1] == 1 else "softmax"
-        return _activate(scores, activation, self.score_index)
-
-
-def _activate(scores: np.ndarray, activation: Activation, score_index: int) -> np.ndarray:
-    """engine.activation.activate (imported when needed: it arrives with the engine's activation work)."""
-    from score_batch.engine.activation import activate
-
-    return activate(scores, activation, score_index)
-
-
-class _Failures:
-    """Failed requests: the first few named in the log, all counted."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def add(self, request: BatchRequest, error: BatchError) -> None:
-        self.count += 1
-        if self.count <= LOGGED_FAILURES:
-            log.warning("request %r failed: %s", request.custom_id, error.message)
-
-    def summarize(self, total: int) -> None:
-        if self.count:
-            log.warning("%d of %d requests failed; their output lines carry the error", self.count, total)
 
 
 __all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]

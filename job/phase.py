@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-from score_batch.engine import GroupResult
 from score_batch.engine.planner import Planner, WorkPlan
+from score_batch.engine.results import planned_results
 from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
 from score_batch.job.config import RunConfig
 from score_batch.job.progress import Progress
@@ -144,25 +143,7 @@ def load_engine(
 
 
 def score_plan(scorer: Scorer | None, plan: WorkPlan, phase: ScoringPhase, pooled_dim: int | None):
-    """The plan's results: the engine's, or for a dry run (no scorer) planned_results."""
+    """The plan's results: the engine's, or for a dry run (no scorer) engine/results.planned_results."""
     if scorer is None:
         return planned_results(plan, pooled_dim)
     return scorer.run(plan, phase.advance)
-
-
-def planned_results(plan: WorkPlan, pooled_dim: int | None) -> list[GroupResult]:
-    """A dry run's stand-in for scores: NaN everywhere, and the plan's per-item errors (over-long items,
-    untokenizable text), so the dry run reports the row errors the real run would; under --truncate chunk,
-    each item's planned window count."""
-    results = []
-    for index, group in enumerate(plan.tokenized):
-        count = len(group.item_ids)
-        scores = np.full((count, 1), np.nan, np.float32)  # [items, 1]
-        pooled = None if pooled_dim is None else np.full((count, pooled_dim), np.nan, np.float32)
-        chunks = None if plan.chunked is None else np.asarray(plan.chunked[index].counts, np.int32)
-        results.append(
-            GroupResult(
-                scores=scores, score=scores[:, 0], pooled=pooled, errors=list(group.errors), chunks=chunks
-            )
-        )
-    return results

@@ -9,9 +9,9 @@ scores within the batch-invariance bound (the batch token budget, window rows, p
 not in it. Equal keys therefore mean the same pair scored the same way.
 
 The join is streamed and bounded in memory: this run's keys are written to a temporary Parquet file in one
-pass over the input, the earlier outputs are scanned in record batches, and DuckDB joins them (spilling to
-disk past its memory limit) into a file of (row_index, item position, values) in input order, which the
-run then reads window by window.
+pass over the input, the earlier outputs are scanned in record batches, and DuckDB joins them
+(io_formats/earlier.join_earlier, spilling to disk past its memory limit) into a file of (row_index, item
+position, values) in input order, which the run then reads window by window.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from score_batch.io_formats.earlier import SCORE_KEY, earlier_batches
-from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.earlier import SCORE_KEY, join_earlier
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
 from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, model_identity, software_identity
 from score_batch.job.lock import process_gone
@@ -41,7 +40,6 @@ from score_batch.job.resources import available_cpus
 log = logging.getLogger(__name__)
 REUSED = ("score", "scores", "chunks", "pooled_hidden_state")  # the values a reused row copies
 RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # taken as resolved, not as asked
-JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to the temporary directory
 KEY_ROWS = 65_536  # keys per written batch
 TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
 PAIRS_MEMORY = 256 << 20  # bytes of scored values a run keeps for later repeats (ScoredPairs)
@@ -116,7 +114,10 @@ class EarlierScores:
             keys = directory / "keys.parquet"
             _write_keys(config, source, identity, keys)
             joined = directory / "reused.parquet"
-            matched = _join(config, keys, values, directory, joined)
+            matched = join_earlier(
+                config.reuse, config.storage_options, keys, values, directory, joined, available_cpus()
+            )
+            log.info("--reuse: %d pairs found in %d earlier output(s)", matched, len(config.reuse))
             return cls(directory, joined, matched)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
@@ -237,52 +238,9 @@ def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: P
             writer.write_table(pa.table([indexes, positions, keys], schema=schema))
 
 
-def _join(config: RunConfig, keys: Path, values: pa.Schema, directory: Path, joined: Path) -> int:
-    """DuckDB: this run's keys ⋈ the earlier outputs' rows, in input order, to joined; the number of pairs
-    matched. A key held by several earlier rows takes the first --reuse output's, the lowest score there."""
-    try:
-        import duckdb
-    except ImportError:
-        raise InputError("--reuse needs DuckDB, which is not installed: pip install duckdb") from None
-    schema = pa.schema([pa.field(SCORE_KEY, pa.string()), *values])
-    batches = earlier_batches(config.reuse, schema, config.storage_options)
-    stream = pa.RecordBatchReader.from_batches(schema.append(pa.field("source", pa.int32())), batches)
-    names = ", ".join(f"e.{name}" for name in values.names)
-    spill_sql, keys_sql, joined_sql = (_sql_text(path) for path in (directory / "spill", keys, joined))
-    connection = duckdb.connect()
-    try:
-        connection.execute(f"SET memory_limit = '{JOIN_MEMORY}'")
-        connection.execute(f"SET temp_directory = '{spill_sql}'")
-        connection.execute(f"SET threads = {available_cpus()}")
-        connection.register("earlier", stream)
-        connection.execute(
-            f"""COPY (
-                SELECT k.row_index, k.item_pos, k.{SCORE_KEY}, {names}
-                FROM read_parquet('{keys_sql}') AS k JOIN earlier AS e USING ({SCORE_KEY})
-                QUALIFY row_number() OVER (PARTITION BY k.row_index, k.item_pos ORDER BY e.source, e.score, e.scores) = 1
-                ORDER BY k.row_index, k.item_pos
-            ) TO '{joined_sql}' (FORMAT parquet)"""
-        )
-    except duckdb.Error as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if isinstance(error, (duckdb.IOException, duckdb.OutOfMemoryException)):  # the machine's: exit 3
-            raise OSError(f"--reuse: joining the earlier outputs failed: {first}") from None
-        raise InputError(f"--reuse: joining the earlier outputs failed: {first}") from None
-    finally:
-        connection.close()
-    matched = pq.ParquetFile(joined).metadata.num_rows
-    log.info("--reuse: %d pairs found in %d earlier output(s)", matched, len(config.reuse))
-    return matched
-
-
 def _remove_stale_directories() -> None:
     """Remove the temporary directories of --reuse runs whose process is gone (killed with -9)."""
     for path in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*"):
         pid = path.name[len(TEMP_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and process_gone(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _sql_text(path: Path) -> str:
-    """A path as the inside of a SQL string literal (a quote doubled)."""
-    return str(path).replace("'", "''")
