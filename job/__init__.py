@@ -16,6 +16,7 @@
 Imports engine and io_formats, never the CLI.
 """
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +32,8 @@ from score_batch.job.policy import remove_leftovers
 from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.resources import available_cpus
-from score_batch.job.signals import Stopped, StopSignals
+
+from score_batch.signals import Stopped, StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def run(config: RunConfig) -> RunReport:
     check_report_path(config)  # before the report can be written, so it never replaces a file it must not
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
     started = time.perf_counter()
-    batch_file = False
+    batch_file, ended = False, None
     try:
         with StopSignals(immediate=True):  # imports, preflight and model load stop at once; scoring defers
             import torch  # here: importing score_batch.job (its config, signals, report) costs no torch
@@ -58,15 +60,14 @@ def run(config: RunConfig) -> RunReport:
             torch.set_num_threads(config.threads or available_cpus())
             batch_file = _run_phases(config, report)
     except BaseException as error:
+        ended = error
+        raise
+    finally:
         report.seconds_total = round(time.perf_counter() - started, 3)
         report.add_usage(config.price_per_hour)
-        report.end(error)
-        _write_report(config, report)
-        raise
-    report.seconds_total = round(time.perf_counter() - started, 3)
-    report.add_usage(config.price_per_hour)
-    report.end(None)
-    _write_report(config, report)
+        report.end(ended)
+        if config.report:
+            report.write(config.report)
     warn_failed_items(report, config, batch_file)
     return report
 
@@ -80,7 +81,7 @@ def _run_phases(config: RunConfig, report: RunReport) -> bool:
     try:
         runner = _resolve(config, source)
         checked = runner.preflight(config, source)
-        with OutputLock.for_paths(checked.paths):
+        with contextlib.nullcontext() if checked.paths.lock is None else OutputLock(checked.paths.lock):
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
                     remove_leftovers(*checked.paths.leftovers)
@@ -118,12 +119,6 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     report.already_complete = True
     log.warning("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True
-
-
-def _write_report(config: RunConfig, report: RunReport) -> None:
-    """Write the report where --report says (nothing when it says nothing)."""
-    if config.report:
-        report.write(config.report)
 
 
 __all__ = ["RayOptions", "RunConfig", "RunReport", "Stopped", "report_failure", "run"]

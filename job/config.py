@@ -201,13 +201,18 @@ FINGERPRINTED = (
 def software_identity() -> list:
     """The installed versions of the packages that compute the scores (None: not installed); read from package
     metadata, so nothing is imported. An upgrade between a killed run and its --resume must not mix scores."""
-    versions = []
-    for name in SCORING_SOFTWARE:
+    return [list(pair) for pair in package_versions(SCORING_SOFTWARE).items()]
+
+
+def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """Installed versions by package name, from package metadata (None: not installed; nothing imported)."""
+    found: dict[str, str | None] = {}
+    for name in names:
         try:
-            versions.append([name, importlib.metadata.version(name)])
+            found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            versions.append([name, None])
-    return versions
+            found[name] = None
+    return found
 
 
 MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".py")

@@ -183,11 +183,6 @@ class OutputContract:
         failed = pc.is_valid(part[ERROR])
         return part.filter(pc.invert(failed)), part.filter(failed)
 
-    def first_error(self, part: pa.Table) -> str | None:
-        """The first failed row's error, for on_error=fail."""
-        errors = part[ERROR].drop_null()
-        return errors[0].as_py() if len(errors) else None
-
     def final_view(self, part: pa.Table) -> pa.Table:
         """Part rows in the final schema."""
         return _view(part, self.final_schema())

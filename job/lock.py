@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -30,11 +29,6 @@ class OutputLock:
     def __init__(self, path: Target) -> None:
         self.path = path
         self.held = False
-
-    @classmethod
-    def for_paths(cls, paths) -> OutputLock | contextlib.nullcontext:
-        """The lock of a run's resolved paths (RunPaths.lock; None: stdout or a dry run)."""
-        return contextlib.nullcontext() if paths.lock is None else cls(paths.lock)
 
     def __enter__(self) -> OutputLock:
         self.acquire()

@@ -24,7 +24,6 @@ from score_batch.io_formats.listing import InputFormat
 from score_batch.io_formats.openai_batch import (
     STDIN,
     BatchError,
-    BatchFileReader,
     BatchRequest,
     error_line,
     rerank_body,
@@ -60,15 +59,6 @@ def batch_preflight(config: RunConfig, source: InputSource) -> Checked:
     return Checked(source, paths, mapping=None, types={})
 
 
-def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
-    """The batch-file runner's score-and-publish phase (job.run holds the lock and removed leftovers):
-    every request scored, one response line each, published in one step; fills report.
-
-    For stdin, the opened source's spool is read.
-    """
-    _score_requests(config, checked.destination, report, readers.batch_reader(checked.source))
-
-
 def check_batch_config(config: RunConfig) -> None:
     """Refuse settings a batch file cannot honour (they belong to table input or to the Ray runner)."""
     refusals = {
@@ -95,8 +85,11 @@ def check_batch_config(config: RunConfig) -> None:
         )
 
 
-def _score_requests(config: RunConfig, destination, report: RunReport, batch: BatchFileReader) -> None:
-    """Load the engine, score the requests window by window and publish the response lines."""
+def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
+    """The batch-file runner's score-and-publish phase (job.run holds the lock and removed leftovers): the
+    engine loaded, every request scored (stdin: read from the opened source's spool), one response line
+    each, published in one step."""
+    batch, destination = readers.batch_reader(checked.source), checked.destination
     scorer, planner, setup = load_engine(config, report)
     model, created = str(config.model_dir), int(time.time())
     scoring = config.engine.scoring

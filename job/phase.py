@@ -21,9 +21,9 @@ from score_batch.job.config import RunConfig
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
 from score_batch.job.score_stats import ScoreStats
-from score_batch.job.signals import StopSignals
 
 from score_batch.errors import UserError
+from score_batch.signals import StopSignals
 
 
 @dataclass(frozen=True)

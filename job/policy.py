@@ -93,10 +93,9 @@ def _unfinished_publish(destination: Target) -> bool:
 
 def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
     """Under on_error=fail, a failed row stops the run with its message."""
-    if contract.on_error == "fail":
-        error = contract.first_error(part)
-        if error is not None:
-            raise InputError(f"{label}: {error} {KEEP_GOING}")
+    errors = part["error"].drop_null() if contract.on_error == "fail" else ()
+    if len(errors):
+        raise InputError(f"{label}: {errors[0].as_py()} {KEEP_GOING}")
 
 
 def remove_leftovers(*paths: Target | None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import logging
 import os
@@ -15,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from score_batch.io_formats.writers import durable_replace, exclusive_temp
+from score_batch.job.config import package_versions
 
 from score_batch import __version__
 from score_batch.errors import exit_code
@@ -205,13 +205,11 @@ def seconds_since_start() -> float:
 
 def versions() -> dict:
     """Versions of the pieces that decide the numbers, from package metadata (nothing is imported)."""
-    found = {"score-batch": __version__, "python": sys.version.split()[0]}
-    for name in ("torch", "transformers", "pyarrow"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+    return {
+        "score-batch": __version__,
+        "python": sys.version.split()[0],
+        **package_versions(("torch", "transformers", "pyarrow")),
+    }
 
 
 def settings_of(config) -> dict:

@@ -13,8 +13,8 @@ from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.job.config import RunConfig
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.report import RunReport
-from score_batch.job.signals import Stopped
 
+from score_batch.signals import Stopped
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows
 
