@@ -52,13 +52,13 @@ def run(config: RunConfig) -> RunReport:
     check_report_path(config)  # before the report can be written, so it never replaces a file it must not
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
     started = time.perf_counter()
-    batch_file, ended = False, None
+    errors, ended = None, None
     try:
         with StopSignals(immediate=True):  # imports, preflight and model load stop at once; scoring defers
             import torch  # here: importing score_batch.job (its config, signals, report) costs no torch
 
             torch.set_num_threads(config.threads or available_cpus())
-            batch_file = _run_phases(config, report)
+            errors = _run_phases(config, report)
     except BaseException as error:
         ended = error
         raise
@@ -68,13 +68,13 @@ def run(config: RunConfig) -> RunReport:
         report.end(ended)
         if config.report:
             report.write(config.report)
-    warn_failed_items(report, config, batch_file)
+    warn_failed_items(report, config, errors)
     return report
 
 
-def _run_phases(config: RunConfig, report: RunReport) -> bool:
-    """resolve → preflight → lock → score windows → publish (the report is the caller's); True for a
-    batch file."""
+def _run_phases(config: RunConfig, report: RunReport):
+    """resolve → preflight → lock → score windows → publish (the report is the caller's); the errors file's
+    Target (RunPaths.errors), for the closing warning."""
     ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
     check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled, chunked=config.chunked)
     source = open_source(config.inputs, config.storage_options, config.hive_types)
@@ -86,7 +86,7 @@ def _run_phases(config: RunConfig, report: RunReport) -> bool:
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
                     remove_leftovers(*checked.paths.leftovers)
                 runner.score(config, checked, report)
-        return runner.kind == "batch-file"
+        return checked.paths.errors
     finally:
         source.close()
 

@@ -70,18 +70,6 @@ def parts_dir(destination: Target) -> Target:
     return destination.sibling(".parts")
 
 
-def errors_path(config: RunConfig, destination: Target | None = None) -> Target | None:
-    """Where --on-error skip lists skipped rows: --errors-file, else OUTPUT.errors.jsonl (None: the log,
-    or nothing skipped). destination: the checked output, when the caller has it."""
-    if config.on_error != "skip" or config.dry_run:
-        return None
-    if config.errors_file:
-        return target(config.errors_file, config.storage_options)
-    if destination is None and config.output != STDOUT:
-        destination = target(config.output, config.storage_options)
-    return None if destination is None else default_errors_path(destination)
-
-
 @dataclass(frozen=True)
 class RunPaths:
     """Every path one run writes, resolved once in preflight; later phases take them from here."""
@@ -98,7 +86,14 @@ class RunPaths:
     def resolve(cls, config: RunConfig, destination: Target | None) -> RunPaths:
         """The paths of a run whose output was checked by check_destination (destination None: stdout)."""
         writes = destination is not None and not config.dry_run
-        errors = errors_path(config, destination)
+        errors = (
+            None  # --on-error skip lists skipped rows in --errors-file, else OUTPUT.errors.jsonl (or the log)
+        )
+        if config.on_error == "skip" and not config.dry_run:
+            if config.errors_file:
+                errors = target(config.errors_file, config.storage_options)
+            elif destination is not None:
+                errors = default_errors_path(destination)
         report = LocalTarget(config.report) if config.report and config.report != STDOUT else None
         return cls(
             destination,

@@ -8,8 +8,8 @@ import logging
 import sys
 import time
 
+from score_batch.io_formats.target import Target
 from score_batch.job.config import STDOUT, RunConfig
-from score_batch.job.paths import errors_path
 from score_batch.job.report import RunReport
 from tqdm import tqdm
 
@@ -74,27 +74,27 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def failed_items_warning(report: RunReport, config: RunConfig, batch_file: bool = False) -> str | None:
-    """One line saying how many items failed and where they went; None when every item was scored (and for
-    batch files, whose driver counts failed requests in its own line)."""
-    if not report.items_failed or batch_file:
+def failed_items_warning(report: RunReport, config: RunConfig, errors: Target | None) -> str | None:
+    """One line saying how many items failed and where they went (errors: RunPaths.errors); None when every
+    item was scored, and for batch files (their runner counts failed requests in its own line)."""
+    if not report.items_failed or report.requests:
         return None
     count = f"{report.items_failed} of {report.items} items"
     if config.dry_run:
         return f"dry run: {count} would fail (--on-error {config.on_error})"
     if config.on_error == "skip":
-        path = errors_path(config)
-        if path is None:  # -o - without --errors-file: one warning line per row, above
-            where = "the log above, one line each (pass --errors-file to keep them in a file)"
-        else:
-            where = getattr(path, "uri", str(path))  # a local Path, or an object-store Location
+        where = (
+            "the log above, one line each (pass --errors-file to keep them in a file)"  # -o - without a file
+            if errors is None
+            else errors.uri
+        )
         return f"{count} failed and were left out of the output; they are listed in {where}"
     output = "the output" if config.output == STDOUT else config.output
     return f"{count} failed; their rows in {output} carry the error"
 
 
-def warn_failed_items(report: RunReport, config: RunConfig, batch_file: bool = False) -> None:
+def warn_failed_items(report: RunReport, config: RunConfig, errors: Target | None) -> None:
     """Log the failed-items line at WARNING (a run that lost or flagged rows never ends silently)."""
-    message = failed_items_warning(report, config, batch_file)
+    message = failed_items_warning(report, config, errors)
     if message is not None:
         log.warning("%s", message)
