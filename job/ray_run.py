@@ -72,8 +72,10 @@ def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
 
 def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: Target | None) -> dict:
     """Ray Data stage: read units (on their own filesystem) → rows keyed by query group, each pickled with its
-    pairs' joined earlier values (--reuse; reused: the joined file on the output's store)."""
+    pairs' joined earlier values (--reuse; reused: the joined file on the output's store). A nested-layout row
+    is a query group of its own: pickled as a one-row group, as the actors take them."""
     keys, blobs = [], []
+    alone = mapping.layout != "long"
     for file, group, first, end in zip(
         batch["file"], batch["row_group"], batch["first_row"], batch["end_row"]
     ):
@@ -81,7 +83,8 @@ def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: T
         joined = _joined_rows(reused, int(first), int(end))
         for row in read_unit(unit, mapping, types):
             keys.append(_group_key(row, mapping.layout))
-            blobs.append(pickle.dumps((row, joined.get(row.index, ()))))
+            entry = (row, joined.get(row.index, ()))
+            blobs.append(pickle.dumps([entry] if alone else entry))
     return {"group": keys, "rows": blobs}
 
 
@@ -109,12 +112,6 @@ def _collapse_group(group: pa.Table) -> pa.Table:
     """One query group (all its rows) → one row holding the pickled list of rows."""
     rows = [pickle.loads(blob) for blob in group.column("rows").to_pylist()]
     return pa.table({"rows": pa.array([pickle.dumps(rows)], pa.binary())})
-
-
-def _wrap_rows(batch: pa.Table) -> pa.Table:
-    """Nested layout: each row is already a group of its own."""
-    rows = [pickle.dumps([pickle.loads(blob)]) for blob in batch.column("rows").to_pylist()]
-    return pa.table({"rows": pa.array(rows, pa.binary())})
 
 
 class ScoreActor:
@@ -201,34 +198,40 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 and config.engine.device != "cpu" else 0
 
     reused = _joined_on_store(config, source, destination, contract, gpus) if config.reuse else None
+    sink = StagedDirectorySink(destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
     try:
-        _run_dataset(config, checked, report, options, units, contract, partitioning, gpus, reused)
+        total_rows = source.total_rows() or 0
+        dataset = _dataset(config, checked, options, units, contract, gpus, reused, total_rows)
+        with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
+            with _user_errors():
+                counts = _score_on_ray(
+                    dataset, contract, sink.staging, partitioning, sink.errors, phase, source
+                )
+            items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
+            reused_pairs = sum(c["reused"] for c in counts)
+            phase.add(ScoredWindow(total_rows, items, failed, reused=reused_pairs))
+            phase.commit()
     finally:
+        sink.remove()
         if reused is not None:
             reused.parent.delete_tree()
 
 
-def _run_dataset(config, checked, report, options, units, contract, partitioning, gpus, reused) -> None:
-    """Build and run the Ray Data pipeline; publish through the sink (see run_ray)."""
+def _dataset(config, checked, options, units, contract, gpus, reused, total_rows: int):
+    """The Ray Data pipeline: read units → rows → whole query groups → the actor pool (see the module)."""
     import ray
 
     source, mapping, types = checked.source, checked.mapping, checked.types
-    total_rows = source.total_rows() or 0
     dataset = ray.data.from_items(_unit_rows(units, source), override_num_blocks=len(units))
     dataset = dataset.map_batches(
-        _read_rows,
-        fn_args=(source, mapping, types, reused),
-        batch_size=1,
-        num_cpus=LIGHT_CPUS,
+        _read_rows, fn_args=(source, mapping, types, reused), batch_size=1, num_cpus=LIGHT_CPUS
     )
     if mapping.layout == "long":
         partitions = max(2 * options.num_workers, -(-total_rows // ROWS_PER_PARTITION))
         dataset = dataset.groupby("group", num_partitions=partitions).map_groups(
             _collapse_group, batch_format="pyarrow", num_cpus=LIGHT_CPUS
         )
-    else:
-        dataset = dataset.map_batches(_wrap_rows, batch_format="pyarrow", num_cpus=LIGHT_CPUS)
-    dataset = dataset.map_batches(
+    return dataset.map_batches(
         ScoreActor,
         fn_constructor_args=(config, contract, int(options.cpus_per_worker)),
         batch_size=options.groups_per_batch,
@@ -237,18 +240,6 @@ def _run_dataset(config, checked, report, options, units, contract, partitioning
         num_cpus=options.cpus_per_worker,
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
-    sink = StagedDirectorySink(checked.destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
-    try:
-        with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
-            with _user_errors():
-                counts = _score_on_ray(
-                    dataset, contract, sink.staging, partitioning, sink.errors, phase, source
-                )
-            items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
-            phase.add(ScoredWindow(total_rows, items, failed, reused=sum(c["reused"] for c in counts)))
-            phase.commit()
-    finally:
-        sink.remove()
 
 
 def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, source) -> list[dict]:
