@@ -33,12 +33,17 @@ class RayOptions:
     groups_per_batch: int = 64
 
     def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise ConfigError("RayOptions.num_workers", self.num_workers, "must be at least 1")
-        if self.cpus_per_worker <= 0:
-            raise ConfigError("RayOptions.cpus_per_worker", self.cpus_per_worker, "must be positive")
-        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
-            raise ConfigError("RayOptions.gpus_per_worker", self.gpus_per_worker, "must not be negative")
+        for name, bad, why in (
+            ("num_workers", self.num_workers < 1, "must be at least 1"),
+            ("cpus_per_worker", self.cpus_per_worker <= 0, "must be positive"),
+            (
+                "gpus_per_worker",
+                self.gpus_per_worker is not None and self.gpus_per_worker < 0,
+                "must not be negative",
+            ),
+        ):
+            if bad:
+                raise ConfigError(f"RayOptions.{name}", getattr(self, name), why)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ that do not exist yet), object-store paths as scheme://bucket/key with `.` and `
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -44,14 +45,12 @@ def check_collisions(writes: dict[str, object], reads: dict[str, object]) -> Non
                     f"{name} {str(writes[name])!r} would overwrite or mix into {read_name} "
                     f"{str(reads[read_name])!r}; choose another path"
                 )
-    names = list(resolved_writes)
-    for i, first in enumerate(names):
-        for second in names[i + 1 :]:
-            if _overlap(resolved_writes[first], resolved_writes[second]):
-                raise InputError(
-                    f"{first} {str(writes[first])!r} and {second} {str(writes[second])!r} are the same path; "
-                    "give them different paths"
-                )
+    for first, second in itertools.combinations(resolved_writes, 2):
+        if _overlap(resolved_writes[first], resolved_writes[second]):
+            raise InputError(
+                f"{first} {str(writes[first])!r} and {second} {str(writes[second])!r} are the same path; "
+                "give them different paths"
+            )
 
 
 def _overlap(a: str, b: str) -> bool:

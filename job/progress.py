@@ -57,21 +57,13 @@ class Progress:
         text = f"{self.rows} rows, {self.items} items, {rate:.1f} items/s"
         if self.total:
             left = max(self.total - self.items, 0)
-            eta = left / rate if rate > 0 else float("inf")
-            text += f", {100 * self.items / self.total:.1f}%, ETA {_duration(eta)}"
+            eta = tqdm.format_interval(left / rate) if rate > 0 else "unknown"
+            text += f", {100 * self.items / self.total:.1f}%, ETA {eta}"
         return text
 
     def close(self) -> None:
         """Close the bar."""
         self._bar.close()
-
-
-def _duration(seconds: float) -> str:
-    """Seconds as h:mm:ss (or 'unknown')."""
-    if seconds == float("inf"):
-        return "unknown"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def failed_items_warning(report: RunReport, config: RunConfig, errors: Target | None) -> str | None:
