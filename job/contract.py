@@ -22,6 +22,7 @@ RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
 QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
 CHUNKS = "chunks"  # --truncate chunk: how many windows the item was scored as (1 when it fit)
 REUSED_FLAG = "__reused"  # Ray actors' batches: the pair's values came from --reuse (counted, never written)
+DUPLICATES = "__duplicates"  # Ray actors' batches: the copies of earlier pairs a row accounts for (ditto)
 ERROR_FIELDS = (ROW_INDEX, "query_id", "item_id", ERROR)  # one line of the errors file
 ID_COLUMNS = ("query_id", "item_id")
 PARTITION_IDS = ID_COLUMNS  # --partition-by may name these and the kept columns
@@ -107,7 +108,7 @@ class OutputContract:
         probe = OutputContract(
             (pa.null(), pa.null()), (), 1 if pooled else None, "record", False, ranked, chunked=chunked
         )
-        return (*(probe.ranked_schema() if ranked else probe.part_schema()).names, REUSED_FLAG)
+        return (*(probe.ranked_schema() if ranked else probe.part_schema()).names, REUSED_FLAG, DUPLICATES)
 
     @property
     def keep(self) -> tuple[str, ...]:

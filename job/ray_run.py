@@ -33,14 +33,21 @@ from score_batch.io_formats.readers import (
 )
 from score_batch.io_formats.target import Target
 from score_batch.job.config import RayOptions, RunConfig
-from score_batch.job.contract import ERROR, REUSED_FLAG, ROW_INDEX, OutputContract
+from score_batch.job.contract import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, OutputContract
 from score_batch.job.malloc import tune_malloc
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, preflight, run_contract
 from score_batch.job.ranking import rank_parts
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import EarlierScores, pair_keys, reused_schema, reused_values, score_identity
+from score_batch.job.reuse import (
+    EarlierScores,
+    ScoredPairs,
+    pair_keys,
+    reused_schema,
+    reused_values,
+    score_identity,
+)
 from score_batch.job.score_stats import written_scores
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_window, output_columns, query_group_key, without
@@ -51,7 +58,10 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
-FLAG_FIELD = pa.field(REUSED_FLAG, pa.bool_())
+TALLIES = [
+    pa.field(REUSED_FLAG, pa.bool_()),
+    pa.field(DUPLICATES, pa.int32()),
+]  # per row, counted, not written
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
@@ -127,9 +137,12 @@ class ScoreActor:
         self.contract = contract
         self.scorer = Scorer.load(config.model_dir, config.engine)
         self.identity = score_identity(config, self.scorer.setup)  # as this actor resolved the device
+        self.pairs = ScoredPairs()  # the pairs this actor wrote: a repeat in a later batch is copied
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        """Part rows of the batch's groups, with a REUSED_FLAG column (the pair's values came from --reuse)."""
+        """Part rows of the batch's groups with their tallies (TALLIES): REUSED_FLAG, the pair's values came
+        from --reuse; DUPLICATES, the copies a row accounts for (1 for a pair this actor wrote in an earlier
+        batch; the batch's first row adds the repeats the engine scored once within the batch)."""
         entries = sorted(
             (entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)),
             key=lambda entry: entry[0].index,
@@ -143,12 +156,25 @@ class ScoreActor:
                 if values is not None:
                     reused[(number, joined["item_pos"])] = values
         todo = without(group_window(rows), reused)
-        results = self.scorer.score(todo.groups)
-        part = self.contract.part_table(output_columns(rows, todo, results, self.contract, keys, reused))
-        flags = [
-            (number, item) in reused for number, row in enumerate(rows) for item in range(len(row.item_ids))
-        ]
-        return part.append_column(REUSED_FLAG, pa.array(flags, pa.bool_()))
+        copies = self.pairs.take(todo, keys)
+        todo = without(todo, copies)
+        plan = self.scorer.plan(todo.groups)
+        results = self.scorer.run(plan)
+        part = self.contract.part_table(
+            output_columns(rows, todo, results, self.contract, keys, reused | copies)
+        )
+        self.pairs.add(part)
+        refs = [(number, item) for number, row in enumerate(rows) for item in range(len(row.item_ids))]
+        duplicates = [int(ref in copies) for ref in refs]
+        if duplicates:
+            duplicates[0] += plan.stats.duplicates
+        tallies = [pa.array([ref in reused for ref in refs], pa.bool_()), pa.array(duplicates, pa.int32())]
+        return pa.Table.from_arrays([*part.columns, *tallies], schema=_tallied(part.schema))
+
+
+def _tallied(schema: pa.Schema) -> pa.Schema:
+    """A part schema with the actors' per-row tallies."""
+    return pa.schema([*schema, *TALLIES])
 
 
 def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:
@@ -208,8 +234,8 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
                     dataset, contract, sink.staging, partitioning, sink.errors, phase, source
                 )
             items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
-            reused_pairs = sum(c["reused"] for c in counts)
-            phase.add(ScoredWindow(total_rows, items, failed, reused=reused_pairs))
+            reused_pairs, duplicates = (sum(c[name] for c in counts) for name in ("reused", "duplicates"))
+            phase.add(ScoredWindow(total_rows, items, failed, reused=reused_pairs, duplicates=duplicates))
             phase.commit()
     finally:
         sink.remove()
@@ -259,11 +285,13 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
         if not contract.ranked:  # ranked runs list them with their query's generated id
             errors.write(failed)
     if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
-        tables = ray.get(dataset.to_arrow_refs()) or [contract.part_schema().append(FLAG_FIELD).empty_table()]
-        rows = pa.concat_tables([t.cast(contract.part_schema().append(FLAG_FIELD)) for t in tables])
+        schema = _tallied(contract.part_schema())
+        rows = pa.concat_tables(
+            [t.cast(schema) for t in ray.get(dataset.to_arrow_refs())] or [schema.empty_table()]
+        )
         rows = rows.sort_by(ROW_INDEX)
         phase.add(ScoredWindow(0, 0, 0, scores=rows["score"]))  # the distribution before --top-k
-        ranked, failed = rank_parts([rows.drop_columns([REUSED_FLAG])], contract)
+        ranked, failed = rank_parts([rows.drop_columns([REUSED_FLAG, DUPLICATES])], contract)
         errors.write(failed)
         ranked = contract.ray_view(ranked)
         _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
@@ -349,10 +377,13 @@ def _write_files(
 
 
 def _counts(part: pa.Table) -> pa.Table:
-    """A scored block's items, failed items (as a local run counts them, before --on-error skip) and reused."""
+    """A scored block's items, failed items (as a local run counts them, before --on-error skip), reused pairs
+    and duplicates."""
     failed = part.num_rows - part[ERROR].null_count
-    reused = pc.sum(part[REUSED_FLAG]).as_py() or 0
-    return pa.table({"items": [part.num_rows], "failed": [failed], "reused": [reused]})
+    reused, duplicates = (pc.sum(part[name]).as_py() or 0 for name in (REUSED_FLAG, DUPLICATES))
+    return pa.table(
+        {"items": [part.num_rows], "failed": [failed], "reused": [reused], "duplicates": [duplicates]}
+    )
 
 
 @contextlib.contextmanager

@@ -65,6 +65,7 @@ def test_wrong_column_name_exits_2_without_loading_the_model(qwen3_causal, tmp_p
         "error",
         "row_index",
         "__reused",
+        "__duplicates",
     ],
 )
 def test_every_reserved_output_name_exits_2_before_any_model_load(

@@ -274,3 +274,42 @@ def test_ray_top_k_equals_the_local_ranking(qwen3_causal, tmp_path):
     got = ds.dataset(tmp_path / "ray_out", format="parquet").to_table().to_pylist()
     assert [(r["item_id"], r["rank"]) for r in got] == [(r["item_id"], r["rank"]) for r in expected]
     assert max(abs(a["score"] - b["score"]) for a, b in zip(got, expected) if a["score"] is not None) <= 1e-6
+
+
+# A score-batch command whose Ray actors get two query groups per batch (RayOptions.groups_per_batch, which
+# the command leaves at its default), so a repeated pair lands in a later batch of the same actor.
+SMALL_BATCHES = """
+import dataclasses, sys
+import score_batch.job as job
+from score_batch.cli.main import run
+
+real_run = job.run
+job.run = lambda config: real_run(
+    dataclasses.replace(config, ray=dataclasses.replace(config.ray, groups_per_batch=2))
+)
+sys.argv = ["score-batch", *sys.argv[1:]]
+run()
+"""
+
+
+def test_ray_actor_copies_pairs_it_wrote_in_earlier_batches(qwen3_causal, tmp_path):
+    pytest.importorskip("ray")
+    first = [
+        {"query": "Tokyo is a city in", "items": [" Japan", " Japan"]},  # a repeat within one batch
+        *({"query": f"I pledge allegiance {k}", "items": [" to", f" the flag {k}"]} for k in range(7)),
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", first + first)  # every row again, batches later
+    common = [src, "--model", qwen3_causal, *LABEL_FLAGS, "-q", "--report"]
+    local = run_cli(*common, tmp_path / "local.json", "-o", tmp_path / "local.parquet", "--window-rows", "4")
+    assert local.returncode == 0, local.stderr
+    out = tmp_path / "out"
+    result = run_in_process(
+        "-c", SMALL_BATCHES, *common, tmp_path / "ray.json", "-o", out, "--ray", python_args=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ray_table = _compare(out, tmp_path / "local.parquet", error_column=False).sort_by("row_index")
+    scores = ray_table.column("scores").to_pylist()
+    half = len(scores) // 2
+    assert scores[half:] == scores[:half] and scores[0] == scores[1]  # every copy is its first, bit for bit
+    reports = [json.loads((tmp_path / f"{name}.json").read_text()) for name in ("local", "ray")]
+    assert [report["duplicates"] for report in reports] == [17, 17]  # 1 within a batch, 16 across

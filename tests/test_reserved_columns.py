@@ -9,7 +9,7 @@ import pytest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.job import local, ray_run
-from score_batch.job.contract import REUSED_FLAG, OutputContract, check_kept_columns
+from score_batch.job.contract import DUPLICATES, REUSED_FLAG, OutputContract, check_kept_columns
 
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
@@ -31,7 +31,8 @@ def test_written_columns_are_every_column_of_every_file_but_the_kept_ones(ranked
         "query_id",
         "item_id",
         "error",
-        REUSED_FLAG,  # a column of the Ray actors' batches
+        REUSED_FLAG,  # columns of the Ray actors' batches
+        DUPLICATES,
     }
     assert set(OutputContract.written_columns(ranked=ranked, pooled=pooled)) == names - {"tag"}
     assert ("rank" in names) == ranked and ("pooled_hidden_state" in names) == pooled
