@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -20,6 +21,7 @@ from score_batch.errors import ConfigError
 ON_ERROR_MODES = ("fail", "record", "skip")
 INPUT_FORMATS: tuple[str, ...] = get_args(RequestedFormat)
 DEFAULT_WINDOW_ROWS = 2048
+PRICE = "must be a price >= 0"
 
 
 @dataclass(frozen=True)
@@ -33,17 +35,19 @@ class RayOptions:
     groups_per_batch: int = 64
 
     def __post_init__(self) -> None:
-        for name, bad, why in (
-            ("num_workers", self.num_workers < 1, "must be at least 1"),
-            ("cpus_per_worker", self.cpus_per_worker <= 0, "must be positive"),
-            (
-                "gpus_per_worker",
-                self.gpus_per_worker is not None and self.gpus_per_worker < 0,
-                "must not be negative",
-            ),
-        ):
-            if bad:
-                raise ConfigError(f"RayOptions.{name}", getattr(self, name), why)
+        refuse(
+            self,
+            ("num_workers", lambda: self.num_workers < 1, "must be at least 1"),
+            ("cpus_per_worker", lambda: self.cpus_per_worker <= 0, "must be positive"),
+            ("gpus_per_worker", lambda: (self.gpus_per_worker or 0) < 0, "must not be negative"),
+        )
+
+
+def refuse(config, *checks: tuple[str, Callable[[], bool], str]) -> None:
+    """ConfigError naming the first field whose check (name, refused?, why) refuses its value, in order."""
+    for name, refused, why in checks:
+        if refused():
+            raise ConfigError(f"{type(config).__name__}.{name}", getattr(config, name), why)
 
 
 @dataclass(frozen=True)
@@ -79,21 +83,19 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         stdout = self.output == STDOUT
-        refused = (  # (field, refused?, why)
-            ("on_error", self.on_error not in ON_ERROR_MODES, _one_of(ON_ERROR_MODES)),
-            ("window_rows", self.window_rows < 1, "must be at least 1"),
-            ("input_format", self.input_format not in INPUT_FORMATS, _one_of(INPUT_FORMATS)),
-            ("threads", self.threads is not None and self.threads < 1, "must be at least 1"),
-            ("progress_seconds", self.progress_seconds <= 0, "must be positive"),
-            ("price_per_hour", not (self.price_per_hour is None or self.price_per_hour >= 0), "must be >= 0"),
-            ("top_k", self.top_k is not None and self.top_k < 1, "must be at least 1"),
-            ("input", not isinstance(self.input, str) and not self.input, "names no input"),
-            ("partition_by", self.partition_by and stdout, "needs an output directory, not stdout"),
-            ("resume", self.resume and stdout, "needs an output file (stdout cannot be resumed)"),
+        refuse(  # in order: the first refused field is named (later checks may assume earlier ones held)
+            self,
+            ("on_error", lambda: self.on_error not in ON_ERROR_MODES, _one_of(ON_ERROR_MODES)),
+            ("window_rows", lambda: self.window_rows < 1, "must be at least 1"),
+            ("input_format", lambda: self.input_format not in INPUT_FORMATS, _one_of(INPUT_FORMATS)),
+            ("threads", lambda: self.threads is not None and self.threads < 1, "must be at least 1"),
+            ("progress_seconds", lambda: self.progress_seconds <= 0, "must be positive"),
+            ("price_per_hour", lambda: not (self.price_per_hour is None or self.price_per_hour >= 0), PRICE),
+            ("top_k", lambda: self.top_k is not None and self.top_k < 1, "must be at least 1"),
+            ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),
+            ("partition_by", lambda: self.partition_by and stdout, "needs an output directory, not stdout"),
+            ("resume", lambda: self.resume and stdout, "needs an output file (stdout cannot be resumed)"),
         )
-        for name, bad, why in refused:
-            if bad:
-                raise ConfigError(f"RunConfig.{name}", getattr(self, name), why)
 
     @property
     def inputs(self) -> tuple[str, ...]:

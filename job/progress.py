@@ -57,8 +57,9 @@ class Progress:
         text = f"{self.rows} rows, {self.items} items, {rate:.1f} items/s"
         if self.total:
             left = max(self.total - self.items, 0)
-            eta = tqdm.format_interval(left / rate) if rate > 0 else "unknown"
-            text += f", {100 * self.items / self.total:.1f}%, ETA {eta}"
+            eta = int(left / rate) if rate > 0 else None
+            eta_text = "unknown" if eta is None else f"{eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+            text += f", {100 * self.items / self.total:.1f}%, ETA {eta_text}"
         return text
 
     def close(self) -> None:

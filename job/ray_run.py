@@ -224,21 +224,23 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 and config.engine.device != "cpu" else 0
 
     reused = _joined_on_store(config, source, destination, contract, gpus) if config.reuse else None
-    sink = StagedDirectorySink(destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
     try:
-        total_rows = source.total_rows() or 0
-        dataset = _dataset(config, checked, options, units, contract, gpus, reused, total_rows)
-        with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
-            with _user_errors():
-                counts = _score_on_ray(
-                    dataset, contract, sink.staging, partitioning, sink.errors, phase, source
-                )
-            items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
-            reused_pairs, duplicates = (sum(c[name] for c in counts) for name in ("reused", "duplicates"))
-            phase.add(ScoredWindow(total_rows, items, failed, reused=reused_pairs, duplicates=duplicates))
-            phase.commit()
+        sink = StagedDirectorySink(destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
+        try:
+            total_rows = source.total_rows() or 0
+            dataset = _dataset(config, checked, options, units, contract, gpus, reused, total_rows)
+            with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
+                with _user_errors():
+                    counts = _score_on_ray(
+                        dataset, contract, sink.staging, partitioning, sink.errors, phase, source
+                    )
+                items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
+                reused_pairs, duplicates = (sum(c[name] for c in counts) for name in ("reused", "duplicates"))
+                phase.add(ScoredWindow(total_rows, items, failed, reused=reused_pairs, duplicates=duplicates))
+                phase.commit()
+        finally:
+            sink.remove()
     finally:
-        sink.remove()
         if reused is not None:
             reused.parent.delete_tree()
 

@@ -120,7 +120,11 @@ class RunReport:
         source = (
             f"{self.rows_read} requests ({self.requests_failed} failed, {self.items_failed} items in them)"
             if self.requests
-            else f"{self.rows_read} rows ({self.items_failed} failed, {self.rows_skipped_by_resume} rows resumed)"
+            else f"{self.rows_read} rows ({self.items_failed} failed"
+            + (
+                "" if self.ray_workers else f", {self.rows_skipped_by_resume} rows resumed"
+            )  # Ray: no --resume
+            + ")"
         )
         ratio = self.pairwise_tokens / self.packed_tokens if self.packed_tokens else 0.0
         work = (  # a Ray run's plans are made on its workers, uncounted
