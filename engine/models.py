@@ -45,6 +45,9 @@ class ModelInfo:
     sliding_window: int | None = None  # window of the sliding-attention layers, if any
     max_length: int | None = None  # longest sequence the model's positions allow
     native_refusal: str | None = "not read"  # why the native decoder layers cannot run it; None: they can
+    # A decoder classifier's pad_token_id: transformers' *ForSequenceClassification reads its logits at the
+    # last token that is not this id, so trailing ones are never scored (None: every last token is)
+    unscored_tail_id: int | None = None
 
     @property
     def packings(self) -> tuple[str, ...]:
@@ -103,6 +106,9 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         sliding_window=getattr(text_config, "sliding_window", None) if uses_windows and not encoder else None,
         max_length=max_positions,
         native_refusal=native_refusal,
+        unscored_tail_id=getattr(config, "pad_token_id", None)
+        if kind == "classifier" and not encoder
+        else None,
     )
 
 

@@ -10,7 +10,7 @@ from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
 from score_batch.engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
-from score_batch.engine.tokenize import TokenizedGroup, tokenize_group
+from score_batch.engine.tokenize import TokenizedGroup, tokenize_group, without_unscored_tail
 from score_batch.engine.types import Group
 
 
@@ -33,6 +33,8 @@ class PlanLimits:
     cache_query: bool = False
     # Repeated (query, item) sequences of one call are scored once and copied (PackedPlan.copies).
     dedupe: bool = True
+    # Trailing tokens of this id end no reference sequence (ModelInfo.unscored_tail_id): dropped after truncation.
+    unscored_tail_id: int | None = None
 
 
 @dataclass
@@ -100,8 +102,11 @@ class PackedPlanner:
         """
         cfg, limits = self.cfg, self.limits
         tokenized = [
-            tokenize_group(
-                g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions
+            without_unscored_tail(
+                tokenize_group(
+                    g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions
+                ),
+                limits.unscored_tail_id,
             )
             for g in groups
         ]

@@ -248,6 +248,7 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         max_positions=None if info.encoder else info.max_length,
         # The query computed once per group where the backend attends over cached query K/V.
         cache_query=backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.cached_query,
+        unscored_tail_id=info.unscored_tail_id,
     )
     runner: RunnerKind = "pairs" if info.encoder else "packed"
     layers = resolve_layers(info, config)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from score_batch.engine.chunking import split_windows
 from score_batch.engine.config import ScoringConfig
@@ -28,6 +28,36 @@ class TokenizedGroup:
         item = self.item_ids[index]
         assert item is not None
         return item + self.query_ids if self.item_first else self.query_ids + item
+
+
+def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> TokenizedGroup:
+    """The group with the tail_id tokens that end its reference sequences dropped: a decoder classifier's
+    logits are read at the last token that is not its pad id, as transformers' *ForSequenceClassification
+    reads them (PlanLimits.unscored_tail_id). The tail is the item's (an item of tail_id tokens only becomes
+    empty: scored at the query's last token), under item_first the query's (and the items' too when the
+    query is nothing else). A chunk window of tail_id tokens only is kept whole."""
+    if tail_id is None:
+        return group
+
+    def cut(ids: list[int] | None) -> list[int] | None:
+        end = len(ids) if ids is not None else 0
+        while end and ids[end - 1] == tail_id:
+            end -= 1
+        return ids if ids is None else ids[:end]
+
+    query_ids, items_end = group.query_ids, not group.item_first
+    if group.item_first:
+        query_ids = cut(group.query_ids)
+        items_end = not query_ids
+    if not items_end:
+        return replace(group, query_ids=query_ids)
+    windows = group.windows
+    if windows is not None:
+        windows = [[cut(window) or window for window in item_windows] for item_windows in windows]
+    item_ids = [cut(ids) for ids in group.item_ids]
+    if group.item_first:  # a sequence of tail_id tokens only is scored whole, at its last token
+        item_ids = [kept or ids for kept, ids in zip(item_ids, group.item_ids)]
+    return replace(group, query_ids=query_ids, item_ids=item_ids, windows=windows)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def score_identity(config: RunConfig, setup) -> bytes:
         "layers": setup.layers,
         "ops": setup.ops,
         "label_ids": list(setup.label_ids),
+        "unscored_tail_id": setup.limits.unscored_tail_id,  # a classifier's pad id: where its scores are read
     }
     record = {
         "engine": engine,
