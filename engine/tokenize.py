@@ -33,9 +33,9 @@ class TokenizedGroup:
 def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> TokenizedGroup:
     """The group with the tail_id tokens that end its reference sequences dropped: a decoder classifier's
     logits are read at the last token that is not its pad id, as transformers' *ForSequenceClassification
-    reads them (PlanLimits.unscored_tail_id). The tail is the item's (an item of tail_id tokens only becomes
-    empty: scored at the query's last token), under item_first the query's (and the items' too when the
-    query is nothing else). A chunk window of tail_id tokens only is kept whole."""
+    reads them (PlanLimits.unscored_tail_id). The tail is the item's (or chunk window's: one of tail_id tokens
+    only becomes empty, scored at the query's last token); under item_first the query's, and the items' too
+    when the query is nothing else (an item of tail_id tokens only is then kept whole)."""
     if tail_id is None:
         return group
 
@@ -45,18 +45,17 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
             end -= 1
         return ids if ids is None else ids[:end]
 
-    query_ids, items_end = group.query_ids, not group.item_first
-    if group.item_first:
-        query_ids = cut(group.query_ids)
-        items_end = not query_ids
-    if not items_end:
-        return replace(group, query_ids=query_ids)
-    windows = group.windows
-    if windows is not None:
-        windows = [[cut(window) or window for window in item_windows] for item_windows in windows]
-    item_ids = [cut(ids) for ids in group.item_ids]
-    if group.item_first:  # a sequence of tail_id tokens only is scored whole, at its last token
-        item_ids = [kept or ids for kept, ids in zip(item_ids, group.item_ids)]
+    def cut_item(ids: list[int] | None) -> list[int] | None:
+        kept = cut(ids)
+        return ids if group.item_first and not kept else kept  # item first: nothing else to read
+
+    query_ids = group.query_ids
+    if group.item_first:  # the query ends every reference sequence
+        query_ids = cut(query_ids)
+        if query_ids:
+            return replace(group, query_ids=query_ids)
+    windows = None if group.windows is None else [[cut_item(w) for w in ws] for ws in group.windows]
+    item_ids = [cut_item(ids) for ids in group.item_ids]
     return replace(group, query_ids=query_ids, item_ids=item_ids, windows=windows)
 
 

@@ -66,3 +66,13 @@ def test_a_causal_model_still_reads_the_last_token(zoo):
     for k, item in enumerate(items):
         scores, _ = reference_scores(causal, "causal", QUERY + item, label_ids=labels)  # logits[-1]
         assert np.abs(result.scores[k] - scores).max() <= 1e-6
+
+
+def test_chunk_windows_drop_the_tail_too(classifier):
+    items = [[20, 21, PAD], [PAD] * 9]  # fits one window; pad-id tokens only, three windows
+    scorer = make_scorer(classifier, kind="classifier", truncate="chunk", max_item_tokens=4)
+    (result,) = scorer.score([Group(QUERY, items)])
+    assert list(result.chunks) == [1, 3]
+    for k, item in enumerate(items):
+        scores, _ = reference_scores(classifier, "classifier", QUERY + item)  # read at 21, at the query's end
+        assert np.abs(result.scores[k] - scores).max() <= 1e-5
