@@ -106,7 +106,7 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         sliding_window=getattr(text_config, "sliding_window", None) if uses_windows and not encoder else None,
         max_length=max_positions,
         native_refusal=native_refusal,
-        unscored_tail_id=getattr(config, "pad_token_id", None)
+        unscored_tail_id=getattr(text_config, "pad_token_id", None)
         if kind == "classifier" and not encoder
         else None,
     )

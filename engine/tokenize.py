@@ -31,32 +31,58 @@ class TokenizedGroup:
 
 
 def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> TokenizedGroup:
-    """The group with the tail_id tokens that end its reference sequences dropped: a decoder classifier's
-    logits are read at the last token that is not its pad id, as transformers' *ForSequenceClassification
-    reads them (PlanLimits.unscored_tail_id). The tail is the item's (or chunk window's: one of tail_id tokens
-    only becomes empty, scored at the query's last token); under item_first the query's, and the items' too
-    when the query is nothing else (an item of tail_id tokens only is then kept whole)."""
+    """The group read where transformers' *ForSequenceClassification reads a decoder classifier: at the last
+    token of each reference sequence that is not tail_id, its pad id (PlanLimits.unscored_tail_id); at the
+    first token when every token is tail_id.
+
+    Trailing tail_id tokens of items and chunk windows are dropped; an item left empty is read at the query's
+    end. The query's own tail_id tokens move to the front of every non-empty item, so an empty item is read at
+    the query's last token that is not tail_id while the others still see the whole query. Under item_first
+    the query ends every sequence: its tail is dropped, and the items' too when nothing else is left.
+    """
     if tail_id is None:
         return group
 
     def cut(ids: list[int] | None) -> list[int] | None:
-        end = len(ids) if ids is not None else 0
+        if ids is None:
+            return None
+        end = len(ids)
         while end and ids[end - 1] == tail_id:
             end -= 1
-        return ids if ids is None else ids[:end]
+        return ids[:end]
 
-    def cut_item(ids: list[int] | None) -> list[int] | None:
-        kept = cut(ids)
-        return ids if group.item_first and not kept else kept  # item first: nothing else to read
+    def each(change, ids_list: list[list[int] | None] | None):
+        return None if ids_list is None else [change(ids) for ids in ids_list]
 
-    query_ids = group.query_ids
-    if group.item_first:  # the query ends every reference sequence
-        query_ids = cut(query_ids)
+    def each_window(change):
+        return None if group.windows is None else [each(change, ws) for ws in group.windows]
+
+    if group.item_first:  # item + query: the query ends every reference sequence
+        query_ids = cut(group.query_ids)
         if query_ids:
             return replace(group, query_ids=query_ids)
-    windows = None if group.windows is None else [[cut_item(w) for w in ws] for ws in group.windows]
-    item_ids = [cut_item(ids) for ids in group.item_ids]
-    return replace(group, query_ids=query_ids, item_ids=item_ids, windows=windows)
+
+        def cut_item(ids: list[int] | None) -> list[int] | None:
+            kept = cut(ids)  # all tail_id: read at the sequence's first token
+            return kept if ids is None or kept else (ids + group.query_ids)[:1]
+
+        return replace(
+            group, query_ids=[], item_ids=each(cut_item, group.item_ids), windows=each_window(cut_item)
+        )
+    query_ids = group.query_ids
+    head = cut(query_ids) or query_ids[:1]  # all tail_id: read at the first token
+    tail = query_ids[len(head) :]
+
+    def cut_and_carry(ids: list[int] | None) -> list[int] | None:
+        kept = cut(ids)
+        return tail + kept if kept else kept
+
+    return replace(
+        group,
+        query_ids=head,
+        item_ids=each(cut_and_carry, group.item_ids),
+        windows=each_window(cut_and_carry),
+    )
 
 
 @dataclass(frozen=True)

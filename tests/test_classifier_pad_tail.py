@@ -76,3 +76,45 @@ def test_chunk_windows_drop_the_tail_too(classifier):
     for k, item in enumerate(items):
         scores, _ = reference_scores(classifier, "classifier", QUERY + item)  # read at 21, at the query's end
         assert np.abs(result.scores[k] - scores).max() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("packing", "max_pack_tokens"),
+    [("mis", 8192), ("mis", 16), ("single", 8192)],
+    ids=["mis", "packs", "single"],
+)
+@pytest.mark.parametrize("query", [[11, 12, 13, PAD], [PAD, PAD]], ids=["query-tail", "query-all-pad"])
+def test_a_query_ending_in_the_pad_id_is_read_where_transformers_reads_it(
+    classifier, packing, max_pack_tokens, query
+):
+    # items left empty are read at the query's last non-pad token (the first when it has none); the others
+    # still see the whole query, its pad-id tail included
+    items = [[PAD, PAD], [], [20, 21], [22, PAD], [23], [24, 25, 26, 27, 28]]
+    scorer = make_scorer(classifier, kind="classifier", packing=packing, max_pack_tokens=max_pack_tokens)
+    (result,) = scorer.score([Group(query, items)])
+    for k, item in enumerate(items):
+        scores, _ = reference_scores(classifier, "classifier", query + item)
+        assert np.abs(result.scores[k] - scores).max() <= 1e-5, (item, result.scores[k], scores)
+
+
+def test_item_first_with_nothing_but_pad_ids_reads_the_first_token(classifier):
+    query = [PAD]  # cut to nothing: every reference sequence ends with an item
+    items = [[], [PAD, PAD], [20, PAD], [PAD, 21]]
+    scorer = make_scorer(classifier, kind="classifier", item_first=True)
+    (result,) = scorer.score([Group(query, items)])
+    for k, item in enumerate(items):
+        scores, _ = reference_scores(classifier, "classifier", item + query)
+        assert np.abs(result.scores[k] - scores).max() <= 1e-5, (item, result.scores[k], scores)
+
+
+def test_a_composite_config_gives_its_text_pad_id(tmp_path):
+    # Gemma 3 keeps pad_token_id in text_config; transformers pools at config.get_text_config().pad_token_id
+    from score_batch.engine.models import read_model_info
+    from transformers import Gemma3Config
+
+    text = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
+    Gemma3Config(
+        text_config={**text, "num_key_value_heads": 2, "pad_token_id": PAD},
+        architectures=["Gemma3ForSequenceClassification"],
+    ).save_pretrained(tmp_path)
+    assert read_model_info(tmp_path).unscored_tail_id == PAD

@@ -284,6 +284,33 @@ def test_decoder_classifiers_equal_cross_encoder(zoo, tmp_path_factory, family, 
         same(ours.predict(pairs, **kwargs), theirs.predict(pairs, **kwargs))
 
 
+def test_a_decoder_classifier_whose_tokenizer_ends_pairs_in_its_pad_id_equals_cross_encoder(zoo, tmp_path):
+    # A reward model whose pad id is its eos, and a tokenizer appending eos to every pair: transformers reads
+    # the logits before that eos; a pair with an empty document is read at the query's last token
+    from tokenizers import Tokenizer, processors
+
+    model_dir = tmp_path / "eos-pad"
+    shutil.copytree(zoo.get("qwen3", "classifier", num_labels=1), model_dir)
+    pad_id = json.loads((model_dir / "config.json").read_text())["pad_token_id"]
+    fast = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    eos = fast.id_to_token(pad_id)
+    fast.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A $B:1 {eos}:1", special_tokens=[(eos, pad_id)]
+    )
+    fast.save(str(model_dir / "tokenizer.json"))
+    ours, theirs = Scorer(model_dir, device="cpu"), st.CrossEncoder(str(model_dir), device="cpu")
+    assert theirs.tokenizer("red", " shoes")["input_ids"][-1] == pad_id
+    pairs = PAIRS[:-1] + [
+        (QUERY, ""),
+        ("red running shoes", " for women"),
+        ("red running shoes", " for women"),
+    ]
+    same(
+        ours.predict(pairs, activation_fn=torch.nn.Identity()),
+        theirs.predict(pairs, activation_fn=torch.nn.Identity()),
+    )
+
+
 def test_a_saved_default_prompt_is_applied_as_cross_encoder_applies_it(causal_dirs, zoo, tmp_path_factory):
     sources = (
         causal_dirs["pair-encoding"],
