@@ -162,7 +162,8 @@ def best_of(repeats: int, fn, *args, clock=time.perf_counter, **kwargs):
 def machine() -> str:
     """One line naming the machine and software the figures come from."""
     import transformers
-    from score_batch.job.report import device_name
+
+    from score_batch.machine import device_name
 
     cpu = device_name("cpu")
 

@@ -13,7 +13,7 @@ start-up and model load are reported apart. Prints the speed-up, the packed/pair
 and their quotient (1.0 = the CLI gets all of the arithmetic saving): best of --repeats rounds, each
 round running the baseline and the CLI back to back, and the quotient of each round.
 `--profile FILE` also writes a cProfile of one in-process CLI run. The CLI tunes glibc malloc for its
-tensors (job/malloc.py); the baseline gets the same settings in this process, so the quotient measures
+tensors (score_batch/machine.py); the baseline gets the same settings in this process, so the quotient measures
 packing and the job, not the allocator (`--baseline-malloc default` leaves the baseline's malloc alone).
 """
 
@@ -43,8 +43,9 @@ from common import (
     timed,
 )
 from flops import attention_flops, causal_pairs, dense_flops_per_token, pack_pairs
-from score_batch.job.malloc import tune_malloc
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from score_batch.machine import tune_malloc
 
 
 def write_workload(groups, path: Path) -> None:

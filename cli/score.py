@@ -64,9 +64,8 @@ def score(options: ScoreOptions) -> None:
     try:
         config = run_config(options)
         quiet_libraries()
-        from score_batch.job.malloc import tune_malloc
-
         from score_batch import job  # here: --help and --version import no torch
+        from score_batch.machine import tune_malloc
 
         tune_malloc(os.environ)
     except Exception as error:

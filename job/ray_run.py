@@ -34,7 +34,6 @@ from score_batch.io_formats.readers import (
 from score_batch.io_formats.target import Target
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, OutputContract
-from score_batch.job.malloc import tune_malloc
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, preflight, run_contract
@@ -53,6 +52,7 @@ from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_window, output_columns, query_group_key, without
 
 from score_batch.errors import UserError
+from score_batch.machine import tune_malloc
 
 log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import platform
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +16,7 @@ from score_batch.job.config import package_versions
 
 from score_batch import __version__
 from score_batch.errors import exit_code
+from score_batch.machine import device_name, seconds_since_start
 
 log = logging.getLogger(__name__)
 PLAN_COUNTS = ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "windows", "duplicates")
@@ -180,31 +179,6 @@ def report_failure(
     failed.seconds_total = seconds_since_start()
     failed.end(error)
     failed.write(report)
-
-
-def device_name(device: str) -> str:
-    """The scoring device in words: the GPU's name (torch, when a CUDA run imported it) or the CPU's model."""
-    if device.startswith("cuda") and "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or device or "unknown"
-
-
-def seconds_since_start() -> float:
-    """Seconds since this process started (Linux /proc; 0.0 where that is not readable)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return round(max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK")), 3)
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def versions() -> dict:

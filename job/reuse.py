@@ -34,8 +34,8 @@ from score_batch.io_formats.earlier import SCORE_KEY, join_earlier
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
 from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, model_identity, software_identity
 from score_batch.job.lock import process_gone
-from score_batch.job.report import device_name
-from score_batch.job.resources import available_cpus
+
+from score_batch.machine import available_cpus, device_name
 
 log = logging.getLogger(__name__)
 REUSED = ("score", "scores", "chunks", "pooled_hidden_state")  # the values a reused row copies

@@ -1,4 +1,4 @@
-"""job/malloc.py: after tuning, a freed 64 MiB block stays in the heap; the user's own malloc settings win."""
+"""score_batch/machine.py: after tuning, a freed 64 MiB block stays in the heap; the user's own malloc settings win."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from score_batch.job.malloc import tune_malloc
+
+from score_batch.machine import tune_malloc
 
 PROBE = """
 import ctypes, json, sys
-from score_batch.job.malloc import tune_malloc
+from score_batch.machine import tune_malloc
 
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
