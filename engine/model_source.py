@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -205,3 +206,15 @@ def _check_pickle(file: Path, directory: Path) -> None:
             pass
     except (zipfile.BadZipFile, OSError) as error:
         raise ScoringInputError(f"{what}: {error}") from None
+
+
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".py")
+
+
+def model_identity(model_dir: Path) -> list:
+    """The model's config and the names, sizes and times of its weight, tokenizer and code files."""
+    entries = [["config.json", hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()]]
+    for path in sorted(model_dir.iterdir()):
+        if path.suffix in MODEL_FILE_SUFFIXES and path.is_file():
+            entries.append([path.name, path.stat().st_size, path.stat().st_mtime_ns])
+    return entries

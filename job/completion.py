@@ -18,11 +18,12 @@ import json
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import COMMON_METADATA, SUCCESS, output_format
-from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig, model_identity
+from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig
 from score_batch.job.windows import window_hash
 
 METADATA_KEY = b"score_batch.completion"
@@ -114,18 +115,15 @@ class Completion:
         """After publishing: a JSONL output's record (--resume runs write it; others drop a stale one)."""
         if not self.sidecar:
             return
-        if resume:
-            self.record.write_bytes(
-                json.dumps(
-                    {
-                        "fingerprint": fingerprint.digest,
-                        "record": fingerprint.record,
-                        "output": self._published(),
-                    }
-                ).encode()
-            )
+        if not resume:
+            self.record.delete()
             return
-        self.record.delete()
+        record = {
+            "fingerprint": fingerprint.digest,
+            "record": fingerprint.record,
+            "output": self._published(),
+        }
+        self.record.write_bytes(json.dumps(record).encode())
 
     def _published(self) -> list | None:
         """Size and modification time of the output file."""

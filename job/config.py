@@ -220,15 +220,3 @@ def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             found[name] = None
     return found
-
-
-MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".py")
-
-
-def model_identity(model_dir: Path) -> list:
-    """The model's config and the names, sizes and times of its weight, tokenizer and code files."""
-    entries = [["config.json", hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()]]
-    for path in sorted(model_dir.iterdir()):
-        if path.suffix in MODEL_FILE_SUFFIXES and path.is_file():
-            entries.append([path.name, path.stat().st_size, path.stat().st_mtime_ns])
-    return entries

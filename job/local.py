@@ -9,11 +9,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from score_batch.engine.model_source import model_identity
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import completion_fingerprint
-from score_batch.job.config import RunConfig, model_identity
+from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
 from score_batch.job.policy import KEEP_GOING, enforce_fail

@@ -102,26 +102,18 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
             groups, owners = _groups(window, planner)
             plan = planner.plan(groups) if groups else None
             results = None if plan is None or scorer is None else scorer.run(plan, phase.advance)
-            lines, items, failed_items, failed_requests = [], 0, 0, 0
+            lines, items, failed, refused = [], 0, 0, 0  # failed items, in refused requests
             for number, request in enumerate(window):
                 line, error = _response(request, number, owners, plan, results, model, created, switches)
                 items += len(request.items)
                 if error is not None:
-                    failed_items += len(request.items)
-                    failed_requests += 1
-                    if report.requests_failed + failed_requests <= LOGGED_FAILURES:
+                    failed, refused = failed + len(request.items), refused + 1
+                    if report.requests_failed + refused <= LOGGED_FAILURES:
                         log.warning("request %r failed: %s", request.custom_id, error.message)
                 lines.append(line)
             stats = None if plan is None else plan.stats
             phase.add(
-                ScoredWindow(
-                    len(window),
-                    items,
-                    failed_items,
-                    stats,
-                    requests=len(window),
-                    requests_failed=failed_requests,
-                )
+                ScoredWindow(len(window), items, failed, stats, requests=len(window), requests_failed=refused)
             )
             if not config.dry_run:
                 sink.write(lines)

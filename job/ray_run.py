@@ -390,25 +390,18 @@ def _counts(part: pa.Table) -> pa.Table:
 
 @contextlib.contextmanager
 def _user_errors():
-    """A user mistake raised inside a Ray task surfaces as itself (a one-line exit 2), not Ray's wrapper."""
+    """A user mistake raised inside a Ray task surfaces as itself (a one-line exit 2), not Ray's wrapper (its
+    cause chain keeps the original)."""
     try:
         yield
     except Exception as error:
-        user_error = _user_error(error)
-        if user_error is not None:
-            raise user_error from None
+        pending, seen = [error], set()
+        while pending:
+            current = pending.pop()
+            if current is None or id(current) in seen:
+                continue
+            seen.add(id(current))
+            if isinstance(current, UserError):
+                raise current from None
+            pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
         raise
-
-
-def _user_error(error: BaseException) -> UserError | None:
-    """The user mistake raised inside a Ray task, if any (Ray wraps it; its cause chain keeps the original)."""
-    pending, seen = [error], set()
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, UserError):
-            return current
-        pending += [getattr(current, "cause", None), current.__cause__, current.__context__]
-    return None

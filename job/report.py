@@ -116,14 +116,13 @@ class RunReport:
         if self.already_complete:
             return "score-batch: already complete (same model, settings and input); the output is unchanged"
         verb, count = ("planned", self.items) if self.dry_run else ("scored", self.items_scored)
+        resumed = (
+            "" if self.ray_workers else f", {self.rows_skipped_by_resume} rows resumed"
+        )  # Ray: no --resume
         source = (
             f"{self.rows_read} requests ({self.requests_failed} failed, {self.items_failed} items in them)"
             if self.requests
-            else f"{self.rows_read} rows ({self.items_failed} failed"
-            + (
-                "" if self.ray_workers else f", {self.rows_skipped_by_resume} rows resumed"
-            )  # Ray: no --resume
-            + ")"
+            else f"{self.rows_read} rows ({self.items_failed} failed{resumed})"
         )
         ratio = self.pairwise_tokens / self.packed_tokens if self.packed_tokens else 0.0
         work = (  # a Ray run's plans are made on its workers, uncounted

@@ -30,9 +30,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.earlier import SCORE_KEY, join_earlier
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
-from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, model_identity, software_identity
+from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, software_identity
 from score_batch.job.lock import process_gone
 
 from score_batch.machine import available_cpus, device_name

@@ -36,9 +36,8 @@ class ScoreStats:
         self._min = float("inf")
         self._max = float("-inf")
         self._sum = 0.0
-        self._sample = np.empty(
-            0, np.float64
-        )  # (≤ sample_size,) all scores until it is full, then a reservoir
+        # (≤ sample_size,) all scores until it is full, then a reservoir
+        self._sample = np.empty(0, np.float64)
         self._rng = np.random.default_rng(seed)
         self._sizes: Counter[int] = Counter()  # items per query → number of queries
 
