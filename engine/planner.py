@@ -57,7 +57,9 @@ class PlanStats:
 class PackedPlan:
     """Everything decided before the forward passes of one call, for packed (decoder) scoring."""
 
-    tokenized: list[TokenizedGroup]
+    tokenized: list[TokenizedGroup]  # as the pairs hold them (truncated; pad-id tails included)
+    scored: list[TokenizedGroup]  # what the packs score (ItemRef indexes it): tokenized without the pad-id
+    # tails a classifier is not read at (tokenize.without_unscored_tail), under chunk flattened to windows
     batches: list[Batch]
     stats: PlanStats = field(default_factory=PlanStats)
     # truncate="chunk": each group's windows, which the packs' ItemRefs index instead of its items
@@ -67,7 +69,7 @@ class PackedPlan:
 
     def scored_group(self, group: int) -> TokenizedGroup:
         """The group whose items the packs score (ItemRef.item indexes it): its windows under chunk, else itself."""
-        return self.tokenized[group] if self.chunked is None else self.chunked[group].scored
+        return self.scored[group]
 
     def item_name(self, ref: ItemRef) -> str:
         """A scored item as error messages name it: "item 3", or "item 3 (window 2 of 5)" under chunk."""
@@ -102,16 +104,14 @@ class PackedPlanner:
         """
         cfg, limits = self.cfg, self.limits
         tokenized = [
-            without_unscored_tail(
-                tokenize_group(
-                    g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions
-                ),
-                limits.unscored_tail_id,
+            tokenize_group(
+                g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions
             )
             for g in groups
         ]
-        chunked = [chunk_group(g) for g in tokenized] if cfg.truncate == "chunk" else None
-        scored = tokenized if chunked is None else [c.scored for c in chunked]
+        read = [without_unscored_tail(g, limits.unscored_tail_id) for g in tokenized]
+        chunked = [chunk_group(g) for g in read] if cfg.truncate == "chunk" else None
+        scored = read if chunked is None else [c.scored for c in chunked]
         copies = duplicate_sequences(scored) if limits.dedupe else {}
         skipped: list[set[int]] = [set() for _ in scored]  # per group: the repeats it does not pack
         for refs in copies.values():
@@ -131,14 +131,9 @@ class PackedPlanner:
             packs=len(packs),
             batches=len(batches),
             packed_tokens=sum(len(p) for p in packs),
-            pairwise_tokens=sum(
-                len(g.reference_sequence(i))
-                for g in scored
-                for i, ids in enumerate(g.item_ids)
-                if ids is not None
-            ),
+            pairwise_tokens=sum(g.pair_tokens() for g in tokenized),
         )
-        return PackedPlan(tokenized=tokenized, batches=batches, stats=stats, chunked=chunked, copies=copies)
+        return PackedPlan(tokenized, scored, batches, stats, chunked, copies)
 
 
 @dataclass(frozen=True)

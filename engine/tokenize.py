@@ -29,6 +29,16 @@ class TokenizedGroup:
         assert item is not None
         return item + self.query_ids if self.item_first else self.query_ids + item
 
+    def pair_tokens(self) -> int:
+        """Tokens of the sequences a separate pass per item (or, under chunk, per window) would hold."""
+        windows = self.windows or [[ids] for ids in self.item_ids]
+        return sum(
+            len(self.query_ids) + len(ids)
+            for item_windows, error in zip(windows, self.errors)
+            if error is None
+            for ids in item_windows
+        )
+
 
 def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> TokenizedGroup:
     """The group read where transformers' *ForSequenceClassification reads a decoder classifier: at the last

@@ -118,3 +118,54 @@ def test_a_composite_config_gives_its_text_pad_id(tmp_path):
         architectures=["Gemma3ForSequenceClassification"],
     ).save_pretrained(tmp_path)
     assert read_model_info(tmp_path).unscored_tail_id == PAD
+
+
+def test_request_truncation_measures_whole_pairs_pad_ids_included(zoo):
+    # truncate_prompt_tokens keeps the pair's last (left) or first (right) tokens, pad ids included, and the
+    # kept tokens are then read as transformers reads them; a right cut of query tokens only stays refused
+    from score_batch.engine.pair_truncation import tei_truncated_pairs, truncated_pairs
+
+    model_dir = zoo.get("qwen3", "classifier")  # pad_token_id 0: the tokenizer's <|endoftext|>
+    scorer = make_scorer(model_dir, kind="classifier", max_pack_tokens=8)
+    tok, eos = scorer.planner.tokenizer, "<|endoftext|>"
+    assert tok.convert_tokens_to_ids(eos) == 0
+
+    def ids(text):
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    for query, item, keep, side in [
+        ("Tokyo city" + eos * 2, "", 3, "left"),
+        ("Tokyo city", "Japan" + eos * 2, 3, "left"),
+        ("Tokyo city" + eos * 2, "Japan", 3, "right"),
+    ]:
+        whole = ids(query) + ids(item)
+        cut = truncated_pairs(query, [item], keep, side, scorer.planner)
+        if side == "right":  # [Tokyo, city, eos]: nothing of the item is kept
+            assert "keeps only tokens of the query" in cut[0]
+            continue
+        (result,) = scorer.score([cut[0]])
+        expected, _ = reference_scores(model_dir, "classifier", whole[-keep:])
+        assert np.abs(result.scores[0] - expected).max() <= 1e-5, (query, item, cut[0])
+    # TEI's truncate cuts a pair over the model's limit (8 tokens here, less the packing's overhead), pads included
+    query, item = "Tokyo city", "Japan" + eos * 6
+    (group,) = tei_truncated_pairs(query, [item], "right", scorer.planner).values()
+    assert group.query + group.items[0] == (ids(query) + ids(item))[: len(group.query + group.items[0])]
+    (result,) = scorer.score([group])
+    assert result.errors[0] is None
+    expected, _ = reference_scores(model_dir, "classifier", group.query + group.items[0])
+    assert np.abs(result.scores[0] - expected).max() <= 1e-5
+
+
+@pytest.mark.parametrize("truncate", ["error", "chunk"])
+def test_usage_counts_the_pad_ids_the_pairs_hold(classifier, truncate):
+    # the report's input tokens (and a batch file's prompt_tokens) count whole pairs; the read cut is the engine's
+    query, items = [11, 12, PAD, PAD], [[], [20], [21, PAD], [22, 23, 24, PAD]]
+    scorer = make_scorer(
+        classifier, kind="classifier", truncate=truncate, max_item_tokens=4 if truncate == "error" else 3
+    )
+    plan = scorer.plan([Group(query, items)])
+    windows = [[i] for i in items]  # chunk: three tokens a window, no overlap
+    if truncate == "chunk":
+        windows[-1] = [[22, 23, 24], [PAD]]
+    assert plan.stats.pairwise_tokens == sum(len(query + w) for ws in windows for w in ws)
+    assert [len(ids) for ids in plan.tokenized[0].item_ids] == [len(i) for i in items]
