@@ -68,7 +68,8 @@ class PackedPlan:
     copies: dict[ItemRef, tuple[ItemRef, ...]] = field(default_factory=dict)
 
     def scored_group(self, group: int) -> TokenizedGroup:
-        """The group whose items the packs score (ItemRef.item indexes it): its windows under chunk, else itself."""
+        """The group whose items the packs score (ItemRef.item indexes it): its windows under chunk, else its
+        items as read (without a classifier's pad-id tails)."""
         return self.scored[group]
 
     def item_name(self, ref: ItemRef) -> str:

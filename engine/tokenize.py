@@ -54,8 +54,8 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
         return group
 
     def cut(ids: list[int] | None) -> list[int] | None:
-        if ids is None:
-            return None
+        if not ids or ids[-1] != tail_id:  # the common case: nothing to drop, nothing copied
+            return ids
         end = len(ids)
         while end and ids[end - 1] == tail_id:
             end -= 1
@@ -85,7 +85,7 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
 
     def cut_and_carry(ids: list[int] | None) -> list[int] | None:
         kept = cut(ids)
-        return tail + kept if kept else kept
+        return tail + kept if tail and kept else kept
 
     return replace(
         group,

@@ -85,9 +85,8 @@ class RunPaths:
     def resolve(cls, config: RunConfig, destination: Target | None) -> RunPaths:
         """The paths of a run whose output was checked by check_destination (destination None: stdout)."""
         writes = destination is not None and not config.dry_run
-        errors = (
-            None  # --on-error skip lists skipped rows in --errors-file, else OUTPUT.errors.jsonl (or the log)
-        )
+        # --on-error skip lists skipped rows in --errors-file, else OUTPUT.errors.jsonl (or the log: None)
+        errors = None
         if config.on_error == "skip" and not config.dry_run:
             if config.errors_file:
                 errors = target(config.errors_file, config.storage_options)

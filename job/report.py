@@ -116,9 +116,8 @@ class RunReport:
         if self.already_complete:
             return "score-batch: already complete (same model, settings and input); the output is unchanged"
         verb, count = ("planned", self.items) if self.dry_run else ("scored", self.items_scored)
-        resumed = (
-            "" if self.ray_workers else f", {self.rows_skipped_by_resume} rows resumed"
-        )  # Ray: no --resume
+        # a Ray run has no --resume
+        resumed = "" if self.ray_workers else f", {self.rows_skipped_by_resume} rows resumed"
         source = (
             f"{self.rows_read} requests ({self.requests_failed} failed, {self.items_failed} items in them)"
             if self.requests
