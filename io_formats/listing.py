@@ -197,7 +197,8 @@ def _info(location: Location) -> pafs.FileInfo:
 
 
 def _directory(location: Location) -> list[InputFile]:
-    """A directory's data files and those of its hive partition directories (one format: Parquet first)."""
+    """A directory's data files and those of its hive partition directories (of one format: open_source refuses
+    a mix, as it does for files named side by side)."""
     base = location.path.rstrip("/")
     selector = pafs.FileSelector(base, recursive=True)
     found: list[InputFile] = []
@@ -211,8 +212,7 @@ def _directory(location: Location) -> list[InputFile]:
         known = file_format(segments[-1])
         if known is not None:
             found.append(InputFile(location.child(relative), *known, partitions_of(entry.path)))
-    parquet = [f for f in found if f.format == PARQUET]
-    files = sorted(parquet or found, key=lambda f: f.location.path)
+    files = sorted(found, key=lambda f: f.location.path)
     if not files:
         raise InputError(
             f"input directory {location.uri!r} holds no .parquet files (nor .jsonl files; sub-directories other than "

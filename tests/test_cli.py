@@ -198,6 +198,20 @@ def test_directory_of_parquet_files(qwen3_classifier, tmp_path):
     assert np.allclose([sum(s) for s in table.column("scores").to_pylist()], 1.0, atol=1e-5)
 
 
+def test_a_directory_mixing_parquet_and_jsonl_exits_2_as_naming_both_files_does(qwen3_causal, tmp_path):
+    mix = tmp_path / "mix"
+    mix.mkdir()
+    rows = [{"query": f"q{n % 3}", "item": f" item {n}"} for n in range(30)]
+    pq.write_table(pa.Table.from_pylist(rows[:10]), mix / "a.parquet")
+    write_jsonl(mix / "b.jsonl", rows[10:])  # 20 rows a directory used to drop silently
+    base = ["-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS]
+    for given in ([mix], [mix / "a.parquet", mix / "b.jsonl"], [f"{mix}/*"]):
+        result = run_cli(*given, *base)
+        assert result.returncode == 2, result.stderr
+        assert "mixes Parquet" in result.stderr and "b.jsonl" in result.stderr
+        assert "Traceback" not in result.stderr and not (tmp_path / "o.parquet").exists()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
