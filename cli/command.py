@@ -113,13 +113,24 @@ class ReportingCommand(TyperCommand):
 
 
 def _json_list_or(param, split: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """A repeatable option's environment value: a JSON list (`[" no", " yes"]`) as given, else split(ctx)'s
-    whitespace-separated words."""
+    """A repeatable option's environment value: a JSON list (`[" no", " yes"]`) as given, or one word without
+    whitespace; anything else is refused (whitespace-separated words lose the leading spaces tokens carry)."""
 
     def value_from_envvar(ctx):
         raw = param.resolve_envvar_value(ctx)
-        if raw is None or not raw.lstrip().startswith("["):
+        if not raw:
             return split(ctx)
+        if not raw.lstrip().startswith("["):
+            if raw.split() == [raw]:
+                return [raw]
+            name = param.envvar or f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+            example = '\'[" no", " yes"]\'' if param.name == "label_tokens" else '\'["a", "b"]\''
+            raise BadParameter(
+                f"its environment value {raw!r} must be a JSON list ({name}={example}): "
+                "whitespace-separated words would lose their spaces",
+                ctx=ctx,
+                param=param,
+            )
         try:
             values = json.loads(raw)
         except ValueError as error:

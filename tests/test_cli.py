@@ -298,6 +298,22 @@ def test_list_options_take_a_json_list_from_the_environment(tmp_path):
     assert bad.returncode == 2 and "is not a JSON list" in bad.stderr
 
 
+@pytest.mark.parametrize("value", [" red blue", "no yes", " yes"])
+def test_whitespace_separated_list_options_from_the_environment_are_refused(tmp_path, value):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"query": "Tokyo is a city in", "item": " Japan"}])
+    report = tmp_path / "r.json"
+    env = {"SCORE_BATCH_LABEL_TOKENS": value}  # split on whitespace, ' red' would silently become 'red'
+    bad = run_cli(src, "--dry-run", "--report", report, fresh_process=True, env=env)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1, bad.stderr
+    assert "must be a JSON list" in lines[0] and """SCORE_BATCH_LABEL_TOKENS='[" no", " yes"]'""" in lines[0]
+    assert json.loads(report.read_text())["status"] == "failed"
+    one_word = {"SCORE_BATCH_LABEL_TOKENS": "yes", "SCORE_BATCH_APPLY_SOFTMAX": "false"}
+    one = run_cli(src, "--dry-run", "--report", report, "--overwrite", fresh_process=True, env=one_word)
+    assert one.returncode == 0, one.stderr  # one word, no whitespace: nothing to lose
+    assert json.loads(report.read_text())["settings"]["engine"]["scoring"]["label_tokens"] == ["yes"]
+
+
 def test_an_unknown_score_batch_variable_is_named_with_a_suggestion(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"query": "Tokyo is a city in", "item": " Japan"}])
     result = run_cli(src, "--dry-run", fresh_process=True, env={"SCORE_BATCH_ON_EROR": "skip"})
