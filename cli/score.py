@@ -18,6 +18,8 @@ from score_batch.cli.flags import NESTED, comma_ints, comma_list, option_of
 from score_batch.cli.logs import quiet_libraries, setup_logging
 from score_batch.cli.options import ScoreOptions
 
+from score_batch.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 HELP = (
@@ -94,6 +96,14 @@ def run_config(options: ScoreOptions):
     if profile is not None:
         log.info("scoring profile: %s (%s)", profile.name, profile.source)
     scoring = scoring_config(profile, from_options(options, ScoringConfig))  # None: not given, the profile's
+    for name in ("chunk_overlap", "chunk_aggregate"):  # a flag that would do nothing is refused, not ignored
+        if getattr(options, name) is not None and scoring.truncate != "chunk":
+            raise ConfigError(
+                f"ScoringConfig.{name}",
+                getattr(options, name),
+                f"applies only with --truncate chunk (the truncation is {scoring.truncate}): add --truncate "
+                "chunk or leave it out",
+            )
     return RunConfig(
         **from_options(options, RunConfig, built=BUILT),
         model_dir=model_dir,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from score_batch.engine.activation import ACTIVATION_CHOICES, ActivationChoice
@@ -98,6 +98,13 @@ class ScoringConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise SettingError(f"ScoringConfig.{name}", value, "must be at least 1")
+
+    def deciding(self) -> ScoringConfig:
+        """This config as it decides scores: chunk_overlap and chunk_aggregate at their defaults unless truncate
+        is chunk (they do nothing then), so that they change no score identity and no fingerprint."""
+        if self.truncate == "chunk":
+            return self
+        return replace(self, chunk_overlap=0, chunk_aggregate="max")
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,7 @@ class RunConfig:
     def fingerprint(self, model_identity: list, input_identity: list) -> Fingerprint:
         """Everything that decides the output rows, for refusing a mismatched --resume (and saying what differs)."""
         settings = dataclasses.asdict(self)
+        settings["engine"]["scoring"] = dataclasses.asdict(self.engine.scoring.deciding())
         for name in UNFINGERPRINTED:
             settings.pop(name)
         for owner, name in INVARIANT_SETTINGS:

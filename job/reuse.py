@@ -48,7 +48,7 @@ PAIRS_MEMORY = 256 << 20  # bytes of scored values a run keeps for later repeats
 
 def score_identity(config: RunConfig, setup) -> bytes:
     """The 32-byte digest of everything besides the pair's text that decides its score (see the module)."""
-    engine = dataclasses.asdict(config.engine)
+    engine = dataclasses.asdict(dataclasses.replace(config.engine, scoring=config.engine.scoring.deciding()))
     for owner, name in INVARIANT_SETTINGS:
         if owner == "engine":
             engine.pop(name)

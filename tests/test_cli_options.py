@@ -168,8 +168,8 @@ CASES = {
     "max_query_tokens": (["--max-query-tokens", "5"], "engine.scoring.max_query_tokens", 5),
     "max_item_tokens": (["--max-item-tokens", "6"], "engine.scoring.max_item_tokens", 6),
     "truncate": (["--truncate", "item-tail"], "engine.scoring.truncate", "item-tail"),
-    "chunk_overlap": (["--chunk-overlap", "4"], "engine.scoring.chunk_overlap", 4),
-    "chunk_aggregate": (["--chunk-aggregate", "mean"], "engine.scoring.chunk_aggregate", "mean"),
+    "chunk_overlap": (["--truncate", "chunk", "--chunk-overlap", "4"], "engine.scoring.chunk_overlap", 4),
+    "chunk_aggregate": (["--truncate", "chunk", "--chunk-aggregate", "mean"], "engine.scoring.chunk_aggregate", "mean"),
     "top_k": (["--top-k", "3"], "top_k", 3),
     "rank": (["--rank"], "rank", True),
     "device": (["--device", "cpu"], "engine.device", "cpu"),
@@ -521,3 +521,16 @@ def test_help_shows_every_flag_and_variable_name_whole_at_any_width(name, column
         if isinstance(param.envvar, str):
             assert param.envvar in words, (param.envvar, columns)
     assert "[bold]" not in shown and "\\[" not in shown
+
+
+@pytest.mark.parametrize("flag", [["--chunk-overlap", "4"], ["--chunk-aggregate", "mean"]])
+def test_chunk_flags_without_truncate_chunk_are_refused(qwen3_causal, tmp_path, flag):
+    data = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    base = [data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS, "--dry-run"]
+    for truncate in ([], ["--truncate", "item-tail"]):
+        refused = run_cli(*base, *truncate, *flag)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+        assert lines[0].startswith(f"score-batch: error: {' '.join(flag)} applies only with --truncate chunk")
+    chunked = run_cli(*base, "--truncate", "chunk", "--max-item-tokens", "8", *flag)
+    assert chunked.returncode == 0, chunked.stderr

@@ -361,3 +361,36 @@ def test_a_ray_run_reuses_like_a_local_run(qwen3_causal, tmp_path, ranked, store
     assert not [
         p for p in tmp_path.iterdir() if p.name.startswith(".")
     ]  # the joined file's directory is gone
+
+
+def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
+    """They do nothing then (a profile may carry them): no score identity and no resume fingerprint moves."""
+    from types import SimpleNamespace
+
+    import torch
+    from score_batch.engine.config import EngineConfig, ScoringConfig
+    from score_batch.io_formats.schema import ColumnOverrides
+    from score_batch.job.config import RunConfig
+    from score_batch.job.reuse import score_identity
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    setup = SimpleNamespace(
+        device=torch.device("cpu"), dtype=torch.float32, backend="sdpa", packing="mis", layers="native",
+        ops="torch", label_ids=(1, 2), limits=SimpleNamespace(unscored_tail_id=None),
+    )  # fmt: skip
+
+    def config(**scoring) -> RunConfig:
+        engine = EngineConfig(scoring=ScoringConfig(**scoring))
+        return RunConfig("in.jsonl", "out.parquet", model, ColumnOverrides(), engine)
+
+    def identities(**scoring) -> tuple[bytes, str]:
+        run = config(**scoring)
+        return score_identity(run, setup), run.fingerprint([], []).digest
+
+    assert identities() == identities(chunk_overlap=4, chunk_aggregate="mean")
+    assert identities(truncate="item-tail") == identities(truncate="item-tail", chunk_overlap=4)
+    chunked = identities(truncate="chunk")
+    assert chunked != identities(truncate="chunk", chunk_overlap=4)
+    assert chunked != identities(truncate="chunk", chunk_aggregate="mean")
