@@ -44,8 +44,9 @@ RUN_BATCH_FIXED = {"input_format": "openai-batch"}  # what run-batch means, so i
 
 
 ENV_PREFIX = "SCORE_BATCH"  # cli/main.py's auto_envvar_prefix
-# SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh).
-TOOLING_VARIABLES = ("SCORE_BATCH_NO_FA3", "SCORE_BATCH_REQUIRE_GPU")
+# SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh),
+# and the model file digests' cache (engine/model_digest.CACHE_VARIABLE).
+TOOLING_VARIABLES = ("SCORE_BATCH_NO_FA3", "SCORE_BATCH_REQUIRE_GPU", "SCORE_BATCH_CACHE_DIR")
 
 
 def warn_unknown_variables(environ, options: type = ScoreOptions) -> list[str]:

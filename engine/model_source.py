@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path
@@ -96,18 +95,24 @@ def check_weight_files(path: str | Path) -> str:
     safetensors headers through safe_open, the zip directory of torch.save files.
     """
     path = Path(path)
+    kind, files = weight_files(path)
+    check = _check_safetensors if kind == "safetensors" else _check_pickle
+    for file in files:
+        check(file, path)
+    return kind
+
+
+def weight_files(path: Path) -> tuple[str, list[Path]]:
+    """("safetensors" or "pickle", the weight files) transformers would load from a model directory, in its
+    order: the single file wins over an index beside it; ScoringInputError when there are none."""
     for kind, index_name, single in (
         ("safetensors", SAFETENSORS_INDEX, "model.safetensors"),
         ("pickle", PICKLE_INDEX, "pytorch_model.bin"),
     ):
-        check = _check_safetensors if kind == "safetensors" else _check_pickle
-        if _present(path / single):  # transformers' order: the single file wins over an index beside it
-            check(path / single, path)
-            return kind
+        if _present(path / single):
+            return kind, [path / single]
         if _present(path / index_name):
-            for shard in _index_shards(path / index_name):
-                check(path / shard, path)
-            return kind
+            return kind, [path / shard for shard in _index_shards(path / index_name)]
     stray = sorted(p.name for p in path.glob("*.safetensors")) + sorted(p.name for p in path.glob("*.bin"))
     found = (
         f"; it has {', '.join(stray[:5])}{' …' if len(stray) > 5 else ''}, but sharded weights need their "
@@ -208,13 +213,47 @@ def _check_pickle(file: Path, directory: Path) -> None:
         raise ScoringInputError(f"{what}: {error}") from None
 
 
-MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".tiktoken", ".py")
+# The files besides the weights that decide a score: configs, tokenizer files, chat templates, remote code.
+MODEL_FILE_SUFFIXES = (".json", ".txt", ".model", ".tiktoken", ".jinja", ".py")
 
 
 def model_identity(model_dir: Path) -> list:
-    """The model's config and the names, sizes and times of its weight, tokenizer and code files."""
-    entries = [["config.json", hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()]]
-    for path in sorted(model_dir.iterdir()):
-        if path.suffix in MODEL_FILE_SUFFIXES and path.is_file():
-            entries.append([path.name, path.stat().st_size, path.stat().st_mtime_ns])
-    return entries
+    """[name, SHA-256 of its content] of every file of the model that decides a score: the weights transformers
+    loads, and the configs, tokenizer files, chat templates and code beside them and in the folders of its
+    sentence-transformers modules (engine/model_digest: read once, then cached by each file's inode and times)."""
+    from score_batch.engine.model_digest import file_digests
+
+    model_dir = Path(model_dir)
+    files = {file.relative_to(model_dir).as_posix(): file for file in _scoring_files(model_dir)}
+    names = sorted(files)
+    return [[name, digest] for name, digest in zip(names, file_digests([files[n] for n in names]))]
+
+
+def _scoring_files(model_dir: Path) -> list[Path]:
+    """The model's weight files (none when it has none: loading says why) and the other files that decide a
+    score, at its top level and in the folders its modules.json names."""
+    try:
+        files = weight_files(model_dir)[1]
+    except ScoringInputError:
+        files = []
+    folders = [model_dir, *_module_folders(model_dir)]
+    for folder in folders:
+        files.extend(p for p in sorted(folder.iterdir()) if p.suffix in MODEL_FILE_SUFFIXES and p.is_file())
+    return files
+
+
+def _module_folders(model_dir: Path) -> list[Path]:
+    """The sub-folders a sentence-transformers modules.json names (a LogitScore module's config, …)."""
+    import json
+
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+    except (OSError, ValueError):
+        return []
+    folders = []
+    for module in modules if isinstance(modules, list) else []:
+        name = module.get("path") if isinstance(module, dict) else None
+        folder = model_dir / name if isinstance(name, str) and name.strip("./") else None
+        if folder is not None and folder.resolve().is_relative_to(model_dir.resolve()) and folder.is_dir():
+            folders.append(folder)
+    return folders

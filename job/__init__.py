@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.readers import open_source
 from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import check_kept_columns
@@ -81,6 +82,10 @@ def _run_phases(config: RunConfig, report: RunReport):
     try:
         runner = _resolve(config, source)
         checked = runner.preflight(config, source)
+        # The model's content for fingerprints and score keys, read here where a signal stops it at once (a
+        # later call, on the prefetch worker too, finds the digests in memory).
+        if runner.kind != "batch-file":
+            model_identity(config.model_dir)
         with contextlib.nullcontext() if checked.paths.lock is None else OutputLock(checked.paths.lock):
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files

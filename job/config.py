@@ -16,6 +16,7 @@ from score_batch.io_formats.listing import RequestedFormat
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import STDOUT
 
+from score_batch import __version__
 from score_batch.errors import ConfigError
 
 ON_ERROR_MODES = ("fail", "record", "skip")
@@ -175,10 +176,12 @@ class Fingerprint:
         before = dict(earlier["software"])
         now = dict(self.record["software"])
         said = _changed_settings(earlier["settings"], self.record["settings"])
-        if earlier["model"] != self.record["model"]:
-            said.append("the model's config or weight files changed")
-        if earlier["input"] != self.record["input"] and before.get("score-batch") == now.get("score-batch"):
-            said.append("the input changed")  # (another score-batch may digest the same input differently)
+        # Another score-batch may digest the same model or input differently: then only its version is named.
+        same_build = before.get("score-batch") == now.get("score-batch")
+        if earlier["model"] != self.record["model"] and same_build:
+            said.append("the model's files changed (their content)")
+        if earlier["input"] != self.record["input"] and same_build:
+            said.append("the input changed")
 
         said.extend(
             f"{name} {before.get(name)} → {version}"
@@ -208,8 +211,10 @@ FINGERPRINTED = (
 
 def software_identity() -> list:
     """The installed versions of the packages that compute the scores (None: not installed); read from package
-    metadata, so nothing is imported. An upgrade between a killed run and its --resume must not mix scores."""
-    return [list(pair) for pair in package_versions(SCORING_SOFTWARE).items()]
+    metadata, so nothing is imported (score-batch's own: score_batch.__version__, a checkout's pyproject.toml).
+    An upgrade between a killed run and its --resume must not mix scores."""
+    versions = {**package_versions(SCORING_SOFTWARE), "score-batch": __version__}
+    return [[name, versions[name]] for name in SCORING_SOFTWARE]
 
 
 def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:

@@ -8,17 +8,33 @@ installed as subpackages of score_batch (score_batch.engine, ...) so that a user
 from __future__ import annotations
 
 import os
+import re
 from importlib import metadata
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKOUT = os.path.dirname(_HERE)
-if not os.path.isdir(os.path.join(_HERE, "engine")) and os.path.isfile(
+_IN_CHECKOUT = not os.path.isdir(os.path.join(_HERE, "engine")) and os.path.isfile(
     os.path.join(_CHECKOUT, "engine", "__init__.py")
-):  # a source checkout or an editable install: the subpackages sit beside this folder
+)
+if _IN_CHECKOUT:  # a source checkout or an editable install: the subpackages sit beside this folder
     __path__.append(_CHECKOUT)  # noqa: F821 - a package's __path__ is defined by the import system
 
+
+def _checkout_version() -> str | None:
+    """The version the checkout's pyproject.toml names: an editable install's metadata keeps the version it was
+    installed at, and the version is part of every score key and resume fingerprint."""
+    try:
+        with open(os.path.join(_CHECKOUT, "pyproject.toml"), encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    project = re.search(r"^\[project\]\s*$(.*?)(?=^\[)", text + "\n[", re.M | re.S)
+    version = project and re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), re.M)
+    return version.group(1) if version else None
+
+
 try:
-    __version__ = metadata.version("score-batch")
+    __version__ = (_IN_CHECKOUT and _checkout_version()) or metadata.version("score-batch")
 except metadata.PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+source"
 

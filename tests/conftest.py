@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -30,6 +31,15 @@ class ModelZoo:
             build_model(path, family, kind, vocab_size=len(tokenizer), **overrides)
             self._dirs[key] = path
         return self._dirs[key]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def digest_cache(tmp_path_factory) -> Path:
+    """Model file digests (engine/model_digest) are cached in the session's temp dir, not the user's home;
+    the commands the tests start inherit it."""
+    path = tmp_path_factory.mktemp("digest-cache")
+    os.environ["SCORE_BATCH_CACHE_DIR"] = str(path)
+    return path
 
 
 @pytest.fixture(scope="session")

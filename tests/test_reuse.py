@@ -97,15 +97,58 @@ def test_a_changed_setting_reuses_nothing(qwen3_causal, tmp_path, change):
     assert json.loads(report.read_text())["reused"] == 0
 
 
-def test_a_changed_model_reuses_nothing(qwen3_causal, copy_model, tmp_path):
+def test_a_model_touched_or_copied_keeps_its_keys(qwen3_causal, copy_model, tmp_path):
+    """The model's identity is its files' content: a new modification time or another directory (a
+    re-download of the same files) changes no score key."""
     model = copy_model(qwen3_causal)
     base, yesterday, today, _ = nightly(tmp_path, model)
     weights = next(model.glob("*.safetensors"))
-    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # re-downloaded
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    report = tmp_path / "report.json"
+    ran = run_cli(today, *base, "-o", tmp_path / "o.parquet", "--reuse", yesterday, "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["reused"] == 120
+    base[1] = qwen3_causal
+    ran = run_cli(
+        today, *base, "-o", tmp_path / "p.parquet", "--reuse", yesterday, "--report", report, "--overwrite"
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(report.read_text())["reused"] == 120
+
+
+def test_a_model_rescaled_in_place_with_size_and_mtime_restored_reuses_nothing(qwen3_causal, tmp_path):
+    import subprocess
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save
+
+    model = tmp_path / "model"
+    subprocess.run(["cp", "-rp", str(qwen3_causal), str(model)], check=True)  # cp -p: times kept
+    base, yesterday, today, _ = nightly(tmp_path, model)
+    again = run_cli(tmp_path / "yesterday.jsonl", *base, "-o", yesterday, "--resume")
+    assert again.returncode == 0 and "already complete" in again.stderr, again.stderr
+
+    weights = model / "model.safetensors"
+    before = weights.stat()
+    with safe_open(str(weights), "pt") as handle:
+        metadata = handle.metadata()
+    rescaled = save({name: tensor * 1.5 for name, tensor in load_file(weights).items()}, metadata)
+    assert len(rescaled) == before.st_size
+    with open(weights, "r+b") as handle:  # the same file, the same size
+        handle.write(rescaled)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # and its time restored
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert not torch.equal(
+        load_file(weights)["lm_head.weight"], load_file(qwen3_causal / "model.safetensors")["lm_head.weight"]
+    )
+
     report = tmp_path / "report.json"
     ran = run_cli(today, *base, "-o", tmp_path / "o.parquet", "--reuse", yesterday, "--report", report)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(report.read_text())["reused"] == 0
+    stale = run_cli(tmp_path / "yesterday.jsonl", *base, "-o", yesterday, "--resume")
+    assert stale.returncode == 2 and "the model's files changed" in stale.stderr, stale.stderr
 
 
 def test_settings_that_cannot_change_scores_keep_the_keys(qwen3_causal, tmp_path):
