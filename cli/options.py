@@ -443,11 +443,21 @@ ReuseOpt = Annotated[
     typer.Option(
         "--reuse",
         metavar="PATH|URI",
-        help="An earlier score-batch output (file, partitioned directory, s3://…), repeatable: pairs whose "
-        "score key matches (same query, item, model and scoring settings) copy its score, scores and "
-        "pooled vectors bit for bit; only the rest is scored (docs/operations.md).",
+        help="Earlier score-batch outputs, as INPUT takes them (files, partitioned directories, globs, s3://…; "
+        "repeatable or comma-separated): pairs whose score key matches (same query, item, model content and "
+        "scoring settings) copy their score, scores and pooled vectors bit for bit; only the rest is scored "
+        "(docs/operations.md).",
         rich_help_panel=JOB,
         show_default=False,
+    ),
+]
+ReuseMissingOkOpt = Annotated[
+    bool,
+    typer.Option(
+        "--reuse-missing-ok",
+        help="A --reuse output that is not there (the earlier run failed) is a warning, and its pairs are "
+        "scored, instead of exit 2.",
+        rich_help_panel=JOB,
     ),
 ]
 LogFormatOpt = Annotated[
@@ -547,6 +557,7 @@ class ScoreOptions:
     progress_seconds: ProgressSecondsOpt = 30.0
     price_per_hour: PricePerHourOpt = None
     reuse: ReuseOpt = None
+    reuse_missing_ok: ReuseMissingOkOpt = False
     log_format: LogFormatOpt = "text"
     ray: RayOpt = False
     ray_address: RayAddressOpt = None

@@ -1,36 +1,58 @@
 """Earlier score-batch outputs read back for --reuse: one stream of (score key, score values) rows.
 
-Any output score-batch writes is read: a Parquet file, a JSONL file (plain or .gz/.zst/.bz2), a partitioned
-Parquet directory (hive `col=value/`; `_SUCCESS` and `_common_metadata` skipped), on a local disk or an
-object store. Rows are read in record batches (pyarrow's dataset scanner, or its streaming JSON reader),
-never held whole, and come out in the types the current run writes, so a value read back is the value
-written, bit for bit. A column whose values cannot take this run's type (another model's pooled width)
-comes out null: such rows were scored under another score identity, so their keys cannot match.
+Each --reuse argument is what an INPUT may be (io_formats/listing): a file, a directory with hive partition
+directories (`_SUCCESS`, `_common_metadata` and hidden names skipped), a glob, or several of those separated
+by commas, on a local disk or an object store; every file it means is one earlier output (Parquet, or JSONL
+plain or .gz/.zst/.bz2). One that is not there is an error, or (missing_ok) a warning and nothing to reuse.
+Rows are read in record batches (pyarrow's dataset scanner, or its streaming JSON reader), never held whole,
+and come out in the types the current run writes, so a value read back is the value written, bit for bit. A
+column whose values cannot take this run's type (another model's pooled width) comes out null: such rows
+were scored under another score identity, so their keys cannot match.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location, parse_location
-from score_batch.io_formats.writers import output_compression, output_format
+from score_batch.io_formats.listing import PARQUET, InputFile, expand, file_format
+from score_batch.io_formats.locations import HTTP, has_glob, parse_location, split_inputs
+
+from score_batch import __version__
+
+log = logging.getLogger(__name__)
 
 SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scoring settings, query, item)
 SCAN_BATCH_ROWS = 65_536
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to disk
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
+COMPLETION_RECORD = (
+    b"score_batch.completion_record"  # a Parquet output's record of what wrote it (job/completion)
+)
 
 
 class _ParquetOutput:
-    """A Parquet file or partitioned directory, scanned with little readahead."""
+    """A Parquet file, scanned with little readahead."""
 
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-        self.names = dataset.schema.names
+    def __init__(self, file: InputFile) -> None:
+        import pyarrow.dataset as ds
+
+        self.uri = file.uri
+        self.dataset = ds.dataset(file.location.path, filesystem=file.location.fs, format="parquet")
+        self.names = self.dataset.schema.names
+
+    def written_by(self) -> str | None:
+        """The score-batch version that wrote this output, from its completion record (None: not recorded)."""
+        try:
+            record = json.loads((self.dataset.schema.metadata or {}).get(COMPLETION_RECORD, b"null"))
+            return dict(record["software"]).get("score-batch")
+        except (ValueError, TypeError, KeyError):
+            return None
 
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         import pyarrow.dataset as ds
@@ -48,8 +70,9 @@ class _ParquetOutput:
 class _JsonlOutput:
     """A JSONL output (compressed as its name says), read block by block with fixed column types."""
 
-    def __init__(self, location: Location) -> None:
-        self.location = location
+    def __init__(self, file: InputFile) -> None:
+        self.uri = file.uri
+        self.file = file
         first = next((line for line in self._lines() if line.strip()), None)
         try:
             row = json.loads(first) if first is not None else {}
@@ -57,13 +80,16 @@ class _JsonlOutput:
             row = None
         if not isinstance(row, dict):
             raise InputError(
-                f"--reuse {location.uri!r}: not a score-batch output (its lines are not JSON objects)"
+                f"--reuse {self.uri!r}: not a score-batch output (its lines are not JSON objects)"
             )
         self.names = list(row) if first is not None else [SCORE_KEY]
 
+    def written_by(self) -> str | None:
+        return None  # JSONL carries no record (OUTPUT.done is written under --resume only)
+
     def _stream(self):
-        compression = output_compression(self.location.path)  # by name, as the writer chose it
-        return self.location.fs.open_input_stream(self.location.path, compression=compression)
+        location = self.file.location
+        return location.fs.open_input_stream(location.path, compression=self.file.compression)
 
     def _lines(self) -> Iterator[str]:
         import io
@@ -85,22 +111,44 @@ class _JsonlOutput:
                 yield batch.filter(pc.is_valid(batch.column(SCORE_KEY)))
 
 
-def open_earlier(texts: tuple[str, ...], options=()) -> list:
-    """The earlier outputs, opened and checked (no rows read): InputError for a path that is missing or is
-    not a score-batch output."""
-    outputs = [_open(text, options) for text in texts]
-    for text, output in zip(texts, outputs):
-        if SCORE_KEY not in output.names:
-            raise InputError(
-                f"--reuse {text!r} has no {SCORE_KEY} column: it was not written by score-batch 0.2 or later, "
-                "or it is not a score-batch output, so its rows cannot be matched; leave it out"
+def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, warn: bool = True) -> list:
+    """The earlier outputs, one per file the --reuse arguments mean, opened and checked (no rows read):
+    InputError for an argument that is missing (unless missing_ok: a warning, and no outputs from it), a file
+    that is not a score-batch output; a warning for outputs of another score-batch version (no key can match)."""
+    outputs = []
+    for text in split_inputs(tuple(texts)):
+        files = _files(text, options)
+        if files is None:
+            if not missing_ok:
+                raise InputError(
+                    f"--reuse {text!r}: no such file or directory (nor files matching it); pass "
+                    "--reuse-missing-ok to score every pair when an earlier output is not there"
+                )
+            if warn:
+                log.warning("--reuse %s is not there (did that run fail?): its pairs are scored", text)
+            continue
+        opened = [_open(file) for file in files]
+        for output in opened:
+            if SCORE_KEY not in output.names:
+                raise InputError(
+                    f"--reuse {output.uri!r} has no {SCORE_KEY} column: it was not written by score-batch 0.2 or "
+                    "later, or it is not a score-batch output, so its rows cannot be matched; leave it out"
+                )
+        versions = {output.written_by() for output in opened} - {None, __version__}
+        if warn and versions:
+            log.warning(
+                "--reuse %s was written by score-batch %s: its score keys cannot match this version's (%s), so "
+                "its pairs are scored again",
+                text,
+                ", ".join(sorted(versions)),
+                __version__,
             )
+        outputs.extend(opened)
     return outputs
 
 
 def join_earlier(
-    texts: tuple[str, ...],
-    options,
+    outputs: list,
     keys: Path,
     values: pa.Schema,
     directory: Path,
@@ -108,7 +156,7 @@ def join_earlier(
     threads: int,
 ) -> int:
     """DuckDB: a run's keys (keys: a Parquet file of row_index, item_pos, score_key) ⋈ the earlier outputs'
-    rows, in input order, to the Parquet file joined (row_index, item_pos, score_key, then values: the reused
+    (open_earlier's) rows, in input order, to the Parquet file joined (row_index, item_pos, score_key, then values: the reused
     columns in this run's types); the number of pairs matched. Streamed: the outputs are scanned in record
     batches and DuckDB spills to directory past JOIN_MEMORY. A key held by several earlier rows takes the
     first output's, the lowest score there."""
@@ -119,8 +167,9 @@ def join_earlier(
     except ImportError:
         raise InputError("--reuse needs DuckDB, which is not installed: pip install duckdb") from None
     schema = pa.schema([pa.field(SCORE_KEY, pa.string()), *values])
+    failed: list[Exception] = []  # an output that cannot be read: its own message, not DuckDB's traceback
     stream = pa.RecordBatchReader.from_batches(
-        schema.append(pa.field("source", pa.int32())), _earlier_batches(open_earlier(texts, options), schema)
+        schema.append(pa.field("source", pa.int32())), _earlier_batches(outputs, schema, failed)
     )
     names = ", ".join(f"e.{name}" for name in values.names)
     spill_sql, keys_sql, joined_sql = (_sql_text(path) for path in (directory / "spill", keys, joined))
@@ -138,8 +187,10 @@ def join_earlier(
                 ORDER BY k.row_index, k.item_pos
             ) TO '{joined_sql}' (FORMAT parquet)"""
         )
-    except duckdb.Error as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    except (duckdb.Error, pa.ArrowException) as error:
+        if failed:
+            raise failed[0] from None
+        first = _first_line(error)
         if isinstance(error, (duckdb.IOException, duckdb.OutOfMemoryException)):  # the machine's: exit 3
             raise OSError(f"--reuse: joining the earlier outputs failed: {first}") from None
         raise InputError(f"--reuse: joining the earlier outputs failed: {first}") from None
@@ -148,15 +199,33 @@ def join_earlier(
     return pq.ParquetFile(joined).metadata.num_rows
 
 
-def _earlier_batches(outputs: list, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def _earlier_batches(outputs: list, schema: pa.Schema, failed: list) -> Iterator[pa.RecordBatch]:
     """Record batches of every earlier output in order, in schema (score_key first; the value columns the run
     writes), with a `source` int32 column: the output's position. Rows with no score key (failed rows) are
-    dropped."""
+    dropped. An output that cannot be read is put in failed as an InputError, then raised."""
     for number, output in enumerate(outputs):
         names = [name for name in schema.names if name in output.names]
-        for batch in output.batches(names):
-            if batch.num_rows:
-                yield _conformed(batch, schema, number)
+        try:
+            for batch in output.batches(names):
+                if batch.num_rows:
+                    yield _conformed(batch, schema, number)
+        except InputError as error:
+            failed.append(error)
+            raise
+        except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as error:
+            failed.append(
+                InputError(
+                    f"--reuse {output.uri!r}: not a readable score-batch output ({_first_line(error)}): "
+                    "truncated or damaged? leave it out"
+                )
+            )
+            raise
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of an error's message (its type when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _sql_text(path: Path) -> str:
@@ -180,30 +249,46 @@ def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.Reco
     return pa.RecordBatch.from_arrays(arrays, schema=schema.append(pa.field("source", pa.int32())))
 
 
-def _open(text: str, options):
-    """The earlier output at text (its format from its name, or a Parquet directory)."""
-    import pyarrow.dataset as ds
-
+def _files(text: str, options) -> list[InputFile] | None:
+    """The output files one --reuse argument means, as an INPUT would (a file, a directory with hive partitions,
+    a glob); None when it names nothing (no such path, a glob matching no file)."""
     location = parse_location(text, options)
-    kind = location.info().type.name
-    if kind == "NotFound":
-        raise InputError(f"--reuse {location.uri!r}: no such file or directory")
+    if has_glob(location.path) and location.scheme != HTTP:
+        try:
+            return expand(location)[0]
+        except InputError:  # matches no data file
+            return None
     try:
-        if kind == "Directory":
-            dataset = ds.dataset(location.path, filesystem=location.fs, format="parquet", partitioning="hive")
-            return _ParquetOutput(dataset)
-        fmt = output_format(location.path)
-        if fmt == "parquet":
-            return _ParquetOutput(ds.dataset(location.path, filesystem=location.fs, format="parquet"))
-        return _JsonlOutput(location)
-    except InputError:
+        kind = location.info().type
+    except FileNotFoundError:
+        kind = pafs.FileType.NotFound
+    if kind == pafs.FileType.NotFound:
+        return None
+    if kind == pafs.FileType.Directory:
+        try:
+            return expand(location)[0]
+        except InputError:
+            raise InputError(
+                f"--reuse {location.uri!r}: a directory without .parquet or .jsonl files (or partition "
+                "directories of them), not a score-batch output"
+            ) from None
+    known = file_format(location.name)
+    if known is None:
         raise InputError(
             f"--reuse {location.uri!r}: not a score-batch output (a .parquet or .jsonl file, or a directory "
             "of Parquet files)"
-        ) from None
+        )
+    return [InputFile(location, *known)]
+
+
+def _open(file: InputFile):
+    """One earlier output file, opened (its schema, or its first line)."""
+    try:
+        return _ParquetOutput(file) if file.format == PARQUET else _JsonlOutput(file)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise InputError(f"--reuse {location.uri!r}: not a readable score-batch output ({first})") from None
+        raise InputError(
+            f"--reuse {file.uri!r}: not a readable score-batch output ({_first_line(error)})"
+        ) from None
 
 
 # JSONL outputs are read with these types (JSON numbers are doubles; a float32 written as JSON reads back to

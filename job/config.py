@@ -81,6 +81,7 @@ class RunConfig:
     hive_types: Literal["infer", "string"] = "infer"  # --hive-types: input partition values typed, or strings
     price_per_hour: float | None = None  # --price-per-hour: the machine's price, for the report's cost
     reuse: tuple[str, ...] = ()  # --reuse: earlier outputs whose scores are copied for pairs with equal keys
+    reuse_missing_ok: bool = False  # --reuse-missing-ok: a --reuse output that is not there is a warning
 
     def __post_init__(self) -> None:
         stdout = self.output == STDOUT
@@ -142,7 +143,8 @@ class RunConfig:
 # the scores the run gives, job/reuse.py; window_rows is recorded, not digested: a resumed run reads its parts'.)
 UNFINGERPRINTED = (
     *("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray", "threads"),
-    *("progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse", "window_rows"),
+    *("progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse", "reuse_missing_ok"),
+    "window_rows",
 )
 
 

@@ -47,7 +47,7 @@ def preflight(config: RunConfig, source: InputSource, directory: bool = False) -
     if config.partition_by:  # partition columns must be usable output columns (not lists, …)
         pooled = PLACEHOLDER_POOLED_DIM if config.engine.scoring.pooled_hidden_states else None
         output_contract(config, mapping, types, pooled).partition_schema(config.partition_by)
-    open_earlier(config.reuse, config.storage_options)  # --reuse outputs exist and carry score keys
+    open_earlier(config.reuse, config.storage_options, config.reuse_missing_ok)  # they exist, with score keys
     return Checked(source, paths, mapping, types)
 
 

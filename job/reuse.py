@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from score_batch.engine.model_source import model_identity
-from score_batch.io_formats.earlier import SCORE_KEY, join_earlier
+from score_batch.io_formats.earlier import SCORE_KEY, join_earlier, open_earlier
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
 from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, software_identity
 from score_batch.job.lock import process_gone
@@ -113,13 +113,16 @@ class EarlierScores:
         _remove_stale_directories()
         directory = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
         try:
+            joined = directory / "reused.parquet"
+            outputs = open_earlier(config.reuse, config.storage_options, config.reuse_missing_ok, warn=False)
+            if not outputs:  # every one missing (preflight warned): nothing to join, no key pass
+                index = [("row_index", pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())]
+                pq.write_table(pa.schema([*index, *values]).empty_table(), joined)
+                return cls(directory, joined, 0)
             keys = directory / "keys.parquet"
             _write_keys(config, source, identity, keys)
-            joined = directory / "reused.parquet"
-            matched = join_earlier(
-                config.reuse, config.storage_options, keys, values, directory, joined, available_cpus()
-            )
-            log.info("--reuse: %d pairs found in %d earlier output(s)", matched, len(config.reuse))
+            matched = join_earlier(outputs, keys, values, directory, joined, available_cpus())
+            log.info("--reuse: %d pairs found in %d earlier output file(s)", matched, len(outputs))
             return cls(directory, joined, matched)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)

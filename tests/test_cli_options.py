@@ -195,6 +195,7 @@ CASES = {
     "progress_seconds": (["--progress-seconds", "5"], "progress_seconds", 5.0),
     "price_per_hour": (["--price-per-hour", "2.5"], "price_per_hour", 2.5),
     "reuse": (["--reuse", "a.parquet", "--reuse", "s3://b/c"], "reuse", ("a.parquet", "s3://b/c")),
+    "reuse_missing_ok": (["--reuse-missing-ok"], "reuse_missing_ok", True),
     "ray": (["--ray"], "ray", RayOptions()),
     "ray_address": (["--ray", "--ray-address", "auto"], "ray.address", "auto"),
     "num_workers": (["--ray", "--num-workers", "2"], "ray.num_workers", 2),

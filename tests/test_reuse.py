@@ -187,6 +187,88 @@ def test_every_output_layout_is_a_cache(qwen3_causal, tmp_path, suffix):
             )
 
 
+def test_reuse_takes_what_input_takes_globs_commas_and_partitions(qwen3_causal, tmp_path):
+    base, _, today, _ = nightly(tmp_path, qwen3_causal)
+    rows = many_rows(30, 5)
+    days = tmp_path / "scores"
+    days.mkdir()
+    for day, part in (("01", rows[:40]), ("02", rows[40:80])):
+        data = write_jsonl(tmp_path / f"{day}.jsonl", part)
+        assert run_cli(data, *base, "-o", days / f"dt=2026-11-{day}.parquet").returncode == 0
+    parted = tmp_path / "parted"
+    parted.mkdir()
+    data = write_jsonl(tmp_path / "03.jsonl", rows[80:])
+    assert run_cli(data, *base, "-o", parted / "dt=2026-11-03", "--partition-by", "query_id").returncode == 0
+    report = tmp_path / "report.json"
+    for given in (
+        [f"{days}/dt=*.parquet", parted],
+        [f"{days}/dt=2026-11-01.parquet,{days}/dt=2026-11-02.parquet", f"{parted}/**/*.parquet"],
+        [days, parted],
+    ):
+        flags = [word for path in given for word in ("--reuse", path)]
+        ran = run_cli(today, *base, "-o", tmp_path / "o.parquet", *flags, "--report", report, "--overwrite")
+        assert ran.returncode == 0, ran.stderr
+        assert json.loads(report.read_text())["reused"] == 120, given
+
+
+def test_a_missing_earlier_output_is_refused_unless_opted_in(qwen3_causal, tmp_path):
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    report = tmp_path / "report.json"
+    for number, missing in enumerate((tmp_path / "failed-day.parquet", f"{tmp_path}/nothing-*.parquet")):
+        out = tmp_path / f"o{number}.parquet"
+        refused = run_cli(today, *base, "-o", out, "--reuse", missing)
+        assert refused.returncode == 2 and "--reuse-missing-ok" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and not out.exists()
+        ran = run_cli(
+            today,
+            *base,
+            "-o",
+            out,
+            "--reuse",
+            missing,
+            "--reuse-missing-ok",
+            "--report",
+            report,
+            "--overwrite",
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert "is not there" in ran.stderr and json.loads(report.read_text())["reused"] == 0
+        assert pq.read_table(out).num_rows == 150
+    ran = run_cli(
+        today, *base, "-o", out, "--reuse", f"{yesterday},{tmp_path}/gone.jsonl", "--reuse-missing-ok",
+        "--report", report, "--overwrite",
+    )  # fmt: skip
+    assert ran.returncode == 0 and json.loads(report.read_text())["reused"] == 120, ran.stderr
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_truncated_earlier_jsonl_output_is_one_line(qwen3_causal, tmp_path, suffix):
+    base, _, today, _ = nightly(tmp_path, qwen3_causal)
+    whole = tmp_path / f"whole{suffix}"
+    assert run_cli(tmp_path / "yesterday.jsonl", *base, "-o", whole).returncode == 0
+    cut = tmp_path / f"cut{suffix}"
+    data = whole.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])  # a copy that stopped midway
+    ran = run_cli(today, *base, "-o", tmp_path / "o.parquet", "--reuse", cut)
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr and "Python exception" not in ran.stderr
+    assert lines[-1].startswith(f"score-batch: error: --reuse '{cut}': not a readable score-batch output")
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_an_output_of_another_version_is_named(qwen3_causal, tmp_path):
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    table = pq.read_table(yesterday)
+    metadata = dict(table.schema.metadata)
+    record = json.loads(metadata[b"score_batch.completion_record"])
+    record["software"] = [[name, "0.2.1" if name == "score-batch" else v] for name, v in record["software"]]
+    metadata[b"score_batch.completion_record"] = json.dumps(record).encode()
+    older = tmp_path / "older.parquet"
+    pq.write_table(table.replace_schema_metadata(metadata), older)
+    ran = run_cli(today, *base, "-o", tmp_path / "o.parquet", "--reuse", older)
+    assert ran.returncode == 0 and "written by score-batch 0.2.1" in ran.stderr, ran.stderr
+
+
 def test_pooled_vectors_and_ranks_over_reused_and_new_rows(qwen3_causal, tmp_path):
     base, _, today, _ = nightly(tmp_path, qwen3_causal)
     yesterday = tmp_path / "pooled.parquet"
