@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -66,10 +67,11 @@ def upload(local: Path, destination: Location, options: tuple[tuple[str, str], .
         raise
 
 
-def upload_directory(local: Path, destination: Location) -> None:
+def upload_directory(local: Path, destination: Location, check: Callable[[], None] = lambda: None) -> None:
     """Publish a finished local directory at destination: staged under a hidden prefix, `_SUCCESS` last.
 
-    Replaces an existing dataset there (the caller checked --overwrite): its `_SUCCESS` goes first.
+    Replaces an existing dataset there (the caller checked --overwrite): its `_SUCCESS` goes first. check()
+    runs before each file's upload and may raise to stop (the staged objects are deleted, nothing replaced).
     """
     files = sorted(
         path.relative_to(local).as_posix()
@@ -79,12 +81,14 @@ def upload_directory(local: Path, destination: Location) -> None:
     staging = temp_sibling(destination)
     try:
         for name in files:
+            check()
             target = staging.child(name)
             with (
                 open(local / name, "rb") as source,
                 target.fs.open_output_stream(target.path, compression=None) as out,
             ):
                 shutil.copyfileobj(source, out, CHUNK)
+        check()
         _replace(staging, destination, files)
     finally:
         delete_dir(staging)

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -157,8 +158,9 @@ class Target(ABC):
         """A new local directory to write this (directory) target into, then publish_directory() it."""
 
     @abstractmethod
-    def publish_directory(self, local: Path) -> None:
-        """Make a finished local directory this target (replacing an old one): `_SUCCESS` marks it complete."""
+    def publish_directory(self, local: Path, check: Callable[[], None] = lambda: None) -> None:
+        """Make a finished local directory this target (replacing an old one): `_SUCCESS` marks it complete.
+        check() may raise to stop while nothing is replaced yet (an object store's upload)."""
 
     @abstractmethod
     def replace_with(self, staging: Target) -> None:
@@ -281,7 +283,7 @@ class LocalTarget(Target):
     def staging_directory(self) -> Path:
         return exclusive_temp(self._path, directory=True)
 
-    def publish_directory(self, local: Path) -> None:
+    def publish_directory(self, local: Path, check: Callable[[], None] = lambda: None) -> None:
         (local / SUCCESS).touch()
         if self._path.exists():
             old = exclusive_temp(self._path, directory=True)
@@ -369,8 +371,8 @@ class ObjectTarget(Target):
     def staging_directory(self) -> Path:
         return Path(tempfile.mkdtemp(prefix="score-batch-output-"))
 
-    def publish_directory(self, local: Path) -> None:
-        remote.upload_directory(local, self.location)
+    def publish_directory(self, local: Path, check: Callable[[], None] = lambda: None) -> None:
+        remote.upload_directory(local, self.location, check)
 
     def replace_with(self, staging: ObjectTarget) -> None:
         remote.move_into_place(staging.location, self.location)

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,11 @@ OUTPUT_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 JSONL_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}  # the compressed JSONL inputs read too
 SUCCESS = "_SUCCESS"  # written last into a finished partitioned output (the Hadoop/Spark committers' marker)
 COMMON_METADATA = "_common_metadata"  # the full output schema, partition columns included (also when empty)
+# A Parquet output's footer: the rows written (a file rewritten by another tool, pyarrow included, loses it).
+ROWS_KEY = b"score_batch.rows"
+PUBLISHED_KEY = b"score_batch.published"  # _common_metadata's footer: [path, rows, bytes] of every file
+CHECK_ROWS = 512  # rows written to a partitioned output between two checks for a stop
+SYNC_THREADS = 16  # fsyncs at once: the journal commits them together (3,000 files: 6.4 → 0.4 s)
 _WRITTEN_NAME = re.compile(r"part-(\d+)\.parquet")
 
 
@@ -110,6 +115,7 @@ class AtomicTableWriter:
             os.close(handle)
             self.tmp = Path(name)
         self._parquet = pq.ParquetWriter(self.tmp, schema) if fmt == "parquet" else None
+        self.rows = 0
         self._text = None
         self._compressed = None
         if fmt == "jsonl":
@@ -121,6 +127,7 @@ class AtomicTableWriter:
 
     def write(self, table: pa.Table) -> None:
         """Append a table (one Parquet row group, or JSONL lines, compressed as the name says)."""
+        self.rows += table.num_rows
         if self._parquet is not None:
             self._parquet.write_table(table)
         elif self._compressed is not None:
@@ -146,6 +153,7 @@ class AtomicTableWriter:
 
     def _close(self) -> None:
         if self._parquet is not None:
+            self._parquet.add_key_value_metadata({ROWS_KEY: str(self.rows).encode()})
             self._parquet.close()
             self._parquet = None
         if self._text is not None:
@@ -157,21 +165,28 @@ class AtomicTableWriter:
 
 
 def write_partitioned(
-    tables: Iterable[pa.Table], directory: Path, schema: pa.Schema, partitioning: pa.Schema
-) -> None:
-    """Write tables as hive-partitioned Parquet (`col=value/part-00000000.parquet`, …) into an empty directory.
+    tables: Iterable[pa.Table],
+    directory: Path,
+    schema: pa.Schema,
+    partitioning: pa.Schema,
+    check: Callable[[], None] = lambda: None,
+) -> list[list]:
+    """Write tables as hive-partitioned Parquet (`col=value/part-00000000.parquet`, …) into an empty directory;
+    [path below it, rows, bytes] of every file written, in path order.
 
     Rows keep their order within each partition: one writer thread, and a partition's files numbered in
     the order they were opened (a partition gets several files only when more than the open-file limit
     of partitions are written at once). The partition columns live in the directory names, not in the
-    files; `_common_metadata` holds the full schema and `_SUCCESS` is written last. Every file is fsynced.
+    files; `_common_metadata` holds the full schema and the files' list (PUBLISHED_KEY), and `_SUCCESS` is
+    written last. Every file and directory is fsynced (SYNC_THREADS at a time). check() runs before every
+    CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal), within a second or so.
     """
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
 
     directory = Path(directory).absolute()
-    written: list[str] = []
+    written: list[tuple[str, int]] = []
     ds.write_dataset(
-        (batch for table in tables for batch in table.to_batches()),
+        _checked_batches(tables, check),
         str(directory),
         schema=schema,
         format="parquet",
@@ -180,32 +195,57 @@ def write_partitioned(
         use_threads=False,  # batches are written in the order given
         max_partitions=1 << 30,  # per batch: an id column may put every row in its own partition
         existing_data_behavior="overwrite_or_ignore",
-        file_visitor=lambda file: written.append(file.path),
+        file_visitor=lambda file: written.append((file.path, file.metadata.num_rows)),
     )
-    for name in written:  # part-10 would sort before part-2: zero-pad so name order is row order
+    published, paths = [], []
+    for name, rows in written:  # part-10 would sort before part-2: zero-pad so name order is row order
         path = Path(name)
         number = _WRITTEN_NAME.fullmatch(path.name)
         if number is not None:
             path = path.rename(path.with_name(f"part-{int(number.group(1)):08d}.parquet"))
-        _fsync_file(path)
-    pq.write_metadata(schema, directory / COMMON_METADATA)
-    _fsync_file(directory / COMMON_METADATA)
+        paths.append(path)
+        published.append([path.relative_to(directory).as_posix(), rows, path.stat().st_size])
+    published.sort()
+    with pq.ParquetWriter(directory / COMMON_METADATA, schema) as common:  # pq.write_metadata, plus the list
+        common.add_key_value_metadata({PUBLISHED_KEY: json.dumps(published, separators=(",", ":")).encode()})
+    check()
     partitions = set()
-    for name in written:  # every directory from each file's up to the root gained an entry
-        parent = Path(name).parent
+    for path in paths:  # every directory from each file's up to the root gained an entry
+        parent = path.parent
         while parent != directory and directory in parent.parents:
             partitions.add(parent)
             parent = parent.parent
-    for sub in partitions:
-        fsync_directory(sub)
+    _fsync_all([*paths, directory / COMMON_METADATA, *partitions])
     (directory / SUCCESS).touch()
     fsync_directory(directory)
+    return published
 
 
-def _fsync_file(path: Path) -> None:
-    """Make a file's bytes durable."""
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
+def _checked_batches(tables: Iterable[pa.Table], check: Callable[[], None]) -> Iterator[pa.RecordBatch]:
+    """The tables' rows in batches of at most CHECK_ROWS, check() before each (a batch may open a file per
+    row: 3,000 partitions take 1 to 8 s to write on 2 loaded cores)."""
+    for table in tables:
+        for batch in table.to_batches(max_chunksize=CHECK_ROWS):
+            check()
+            yield batch
+
+
+def _fsync_all(paths: list[Path]) -> None:
+    """fsync files and directories, SYNC_THREADS at a time (fsync releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="score-batch-fsync") as pool:
+        for _ in pool.map(_fsync, paths):
+            pass
+
+
+def _fsync(path: Path) -> None:
+    """Make a file's bytes, or a directory's entries, durable."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 class StdoutJsonlWriter:

@@ -1,19 +1,22 @@
-"""Idempotent reruns: how a finished output records what produced it, and the check of a rerun.
+"""Idempotent reruns: how a finished output records what produced it and what it published, and the check of
+a rerun.
 
 Every published output carries its completion fingerprint (model, settings and a digest of the input's
-rows, whatever the window size): a Parquet file in its schema metadata, a partitioned dataset in its
-`_common_metadata` (trusted only with `_SUCCESS`). JSONL has no place for it, so a --resume run writing
-JSONL records it in OUTPUT.done beside the output, with the output's size and time. Rerunning the same
-command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no model is
-loaded) and, when the fingerprints match, exits 0 "already complete" without touching the output.
-Anything else (a changed input, model or setting, an output replaced since) is refused as an existing
-output always was.
+rows, whatever the window size) and what was published: a Parquet file its fingerprint in its schema
+metadata and its row count in its footer (a rewrite by another tool drops it); a partitioned dataset both in
+its `_common_metadata` (trusted only with `_SUCCESS`), with every file's path, rows and bytes. JSONL has no
+place for it, so a --resume run writing JSONL records it in OUTPUT.done beside the output, with the output's
+size and time. Rerunning the same command with --resume (a cron job, an Airflow "clear and rerun") reads
+the input again (no model is loaded) and, when the fingerprints match and the output is still what was
+published, exits 0 "already complete" without touching the output. A changed input, model or setting, or
+an output changed since (filtered in place, a partition gone), is refused as an existing output always was.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -22,7 +25,7 @@ from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.target import Target
-from score_batch.io_formats.writers import COMMON_METADATA, SUCCESS, output_format
+from score_batch.io_formats.writers import COMMON_METADATA, PUBLISHED_KEY, ROWS_KEY, SUCCESS, output_format
 from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig
 from score_batch.job.windows import window_hash
 
@@ -55,6 +58,15 @@ def stamped(schema: pa.Schema, fingerprint: Fingerprint | None) -> pa.Schema:
     )
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """What an existing output says produced it, and how it differs from what was published."""
+
+    fingerprint: str | None = None  # None: no completed output here
+    record: dict | None = None  # what the fingerprint digests
+    changed: str | None = None  # why the output is no longer what was published (None: it is)
+
+
 class Completion:
     """The completion record of one output (a local path or an object-store URI; dataset: a --partition-by
     directory)."""
@@ -67,48 +79,86 @@ class Completion:
 
     def recorded(self) -> str | None:
         """The fingerprint the existing output was completed with (None: no completed output here)."""
-        return self._stamp()[0]
+        return self._stamp().fingerprint
 
-    def _stamp(self) -> tuple[str | None, dict | None]:
-        """(fingerprint, its record) of the existing output; (None, None) when no completed output is here."""
+    def _stamp(self) -> Stamp:
+        """The existing output's fingerprint, its record, and how it changed since it was published."""
         try:
             if self.sidecar:
-                record = json.loads(self.record.read_bytes() or b"")
-                published = record.get("output") if isinstance(record, dict) else None
-                if published != self._published():
-                    return None, None
-                return record.get("fingerprint"), record.get("record")
+                return self._sidecar_stamp()
             if self.dataset:
                 if not self.output.child(SUCCESS).is_file():
-                    return None, None
-                schema = _read_schema(self.output.child(COMMON_METADATA))
+                    return Stamp()
+                metadata = _read_metadata(self.output.child(COMMON_METADATA))
+                changed = self._dataset_changed(metadata)
             else:
-                schema = _read_schema(self.output)
+                metadata = _read_metadata(self.output)
+                changed = _file_changed(metadata)
         except (OSError, ValueError, pa.ArrowInvalid):
-            return None, None
-        metadata = schema.metadata or {}
-        value, record = metadata.get(METADATA_KEY), metadata.get(RECORD_KEY)
+            return Stamp()
+        keys = metadata.schema.to_arrow_schema().metadata or {}
+        value, record = keys.get(METADATA_KEY), keys.get(RECORD_KEY)
         try:
             record = json.loads(record) if record else None
         except ValueError:
             record = None
-        return (value.decode() if value else None), record
+        return Stamp(value.decode() if value else None, record, changed)
+
+    def _sidecar_stamp(self) -> Stamp:
+        """A JSONL output's OUTPUT.done (none when the output is gone: nothing completed is here)."""
+        record = json.loads(self.record.read_bytes() or b"")
+        now = self._published()
+        if not isinstance(record, dict) or now is None:
+            return Stamp()
+        changed = None
+        if record.get("output") != now:
+            changed = f"its size or modification time is not the one {self.record.name} records"
+        return Stamp(record.get("fingerprint"), record.get("record"), changed)
+
+    def _dataset_changed(self, common: pq.FileMetaData) -> str | None:
+        """How a dataset's files differ from the list its _common_metadata records (None: they do not)."""
+        listed = (common.metadata or {}).get(PUBLISHED_KEY)
+        if listed is None:
+            return f"its {COMMON_METADATA} lists no published files"
+        published = {path: size for path, _, size in json.loads(listed)}
+        base = self.output.path.rstrip("/")
+        found = {}
+        for info in self.output.fs.get_file_info(pafs.FileSelector(base, recursive=True)):
+            relative = info.path[len(base) :].lstrip("/")
+            if info.type == pafs.FileType.File and not any(
+                p.startswith(("_", ".")) for p in relative.split("/")
+            ):
+                found[relative] = info.size
+        gone = sorted(set(published) - set(found))
+        added = sorted(set(found) - set(published))
+        resized = sorted(path for path in set(found) & set(published) if found[path] != published[path])
+        for paths, what in ((gone, "gone"), (added, "not published by it"), (resized, "of another size")):
+            if paths:
+                more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+                return f"{paths[0]}{more} {'are' if more else 'is'} {what}"
+        return None
 
     def exists(self) -> bool:
         """True when an earlier run completed this output."""
         return self.recorded() is not None
 
     def check_rerun(self, config: RunConfig, source: InputSource) -> None:
-        """Refuse a rerun on a completed output unless model, settings and input content are the same."""
-        recorded, record = self._stamp()
+        """Refuse a rerun on a completed output unless model, settings and input content are the same and the
+        output is still what that run published."""
+        stamp = self._stamp()
         now = completion_fingerprint(config, input_digest(config, source))
-        if recorded != now.digest:
-            what = now.difference(record) if recorded is not None else ""
+        if stamp.fingerprint != now.digest:
+            what = now.difference(stamp.record) if stamp.fingerprint is not None else ""
             differs = (
                 f"differently: {what}" if what else f"with a different {FINGERPRINTED} (or replaced since)"
             )
             raise InputError(
                 f"output {config.output!r} already exists, completed {differs}; pass --overwrite to replace it"
+            )
+        if stamp.changed is not None:
+            raise InputError(
+                f"output {config.output!r} changed since it was completed ({stamp.changed}), so it is not "
+                "what this run would publish; pass --overwrite to replace it"
             )
 
     def published(self, fingerprint: Fingerprint, resume: bool) -> None:
@@ -131,6 +181,16 @@ class Completion:
         return [info.size, info.mtime_ns] if info.type == pafs.FileType.File else None
 
 
+def _file_changed(footer: pq.FileMetaData) -> str | None:
+    """How a Parquet output differs from what was published: its footer's row count (None: it does not)."""
+    rows = (footer.metadata or {}).get(ROWS_KEY)
+    if rows is None:
+        return "it was rewritten since: its footer has no score-batch row count"
+    if int(rows) != footer.num_rows:
+        return f"it holds {footer.num_rows} rows; {int(rows)} were published"
+    return None
+
+
 def _names_jsonl(path: str) -> bool:
     """True when an output path names a JSONL file (a directory, as a Ray run writes, names none)."""
     try:
@@ -139,6 +199,7 @@ def _names_jsonl(path: str) -> bool:
         return False
 
 
-def _read_schema(where: Target) -> pa.Schema:
+def _read_metadata(where: Target) -> pq.FileMetaData:
+    """A Parquet file's footer (its schema, with the schema metadata; its key-value metadata; its rows)."""
     with where.fs.open_input_file(where.path) as handle:
-        return pq.read_schema(handle)
+        return pq.read_metadata(handle)

@@ -182,7 +182,7 @@ class PartsSink:
             tables = self._final_tables(contract, check, errors)
             # The errors file is published before the output: an output never appears without its list.
             if self.config.partition_by:
-                self._publish_dataset(tables, contract, errors.commit, fingerprint)
+                self._publish_dataset(tables, contract, errors.commit, fingerprint, check)
             else:
                 self._publish_file(tables, contract, errors.commit, fingerprint)
         except BaseException:
@@ -230,16 +230,23 @@ class PartsSink:
             raise
 
     def _publish_dataset(
-        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None], fingerprint
+        self,
+        tables: Iterator[pa.Table],
+        contract: OutputContract,
+        ready: Callable[[], None],
+        fingerprint,
+        check: Callable[[], None],
     ) -> None:
         """--partition-by: hive-partitioned Parquet in a staging directory, published whole (a local rename;
-        object stores: uploaded under a hidden prefix, moved into place, _SUCCESS last)."""
+        object stores: uploaded under a hidden prefix, moved into place, _SUCCESS last); a signal stops the
+        writing and the upload (check), never the step that replaces the output."""
         partitioning = contract.partition_schema(self.config.partition_by)
         staging = self.destination.staging_directory()
         try:
-            write_partitioned(tables, staging, stamped(contract.final_schema(), fingerprint), partitioning)
+            schema = stamped(contract.final_schema(), fingerprint)
+            write_partitioned(tables, staging, schema, partitioning, check)
             ready()
-            self.destination.publish_directory(staging)
+            self.destination.publish_directory(staging, check)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 

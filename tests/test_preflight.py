@@ -229,6 +229,37 @@ def test_resume_on_a_completed_output_exits_0_and_changes_nothing(qwen3_causal, 
     assert listing == sorted(["in.jsonl", name, *(["o.jsonl.done"] if name == "o.jsonl" else [])])
 
 
+@pytest.mark.parametrize("name", ["o.parquet", "o.jsonl", "dataset"])
+def test_resume_on_an_output_changed_since_it_was_completed_exits_2(qwen3_causal, tmp_path, name):
+    import shutil
+
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows(6, 5))
+    out = tmp_path / name
+    plain = [data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", out]
+    if name == "dataset":
+        plain += ["--partition-by", "query_id"]
+    base = [*plain, "--resume"]
+    assert run_cli(*base).returncode == 0
+    if name == "o.parquet":  # filtered in place with pyarrow, the schema metadata (the fingerprint) kept
+        table = pq.read_table(out)
+        pq.write_table(table.filter(pa.compute.greater(table["score"], table["score"][0])), out)
+        assert pq.read_schema(out).metadata == table.schema.metadata
+    elif name == "o.jsonl":
+        lines = out.read_text().splitlines(keepends=True)
+        out.write_text("".join(lines[: len(lines) // 2]))
+    else:
+        shutil.rmtree(out / "query_id=3")
+    changed = run_cli(*base, "--report", tmp_path / "r.json")
+    lines = changed.stderr.strip().splitlines()
+    assert changed.returncode == 2 and "changed since it was completed" in lines[-1], changed.stderr
+    said = {"o.parquet": "no score-batch row count", "o.jsonl": "o.jsonl.done", "dataset": "query_id=3/"}
+    assert said[name] in lines[-1] and "--overwrite" in lines[-1]
+    assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == 2
+    assert run_cli(*plain, "--overwrite").returncode == 0  # replaced deliberately
+    if name != "o.jsonl":  # (JSONL written without --resume has no record: test_…_refuses_a_changed_input…)
+        assert "already complete" in run_cli(*base).stderr
+
+
 @pytest.mark.parametrize("name", ["o.parquet", "o.jsonl"])
 def test_resume_on_a_completed_output_refuses_a_changed_input_or_setting(qwen3_causal, tmp_path, name):
     data = write_jsonl(tmp_path / "in.jsonl", many_rows(4, 3))
