@@ -18,6 +18,10 @@ from typer.core import TyperCommand
 from typer.exceptions import TyperException
 
 from score_batch.errors import UserError
+from score_batch.signals import Stopped
+
+ENV_PREFIX = "SCORE_BATCH"  # cli/app.py's auto_envvar_prefix: SCORE_BATCH_<OPTION>
+TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")  # click's spellings of a true boolean
 
 # Narrower than this, rich's option table cuts flag and variable names short (--pooled-hidden-…).
 RICH_HELP_COLUMNS = 120
@@ -157,3 +161,33 @@ def write_failure_report(report: str, error: BaseException, *, overwrite: bool) 
         )
         return
     report_failure(report, error, overwrite=overwrite)
+    if isinstance(error, Stopped):
+        error.reported = True
+
+
+def report_stop(stopped: Stopped, args: list[str], environ) -> None:
+    """Write --report (from the command line, else SCORE_BATCH_REPORT) for a run stopped before any part of it
+    wrote one: while the command line was imported or parsed."""
+    if stopped.reported:
+        return
+    report = _flag_value(args, "--report") or environ.get(f"{ENV_PREFIX}_REPORT")
+    if not report:
+        return
+    overwrite = "--overwrite" in args or environ.get(f"{ENV_PREFIX}_OVERWRITE", "").lower() in TRUE_WORDS
+    try:
+        write_failure_report(report, stopped, overwrite=overwrite)
+    except UserError as refused:  # a bad report path: the stop is what to show
+        print(f"score-batch: warning: --report {report} was not written: {refused}", file=sys.stderr)
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value given to a flag (`--report r.json` or `--report=r.json`; the last wins), or None."""
+    value = None
+    for number, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == flag and number + 1 < len(args):
+            value = args[number + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value

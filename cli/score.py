@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import typer
-from score_batch.cli.command import write_failure_report
+from score_batch.cli.command import ENV_PREFIX, write_failure_report
 from score_batch.cli.flags import NESTED, comma_ints, comma_list, option_of
 from score_batch.cli.logs import quiet_libraries, setup_logging
 from score_batch.cli.options import ScoreOptions
@@ -43,7 +43,6 @@ BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by run_config, not 
 RUN_BATCH_FIXED = {"input_format": "openai-batch"}  # what run-batch means, so it takes no --input-format
 
 
-ENV_PREFIX = "SCORE_BATCH"  # cli/main.py's auto_envvar_prefix
 # SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh),
 # and the model file digests' cache (engine/model_digest.CACHE_VARIABLE).
 TOOLING_VARIABLES = ("SCORE_BATCH_NO_FA3", "SCORE_BATCH_REQUIRE_GPU", "SCORE_BATCH_CACHE_DIR")

@@ -55,11 +55,13 @@ def run(config: RunConfig) -> RunReport:
     started = time.perf_counter()
     errors, ended = None, None
     try:
-        with StopSignals(immediate=True):  # imports, preflight and model load stop at once; scoring defers
+        # Imports, preflight and the model load stop at once; scoring defers to its safe points.
+        with StopSignals(immediate=True) as stop:
             import torch  # here: importing score_batch.job (its config, signals, report) costs no torch
 
             torch.set_num_threads(config.threads or available_cpus())
             errors = _run_phases(config, report)
+            stop.check()  # a stop a library swallowed (an import in `except Exception`) still ends the run
     except BaseException as error:
         ended = error
         raise
@@ -69,6 +71,8 @@ def run(config: RunConfig) -> RunReport:
         report.end(ended)
         if config.report:
             report.write(config.report)
+            if isinstance(ended, Stopped):
+                ended.reported = True  # the command line writes no second one
     warn_failed_items(report, config, errors)
     return report
 

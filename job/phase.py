@@ -123,6 +123,8 @@ class ScoringPhase:
             self.progress.close()
             self._close_timing()  # a stopped or failed run reports what it did until then
             self.report.finish()
+        if error is None:
+            self._stop.check()  # a signal after the last safe point (the publish): still a stop, 130/143
 
 
 def load_engine(

@@ -8,8 +8,6 @@ installed as subpackages of score_batch (score_batch.engine, ...) so that a user
 from __future__ import annotations
 
 import os
-import re
-from importlib import metadata
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKOUT = os.path.dirname(_HERE)
@@ -20,29 +18,38 @@ if _IN_CHECKOUT:  # a source checkout or an editable install: the subpackages si
     __path__.append(_CHECKOUT)  # noqa: F821 - a package's __path__ is defined by the import system
 
 
-def _checkout_version() -> str | None:
-    """The version the checkout's pyproject.toml names: an editable install's metadata keeps the version it was
-    installed at, and the version is part of every score key and resume fingerprint."""
+def _version() -> str:
+    """The version a checkout's pyproject.toml names (an editable install's metadata keeps the version it was
+    installed at, and the version is part of every score key and resume fingerprint), else the installed
+    package's."""
+    import re
+
     try:
         with open(os.path.join(_CHECKOUT, "pyproject.toml"), encoding="utf-8") as handle:
-            text = handle.read()
+            text = handle.read() if _IN_CHECKOUT else ""
     except OSError:
-        return None
+        text = ""
     project = re.search(r"^\[project\]\s*$(.*?)(?=^\[)", text + "\n[", re.M | re.S)
     version = project and re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), re.M)
-    return version.group(1) if version else None
+    if version:
+        return version.group(1)
+    from importlib import metadata  # imported here: it costs 50 ms (email, socket) a stop could land in
 
+    try:
+        return metadata.version("score-batch")
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "0.0.0+source"
 
-try:
-    __version__ = (_IN_CHECKOUT and _checkout_version()) or metadata.version("score-batch")
-except metadata.PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+source"
 
 __all__ = ["Scorer", "__version__", "demo_model_path"]
 
 
 def __getattr__(name: str):
-    """Import the Python API on first use, so `score-batch --version` never imports torch."""
+    """The version and the Python API on first use, so importing score_batch costs nothing (`score-batch
+    --version` imports no torch, and the command line handles signals from its first milliseconds)."""
+    if name == "__version__":
+        globals()["__version__"] = version = _version()
+        return version
     if name == "Scorer":
         from score_batch.engine.scorer import Scorer
 

@@ -3,7 +3,9 @@ at the next safe point while a run writes (between batches), so it stops cleanly
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 
 
@@ -13,20 +15,35 @@ class Stopped(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.reported = False  # True once a run report says so (the CLI writes one otherwise)
 
 
 class StopSignals:
     """Handles SIGINT/SIGTERM while active. immediate: raise Stopped from the handler (nothing to leave in
-    a clean state); else record the signal and raise it from check() at the next safe point."""
+    a clean state); else record the signal and raise it from check() at the next safe point.
+
+    A signal is remembered by every StopSignals nested in the outermost one, so check() raises it again at
+    the next safe point even when library code swallowed the Stopped an immediate handler raised (an import
+    wrapped in `except Exception`)."""
+
+    _received: int | None = None  # the signal received since the outermost StopSignals was entered
+    _depth = 0  # StopSignals active in the main thread
 
     def __init__(self, immediate: bool = False) -> None:
         self.immediate = immediate
-        self.signum: int | None = None
         self._previous: dict[int, object] = {}
+
+    @property
+    def signum(self) -> int | None:
+        """The signal received (None: none)."""
+        return StopSignals._received
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self  # handlers can only be set from the main thread; signals then act as before
+        if StopSignals._depth == 0:
+            StopSignals._received = None
+        StopSignals._depth += 1
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
@@ -34,13 +51,35 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        if self._previous:
+            StopSignals._depth -= 1
 
     def _handle(self, signum, frame) -> None:
-        self.signum = signum
+        StopSignals._received = signum
         if self.immediate:
             raise Stopped(signum)
 
     def check(self) -> None:
         """Raise Stopped when a signal arrived."""
-        if self.signum is not None:
-            raise Stopped(self.signum)
+        if StopSignals._received is not None:
+            raise Stopped(StopSignals._received)
+
+
+def exit_on_signals() -> None:
+    """From now on SIGINT/SIGTERM end the process at once with 130/143 and one line on stderr: for the command
+    line's last instructions, when its report is written and nothing is left to clean up."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _exit_now)
+
+
+def _exit_now(signum, frame) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        os.write(2, f"score-batch: stopped by {signal.Signals(signum).name}\n".encode())
+    finally:
+        os._exit(128 + signum)

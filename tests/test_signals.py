@@ -1,0 +1,140 @@
+"""A stop at any instant (score_batch/signals.py, cli/main.py): exit 130/143, never a traceback, and --report once
+the command line's own code runs; a partitioned publish takes a stop within a second or so."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from score_batch.io_formats.writers import SUCCESS, write_partitioned
+from score_batch.job.phase import ScoredWindow, ScoringPhase
+from score_batch.job.report import RunReport
+
+from score_batch.signals import Stopped, StopSignals
+from tests.test_cli import REPO, run_cli, write_jsonl
+from tests.test_phase import RecordingSink, config
+
+OUR_CODE = re.compile(r'File "[^"]*/(score_batch|cli|job|engine|io_formats)/[^"]*\.py"')
+
+
+def test_a_stop_a_library_swallowed_is_raised_again_at_the_next_check():
+    with StopSignals(immediate=True) as outer:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except Exception:  # noqa: BLE001 - as `try: import x except Exception` in a library
+            pass
+        with pytest.raises(Stopped):
+            with StopSignals() as inner:  # a deferred scope inside remembers it too
+                inner.check()
+        with pytest.raises(Stopped):
+            outer.check()
+    with StopSignals() as fresh:  # the next run starts afresh
+        fresh.check()
+
+
+def test_a_signal_after_the_last_safe_point_still_stops_the_run_after_its_publish():
+    report, sink = RunReport(), RecordingSink()
+    with pytest.raises(Stopped):
+        with ScoringPhase(config(), report, sink) as phase:
+            phase.add(ScoredWindow(1, 1, 0, scores=[0.5]))
+            phase.commit()
+            os.kill(os.getpid(), signal.SIGTERM)  # during the publish, after its last check
+    assert sink.calls[0][0] == "commit" and report.seconds_scoring is not None
+
+
+def test_a_stop_while_the_flags_are_parsed_writes_the_report(tmp_path, monkeypatch):
+    from score_batch.cli.command import ReportingCommand
+
+    def parse_then_stop(self, ctx, args):
+        raise Stopped(signal.SIGTERM)  # as the handler raises it mid-parse
+
+    monkeypatch.setattr(ReportingCommand, "parse_args", parse_then_stop)
+    report = tmp_path / "r.json"
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": "i"}])
+    result = run_cli(data, "-o", tmp_path / "o.parquet", "--report", report)
+    assert result.returncode == 143 and "Traceback" not in result.stderr
+    written = json.loads(report.read_text())
+    assert written["status"] == "stopped" and written["error"] == "Stopped: SIGTERM"
+
+
+def test_a_partitioned_publish_takes_a_stop_within_a_second(tmp_path):
+    """3,000 partitions: the writing checks for a stop every CHECK_ROWS rows, nothing is left published."""
+    rows = 3000
+    table = pa.table({"query_id": [f"q{n:05d}" for n in range(rows)], "score": pa.array([0.5] * rows)})
+    partitioning = pa.schema([("query_id", pa.string())])
+    stop_at: list[float] = []
+
+    def check() -> None:
+        if not stop_at:
+            stop_at.append(time.perf_counter() + 0.3)  # a signal 0.3 s into the publish
+        elif time.perf_counter() >= stop_at[0]:
+            raise Stopped(signal.SIGTERM)
+
+    started = time.perf_counter()
+    with pytest.raises(Stopped):
+        write_partitioned([table], tmp_path, table.schema, partitioning, check)
+    assert time.perf_counter() - stop_at[0] < 2.0, time.perf_counter() - started
+    assert not (tmp_path / SUCCESS).exists()
+    (whole := tmp_path / "whole").mkdir()
+    published = write_partitioned([table], whole, table.schema, partitioning)
+    assert len(published) == rows and (whole / SUCCESS).exists()
+
+
+@pytest.fixture
+def busy_cores():
+    """A busy loop on every core while the test runs (a loaded machine: start-up and parsing take longer)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    yield
+    for loop in loops:
+        loop.kill()
+        loop.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_at_any_delay_exits_130_or_143_without_a_traceback(qwen3_causal, tmp_path, busy_cores, how):
+    """The documented sweep runs 0.05 s to 2 s in 0.05 s steps; here every fifth delay.
+
+    Before the interpreter runs any score-batch code (its own start-up, up to ~0.15 s on two loaded cores)
+    the signal acts as Python makes it: SIGTERM ends the process (143 in a shell), SIGINT raises Python's
+    KeyboardInterrupt there. Everywhere else: exit 128 + signal, one line, and the report says stopped."""
+    rows = [
+        {"query": f"query {q} red shoes", "item": f" item {i} blue"} for q in range(40) for i in range(20)
+    ]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for step in range(1, 41, 5):
+        delay = round(0.05 * step, 2)
+        out, report = tmp_path / f"o{step}.parquet", tmp_path / f"r{step}.json"
+        command = [sys.executable, "-m", "score_batch.cli.main", data, "-o", out, "--model", qwen3_causal]
+        command += [
+            "--label-tokens",
+            " to",
+            "--label-tokens",
+            " the",
+            "--report",
+            report,
+            "--window-rows",
+            "64",
+        ]
+        process = subprocess.Popen(
+            [str(arg) for arg in command], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )  # fmt: skip
+        time.sleep(delay)
+        process.send_signal(how)
+        _, stderr = process.communicate(timeout=120)
+        said = f"{delay} s: exit {process.returncode}\n{stderr}"
+        if process.returncode == -how or OUR_CODE.search(stderr) is None and "KeyboardInterrupt" in stderr:
+            assert OUR_CODE.search(stderr) is None and not report.exists(), said  # Python's start-up
+            continue
+        assert process.returncode == 128 + how and "Traceback" not in stderr, said
+        assert json.loads(report.read_text())["status"] == "stopped", said
+        assert not Path(f"{out}.lock").exists(), said  # (a stop during the publish may come after it)
