@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
 from score_batch.engine import Group, GroupResult
 from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, SCORE_KEY, OutputContract

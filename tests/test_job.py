@@ -242,7 +242,9 @@ def test_window_hash_sees_every_field_and_the_content_digest_ignores_the_windows
 
     long_query = "q" * 5000
     rows = [
-        InputRow(0, long_query, ["a", "b"], 7, ["x", None], {"k": [1, {"d": datetime.date(2020, 1, 2)}]}, None),
+        InputRow(
+            0, long_query, ["a", "b"], 7, ["x", None], {"k": [1, {"d": datetime.date(2020, 1, 2)}]}, None
+        ),
         InputRow(1, [5, 6], [[1, 2]], None, [None], {"n": decimal.Decimal("1.5"), "b": b"\x00"}, "bad row"),
         InputRow(2, long_query, ["c"], 7, ["y"], {"k": None}, None),
         InputRow(3, {"not": "text"}, [None], None, [None], {}, "bad query"),
