@@ -136,7 +136,7 @@ def output_columns(
         "item_id": columns["item_id"],
         "score": pa.array(score, mask=null),
         "scores": pa.ListArray.from_arrays(
-            pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32)),
+            pa.array(np.arange(n + 1, dtype=np.int32) * width),
             pa.array(scores.reshape(-1)),
             mask=pa.array(null),
         ),
