@@ -83,12 +83,17 @@ class ParquetReader:
     def total_rows(self) -> int:
         return sum(info.num_rows for info in self.infos())
 
-    def records(self) -> Iterator[tuple[None, Record]]:
-        """(None, record) per row of every file in order, partition values added."""
+    def records(self, columns: list[str] | None = None) -> Iterator[tuple[None, Record]]:
+        """(None, record) per row of every file in order, partition values added (columns: only these are
+        read and the records hold only these; None: all)."""
         for info in self.infos():
             try:
                 with _open(info.file) as handle:
-                    for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS):
+                    parquet = pq.ParquetFile(handle)
+                    names = None
+                    if columns is not None:
+                        names = [name for name in columns if name in parquet.schema_arrow.names]
+                    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=names):
                         for record in batch.to_pylist():
                             yield None, info.file.with_partitions(record)
             except READ_ERRORS as error:

@@ -76,8 +76,9 @@ class TableReader(Protocol):
     def total_rows(self) -> int:
         """Rows in the input (unreadable JSONL lines included)."""
 
-    def records(self) -> Iterator[tuple[str | None, Record]]:
-        """(JSONL line or None, record) per row, in input order."""
+    def records(self, columns: list[str] | None = None) -> Iterator[tuple[str | None, Record]]:
+        """(JSONL line or None, record) per row, in input order; columns: the ones the caller reads (a columnar
+        format reads only those), None for all."""
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, row group or None for a whole file, rows) per independently readable piece, in order."""
@@ -245,7 +246,8 @@ def read_windows(
 
     def windows() -> Iterator[list[InputRow]]:
         window: list[InputRow] = []
-        for index, (_, record) in enumerate(reader(source).records()):
+        read = [name for name in (mapping.query, mapping.items, *_typed_columns(mapping)) if name]
+        for index, (_, record) in enumerate(reader(source).records(list(dict.fromkeys(read)))):
             window.append(to_row(index, record, mapping, types))
             if len(window) == window_rows:
                 yield window

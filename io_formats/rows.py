@@ -139,6 +139,8 @@ def value_kind(value: Any) -> str | None:
 def has_surrogate(value: Any) -> bool:
     """Whether a value holds a string that UTF-8 cannot encode (a lone surrogate from a JSON escape)."""
     if isinstance(value, str):
+        if value.isascii():  # a flag of the string, read without scanning it
+            return False
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
