@@ -37,6 +37,7 @@ from score_batch.engine.packed_runner import PackedRunner
 from score_batch.engine.pair_runner import PairRunner
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.profiles import Profile, resolve_scoring
+from score_batch.engine.proof import prove_setup
 from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers of the old module
     DEFAULT_BATCH_TOKENS,
     PLANNERS,
@@ -728,6 +729,7 @@ def _load_runner(
     scorer whose head is LogitScoreHead).
     """
     planner, setup = planned or load_planner(model, config)
+    setup = prove_setup(setup, config)  # FlashInfer's kernels run once here: auto falls back, explicit fails
     loaded = load_model(
         load_info or setup.info,
         setup.dtype,

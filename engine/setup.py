@@ -54,6 +54,9 @@ class ResolvedSetup:
         "transformers"  # whose decoder layers run (engine/native or HF)
     )
     ops: Literal["torch", "flashinfer", "none"] = "none"  # the native layers' element-wise kernels
+    # What `auto` fell back from when its FlashInfer kernels failed their check at load, and why
+    # (engine/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
+    fallbacks: tuple[str, ...] = ()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -138,7 +141,12 @@ def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype:
         )
     if info.encoder:
         return "hf"
-    need = Workload(
+    return select_backend(config.backend, workload(info, config, device, dtype))
+
+
+def workload(info: ModelInfo, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> Workload:
+    """What a decoder and its settings ask of an attention backend."""
+    return Workload(
         device=device.type,
         dtype=dtype,
         head_dim=info.head_dim,
@@ -146,7 +154,6 @@ def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype:
         sliding_window=info.sliding_window is not None,
         max_pack_tokens=config.max_pack_tokens,
     )
-    return select_backend(config.backend, need)
 
 
 def resolve_layers(info: ModelInfo, config: EngineConfig) -> Literal["native", "transformers"]:
@@ -175,7 +182,8 @@ def resolve_ops(
     dtype: torch.dtype,
     import_error: Callable[[str], str | None] = import_failure,
 ) -> Literal["torch", "flashinfer", "none"]:
-    """The native layers' kernels: auto → flashinfer on CUDA in 16 bits when it imports (not under compile), else torch."""
+    """The native layers' kernels: auto → flashinfer on CUDA in 16 bits when it imports (not under compile), else
+    torch; importing proves no kernel: engine/proof.py runs them at load."""
     from score_batch.engine.native.ops import OPS_MODULE
 
     if layers != "native":

@@ -138,7 +138,7 @@ def load_engine(
         on_planner(planner, setup)
     scorer = None if config.dry_run else Scorer.load(config.model_dir, config.engine, (planner, setup))
     report.seconds_load = round(time.perf_counter() - started, 3)
-    report.add_setup(setup)
+    report.add_setup(setup if scorer is None else scorer.setup)  # as loaded: auto's fallbacks included
     return scorer, planner, setup
 
 
