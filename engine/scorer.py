@@ -37,7 +37,6 @@ from score_batch.engine.packed_runner import PackedRunner
 from score_batch.engine.pair_runner import PairRunner
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.profiles import Profile, resolve_scoring
-from score_batch.engine.proof import prove_setup
 from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers of the old module
     DEFAULT_BATCH_TOKENS,
     PLANNERS,
@@ -728,8 +727,9 @@ def _load_runner(
     load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
     scorer whose head is LogitScoreHead).
     """
-    planner, setup = planned or load_planner(model, config)
-    setup = prove_setup(setup, config)  # FlashInfer's kernels run once here: auto falls back, explicit fails
+    # FlashInfer's kernels run once in load_planner(prove=True): auto falls back, explicit fails (a planned
+    # setup comes from the caller's own load_planner(prove=True))
+    planner, setup = planned or load_planner(model, config, prove=True)
     loaded = load_model(
         load_info or setup.info,
         setup.dtype,

@@ -266,12 +266,28 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
     )
 
 
-def load_planner(model_dir, config: EngineConfig) -> tuple[PackedPlanner | PairPlanner, ResolvedSetup]:
-    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights."""
+def load_planner(
+    model_dir, config: EngineConfig, prove: bool = False
+) -> tuple[PackedPlanner | PairPlanner, ResolvedSetup]:
+    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights.
+
+    prove: run the FlashInfer kernels the setup names once on the device first (engine/proof.py), so that an
+    auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
+    """
     model_dir = resolve_model_dir(model_dir)
     info = read_model_info(model_dir, config.trust_remote_code)
     tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
     setup = resolve_setup(info, config, tokenizer)
+    if prove:
+        from score_batch.engine.proof import prove_setup  # runs kernels: imported only for a load
+
+        proven = prove_setup(setup, config)
+        if proven is not setup:
+            cache = (
+                proven.backend in BACKEND_CLASSES
+                and BACKEND_CLASSES[proven.backend].capabilities.cached_query
+            )
+            setup = replace(proven, limits=replace(proven.limits, cache_query=cache))
     log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
     planner = PLANNERS[setup.runner](tokenizer, replace(config.scoring, packing=setup.packing), setup.limits)
     return planner, setup

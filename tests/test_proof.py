@@ -118,7 +118,7 @@ def test_the_cli_reports_the_fallback_and_exits_2_when_flashinfer_was_asked_for(
     stub, qwen3_causal, tmp_path, monkeypatch
 ):
     """auto resolves to FlashInfer attention (its capabilities opened to the CPU here), whose build fails: the run
-    goes on with flex, scores as an explicit flex run, and the report names the cause; --backend flashinfer exits 2."""
+    goes on with flex, scores (and keys its scores) as an explicit flex run, and the report names the cause; --backend flashinfer exits 2."""
     capabilities = dataclasses.replace(
         FlashInferBackend.capabilities,
         devices=frozenset({"cpu"}),
@@ -139,12 +139,13 @@ def test_the_cli_reports_the_fallback_and_exits_2_when_flashinfer_was_asked_for(
         "torch",
         *LABEL_FLAGS,
     ]
-    scores = {}
+    scores, keys = {}, {}
     for backend in ("auto", "flex"):
         out, report = tmp_path / f"{backend}.parquet", tmp_path / f"{backend}.json"
         ran = run_cli(data, "-o", out, "--report", report, "--backend", backend, *common)
         assert ran.returncode == 0, ran.stderr
         scores[backend] = np.stack(pq.read_table(out).column("scores").to_pylist())
+        keys[backend] = pq.read_table(out).column("score_key").to_pylist()
         figures = json.loads(report.read_text())
         assert figures["backend"] == "flex"
         if backend == "auto":
@@ -153,5 +154,8 @@ def test_the_cli_reports_the_fallback_and_exits_2_when_flashinfer_was_asked_for(
         else:
             assert figures["fallbacks"] == []
     assert np.array_equal(scores["auto"], scores["flex"])
+    assert (
+        keys["auto"] == keys["flex"]
+    )  # the score identity is the proven setup's: --reuse matches across them
     ran = run_cli(data, "-o", tmp_path / "explicit.parquet", "--backend", "flashinfer", *common)
     assert ran.returncode == 2 and "Could not find nvcc" in ran.stderr and "--backend" in ran.stderr
