@@ -35,7 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -99,23 +98,26 @@ class ZeroForward:
         from score_batch.engine import packed_runner
 
         self.module = packed_runner
-        self.original = packed_runner.PackedRunner._forward
+        self.original = packed_runner.PackedRunner._launch
 
     def __enter__(self):
-        def forward(runner, batch, cache=None):
+        import torch
+
+        launched = self.module.Launched
+
+        def launch(runner, batch, cache=None):
             rows = len(batch.score_rows)
-            num_scores = runner.setup.num_scores
+            zeros = torch.zeros((rows, runner.setup.num_scores))  # [num_items, num_scores]
             pooled = None
             if runner.cfg.pooled_hidden_states:
-                pooled = np.zeros((rows, runner.setup.info.hidden_size), np.float32)
-            zeros = np.zeros((rows, num_scores), np.float32)
-            return zeros, zeros, pooled
+                pooled = torch.zeros((rows, runner.setup.info.hidden_size))  # [num_items, hidden]
+            return launched.of(batch, zeros, zeros, pooled)
 
-        self.module.PackedRunner._forward = forward
+        self.module.PackedRunner._launch = launch
         return self
 
     def __exit__(self, *exc) -> None:
-        self.module.PackedRunner._forward = self.original
+        self.module.PackedRunner._launch = self.original
 
 
 @contextlib.contextmanager
