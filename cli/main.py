@@ -14,28 +14,33 @@ def run() -> None:
 
     From the first instruction, a signal raises Stopped (imports, flag parsing and the model load included),
     so even a run stopped in its first second ends with its --report and exit code 130/143, never a
-    traceback; before and after (interpreter start-up, the exit) it exits 130/143 at once.
+    traceback; around that (a second signal while the stop is reported, the exit) it exits 130/143 at once.
     """
+    exit_on_signals()  # what StopSignals restores when it ends
     try:
         with StopSignals(immediate=True) as stop:
             from score_batch.cli.app import run_app
 
             code = run_app()
-            stop.check()  # a stop a library swallowed
+            if code == 0:
+                stop.check()  # a stop a library swallowed after the run's last check (a stopped run: 130/143)
     except Stopped as stopped:
         code = _stopped(stopped)
-    exit_on_signals()
     sys.exit(code)
 
 
 def _stopped(stopped: Stopped) -> int:
     """Say that the run stopped, write --report when no part of the run wrote it yet; the exit code."""
-    from score_batch.cli.command import report_stop
-    from score_batch.cli.errors import exit_code_for
+    try:
+        from score_batch.cli.command import report_stop
+        from score_batch.cli.errors import exit_code_for
 
-    code = exit_code_for(stopped)
-    report_stop(stopped, sys.argv[1:], os.environ)
-    return code
+        code = exit_code_for(stopped)
+        report_stop(stopped, sys.argv[1:], os.environ)
+        return code
+    except Exception as error:  # noqa: BLE001 - a module the stop interrupted may not import again
+        print(f"score-batch: stopped by {stopped} (no report: {error})", file=sys.stderr)
+        return 128 + stopped.signum
 
 
 def __getattr__(name: str):

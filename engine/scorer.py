@@ -727,7 +727,9 @@ def _load_runner(
     load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
     scorer whose head is LogitScoreHead).
     """
-    planner, setup = planned or load_planner(model, config)
+    # FlashInfer's kernels run once in load_planner(prove=True): auto falls back, explicit fails (a planned
+    # setup comes from the caller's own load_planner(prove=True))
+    planner, setup = planned or load_planner(model, config, prove=True)
     loaded = load_model(
         load_info or setup.info,
         setup.dtype,

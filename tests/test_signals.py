@@ -4,6 +4,7 @@ the command line's own code runs; a partitioned publish takes a stop within a se
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -57,6 +58,8 @@ def test_a_stop_while_the_flags_are_parsed_writes_the_report(tmp_path, monkeypat
         raise Stopped(signal.SIGTERM)  # as the handler raises it mid-parse
 
     monkeypatch.setattr(ReportingCommand, "parse_args", parse_then_stop)
+    # Before its flags are read the command has set up no logging: no handler of an earlier in-process run.
+    monkeypatch.setattr(logging.getLogger("score_batch"), "handlers", [])
     report = tmp_path / "r.json"
     data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": "i"}])
     result = run_cli(data, "-o", tmp_path / "o.parquet", "--report", report)
