@@ -37,11 +37,14 @@ class ScoreByDefault(TyperGroup):
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, TyperException, SystemExit):
             raise
-        except Exception as error:  # noqa: BLE001 - the table decides, broken pipes and bugs included
+        except Stopped as error:
             code = exit_code_for(error)
-            if isinstance(error, Stopped):  # stopped before the run wrote its report: the flags name it
-                report_stop(error, ctx.meta.get(ARGS, []), os.environ)
+            report_stop(
+                error, ctx.meta.get(ARGS, []), os.environ
+            )  # when the run wrote none: the flags name it
             raise typer.Exit(code) from None
+        except Exception as error:  # noqa: BLE001 - the table decides, broken pipes and bugs included
+            raise typer.Exit(exit_code_for(error)) from None
 
 
 app = typer.Typer(

@@ -23,7 +23,7 @@ def run() -> None:
 
             code = run_app()
             if code == 0:
-                stop.check()  # a stop a library swallowed after the run's last check (a stopped run: 130/143)
+                stop.check()  # a stop Python could not raise after the run's last check: still 130/143
     except Stopped as stopped:
         code = _stopped(stopped)
     sys.exit(code)
@@ -38,7 +38,7 @@ def _stopped(stopped: Stopped) -> int:
         code = exit_code_for(stopped)
         report_stop(stopped, sys.argv[1:], os.environ)
         return code
-    except Exception as error:  # noqa: BLE001 - a module the stop interrupted may not import again
+    except (Exception, Stopped) as error:  # noqa: BLE001 - a module the stop interrupted may not import again
         print(f"score-batch: stopped by {stopped} (no report: {error})", file=sys.stderr)
         return 128 + stopped.signum
 

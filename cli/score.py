@@ -19,6 +19,7 @@ from score_batch.cli.logs import quiet_libraries, setup_logging
 from score_batch.cli.options import ScoreOptions
 
 from score_batch.errors import ConfigError
+from score_batch.signals import Stopped
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def score(options: ScoreOptions) -> None:
         from score_batch.machine import tune_malloc
 
         tune_malloc(os.environ)
-    except Exception as error:
+    except (Exception, Stopped) as error:
         # A bad flag value, model or profile, or a signal while importing: the report still says why.
         if options.report:
             write_failure_report(options.report, error, overwrite=options.overwrite)

