@@ -28,7 +28,7 @@ COMMON_METADATA = "_common_metadata"  # the full output schema, partition column
 ROWS_KEY = b"score_batch.rows"
 PUBLISHED_KEY = b"score_batch.published"  # _common_metadata's footer: [path, rows, bytes] of every file
 CHECK_ROWS = 512  # rows written to a partitioned output between two checks for a stop
-SYNC_THREADS = 16  # fsyncs at once: the journal commits them together (3,000 files: 6.4 → 0.4 s)
+SYNC_THREADS = 16  # fsyncs at once: the journal commits them together (3,000 files: 1.3–6.4 → 0.3–0.5 s)
 _WRITTEN_NAME = re.compile(r"part-(\d+)\.parquet")
 
 
