@@ -7,6 +7,7 @@ import os
 import sys
 
 from score_batch.cli.flags import as_flags
+from score_batch.cli.logs import say
 
 from score_batch.errors import EXIT_USAGE, ConfigError, UserError, exit_code, is_environment_error
 
@@ -49,5 +50,5 @@ def usage_error(error) -> int:
 
 
 def _say(message: str) -> None:
-    """One error paragraph on stderr."""
-    print(f"score-batch: error: {message}", file=sys.stderr)
+    """One error line on stderr (a JSON object under --log-format json)."""
+    say(message)

@@ -12,10 +12,9 @@ import logging
 import os
 from pathlib import Path
 
-import typer
 from score_batch.cli.command import write_failure_report
 from score_batch.cli.flags import NESTED, comma_ints, comma_list, option_of
-from score_batch.cli.logs import quiet_libraries, setup_logging
+from score_batch.cli.logs import quiet_libraries, say, setup_logging
 from score_batch.cli.options import ScoreOptions
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ def score(options: ScoreOptions) -> None:
         raise
     report = job.run(config)
     if not options.quiet:
-        typer.echo(report.summary(), err=True)
+        say(report.summary().removeprefix("score-batch: "), None)
 
 
 def run_config(options: ScoreOptions):

@@ -146,11 +146,11 @@ class RunReport:
         return said
 
     def write(self, path: str) -> None:
-        """Write the report as JSON to a file (atomically), or to stderr for -."""
-        text = json.dumps(dataclasses.asdict(self), indent=2, default=str) + "\n"
+        """Write the report as JSON to a file (atomically), or to stderr for - (one line, as log lines are)."""
         if path == "-":
-            sys.stderr.write(text)
+            sys.stderr.write(json.dumps(dataclasses.asdict(self), default=str) + "\n")
             return
+        text = json.dumps(dataclasses.asdict(self), indent=2, default=str) + "\n"
         tmp = exclusive_temp(Path(path))
         tmp.write_text(text)
         durable_replace(tmp, Path(path))
