@@ -41,6 +41,7 @@ from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers o
     DEFAULT_BATCH_TOKENS,
     PLANNERS,
     ResolvedSetup,
+    label_free_scoring,
     load_planner,
     resolve_device,
     resolve_dtype,
@@ -49,7 +50,6 @@ from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers o
 )
 from score_batch.engine.st_model import (
     CrossEncoderSpec,
-    LogitScoreSpec,
     pair_roles_failure,
     pair_tokens,
     read_cross_encoder,
@@ -157,7 +157,7 @@ class Scorer:
         if ce_defaults and "truncate" not in ((chosen.settings if chosen else {}) | _given(overrides)):
             scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder
         has_labels = bool(scoring.label_tokens or scoring.label_token_ids)
-        logit_score = ce_defaults and info.kind == "causal" and not has_labels
+        logit_score = info.kind == "causal" and not has_labels
         fn_name = _ACTIVATION_NAMES.get(type(activation_fn))
         labels = 1 if logit_score else info.num_labels
         if fn_name and overrides.get("activation") is None and (info.kind == "classifier" or logit_score):
@@ -188,18 +188,17 @@ class Scorer:
                 f"{info.architecture} needs label tokens to score: {spec.refusal} (CrossEncoder refuses it too); "
                 "give label_tokens=(' no', ' yes') or a profile (score-batch models lists them)"
             )
+        if logit_score and not ce_defaults:  # groups' text, query + item: checked as the command line's
+            scoring = label_free_scoring(info, replace(config, scoring=scoring), tokenizer)[0].scoring
         prompt_template = ce_defaults and info.encoder and scoring.query_template is None
         if prompt_template and spec.default_prompt:
             scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
         _check_num_labels(num_labels, info, logit_score)
         config = replace(config, scoring=scoring)
-        run_info = replace(info, kind="classifier", num_labels=1) if logit_score else info
-        setup = resolve_setup(run_info, config, tokenizer)
+        setup = resolve_setup(info, config, tokenizer, spec.logit_score if logit_score else None)
         log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
         planner = PLANNERS[setup.runner](tokenizer, replace(scoring, packing=setup.packing), setup.limits)
-        runner = _load_runner(
-            model_dir, config, (planner, setup), info, spec.logit_score if logit_score else None
-        )
+        runner = _load_runner(model_dir, config, (planner, setup), info)
         self._attach(runner, config, spec if ce_defaults else None, activation_fn)
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
         self.prompts: dict[str, str] = dict(spec.prompts)  # CrossEncoder's prompts and default_prompt_name
@@ -781,14 +780,16 @@ def _load_runner(
     config: EngineConfig,
     planned: tuple[Planner, ResolvedSetup] | None = None,
     load_info=None,
-    logit_score: LogitScoreSpec | None = None,
 ) -> Runner:
     """Resolve the setup (unless planned), load the weights and build the runner the model needs (chosen once, here).
 
     load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
-    scorer whose head is LogitScoreHead).
+    scorer whose head is LogitScoreHead; read again when not given).
     """
     planner, setup = planned or load_planner(model, config)
+    logit_score = setup.logit_score
+    if logit_score is not None and load_info is None:
+        load_info = read_model_info(setup.info.path, config.trust_remote_code)
     loaded = load_model(
         load_info or setup.info,
         setup.dtype,

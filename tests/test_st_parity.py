@@ -378,6 +378,31 @@ def test_score_groups_of_a_logit_score_model_are_one_label(causal_dirs):
     assert max_abs_diff(result.score, torch.sigmoid(torch.from_numpy(logits)).numpy()) <= TOL
 
 
+def test_the_cli_scores_a_causal_lm_without_labels_by_its_logit_score_as_cross_encoder(
+    causal_dirs, tmp_path_factory, tmp_path
+):
+    """No label flags: `score` is CrossEncoder.predict (sigmoid(logit yes - logit no)); refused, naming
+    --label-tokens, where CrossEncoder's text is not query + item."""
+    pairs = [pair for pair in PAIRS if pair[0]]  # the CLI's empty query is a row error
+    prompted = saved(
+        causal_dirs["pair-encoding"], tmp_path_factory, prompts={"q": "Judge: "}, default_prompt_name="q"
+    )
+    for model_dir in (
+        causal_dirs["pair-encoding"],
+        causal_dirs["bos-pair-encoding"],
+        causal_dirs["saved-modules"],
+        prompted,
+    ):
+        expected = st.CrossEncoder(str(model_dir), device="cpu").predict(pairs)
+        assert max_abs_diff(cli_scores(tmp_path, model_dir, pairs), expected) <= TOL, model_dir
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": q, "item": d} for q, d in pairs])
+    refused = run_cli(data, "-o", tmp_path / "o.jsonl", "--model", causal_dirs["chat-flat"])
+    assert refused.returncode == 2
+    assert "error: --label-tokens is empty" in refused.stderr and "chat template" in refused.stderr
+    templated = cli_scores(tmp_path, causal_dirs["chat-flat"], pairs, "--query-template", "Q: {query}")
+    assert templated.shape == (len(pairs),) and np.isfinite(templated).all()  # the text given is scored
+
+
 def test_a_chat_template_without_pair_roles_is_refused_by_cross_encoder_and_scored_here(
     zoo, tmp_path_factory, caplog
 ):
