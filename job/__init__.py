@@ -65,6 +65,10 @@ def run(config: RunConfig) -> RunReport:
     finally:
         report.seconds_total = round(time.perf_counter() - started, 3)
         report.add_usage(config.price_per_hour)
+        if config.dry_run and config.price_per_hour is not None:
+            log.info(
+                "dry run: no cost is given (nothing ran); usage.planned_tokens is what a run would compute"
+            )
         report.end(ended)
         if config.report:
             report.write(config.report)

@@ -66,7 +66,8 @@ class RunReport:
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     # input_tokens (what the pairs would run one by one), computed_tokens (what ran), device,
-    # device_seconds, items_per_second; with --price-per-hour: price_per_hour, cost, cost_per_million_items
+    # device_seconds, items_per_second; with --price-per-hour: price_per_hour, cost, cost_per_million_items.
+    # A dry run: input_tokens, planned_tokens (what a run would compute) and device only.
     usage: dict = field(default_factory=dict)
 
     def add_setup(self, setup) -> None:
@@ -76,7 +77,18 @@ class RunReport:
         self.layers, self.ops = setup.layers, setup.ops
 
     def add_usage(self, price_per_hour: float | None) -> None:
-        """The usage object: tokens asked for and computed, the device and its seconds, and the cost at a price."""
+        """The usage object: tokens asked for and computed, the device and its seconds, and the cost at a price.
+
+        A dry run computes nothing: its usage is the tokens a run would compute (planned_tokens), no
+        computed_tokens, device seconds or cost.
+        """
+        if self.dry_run:
+            self.usage = {
+                "input_tokens": self.pairwise_tokens,
+                "planned_tokens": self.packed_tokens,
+                "device": device_name(self.device),
+            }
+            return
         workers = self.ray_workers or 1
         usage = {
             "input_tokens": self.pairwise_tokens,
