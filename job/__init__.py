@@ -121,7 +121,7 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
         return False
     completion.check_rerun(config, checked.source)
     report.already_complete = True
-    log.warning("%s is already complete (same model, settings and input); nothing to do", config.output)
+    log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True
 
 
