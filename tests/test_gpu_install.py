@@ -33,7 +33,7 @@ def test_carried_wheels_are_exactly_what_the_image_lacks_for_flashinfer():
     needed = _names(install_check.FLASHINFER_066_REQUIRES) | _names(install_check.APACHE_TVM_FFI_REQUIRES)
     missing = needed - image - install_check.LEFT_OUT
     assert missing == {"apache-tvm-ffi"}
-    # tabulate: missing from shared/GPU.md's list of the image, so carried as insurance (pip keeps the
+    # tabulate: an image may lack it, so it is carried as insurance (pip keeps the
     # image's copy when there is one); nothing else the image has is carried.
     assert set(carried) == {"flashinfer-python"} | missing | {"tabulate"}
     assert {"torch", "numpy", "requests", "urllib3", "packaging", "typing-extensions", "tqdm"} <= image
