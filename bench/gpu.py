@@ -1,9 +1,14 @@
-"""GPU figures for bench/gpu_check.sh: versions, a FlashInfer JIT warm-up, and score-batch vs plain HF pairs.
+"""GPU figures for bench/gpu_check.sh: versions, FlashInfer's JIT warm-up, and score-batch vs plain HF pairs.
 
     python bench/gpu.py versions --out FILE
-    python bench/gpu.py warmup --out FILE
-    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf fi-native-fi ...]
+    python bench/gpu.py warmup [--fa3] --out FILE
+    python bench/gpu.py bench [--preset qwen3-0.6b|tiny] [--workloads a b] [--methods hf fi-native-fi pipeline ...]
                               [--device cuda] [--dtype bfloat16] [--out bench/results/gpu.json]
+
+The warm-up builds each FlashInfer module with its own JitSpec.build(), all at once, where a load looks for it
+(`warmup`: FA2's prefill and the native layers' three op modules; `warmup --fa3`: FA3's prefill alone), records
+per module the build seconds and the ninja steps still dirty after it (0: a load compiles nothing), then scores
+once per configuration: "fa2" (torch ops) and "fa2-native-fi" (FlashInfer ops) apart, or "fa3".
 
 The bench model has random weights (speed does not depend on their values). Scores are the softmax over
 the two label tokens (ScoringConfig.apply_softmax; the probabilities over the whole vocabulary are 1e-10..1e-4
@@ -14,7 +19,9 @@ pairs in the bench dtype on all items (`max_abs_diff_vs_hf`).
 Timing boundaries, the same for both sides: tokenization, HF's padded pair tensors and score-batch's plan
 (tokenize, pack, batch) are built BEFORE the timer; the timer covers host token ids → device → forward →
 scores back on the host. Every time is the best of 3 runs after a warm-up run that includes FlashInfer's
-JIT and torch.compile. FLOPs and MFU: bench/flops.py (MFU on the tokens run: delimiters and padding go
+JIT and torch.compile. The `pipeline` method times the whole CLI instead (text rows in, Parquet out, planning
+included, start-up excluded) beside the forward alone of the same groups, so a host-bound run shows.
+FLOPs and MFU: bench/flops.py (MFU on the tokens run: delimiters and padding go
 through every layer and count; `mfu_dense_useful` leaves them out). The JSON report is rewritten after
 every method, so a later failure keeps the earlier figures; a method whose settings this checkout refuses
 (e.g. native layers not available) records the refusal and the others still run.
@@ -26,12 +33,15 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -100,9 +110,14 @@ METHODS: dict[str, Method] = {
     "split": Method("split"),
 }
 # The compiled method last: its compile time is the least predictable, and a phase cut at its limit loses it.
-SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", "fa3", "fi-native-compile"]
-DEFAULT_METHODS = [*SHORT_METHODS, "flex", "flex+compile", "sdpa"]
-NO_FA3 = "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh when FA3 failed to build in the warm-up (the reason)
+PIPELINE = "pipeline"  # the whole CLI after start-up, beside its forward alone (_pipeline_row)
+# `gpu_check.sh all`'s bench (FA3 left out: it is built and benched by `gpu_check.sh fa3`, FA3_METHODS).
+SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE, "fi-native-compile"]
+FA3_METHODS = [HF, "fi-native-fi", "fa3"]  # FA3 beside FA2 with the same layers and ops
+DEFAULT_METHODS = [*SHORT_METHODS, "fa3", "flex", "flex+compile", "sdpa"]
+NO_FA3 = (
+    "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh while warmup.json proves no FA3 build and call (the reason)
+)
 REFERENCE_ITEMS = 16  # items scored by plain HF in fp32 for max_abs_diff_vs_fp32
 REPEATS = 3
 CLOCK = time.perf_counter  # the bench's one clock (tests put a fake one here)
@@ -134,9 +149,11 @@ def flops_per_token(cfg: dict) -> float:
     return dense_flops_per_token(cfg)
 
 
-# --- warm-up: FlashInfer's JIT modules, built in parallel before anything is timed ----------------------
+# --- warm-up: FlashInfer's JIT modules, each built once where its loads look for it ----------------------
 
-JIT_GROUPS = (("fa2", ("fa2",)), ("ops", ("norm", "rope", "silu_and_mul")), ("fa3", ("fa3",)))
+# What each warm-up builds: `warmup` the FA2 prefill and the native layers' ops (bench/gpu_check.sh install);
+# `warmup --fa3` FA3's prefill alone (its own call: bench/gpu_check.sh fa3; its objects take minutes each).
+JIT_BUILDS = {"fa2": ("fa2", "norm", "rope", "silu_and_mul"), "fa3": ("fa3",)}
 
 
 def jit_specs(names, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> list:
@@ -159,38 +176,97 @@ def jit_specs(names, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -
     return [make[name]() for name in names]
 
 
+def build_specs(specs: dict) -> dict[str, dict]:
+    """Build every spec at once, each with its own JitSpec.build() in a thread: ninja in the module's own folder,
+    under the module's own lock — the folder and build log a later load runs ninja against, so that load finds
+    nothing to do (flashinfer's build_jit_specs builds from its parent folder instead, and every load then
+    compiled the module again). Per spec: seconds, the error if any, and the steps ninja still finds dirty."""
+    with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
+        futures = {name: pool.submit(_build_one, spec) for name, spec in specs.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _build_one(spec) -> dict:
+    start = time.perf_counter()
+    record: dict = {}
+    try:
+        spec.build(verbose=False)
+    except Exception as error:  # e.g. a header the image's CUDA lacks: the text says which
+        record["error"] = _short(error)
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    record["dirty_after"], why = dirty_steps(spec)
+    if why:
+        record["dirty_why"] = why
+    return record
+
+
+def dirty_steps(spec) -> tuple[int | None, list[str]]:
+    """(steps, first explanations) that `ninja -n -d explain` would still run in the module's own folder, as a
+    load runs ninja there: 0 once the module is built where it is loaded (None when ninja cannot tell)."""
+    where = Path(spec.build_dir).resolve()
+    command = ["ninja", "-n", "-d", "explain", "-C", str(where), "-f", str(Path(spec.ninja_path).resolve())]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, [f"{type(error).__name__}: {error}"]
+    if done.returncode != 0:
+        return None, (done.stdout + done.stderr).strip().splitlines()[-3:]
+    steps = sum(1 for line in done.stdout.splitlines() if re.match(r"\[\d+/\d+\]", line))
+    explained = [line for line in done.stderr.splitlines() if line.startswith("ninja explain:")]
+    return steps, explained[:3]
+
+
 def _hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def warmup(out: Path) -> dict:
-    """Build FlashInfer's JIT modules (FA2, then the ops, then FA3 on Hopper: one parallel ninja build each, so
-    a failure in one leaves the others built), then score once per kernel to confirm nothing else compiles.
+# Warm-up calls per build: (name, EngineConfig layers/ops, kernel). Each kernel is called with torch ops first, so
+# an ops failure is recorded against the ops ("fa2-native-fi"), not against FA2.
+WARMUP_CALLS = {
+    "fa2": (
+        ("fa2", dict(layers="native", ops="torch"), "fa2"),
+        ("fa2-native-fi", dict(layers="native", ops="flashinfer"), "fa2"),
+    ),
+    "fa3": (("fa3", dict(layers="native", ops="torch"), "fa3"),),
+}
 
-    The report is rewritten after every step; `ok` is False when FA2 or its first call failed (FA3 and the
-    native ops failing are recorded, not fatal: their bench methods and tests fail on their own).
+
+def warmup(out: Path, build: str = "fa2") -> dict:
+    """Build one group of FlashInfer's JIT modules (JIT_BUILDS[build]) concurrently, then score once per call of
+    WARMUP_CALLS[build], each recorded apart, into `out` (merged with what an earlier warm-up recorded there).
+
+    The report is rewritten after every step; `ok_<build>` is False when the build's kernel (FA2, or FA3) failed
+    to build or its call failed (the native ops failing are recorded, not fatal: their methods and tests fail
+    alone); `jit_wall_s` is the wall time of each build, its modules at once.
     """
-    report: dict = {**versions(), "jit": {}, "calls": {}}
+    report: dict = json.loads(out.read_text()) if out.exists() else {}
+    report.update(versions())
+    jit, calls, walls = (report.setdefault(key, {}) for key in ("jit", "calls", "jit_wall_s"))
+    names = JIT_BUILDS[build]
 
     def write() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
 
-    from flashinfer.jit.core import build_jit_specs
-
-    for group, names in JIT_GROUPS:
-        if group == "fa3" and not _hopper():
-            report["jit"][group] = {"skipped": "FA3 builds for Hopper (sm90) only"}
-            continue
-        start = time.perf_counter()
-        try:
-            build_jit_specs(jit_specs(names), verbose=False)
-            report["jit"][group] = {"seconds": round(time.perf_counter() - start, 1)}
-        except Exception as error:  # e.g. a header the image's CUDA lacks: the text says which
-            report["jit"][group] = {"seconds": round(time.perf_counter() - start, 1), "error": _short(error)}
+    if build == "fa3" and not _hopper():
+        jit["fa3"] = {"skipped": "FA3 builds for Hopper (sm90) only"}
+        calls.pop("fa3", None)
+        report["ok_fa3"] = False
         write()
-    calls = [("fa2", {}, "fa2"), ("fa2-native-fi", dict(layers="native", ops="flashinfer"), "fa2")]
-    if _hopper():
-        calls.append(("fa3", {}, "fa3"))
+        return report
+    for name in names:  # a stale record of an earlier build says nothing about this one
+        jit.pop(name, None)
+    for name, _, _ in WARMUP_CALLS[build]:
+        calls.pop(name, None)
+    start = time.perf_counter()
+    try:
+        specs = dict(zip(names, jit_specs(names)))
+    except Exception as error:  # flashinfer's JIT package does not import: nothing can build
+        jit.update({name: {"error": _short(error)} for name in names})
+    else:
+        jit.update(build_specs(specs))
+    walls[build] = round(time.perf_counter() - start, 1)
+    write()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_bench_model(
             Path(tmp),
@@ -201,16 +277,16 @@ def warmup(out: Path) -> dict:
             head_dim=128,
         )
         groups = [Group(" the quick brown fox" * 20, [" jumps over", " the lazy dog" * 10])]
-        for name, engine, kernel in calls:
+        for name, engine, kernel in WARMUP_CALLS[build]:
             try:
                 scorer = _scorer(model_dir, Method("flashinfer", kernel=kernel, **engine), "cuda", "bfloat16")
                 _, first = _timed_sync(scorer.score, groups)
                 _, second = _timed_sync(scorer.score, groups)
-                report["calls"][name] = {"first_call_s": round(first, 2), "warm_call_s": round(second, 4)}
+                calls[name] = {"first_call_s": round(first, 2), "warm_call_s": round(second, 4)}
             except Exception as error:
-                report["calls"][name] = {"error": _short(error)}
+                calls[name] = {"error": _short(error)}
             write()
-    report["ok"] = "error" not in report["jit"]["fa2"] and "error" not in report["calls"]["fa2"]
+    report[f"ok_{build}"] = "error" not in jit[build] and "error" not in calls[build]
     write()
     return report
 
@@ -305,6 +381,8 @@ def run_workload(model_dir: Path, shape: Shape, args, cfg: dict, on_row=lambda r
                 reference, rows[row_name] = _hf_row(
                     model_dir, tokenizer, groups, items, label_ids, args, cfg, peak
                 )
+            elif name == PIPELINE:
+                rows[row_name] = _pipeline_row(model_dir, tokenizer, shape, args, cfg, peak)
             else:
                 rows[row_name] = _engine_row(model_dir, name, groups, items, reference, args, cfg, peak)
         except SettingError as refused:  # this checkout or device refuses the method's settings
@@ -429,11 +507,86 @@ def _engine_row(model_dir, name, groups, items, reference, args, cfg, peak):
             "ops": getattr(setup, "ops", None),
             "kernel": method.kernel if setup.backend == "flashinfer" else None,
             "compiled_modules": len(scorer.compiled),
+            "fallbacks": list(setup.fallbacks),
         },
     )
     row["scores"] = [r.scores for r in results]
     del scorer
     return row
+
+
+def _pipeline_row(model_dir, tokenizer, shape: Shape, args, cfg, peak) -> dict:
+    """The whole CLI on --pipeline-queries queries of the workload's shape, from text rows in a Parquet file to a
+    Parquet output, with the settings auto resolves (what a user runs), beside the forward alone of the same
+    groups and settings. The CLI runs in this process (imports paid once), REPEATS times; its time is the
+    report's seconds_total - seconds_load: reading, hashing, tokenizing, planning, forwards and writing, start-up
+    (process, imports, model load) excluded — as in any run, the first window is planned while the weights load.
+    """
+    from e2e_cpu import write_workload
+
+    groups = text_workload(tokenizer, Shape(args.pipeline_queries, *astuple(shape)[1:]), seed=1)
+    items = sum(len(g.items) for g in groups)
+    labels = [flag for label in LABELS for flag in ("--label-tokens", label)]
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data, out, report = (Path(tmp) / name for name in ("in.parquet", "out.parquet", "report.json"))
+        write_workload(groups, data)
+        command = [str(data), "-o", str(out), "--report", str(report), "--model", str(model_dir), *labels,
+                   "--device", args.device, "--dtype", args.dtype, "--overwrite", "--quiet"]  # fmt: skip
+        for _ in range(REPEATS):
+            code = _cli(command)
+            figures = json.loads(report.read_text())
+            if code != 0:
+                raise RuntimeError(f"score-batch exited {code}: {figures.get('error')}")
+            runs.append(figures)
+    after_load = [r["seconds_total"] - r["seconds_load"] for r in runs]
+    best = runs[after_load.index(min(after_load))]
+    method = Method(
+        best["backend"], layers=best["layers"], ops=best["ops"] if best["ops"] != "none" else "auto"
+    )
+    scorer = _scorer(model_dir, method, args.device, args.dtype, args.max_batch_tokens)
+    start = time.perf_counter()
+    plan = scorer.plan(groups)
+    planning = time.perf_counter() - start
+    scorer.run(plan)  # warm-up
+    _, forward = best_of(REPEATS, _synced, scorer.run, plan, clock=CLOCK)
+    del scorer
+    tokens = plan.stats.packed_tokens
+    delimiters = plan_delimiters(plan)
+    row = _figures(
+        items, tokens, tokens - delimiters, plan_attended_pairs(plan), min(after_load), cfg, peak, None
+    )
+    row.update(
+        what="the CLI end to end after start-up (text rows in, Parquet out), auto settings; beside it the forward "
+        "alone (Scorer.run of a ready plan) and the planning alone (Scorer.plan) of the same groups",
+        queries=len(groups),
+        seconds_after_load_runs=[round(t, 3) for t in after_load],
+        seconds_load=best["seconds_load"],
+        seconds_scoring=best["seconds_scoring"],
+        forward_items_per_s=round(items / forward, 1),
+        forward_seconds=round(forward, 4),
+        planning_items_per_s=round(items / planning, 1),
+        pipeline_of_forward=round(forward / min(after_load), 3),
+        resolved={
+            key: best[key] for key in ("backend", "layers", "ops", "dtype", "fallbacks") if key in best
+        },
+    )
+    return row
+
+
+def _cli(argv: list[str]) -> int:
+    """score-batch with these arguments in this process; its exit code."""
+    from score_batch.cli.main import run
+
+    saved = sys.argv
+    sys.argv = ["score-batch", *argv]
+    try:
+        run()
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 0
+    finally:
+        sys.argv = saved
+    return 0
 
 
 def _speedups(rows: dict) -> None:
@@ -484,7 +637,9 @@ def bench(args, argv: list[str]) -> dict:
         f"against plain HF in float32 on the first {REFERENCE_ITEMS} items; max_abs_diff_vs_hf: against "
         "plain HF pairs in the bench dtype on every item",
         "timing": "best of 3 after a warm-up; tokenization, HF pair tensors and the score-batch plan are "
-        "built before the timer; timed: host token ids to host scores",
+        "built before the timer; timed: host token ids to host scores. pipeline: the CLI in this process, "
+        "best of 3 of its report's seconds_total - seconds_load (text rows to the Parquet output, planning "
+        "included, start-up excluded), on --pipeline-queries queries",
         "methods": {name: asdict(METHODS[name]) for name in args.methods if name in METHODS},
         "preset": args.preset,
         "model": preset,
@@ -553,6 +708,12 @@ def summary_lines(report: dict) -> list[str]:
                 f"{_fmt(row.get('mfu_with_attention'), '7.3f')} {_fmt(row.get('max_abs_diff_vs_fp32'), '9.1e')} "
                 f"{_fmt(row.get('max_abs_diff_vs_hf'), '8.1e')}  {json.dumps(row.get('resolved', row.get('what')))}"
             )
+            if "forward_items_per_s" in row:  # the pipeline: where its time goes
+                lines.append(
+                    f"  {'':18} {row['queries']} queries; forward alone {row['forward_items_per_s']:.1f} items/s "
+                    f"(the pipeline runs at {row['pipeline_of_forward']:.2f} of it), planning alone "
+                    f"{row['planning_items_per_s']:.1f} items/s"
+                )
     return lines
 
 
@@ -568,23 +729,34 @@ def _shape(workload: str, args) -> Shape:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Command-line arguments of the three subcommands."""
+    """Command-line arguments of the subcommands."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("versions", "warmup"):
-        sub.add_parser(name).add_argument("--out", type=Path, required=True)
+    sub.add_parser("versions").add_argument("--out", type=Path, required=True)
+    warm = sub.add_parser("warmup")
+    warm.add_argument(
+        "--out", type=Path, required=True, help="warmup.json: merged with what it holds already"
+    )
+    warm.add_argument("--fa3", action="store_const", const="fa3", default="fa2", dest="build",
+                      help="build FA3's prefill (alone) instead of FA2's and the ops")  # fmt: skip
     run = sub.add_parser("bench")
     run.add_argument("--preset", choices=PRESETS, default="qwen3-0.6b")
     run.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     run.add_argument(
         "--methods",
         nargs="+",
-        choices=[HF, *METHODS],
+        choices=[HF, PIPELINE, *METHODS],
         default=DEFAULT_METHODS,
-        help="hf (plain HF pairs) always runs first when named; "
+        help="hf (plain HF pairs) always runs first when named; pipeline: the whole CLI beside its forward; "
         + "; ".join(f"{k}: {m.what}" for k, m in METHODS.items() if m.what),
     )
     run.add_argument("--queries", type=int, default=None, help="override the workload's number of queries")
+    run.add_argument(
+        "--pipeline-queries",
+        type=int,
+        default=64,
+        help="queries of the workload's shape the pipeline method runs",
+    )
     run.add_argument("--device", default="cuda")
     run.add_argument("--dtype", default="bfloat16")
     run.add_argument("--max-batch-tokens", type=int, default=None)
@@ -603,9 +775,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(versions(), indent=2) + "\n")
         print(args.out.read_text())
     elif args.command == "warmup":
-        report = warmup(args.out)
+        report = warmup(args.out, args.build)
         print(json.dumps(report, indent=2))
-        return 0 if report["ok"] else 1
+        return 0 if report[f"ok_{args.build}"] else 1
     else:
         report = bench(args, argv)
         print("\n".join(summary_lines(report)))

@@ -4,10 +4,13 @@ python bench/install_check.py wheels DIR          each carried wheel's requireme
                                                   carried, or knowingly left out (exit 1 otherwise)
 python bench/install_check.py pip-check BEFORE AFTER   `pip check` after the install reports nothing
                                                   that was not there before, but the known omissions
+python bench/install_check.py fa3 WARMUP_JSON     prints why FA3 may not run yet (nothing when warmup.json
+                                                  holds its build time and a successful call)
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import zipfile
@@ -93,6 +96,24 @@ def new_problems(before: str, after: str) -> list[str]:
     ]
 
 
+def fa3_unproven(warmup: dict | None) -> str | None:
+    """Why FA3 may not run: None only when a warm-up recorded FA3's build time without an error and a successful
+    first call (bench/gpu.py warmup --fa3); tests/gpu skip FA3 and the bench refuses it otherwise."""
+    if warmup is None:
+        return "no warmup.json on this machine: FA3 was never built here (bash bench/gpu_check.sh fa3)"
+    build, call = warmup.get("jit", {}).get("fa3", {}), warmup.get("calls", {}).get("fa3", {})
+    if "error" in build:
+        return f"FA3 did not build in the warm-up (warmup.json): {build['error'][-300:]}"
+    if "skipped" in build:
+        return f"FA3 was not built: {build['skipped']}"
+    if "seconds" not in build:
+        return "FA3 is not built on this machine: `all` leaves it out (bash bench/gpu_check.sh fa3 builds it)"
+    if "first_call_s" not in call:
+        why = call.get("error", "no call recorded")[-300:]
+        return f"FA3 built in {build['seconds']} s but its warm-up call did not succeed: {why}"
+    return None
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["wheels"] and len(argv) == 2:
         wheels = sorted(Path(argv[1]).glob("*.whl"))
@@ -118,6 +139,11 @@ def main(argv: list[str]) -> int:
             f"install_check: pip check {'FAILED' if problems else 'clean'} (known omissions: {', '.join(sorted(LEFT_OUT))})"
         )
         return 1 if problems else 0
+    if argv[:1] == ["fa3"] and len(argv) == 2:
+        path = Path(argv[1])
+        why = fa3_unproven(json.loads(path.read_text()) if path.exists() else None)
+        print(why or "", end="\n" if why else "")
+        return 0
     print(__doc__, file=sys.stderr)
     return 2
 

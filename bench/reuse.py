@@ -154,6 +154,11 @@ def main() -> None:
         f"reuse / full: scoring {best['reuse']['scoring'] / best['full']['scoring']:.2f}x, "
         f"total {best['reuse']['total'] / best['full']['total']:.2f}x (goal: scoring < 0.35x)"
     )
+    join = best["reuse"]["load"] - best["full"]["load"]  # the reuse run's load holds its key pass and join
+    print(
+        f"key pass + join {join:.3f} s = {join / best['full']['scoring']:.2f}x the full run's scoring "
+        "(goal: at most 0.2x)"
+    )
     print(f"reused rows bit for bit yesterday's: {bitwise}; new rows max |diff| vs full run {new_diff:.1e}")
     print(
         f"every pair twice ({2 * half} rows, windows of 500): scoring {twice['twice']:.3f} s vs once "

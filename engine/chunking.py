@@ -49,7 +49,8 @@ def split_windows(
 ) -> tuple[list[list[int]], str | None]:
     """The windows of one templated item of at most `limit` tokens each, or ([], why it cannot be split).
 
-    content: indices into ids of the tokens wholly inside the item's text (all of them for token-id input).
+    content: indices into ids of the tokens holding the item's text, a token straddling the template
+    boundary included (all of them for token-id input).
     The tokens before the first content token (template prefix, special tokens) and after the last one
     (template suffix) wrap every window; the content tokens in between are split by window_spans into runs of
     limit − len(prefix) − len(suffix) tokens. An item within the limit is its own single window.

@@ -82,7 +82,13 @@ class PackedRunner:
         self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
     ) -> list[GroupResult]:
         """run() before aggregation: one result row per scored sequence (plan.scored_group's items; under
-        truncate="chunk" every window, else every item). on_items counts finished input items."""
+        truncate="chunk" every window, else every item). on_items counts finished input items.
+
+        The device never waits for the host between batches: each batch is launched before the previous one's
+        outputs are read (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU
+        the launch is the forward itself), so the next batch's host work (its attention plan, its inputs)
+        overlaps the device's work on the previous one.
+        """
         cfg = self.cfg
         table = ResultTable(
             [len(plan.scored_group(g).item_ids) for g in range(len(plan.tokenized))],
@@ -93,24 +99,14 @@ class PackedRunner:
         rescored = 0
         cache = QueryCache(plan.batches)  # the queries of groups whose later packs run without them
         with torch.inference_mode():
+            launched = None
             for batch in plan.batches:
-                raw, scores, pooled = self._forward(batch, cache)
-                cache.release(batch)
-                bad = non_finite_rows(raw)  # [rows]
-                row = 0
-                for pack in batch.packs:
-                    rows = range(row, row + len(pack.item_refs))
-                    row += len(pack.item_refs)
-                    if bad[rows.start : rows.stop].any():
-                        rescored += len(rows)
-                        for ref in pack.item_refs:
-                            self._score_alone(plan, ref, table)
-                        continue
-                    for r, ref in zip(rows, pack.item_refs):
-                        table.put(ref, raw[r], scores[r], None if pooled is None else pooled[r])
-                if on_items is not None:
-                    repeats = tuple(r for ref in batch.item_refs for r in plan.copies.get(ref, ()))
-                    on_items(countdown.finished(batch.item_refs + repeats))
+                previous, launched = launched, self._launch(batch, cache)
+                cache.release(batch)  # stream-ordered: what the launched batch reads stays until it ran
+                if previous is not None:
+                    rescored += self._store(plan, previous, table, countdown, on_items)
+            if launched is not None:
+                rescored += self._store(plan, launched, table, countdown, on_items)
         if rescored:
             log.warning(
                 "%d items shared a pack with a non-finite output and were scored again alone", rescored
@@ -121,21 +117,52 @@ class PackedRunner:
         errors = [plan.scored_group(g).errors for g in range(len(plan.tokenized))]
         return table.results(errors, self.setup.activation, cfg.score_index)
 
+    def _store(
+        self,
+        plan: PackedPlan,
+        launched: Launched,
+        table: ResultTable,
+        countdown: ItemCountdown,
+        on_items: Callable[[int], None] | None,
+    ) -> int:
+        """Wait for a launched batch's outputs and store them (one assignment for the batch); the items of a pack
+        with a non-finite output are scored again alone. Returns how many were."""
+        batch = launched.batch
+        raw, scores, pooled = launched.read()
+        rows = table.rows(batch.item_refs)  # [num_items] flat result rows
+        bad = non_finite_rows(raw)  # [num_items]
+        rescored = 0
+        if bad.any():
+            pack_of_row = np.repeat(np.arange(len(batch.packs)), [len(p.item_refs) for p in batch.packs])
+            bad = np.isin(pack_of_row, pack_of_row[bad])  # every row of a pack with a non-finite row
+            for ref in (ref for ref, b in zip(batch.item_refs, bad) if b):
+                self._score_alone(plan, ref, table)
+            rescored = int(bad.sum())
+            good = ~bad
+            rows, raw, scores = rows[good], raw[good], scores[good]
+            pooled = None if pooled is None else pooled[good]
+        table.put_rows(rows, raw, scores, pooled)
+        if on_items is not None:
+            repeats = tuple(r for ref in batch.item_refs for r in plan.copies.get(ref, ()))
+            on_items(countdown.finished(batch.item_refs + repeats))
+        return rescored
+
     def _score_alone(self, plan: PackedPlan, ref, table: ResultTable) -> None:
         """Score one item as its own reference sequence in its own batch; fail it if still non-finite."""
         sequence = plan.scored_group(ref.group).reference_sequence(ref.item)
-        raw, scores, pooled = self._forward(collate([single_pack(sequence, ref)]))
+        raw, scores, pooled = self._launch(collate([single_pack(sequence, ref)])).read()
         if non_finite_rows(raw)[0]:
             table.fail(ref, raw[0], plan.item_name(ref))
         else:
             table.put(ref, raw[0], scores[0], None if pooled is None else pooled[0])
 
-    def _forward(self, batch: Batch, cache: QueryCache | None = None) -> Outputs:
-        """One prefill-only forward over a ragged batch; heads run on the score rows only."""
+    def _launch(self, batch: Batch, cache: QueryCache | None = None) -> Launched:
+        """One prefill-only forward over a ragged batch, queued on the device with its outputs' copy back to the
+        host; heads run on the score rows only. Nothing here waits for the device."""
         device = self.setup.device
-        input_ids = torch.from_numpy(batch.token_ids).to(device, non_blocking=True)  # [num_tokens]
-        positions = torch.from_numpy(batch.positions).to(device, non_blocking=True)  # [num_tokens]
-        score_rows = torch.from_numpy(batch.score_rows).to(device, non_blocking=True)  # [num_items]
+        input_ids = _to_device(batch.token_ids, device)  # [num_tokens]
+        positions = _to_device(batch.positions, device)  # [num_tokens]
+        score_rows = _to_device(batch.score_rows, device)  # [num_items]
         plan = self.backend.plan(batch, device, cache)
         if self.compiled:
             plan = OpaquePlan(plan)  # compiled attention modules break their graph at attend, untraced
@@ -159,5 +186,42 @@ class PackedRunner:
         else:
             raw = head(rows).float()  # [num_items, num_labels] logits
             scores = classifier_scores(raw, cfg.apply_softmax)
-        pooled = pooled_vectors(rows, cfg.normalize).cpu().numpy() if cfg.pooled_hidden_states else None
-        return raw.cpu().numpy(), scores.cpu().numpy(), pooled
+        pooled = pooled_vectors(rows, cfg.normalize) if cfg.pooled_hidden_states else None
+        return Launched.of(batch, raw, scores, pooled)
+
+
+class Launched:
+    """A batch whose forward is queued: its outputs' host copies, readable once `ready` has passed (CUDA)."""
+
+    def __init__(self, batch: Batch, host: tuple, ready: torch.cuda.Event | None) -> None:
+        self.batch = batch
+        self._host = host  # (raw, scores, pooled or None) host tensors, pinned on CUDA
+        self._ready = ready
+
+    @classmethod
+    def of(cls, batch: Batch, *outputs: torch.Tensor | None) -> Launched:
+        """Copy device outputs back behind the forward (pinned buffers, non-blocking, then an event); CPU
+        outputs are the host tensors already, so the CPU path copies nothing."""
+        if all(t is None or t.device.type == "cpu" for t in outputs):
+            return cls(batch, outputs, None)
+        host = tuple(None if t is None else _pinned_copy(t) for t in outputs)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(batch, host, ready)
+
+    def read(self) -> Outputs:
+        """(raw, scores, pooled) as numpy arrays, once the device has written them."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return tuple(None if t is None else t.numpy() for t in self._host)
+
+
+def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A pinned host tensor that a copy queued behind the device's work fills."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on the device; to CUDA from pinned memory, so the copy does not wait for the host."""
+    host = torch.from_numpy(array)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)

@@ -10,7 +10,12 @@ from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
 from score_batch.engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
-from score_batch.engine.tokenize import TokenizedGroup, tokenize_group, without_unscored_tail
+from score_batch.engine.tokenize import (
+    TokenizedGroup,
+    encode_groups,
+    tokenize_group,
+    without_unscored_tail,
+)
 from score_batch.engine.types import Group
 
 
@@ -104,11 +109,12 @@ class PackedPlanner:
         Under truncate="chunk" the packs score every item's windows as items of its group (plan.chunked).
         """
         cfg, limits = self.cfg, self.limits
+        encoded = encode_groups(groups, self.tokenizer, cfg)  # every text of the call in two tokenizer calls
         tokenized = [
             tokenize_group(
-                g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions
+                g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions, e
             )
-            for g in groups
+            for g, e in zip(groups, encoded)
         ]
         read = [without_unscored_tail(g, limits.unscored_tail_id) for g in tokenized]
         chunked = [chunk_group(g) for g in read] if cfg.truncate == "chunk" else None
@@ -176,13 +182,14 @@ def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[Ite
     repeats, across the call's groups: they are scored once and copied (pure; no model)."""
     first: dict[tuple, ItemRef] = {}
     copies: dict[ItemRef, list[ItemRef]] = {}
+    queries: dict[tuple, int] = {}  # each distinct query's tokens → a small code (items key on the code)
     for g, group in enumerate(groups):
+        query = queries.setdefault((group.item_first, tuple(group.query_ids)), len(queries))
         for i, ids in enumerate(group.item_ids):
             if ids is None:
                 continue
-            key = (group.item_first, tuple(group.query_ids), tuple(ids))
             ref = ItemRef(g, i)
-            original = first.setdefault(key, ref)
+            original = first.setdefault((query, tuple(ids)), ref)
             if original != ref:
                 copies.setdefault(original, []).append(ref)
     return {original: tuple(refs) for original, refs in copies.items()}

@@ -23,15 +23,34 @@ def non_finite_message(raw_row: np.ndarray, item: int, name: str | None = None) 
 
 
 class ResultTable:
-    """NaN-initialised per-group arrays that batches fill item by item, then GroupResults."""
+    """NaN-initialised outputs of every item in flat arrays (groups one after another), filled a batch at a time
+    (one fancy-index assignment per array: put_rows); each group's arrays are views of its rows."""
 
     def __init__(self, item_counts: list[int], num_scores: int, pooled_dim: int | None) -> None:
-        self.raw = [np.full((n, num_scores), np.nan, np.float32) for n in item_counts]
-        self.scores = [np.full((n, num_scores), np.nan, np.float32) for n in item_counts]
-        self.pooled = [
-            None if pooled_dim is None else np.full((n, pooled_dim), np.nan, np.float32) for n in item_counts
-        ]
+        self.starts = np.concatenate([[0], np.cumsum(item_counts, dtype=np.int64)])  # [groups + 1]
+        total = int(self.starts[-1])
+        self._raw = np.full((total, num_scores), np.nan, np.float32)  # [items, num_scores]
+        self._scores = np.full((total, num_scores), np.nan, np.float32)
+        self._pooled = None if pooled_dim is None else np.full((total, pooled_dim), np.nan, np.float32)
+        bounds = list(zip(self.starts[:-1], self.starts[1:]))
+        self.raw = [self._raw[a:b] for a, b in bounds]  # per group [n, num_scores], views of the flat arrays
+        self.scores = [self._scores[a:b] for a, b in bounds]
+        self.pooled = [None if self._pooled is None else self._pooled[a:b] for a, b in bounds]
         self.item_errors: list[list[str | None]] = [[None] * n for n in item_counts]
+
+    def rows(self, refs) -> np.ndarray:  # [len(refs)] int64
+        """The flat rows of items (ItemRefs)."""
+        starts = self.starts
+        return np.fromiter((starts[ref.group] + ref.item for ref in refs), dtype=np.int64, count=len(refs))
+
+    def put_rows(
+        self, rows: np.ndarray, raw: np.ndarray, scores: np.ndarray, pooled: np.ndarray | None
+    ) -> None:
+        """Store the outputs of many items at their flat rows ([n], [n, num_scores] ×2, [n, hidden] or None)."""
+        self._raw[rows] = raw
+        self._scores[rows] = scores
+        if pooled is not None and self._pooled is not None:
+            self._pooled[rows] = pooled
 
     def put(self, ref: ItemRef, raw: np.ndarray, scores: np.ndarray, pooled: np.ndarray | None) -> None:
         """Store one item's outputs ([num_scores], [num_scores], [hidden] or None)."""

@@ -786,7 +786,9 @@ def _load_runner(
     load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
     scorer whose head is LogitScoreHead; read again when not given).
     """
-    planner, setup = planned or load_planner(model, config)
+    # FlashInfer's kernels run once in load_planner(prove=True): auto falls back, explicit fails (a planned
+    # setup comes from the caller's own load_planner(prove=True))
+    planner, setup = planned or load_planner(model, config, prove=True)
     logit_score = setup.logit_score
     if logit_score is not None and load_info is None:
         load_info = read_model_info(setup.info.path, config.trust_remote_code)

@@ -57,6 +57,9 @@ class ResolvedSetup:
     ops: Literal["torch", "flashinfer", "none"] = "none"  # the native layers' element-wise kernels
     # A CausalLM given no label tokens: its LogitScore (info then reads as a one-label classifier's)
     logit_score: LogitScoreSpec | None = None
+    # What `auto` fell back from when its FlashInfer kernels failed their check at load, and why
+    # (engine/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
+    fallbacks: tuple[str, ...] = ()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -151,7 +154,12 @@ def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype:
         )
     if info.encoder:
         return "hf"
-    need = Workload(
+    return select_backend(config.backend, workload(info, config, device, dtype))
+
+
+def workload(info: ModelInfo, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> Workload:
+    """What a decoder and its settings ask of an attention backend."""
+    return Workload(
         device=device.type,
         dtype=dtype,
         head_dim=info.head_dim,
@@ -159,7 +167,6 @@ def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype:
         sliding_window=info.sliding_window is not None,
         max_pack_tokens=config.max_pack_tokens,
     )
-    return select_backend(config.backend, need)
 
 
 def resolve_layers(info: ModelInfo, config: EngineConfig) -> Literal["native", "transformers"]:
@@ -188,7 +195,8 @@ def resolve_ops(
     dtype: torch.dtype,
     import_error: Callable[[str], str | None] = import_failure,
 ) -> Literal["torch", "flashinfer", "none"]:
-    """The native layers' kernels: auto → flashinfer on CUDA in 16 bits when it imports (not under compile), else torch."""
+    """The native layers' kernels: auto → flashinfer on CUDA in 16 bits when it imports (not under compile), else
+    torch; importing proves no kernel: engine/proof.py runs them at load."""
     from score_batch.engine.native.ops import OPS_MODULE
 
     if layers != "native":
@@ -289,7 +297,7 @@ def resolve_setup(
         runner,
         layers,
         ops,
-        logit_score,
+        logit_score=logit_score,
     )
 
 
@@ -344,8 +352,14 @@ def _pair_is_query_plus_item(tokenizer) -> bool:
     )
 
 
-def load_planner(model_dir, config: EngineConfig) -> tuple[PackedPlanner | PairPlanner, ResolvedSetup]:
-    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights."""
+def load_planner(
+    model_dir, config: EngineConfig, prove: bool = False
+) -> tuple[PackedPlanner | PairPlanner, ResolvedSetup]:
+    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights.
+
+    prove: run the FlashInfer kernels the setup names once on the device first (engine/proof.py), so that an
+    auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
+    """
     model_dir = resolve_model_dir(model_dir)
     info = read_model_info(model_dir, config.trust_remote_code)
     tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
@@ -359,6 +373,16 @@ def load_planner(model_dir, config: EngineConfig) -> tuple[PackedPlanner | PairP
             logit_score.false_token_id,
         )
     setup = resolve_setup(info, config, tokenizer, logit_score)
+    if prove:
+        from score_batch.engine.proof import prove_setup  # runs kernels: imported only for a load
+
+        proven = prove_setup(setup, config)
+        if proven is not setup:
+            cache = (
+                proven.backend in BACKEND_CLASSES
+                and BACKEND_CLASSES[proven.backend].capabilities.cached_query
+            )
+            setup = replace(proven, limits=replace(proven.limits, cache_query=cache))
     log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
     planner = PLANNERS[setup.runner](tokenizer, replace(config.scoring, packing=setup.packing), setup.limits)
     return planner, setup

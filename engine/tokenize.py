@@ -95,12 +95,67 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
     )
 
 
-@dataclass(frozen=True)
 class _Encoded:
-    """Token ids of a templated text and the index range of tokens that come from the content."""
+    """Token ids of a templated text and the indices of the tokens that come from the content (computed on first
+    use from the tokenizer's offsets: only truncation and chunking read them)."""
 
-    ids: list[int]
-    content: list[int]  # indices into ids of tokens wholly inside the content
+    __slots__ = ("ids", "_content", "_offsets", "_span")
+
+    def __init__(self, ids: list[int], content=None, offsets=None, span: tuple[int, int] = (0, 0)) -> None:
+        self.ids = ids
+        self._content: list[int] | None = content
+        self._offsets = offsets  # an object whose .offsets are the tokens' (start, end) characters
+        self._span = span  # the content's characters in the templated text
+
+    @property
+    def content(self) -> list[int]:
+        """Indices into ids of the tokens wholly inside the content."""
+        if self._content is None:
+            start, end = self._span
+            offsets = self._offsets.offsets if self._offsets is not None else ()
+            self._content = [i for i, (s, e) in enumerate(offsets) if e > s and s >= start and e <= end]
+        return self._content
+
+    def touching(self) -> list[int]:
+        """Indices into ids of the tokens holding any of the content's characters: those wholly inside it and a
+        token that straddles a template boundary (" red" of "Product: red" with the template's space)."""
+        if self._offsets is None:
+            return self.content  # token ids given, or a slow tokenizer: no offsets to widen by
+        start, end = self._span
+        return [i for i, (s, e) in enumerate(self._offsets.offsets) if e > s and s < end and e > start]
+
+
+def _given_ids(ids) -> _Encoded:
+    """Token ids given as input: all content."""
+    ids = list(ids)
+    return _Encoded(ids, list(range(len(ids))))
+
+
+def encode_groups(groups: list[Group], tokenizer, cfg: ScoringConfig) -> list[tuple | None]:
+    """Per group, its (query, items) encoded, the text of every group in two tokenizer calls (the distinct
+    queries, then all items); None for a group that is not all text (tokenize_group handles it)."""
+    texts = [isinstance(g.query, str) and all(isinstance(item, str) for item in g.items) for g in groups]
+    query_index: dict[str, int] = {}
+    for g, is_text in zip(groups, texts):
+        if is_text:
+            query_index.setdefault(g.query, len(query_index))
+    queries = _encode_texts(tokenizer, cfg.query_template, "{query}", list(query_index), not cfg.item_first)
+    items = _encode_texts(
+        tokenizer,
+        cfg.item_template,
+        "{item}",
+        [item for g, is_text in zip(groups, texts) if is_text for item in g.items],
+        cfg.item_first,
+    )
+    out: list[tuple | None] = []
+    at = 0
+    for g, is_text in zip(groups, texts):
+        if not is_text:
+            out.append(None)
+            continue
+        out.append((queries[query_index[g.query]], items[at : at + len(g.items)]))
+        at += len(g.items)
+    return out
 
 
 def tokenize_group(
@@ -110,8 +165,10 @@ def tokenize_group(
     max_pack_tokens: int,
     vocab_size: int,
     max_positions: int | None = None,
+    encoded: tuple | None = None,
 ) -> TokenizedGroup:
-    """Tokenize one group under the config's templates, limits and truncation policy.
+    """Tokenize one group under the config's templates, limits and truncation policy (encoded: the group's
+    texts already encoded by encode_groups).
 
     max_positions is the model's position limit (max_position_embeddings): a reference sequence
     (query + item) must fit it, since under multi-item packing an item's positions continue after
@@ -122,12 +179,12 @@ def tokenize_group(
     if any(isinstance(item, str) != text_input for item in group.items):
         error = "a group must be all text or all token ids (query and items)"
         return TokenizedGroup([], [None] * len(group.items), [error] * len(group.items), cfg.item_first)
-    if text_input:
-        query = _encode_text(tokenizer, cfg.query_template, "{query}", group.query, not cfg.item_first)
-        items = _encode_texts(tokenizer, cfg.item_template, "{item}", group.items, cfg.item_first)
+    if encoded is not None:
+        query, items = encoded
+    elif text_input:
+        query, items = encode_groups([group], tokenizer, cfg)[0]
     else:
-        query = _Encoded(list(group.query), list(range(len(group.query))))
-        items = [_Encoded(list(item), list(range(len(item)))) for item in group.items]
+        query, items = _given_ids(group.query), [_given_ids(item) for item in group.items]
 
     if cfg.truncate == "longest-first":
         return _longest_first(
@@ -201,45 +258,74 @@ def _chunk(
     An item within the limit is its one window; a longer one is split by engine/chunking.split_windows (the
     template's tokens around every window, content windows as a Hugging Face tokenizer's overflow makes them).
     """
-    windows, reason = split_windows(encoded.ids, encoded.content, limit, overlap)
+    windows, reason = split_windows(encoded.ids, encoded.touching(), limit, overlap)
     if reason is None:
         return encoded.ids, windows, None
     over = f"{what} has {len(encoded.ids)} tokens, over the limit of {limit}{why}"
     return [], [], f"{over}, and cannot be split into windows: {reason}"
 
 
-def _encode_text(
-    tokenizer, template: str | None, placeholder: str, content: str, add_special_tokens: bool
-) -> _Encoded:
-    """Encode content wrapped in a template, remembering which tokens belong to the content."""
-    return _encode_texts(tokenizer, template, placeholder, [content], add_special_tokens)[0]
-
-
 def _encode_texts(
     tokenizer, template: str | None, placeholder: str, contents: list[str], add_special_tokens: bool
 ) -> list[_Encoded]:
-    """_encode_text for many contents in one tokenizer call (a fast tokenizer encodes the batch at once)."""
+    """Encode each content wrapped in a template, in one tokenizer call; each encoding knows which of its
+    tokens are the content's (a fast tokenizer's offsets; a slow one's: none)."""
     if not contents:
         return []
     prefix, suffix = template.split(placeholder, 1) if template else ("", "")
-    texts = [prefix + content + suffix for content in contents]
+    texts = [prefix + content + suffix for content in contents] if template else contents
     if not getattr(tokenizer, "is_fast", False):
         return [
             _Encoded(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"], [])
             for text in texts
         ]
-    encoding = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     start = len(prefix)
-    encoded = []
-    for content, ids, offsets in zip(contents, encoding["input_ids"], encoding["offset_mapping"]):
-        end = start + len(content)
-        content_tokens = [i for i, (s, e) in enumerate(offsets) if e > s and s >= start and e <= end]
-        encoded.append(_Encoded(ids, content_tokens))
-    return encoded
+    encodings = _backend_encode(tokenizer, texts, add_special_tokens)
+    if encodings is None:  # a tokenizer class of its own: through its __call__
+        batch = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        encodings = [_Offsets(offsets) for offsets in batch["offset_mapping"]]
+        return [
+            _Encoded(ids, None, offsets, (start, start + len(content)))
+            for content, ids, offsets in zip(contents, batch["input_ids"], encodings)
+        ]
+    return [
+        _Encoded(encoding.ids, None, encoding, (start, start + len(content)))
+        for content, encoding in zip(contents, encodings)
+    ]
+
+
+@dataclass(frozen=True)
+class _Offsets:
+    """Offsets as transformers returns them, in the shape of a tokenizers Encoding."""
+
+    offsets: list[tuple[int, int]]
+
+
+def _backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list | None:
+    """The fast tokenizer's Rust backend called as transformers' own __call__ calls it (no truncation, no
+    padding, its split_special_tokens), without building Python lists per token: tokenizers Encodings (the
+    GIL released while it runs), or None for a tokenizer class that encodes its own way."""
+    from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    if not isinstance(tokenizer, TokenizersBackend) or any(
+        getattr(type(tokenizer), name) is not getattr(TokenizersBackend, name)
+        for name in ("__call__", "_encode_plus", "set_truncation_and_padding")
+    ):
+        return None
+    tokenizer.set_truncation_and_padding(
+        PaddingStrategy.DO_NOT_PAD, TruncationStrategy.DO_NOT_TRUNCATE, None, 0, None, None
+    )
+    backend = tokenizer._tokenizer
+    if backend.encode_special_tokens != tokenizer.split_special_tokens:
+        backend.encode_special_tokens = tokenizer.split_special_tokens
+    return backend.encode_batch(texts, add_special_tokens=add_special_tokens, is_pretokenized=False)
 
 
 def _check_ids(ids: list[int], vocab_size: int, what: str) -> str | None:
     """Return an error message when a token id is out of the model's vocabulary."""
+    if ids and set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size:
+        return None  # the common case, checked at C speed
     for token in ids:
         if not isinstance(token, int) or token < 0 or token >= vocab_size:
             return f"{what} has token id {token!r} outside the vocabulary [0, {vocab_size})"

@@ -145,8 +145,8 @@ class JsonlReader:
     def total_rows(self) -> int:
         return self.scan().rows
 
-    def records(self) -> Iterator[tuple[str, Record]]:
-        """(line, record) per non-blank line of every file in order."""
+    def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:
+        """(line, record) per non-blank line of every file in order (columns: ignored, a line is parsed whole)."""
         for index in range(self._file_count()):
             yield from self.file_records(index)
 

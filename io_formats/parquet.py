@@ -83,14 +83,22 @@ class ParquetReader:
     def total_rows(self) -> int:
         return sum(info.num_rows for info in self.infos())
 
-    def records(self) -> Iterator[tuple[None, Record]]:
-        """(None, record) per row of every file in order, partition values added."""
+    def records(self, columns: list[str] | None = None) -> Iterator[tuple[None, Record]]:
+        """(None, record) per row of every file in order, partition values added (columns: only these are
+        read and the records hold only these; None: all)."""
+        for file, batch in self.batches(self.columns() if columns is None else columns):
+            for record in batch.to_pylist():
+                yield None, file.with_partitions(record)
+
+    def batches(self, columns: list[str]) -> Iterator[tuple[InputFile, pa.RecordBatch]]:
+        """(file, record batch of the named columns the file holds) of every file in order."""
         for info in self.infos():
             try:
                 with _open(info.file) as handle:
-                    for batch in pq.ParquetFile(handle).iter_batches(batch_size=BATCH_ROWS):
-                        for record in batch.to_pylist():
-                            yield None, info.file.with_partitions(record)
+                    parquet = pq.ParquetFile(handle)
+                    names = [name for name in columns if name in parquet.schema_arrow.names]
+                    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=names):
+                        yield info.file, batch
             except READ_ERRORS as error:
                 if is_environment(error):
                     raise

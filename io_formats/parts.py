@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.target import Target
+from score_batch.io_formats.writers import dictionary_columns
 
 MANIFEST = "manifest.json"
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class PartStore:
         part = self.part(window)
         tmp = part.staging_file()
         try:
-            pq.write_table(table, tmp)
+            pq.write_table(table, tmp, use_dictionary=dictionary_columns(table.schema))
             self._manifest["parts"][str(window)] = {
                 "sha256": sha256(tmp.read_bytes()),
                 "input_sha256": input_hash,

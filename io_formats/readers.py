@@ -39,7 +39,7 @@ from score_batch.io_formats.listing import (
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.openai_batch import BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.parquet import ParquetReader
-from score_batch.io_formats.rows import BadLine, InputRow, Record, to_row
+from score_batch.io_formats.rows import BadLine, InputRow, Record, long_rows, to_row
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 
 STDIN = "-"
@@ -76,8 +76,9 @@ class TableReader(Protocol):
     def total_rows(self) -> int:
         """Rows in the input (unreadable JSONL lines included)."""
 
-    def records(self) -> Iterator[tuple[str | None, Record]]:
-        """(JSONL line or None, record) per row, in input order."""
+    def records(self, columns: list[str] | None = None) -> Iterator[tuple[str | None, Record]]:
+        """(JSONL line or None, record) per row, in input order; columns: the ones the caller reads (a columnar
+        format reads only those), None for all."""
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, row group or None for a whole file, rows) per independently readable piece, in order."""
@@ -243,17 +244,44 @@ def read_windows(
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
 
+    read = list(dict.fromkeys(n for n in (mapping.query, mapping.items, *_typed_columns(mapping)) if n))
+
     def windows() -> Iterator[list[InputRow]]:
         window: list[InputRow] = []
-        for index, (_, record) in enumerate(reader(source).records()):
-            window.append(to_row(index, record, mapping, types))
-            if len(window) == window_rows:
-                yield window
-                window = []
+        for rows in _row_batches(reader(source), read, mapping, types):
+            window.extend(rows)
+            while len(window) >= window_rows:
+                yield window[:window_rows]
+                window = window[window_rows:]
         if window:
             yield window
 
     return mapping, windows()
+
+
+def _row_batches(
+    table: TableReader, read: list[str], mapping: ColumnMapping, types
+) -> Iterator[list[InputRow]]:
+    """The input's validated rows, a batch at a time: Parquet's long layout column by column
+    (rows.long_rows), everything else record by record (rows.to_row)."""
+    if isinstance(table, ParquetReader) and mapping.layout == "long":
+        index = 0
+        for file, batch in table.batches(read):
+            rows = long_rows(index, batch, dict(file.partitions), mapping, types)
+            if rows is None:
+                records = (file.with_partitions(record) for record in batch.to_pylist())
+                rows = [to_row(index + k, record, mapping, types) for k, record in enumerate(records)]
+            index += len(rows)
+            yield rows
+        return
+    batch: list[InputRow] = []
+    for index, (_, record) in enumerate(table.records(read)):
+        batch.append(to_row(index, record, mapping, types))
+        if len(batch) == 1024:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapping:

@@ -139,6 +139,8 @@ def value_kind(value: Any) -> str | None:
 def has_surrogate(value: Any) -> bool:
     """Whether a value holds a string that UTF-8 cannot encode (a lone surrogate from a JSON escape)."""
     if isinstance(value, str):
+        if value.isascii():  # a flag of the string, read without scanning it
+            return False
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
@@ -164,3 +166,41 @@ def _value_error(value: Any, column: str) -> str | None:
             return None
         return f"column {column!r} holds a token id outside 0..2^63-1"
     return f"column {column!r} must hold text or a list of integer token ids, got {type(value).__name__}"
+
+
+def long_rows(
+    first: int, batch: pa.RecordBatch, partitions: dict[str, Any], mapping: ColumnMapping, types
+) -> list[InputRow] | None:
+    """The rows of one Parquet record batch of the long layout, read column by column: what to_row gives for
+    each of its records (partitions: the file's hive values, for columns it lacks), or None when the batch
+    needs to_row's per-value checks (a query or item column that is not text, an id or kept column whose
+    type here is not the input's)."""
+    schema = batch.schema
+    text = (pa.string(), pa.large_string())
+    for name in (mapping.query, mapping.items):
+        if name not in schema.names or schema.field(name).type not in text:
+            return None
+    for name in (mapping.query_id, mapping.item_id, *mapping.keep):
+        if name is not None and name in schema.names and schema.field(name).type != types.get(name):
+            return None  # to_row converts (an integer id in a float column): the per-record path
+
+    n = batch.num_rows
+
+    def column(name: str) -> list:
+        """A column's values (Arrow strings are valid UTF-8: no lone surrogate to look for)."""
+        if name in schema.names:
+            return batch.column(name).to_pylist()
+        return [_convert(partitions.get(name), types.get(name))] * n
+
+    queries, items = column(mapping.query), column(mapping.items)
+    query_ids = column(mapping.query_id) if mapping.query_id else [None] * n
+    item_ids = column(mapping.item_id) if mapping.item_id else range(first, first + n)
+    kept = [(name, column(name)) for name in mapping.keep]
+    missing_query, missing_item = f"column {mapping.query!r} is null", f"column {mapping.items!r} is null"
+    rows = []
+    for k in range(n):
+        query, item = queries[k], items[k]
+        error = missing_query if query is None else missing_item if item is None else None
+        values = {name: values[k] for name, values in kept}
+        rows.append(InputRow(first + k, query, [item], query_ids[k], [item_ids[k]], values, error))
+    return rows

@@ -109,7 +109,9 @@ class AtomicTableWriter:
             handle, name = tempfile.mkstemp(prefix="score-batch-output-")
             os.close(handle)
             self.tmp = Path(name)
-        self._parquet = pq.ParquetWriter(self.tmp, schema) if fmt == "parquet" else None
+        self._parquet = None
+        if fmt == "parquet":
+            self._parquet = pq.ParquetWriter(self.tmp, schema, use_dictionary=dictionary_columns(schema))
         self._text = None
         self._compressed = None
         if fmt == "jsonl":
@@ -154,6 +156,16 @@ class AtomicTableWriter:
         if self._compressed is not None:
             self._compressed.close()  # writes the codec's trailer
             self._compressed = None
+
+
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The top-level columns worth Parquet's dictionary encoding: flat ones that are not floats (ids, text,
+    keys repeat; scores and pooled vectors do not, and trying costs more than writing them)."""
+    return [
+        field.name
+        for field in schema
+        if not pa.types.is_floating(field.type) and not pa.types.is_nested(field.type)
+    ]
 
 
 def write_partitioned(

@@ -169,8 +169,12 @@ class OutputContract:
         schema = self.part_schema()
         arrays = []
         for field in schema:
+            values = columns[field.name]
             try:
-                arrays.append(pa.array(columns[field.name], type=field.type))
+                if isinstance(values, pa.Array):  # built from numpy (job/windows.output_columns)
+                    arrays.append(values if values.type == field.type else values.cast(field.type))
+                    continue
+                arrays.append(pa.array(values, type=field.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
                 raise InputError(
                     f"column {field.name!r} changes type within the input (expected {field.type}): {error}"

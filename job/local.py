@@ -43,10 +43,17 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     ready: Future[WindowTools] = Future()
     content = hashlib.sha256()  # the input's rows, for the completion record
     try:
-        with Prefetch(enumerate(windows), config.pipeline) as prefetch:
-            # The worker reads, hashes and groups the first window while the tokenizer and weights load,
-            # and plans it as soon as the tokenizer (and, under --reuse, the earlier scores) are there.
-            prefetch.start(_preparer(ready, listed, content))
+        read_stage, plan_stage = _stages(ready, listed, content)
+        with (
+            Prefetch(enumerate(windows), config.pipeline) as read,
+            Prefetch(read, config.pipeline) as prefetch,
+        ):
+            # Two workers, one window ahead each: the first reads, hashes and groups a window (the first one
+            # while the tokenizer and weights load) and keys it once the tokenizer (and, under --reuse, the
+            # earlier scores) are there; the second plans it (the tokenizer's batch calls release the GIL, so
+            # the next window's Python work overlaps them).
+            read.start(read_stage)
+            prefetch.start(plan_stage)
             try:
                 engine = load_engine(
                     config,
@@ -85,13 +92,13 @@ def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report:
     return WindowTools(planner, contract, identity, earlier, ScoredPairs())
 
 
-def _preparer(
+def _stages(
     ready: Future[WindowTools], listed: frozenset[int], content
-) -> Callable[[tuple[int, list]], Prepared]:
-    """The worker's job for one numbered window: its hash, keys, groups, reused values and plan (no plan for a
-    listed window)."""
+) -> tuple[Callable[[tuple[int, list]], Prepared], Callable[[Prepared], Prepared]]:
+    """The workers' two jobs for one numbered window: its hash, groups, keys, reused and copied values; then
+    its plan (none for a listed window)."""
 
-    def prepare(numbered: tuple[int, list]) -> Prepared:
+    def read(numbered: tuple[int, list]) -> Prepared:
         number, rows = numbered
         input_hash, grouped = window_hash(rows, content), group_window(rows)
         tools = ready.result()
@@ -99,10 +106,14 @@ def _preparer(
         reused = {} if tools.earlier is None else tools.earlier.take(rows, keys)
         copies = tools.pairs.take(without(grouped, reused), keys)  # repeats of pairs already written
         todo = without(grouped, reused | copies)
-        plan = None if number in listed else tools.planner.plan(todo.groups)
-        return Prepared(number, rows, input_hash, grouped, todo, reused, copies, keys, plan)
+        return Prepared(number, rows, input_hash, grouped, todo, reused, copies, keys, None)
 
-    return prepare
+    def plan(prepared: Prepared) -> Prepared:
+        if prepared.number in listed:
+            return prepared
+        return dataclasses.replace(prepared, plan=ready.result().planner.plan(prepared.todo.groups))
+
+    return read, plan
 
 
 def _score_windows(

@@ -135,12 +135,13 @@ def load_engine(
     on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load.
     """
     started = time.perf_counter()
-    planner, setup = load_planner(config.model_dir, config.engine)
+    # proven before the keys and plans use it: an auto fallback is in the score identity and the planner
+    planner, setup = load_planner(config.model_dir, config.engine, prove=not config.dry_run)
     if on_planner is not None:
         on_planner(planner, setup)
     scorer = None if config.dry_run else Scorer.load(config.model_dir, config.engine, (planner, setup))
     report.seconds_load = round(time.perf_counter() - started, 3)
-    report.add_setup(setup)
+    report.add_setup(setup)  # as proven: auto's fallbacks included
     return scorer, planner, setup
 
 

@@ -59,6 +59,8 @@ class RunReport:
     layers: str = ""  # as resolved: native (engine/native) or transformers (its modeling code)
     # the native layers' element-wise kernels: torch or flashinfer; none for transformers layers
     ops: str = ""
+    # what auto fell back from when FlashInfer failed its check at load, and why (engine/proof.py)
+    fallbacks: list = field(default_factory=list)
     dry_run: bool = False
     already_complete: bool = False  # --resume found the output complete for the same model, settings, input
     ray_workers: int = 0  # actors of a --ray run (0: a local run)
@@ -74,7 +76,7 @@ class RunReport:
         """The engine settings as resolved for this model and machine (an engine.setup.ResolvedSetup)."""
         self.backend, self.device = setup.backend, str(setup.device)
         self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
-        self.layers, self.ops = setup.layers, setup.ops
+        self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)
 
     def add_usage(self, price_per_hour: float | None) -> None:
         """The usage object: tokens asked for and computed, the device and its seconds, and the cost at a price.

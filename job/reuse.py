@@ -44,6 +44,7 @@ RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # taken as re
 KEY_ROWS = 65_536  # keys per written batch
 TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
 PAIRS_MEMORY = 256 << 20  # bytes of scored values a run keeps for later repeats (ScoredPairs)
+KEY_BYTES = 200  # a held key: its 32-character string and its dict entry
 
 
 def score_identity(config: RunConfig, setup) -> bytes:
@@ -75,21 +76,30 @@ def score_identity(config: RunConfig, setup) -> bytes:
 
 
 def pair_keys(rows: list[InputRow], identity: bytes) -> list[list[str | None]]:
-    """Per row, per item: the pair's score key (hex), None for a row that cannot be read."""
+    """Per row, per item: the pair's score key (hex), None for a row that cannot be read.
+
+    The key hashes the JSON text `[query,item]`; each distinct query is encoded and hashed once per window
+    and its hash state copied per item.
+    """
     keys = []
+    states: dict = {}  # a window's distinct queries → the hash state after "[query,"
+    dumps, blake2b = json.dumps, hashlib.blake2b
     for row in rows:
         if row.error is not None:
             keys.append([None] * len(row.item_ids))
             continue
-        query = json.dumps(row.query, ensure_ascii=False)
-        keys.append(
-            [
-                hashlib.blake2b(
-                    f"[{query},{json.dumps(item, ensure_ascii=False)}]".encode(), digest_size=16, key=identity
-                ).hexdigest()
-                for item in row.items
-            ]
-        )
+        query = row.query if isinstance(row.query, str) else tuple(row.query)
+        state = states.get(query)
+        if state is None:
+            state = blake2b(digest_size=16, key=identity)
+            state.update(f"[{dumps(row.query, ensure_ascii=False)},".encode())
+            states[query] = state
+        row_keys = []
+        for item in row.items:
+            pair = state.copy()
+            pair.update(f"{dumps(item, ensure_ascii=False)}]".encode())
+            row_keys.append(pair.hexdigest())
+        keys.append(row_keys)
     return keys
 
 
@@ -173,14 +183,16 @@ def reused_values(joined: dict, keys: list[str | None]) -> dict | None:
 
 class ScoredPairs:
     """The values of the pairs this run has written, by score key, so a pair repeated in a later window is
-    copied rather than scored. Bounded: past `budget` bytes (as Python holds them) the oldest are forgotten,
-    and a repeat of one of them is scored again. Safe to share between the scoring loop and the prefetch
-    worker."""
+    copied rather than scored. The values stay in the written windows' Arrow columns (a pair becomes Python
+    objects only when it is copied). Bounded: past `budget` bytes the oldest pairs are forgotten, and a repeat
+    of one of them is scored again. Safe to share between the scoring loop and the prefetch worker."""
 
     def __init__(self, budget: int = PAIRS_MEMORY) -> None:
         self.budget = budget
-        self._values: OrderedDict[str, tuple[dict, int]] = OrderedDict()  # key → (values, bytes)
+        self._where: dict[str, tuple[int, int]] = {}  # key → (window serial, row in its table)
+        self._windows: OrderedDict[int, _HeldWindow] = OrderedDict()  # oldest first
         self._bytes = 0
+        self._serial = 0
         self._lock = threading.Lock()
 
     def add(self, part: pa.Table) -> None:
@@ -188,40 +200,55 @@ class ScoredPairs:
         kept = part.filter(pc.and_(pc.is_valid(part[SCORE_KEY]), pc.is_null(part["error"])))
         if kept.num_rows == 0:
             return
-        names = [name for name in REUSED if name in kept.schema.names]
-        fits = self.budget // _held_bytes(kept.select(names).slice(0, 1).to_pylist()[0])
-        kept = kept.slice(max(0, kept.num_rows - fits))  # only the newest that fit become Python objects
-        keys, rows = kept[SCORE_KEY].to_pylist(), kept.select(names).to_pylist()
+        values = kept.select([name for name in REUSED if name in kept.schema.names])
+        row_bytes = values.nbytes / kept.num_rows + KEY_BYTES
+        fits = int(self.budget // row_bytes)
+        start = max(0, kept.num_rows - fits)  # only the newest that fit are held
+        keys = kept[SCORE_KEY].slice(start).to_pylist()
         with self._lock:
-            for key, values in zip(keys, rows):
-                if key in self._values:
-                    continue
-                size = _held_bytes(values)
-                self._values[key] = (values, size)
-                self._bytes += size
-            while self._bytes > self.budget and self._values:
-                _, (_, size) = self._values.popitem(last=False)
-                self._bytes -= size
+            self._serial += 1
+            held = _HeldWindow(values.slice(start), keys, row_bytes)
+            for row, key in enumerate(keys):
+                if key not in self._where:
+                    self._where[key] = (self._serial, row)
+            self._windows[self._serial] = held
+            self._bytes += row_bytes * len(keys)
+            while self._bytes > self.budget and self._windows:
+                serial, oldest = next(iter(self._windows.items()))
+                key = oldest.keys[oldest.start]
+                if self._where.get(key) == (serial, oldest.start):
+                    del self._where[key]
+                oldest.start += 1
+                self._bytes -= oldest.row_bytes
+                if oldest.start == len(oldest.keys):
+                    del self._windows[serial]
 
     def take(self, grouped, keys: list[list[str | None]]) -> dict[tuple[int, int], dict]:
         """The remembered values of a window's pairs still to score (grouped: job/windows.WindowGroups;
         keys: pair_keys of its rows): (row position, item position) → {score, scores, …}."""
-        found = {}
+        wanted: dict[int, list[tuple[tuple[int, int], int]]] = {}  # window serial → (ref, row)
         with self._lock:
             for refs in grouped.refs:
-                for row_pos, item_pos in refs:
-                    held = self._values.get(keys[row_pos][item_pos])
-                    if held is not None:
-                        found[(row_pos, item_pos)] = held[0]
+                for ref in refs:
+                    where = self._where.get(keys[ref[0]][ref[1]])
+                    if where is not None:
+                        wanted.setdefault(where[0], []).append((ref, where[1]))
+            tables = {serial: self._windows[serial].values for serial in wanted}
+        found = {}
+        for serial, refs in wanted.items():
+            rows = tables[serial].take([row for _, row in refs]).to_pylist()
+            found.update((ref, values) for (ref, _), values in zip(refs, rows))
         return found
 
 
-def _held_bytes(values: dict) -> int:
-    """About what one remembered pair costs in Python objects: the dict and key, 32 bytes per number."""
-    numbers = sum(
-        len(value) if isinstance(value, list) else 1 for value in values.values() if value is not None
-    )
-    return 480 + 32 * numbers  # measured with tracemalloc: 578 bytes for two scores, 2,683 with 64 pooled
+@dataclasses.dataclass
+class _HeldWindow:
+    """One written window's values that ScoredPairs holds: its rows from `start` on are still remembered."""
+
+    values: pa.Table  # REUSED columns
+    keys: list[str]  # the score key of each row
+    row_bytes: float  # what one row costs: its Arrow values and its key in the dict
+    start: int = 0
 
 
 def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from score_batch.engine import Group, GroupResult
 from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, SCORE_KEY, OutputContract
@@ -67,65 +69,101 @@ def output_columns(
     contract: OutputContract,
     keys: list[list[str | None]],
     reused: dict[tuple[int, int], dict] | None = None,
-) -> dict[str, list]:
+) -> dict[str, list | pa.Array]:
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
     A null id stays null when the input has an id column; without one, the row index is the query id. Under
     --truncate chunk (contract.chunked) each item's row also has its window count (GroupResult.chunks).
     keys: each pair's score key (job/reuse.pair_keys); reused: the values of pairs copied from an earlier
-    output (job/reuse.EarlierScores.take), which grouped and results leave out.
+    output (job/reuse.EarlierScores.take), which grouped and results leave out. The score, scores and pooled
+    columns are Arrow arrays built from numpy (no Python object per number).
     """
-    keep, pooled = contract.keep, contract.pooled_dim is not None
-    by_item: dict[tuple[int, int], tuple] = {}
-    for ref, values in (reused or {}).items():
-        vector = values.get("pooled_hidden_state") if pooled else None
-        by_item[ref] = (values["score"], values["scores"], vector, values.get("chunks"), None)
-    if results is not None:
-        for g_refs, result in zip(grouped.refs, results):
-            errors = result.failures  # per item: why it has no score, else None
-            for k, ref in enumerate(g_refs):
-                vector = result.pooled[k].tolist() if pooled and errors[k] is None else None
-                chunks = None if result.chunks is None else int(result.chunks[k])
-                by_item[ref] = (result.score[k], result.scores[k].tolist(), vector, chunks, errors[k])
-    names = [
-        ROW_INDEX,
-        "query_id",
-        "item_id",
-        "score",
-        "scores",
-        *([CHUNKS] if contract.chunked else []),  # a kept column may take the name otherwise
-        "pooled_hidden_state",
-        *keep,
-        SCORE_KEY,
-        QUERY_KEY,
-        ERROR,
-    ]
-    columns: dict[str, list] = {name: [] for name in names}
+    keep, dim = contract.keep, contract.pooled_dim
+    starts = list(itertools.accumulate((len(row.item_ids) for row in rows), initial=0))
+    n = starts[-1]
+    width = _scores_width(results, reused)
+    score = np.full(n, np.nan, np.float32)  # [items]
+    scores = np.full((n, width), np.nan, np.float32)  # [items, num_scores]
+    pooled = None if dim is None else np.full((n, dim), np.nan, np.float32)  # [items, hidden]
+    has_value = np.zeros(n, bool)  # [items]: scored or copied (an error still nulls it)
+    has_vector = np.zeros(n, bool)  # [items]
+    errors: list[str | None] = [None] * n
+    chunks: list[int | None] = [None] * n
+    for (row_pos, item_pos), values in (reused or {}).items():
+        at = starts[row_pos] + item_pos
+        score[at], scores[at], has_value[at] = values["score"], values["scores"], True
+        if pooled is not None and values.get("pooled_hidden_state") is not None:
+            pooled[at], has_vector[at] = values["pooled_hidden_state"], True
+        chunks[at] = values.get("chunks")
+    for g_refs, result in zip(grouped.refs, results or ()):
+        at = np.fromiter((starts[r] + i for r, i in g_refs), np.int64, len(g_refs))  # [group items]
+        score[at], scores[at], has_value[at] = result.score, result.scores, True
+        if pooled is not None and result.pooled is not None:
+            pooled[at], has_vector[at] = result.pooled, True
+        for k, error in enumerate(result.failures):  # per item: why it has no score, else None
+            errors[at[k]] = error
+        if result.chunks is not None:
+            for k, count in enumerate(result.chunks.tolist()):
+                chunks[at[k]] = count
+    columns: dict[str, list] = {
+        name: [] for name in (ROW_INDEX, "query_id", "item_id", *keep, SCORE_KEY, QUERY_KEY)
+    }
     for row_pos, row in enumerate(rows):
         query_id = row.query_id if contract.query_ids_given else row.index
         key = query_key(row, contract) if contract.ranked else None
-        for item_pos, item_id in enumerate(row.item_ids):
-            score, scores, vector, chunks, error = by_item.get(
-                (row_pos, item_pos), (None, None, None, None, row.error)
-            )
+        count = len(row.item_ids)
+        start = starts[row_pos]
+        if row.error is not None:
+            errors[start : start + count] = [row.error] * count
+        columns[ROW_INDEX].extend([row.index] * count)
+        columns["query_id"].extend([query_id] * count)
+        columns["item_id"].extend(row.item_ids)
+        for name in keep:
+            columns[name].extend([row.kept.get(name)] * count)
+        row_errors = errors[start : start + count]
+        columns[SCORE_KEY].extend(
+            None if error is not None else k for error, k in zip(row_errors, keys[row_pos])
+        )
+        columns[QUERY_KEY].extend([key] * count)
+        for item_pos, error in enumerate(row_errors):
             if error is not None:
-                score, scores, vector, chunks = None, None, None, None
-            columns[ROW_INDEX].append(row.index)
-            columns["query_id"].append(query_id)
-            columns["item_id"].append(item_id)
-            columns["score"].append(None if score is None else float(score))
-            columns["scores"].append(scores)
-            if contract.chunked:
-                columns[CHUNKS].append(chunks)
-            columns["pooled_hidden_state"].append(vector)
-            for name in keep:
-                columns[name].append(row.kept.get(name))
-            columns[SCORE_KEY].append(None if error is not None else keys[row_pos][item_pos])
-            columns[QUERY_KEY].append(key)
-            columns[ERROR].append(
-                error if error is None else f"row {row.index}: {error}{_ids(query_id, item_id)}"
-            )
-    return columns
+                errors[start + item_pos] = f"row {row.index}: {error}{_ids(query_id, row.item_ids[item_pos])}"
+    failed = np.fromiter((error is not None for error in errors), bool, n)  # [items]
+    null = failed | ~has_value
+    out = {
+        ROW_INDEX: columns[ROW_INDEX],
+        "query_id": columns["query_id"],
+        "item_id": columns["item_id"],
+        "score": pa.array(score, mask=null),
+        "scores": pa.ListArray.from_arrays(
+            pa.array(np.arange(n + 1, dtype=np.int32) * width),
+            pa.array(scores.reshape(-1)),
+            mask=pa.array(null),
+        ),
+    }
+    if contract.chunked:
+        out[CHUNKS] = [None if failed[k] else count for k, count in enumerate(chunks)]
+    out["pooled_hidden_state"] = (
+        [None] * n
+        if pooled is None
+        else pa.FixedSizeListArray.from_arrays(
+            pa.array(pooled.reshape(-1)), dim, mask=pa.array(failed | ~has_vector)
+        )
+    )
+    for name in (*keep, SCORE_KEY, QUERY_KEY):
+        out[name] = columns[name]
+    out[ERROR] = errors
+    return out
+
+
+def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int:
+    """How many numbers each item's scores list holds (0 when nothing in the window has any)."""
+    for result in results or ():
+        if result.scores is not None and result.scores.ndim == 2:
+            return result.scores.shape[1]
+    for values in (reused or {}).values():
+        return len(values["scores"])
+    return 0
 
 
 def _ids(query_id: Any, item_id: Any) -> str:
@@ -138,21 +176,41 @@ def _ids(query_id: Any, item_id: Any) -> str:
     return f" ({', '.join(named)})" if named else ""
 
 
-ROW_FIELDS = tuple(f.name for f in dataclasses.fields(InputRow))
-
-
 def window_hash(rows: list[InputRow], content=None) -> str:
     """A hash of everything read for a window, so --resume can tell that the input did not change; content
     (a hashlib object), when given, takes the same rows too: the whole input's digest, whatever the windows.
 
-    Each row is the JSON of its fields' values in order: the same text dataclasses.astuple gave (its deep
-    copies serialize alike) at a quarter of the cost, so parts checkpointed by earlier versions still verify.
+    Each row is the JSON of its fields (dataclass order) with the query replaced by the SHA-256 of its JSON:
+    a query is encoded and hashed once per window however many rows repeat it. The window is one JSON list;
+    content takes its rows joined by ", " (the list's own separator) and one after the last, so the stream is
+    the same however the input is cut into windows.
     """
-    digest = hashlib.sha256()
-    for row in rows:
-        values = tuple(getattr(row, name) for name in ROW_FIELDS)
-        text = json.dumps(values, default=repr, sort_keys=True).encode()
-        digest.update(text)
-        if content is not None:
-            content.update(text)
-    return digest.hexdigest()
+    digests: dict = {}
+
+    def query_digest(query) -> str:
+        key = query if isinstance(query, str) else _hashable(query)
+        digest = digests.get(key)
+        if digest is None:
+            text = json.dumps(query, default=repr, sort_keys=True).encode()
+            digest = digests[key] = hashlib.sha256(text).hexdigest()
+        return digest
+
+    values = [
+        (row.index, query_digest(row.query), row.items, row.query_id, row.item_ids, row.kept, row.error)
+        for row in rows
+    ]
+    text = json.dumps(values, default=repr, sort_keys=True).encode()
+    if content is not None and values:
+        content.update(text[1:-1])
+        content.update(b", ")
+    return hashlib.sha256(text).hexdigest()
+
+
+def _hashable(value: Any) -> Any:
+    """A dict key for a query that is not text: its token ids as a tuple, else its JSON."""
+    if isinstance(value, list):
+        try:
+            return tuple(value) if all(type(v) is int for v in value) else json.dumps(value, default=repr)
+        except TypeError:
+            pass
+    return json.dumps(value, default=repr, sort_keys=True)

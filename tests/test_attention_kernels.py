@@ -302,3 +302,34 @@ def test_flashinfer_plans_once_and_reuses_one_output_buffer(split_kv):
     assert planned["disable_split_kv"] is split_kv.disable
     assert planned["fixed_split_size"] == split_kv.fixed_size
     assert planned["causal"] is True and planned["page_size"] == 1 and planned["num_qo_heads"] == 4
+
+
+def test_a_plan_waits_for_the_previous_plans_copy_to_the_device():
+    """FlashInfer's plan() stages its schedule in one page-locked buffer per wrapper and queues the copy: the next
+    batch's plan (made while the previous batch runs) must wait until that copy ran, and nothing longer."""
+    from score_batch.engine.attention.flashinfer import PlanCopies
+
+    events = []
+
+    class Event:  # torch.cuda.Event's record/synchronize, recorded
+        def record(self):
+            self.number = sum(e.startswith("record") for e in events) + 1
+            events.append(f"record {self.number}")
+
+        def synchronize(self):
+            events.append(f"wait {self.number}")
+
+    class Wrapper(FakeWrapper):
+        def plan(self, *args, **kwargs):
+            events.append(f"plan {len(self.plans) + 1}")
+            super().plan(*args, **kwargs)
+
+    wrapper, copies, batch = Wrapper(), PlanCopies(event=Event), _mixed_batch()
+    n = batch.num_tokens
+    for _ in range(3):  # three batches through one wrapper, each planned on its first layer only
+        plan = FlashInferPlan(wrapper, build_metadata(batch), torch.device("cpu"), plan_copies=copies)
+        for _ in range(2):
+            q = torch.randn(1, 4, n, 64, dtype=torch.bfloat16)
+            k, v = torch.randn(2, 1, 2, n, 64, dtype=torch.bfloat16).unbind(0)
+            plan.attend(q, k, v, None, None)
+    assert events == ["plan 1", "record 1", "wait 1", "plan 2", "record 2", "wait 2", "plan 3", "record 3"]

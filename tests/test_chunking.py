@@ -113,6 +113,36 @@ def test_template_tokens_wrap_every_window(qwen3_causal):
     assert plan.stats.items == 2 and plan.stats.windows == sum(chunked.counts) > 2
 
 
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_a_token_straddling_the_template_boundary_is_the_items(qwen3_causal, overlap):
+    """Under "Product: {item}" a token holding both the template's space and the item's first word ("Ġthe") is
+    the item's: the windows partition every token holding an item character, exactly as HF's overflow
+    windows of that text do, and only template tokens wrap every window (before, "Ġthe" was repeated at the
+    head of each window and the windows differed from HF's)."""
+    tok = tokenizer(str(qwen3_causal))
+    limit = len(tok("Product: ", add_special_tokens=False)["input_ids"]) + 6
+    cfg = ScoringConfig(
+        item_template="Product: {item}", truncate="chunk", max_item_tokens=limit, chunk_overlap=overlap
+    )
+    items = [LONG.strip(), MEDIUM.strip(), "red running shoes for women with long battery life"]
+    plan = PackedPlanner(tok, cfg, limits(len(tok))).plan([Group("Tokyo is", items)])
+    chunked = plan.chunked[0]
+    straddled = 0
+    for item, text in enumerate(items):
+        encoded = tok("Product: " + text, return_offsets_mapping=True)
+        start, end = len("Product: "), len("Product: " + text)
+        body = [i for i, (s, e) in enumerate(encoded["offset_mapping"]) if e > s and s < end and e > start]
+        straddled += encoded["offset_mapping"][body[0]][0] < start
+        ids = encoded["input_ids"]
+        head, body_ids = ids[: body[0]], ids[body[0] :]
+        assert tok(tok.decode(body_ids), add_special_tokens=False)["input_ids"] == body_ids
+        reference = hf_windows(tok, tok.decode(body_ids), limit - len(head), overlap)
+        first, count = chunked.firsts[item], chunked.counts[item]
+        windows = chunked.scored.item_ids[first : first + count]
+        assert windows == [head + window for window in reference] and count > 1
+    assert straddled >= 1  # the case this is about occurs
+
+
 def test_items_that_cannot_be_split_are_row_errors(qwen3_causal):
     tok = tokenizer(str(qwen3_causal))
     long_template = ScoringConfig(

@@ -13,7 +13,7 @@ from score_batch.engine import Group
 from score_batch.engine.packing import ItemRef
 from score_batch.engine.planner import duplicate_sequences
 from score_batch.engine.tokenize import TokenizedGroup
-from score_batch.job.reuse import ScoredPairs
+from score_batch.job.reuse import KEY_BYTES, ScoredPairs
 from score_batch.job.windows import WindowGroups
 
 from tests.test_cli import LABEL_FLAGS, expected_scores, run_cli, write_jsonl
@@ -100,7 +100,6 @@ def test_pairs_repeated_in_later_windows_are_copied_not_scored(qwen3_causal, tmp
 
 
 def test_scored_pairs_forget_the_oldest_past_their_budget():
-    pairs = ScoredPairs(budget=1200)  # two pairs of 544 bytes
     table = pa.table(
         {
             "score": [0.1, 0.2, 0.3, None],
@@ -109,12 +108,22 @@ def test_scored_pairs_forget_the_oldest_past_their_budget():
             "error": [None, None, None, "row 3: bad"],
         }
     )
+    row = table.slice(0, 3).select(["score", "scores"]).nbytes / 3 + KEY_BYTES  # what one held pair costs
+    pairs = ScoredPairs(budget=int(2.5 * row))  # two pairs fit
     pairs.add(table)
     grouped = WindowGroups([Group("q", ["x", "y", "z"])], [[(0, 0), (0, 1), (0, 2)]])
     found = pairs.take(grouped, [["a", "b", "c"]])
     assert found == {(0, 1): {"score": 0.2, "scores": [0.2]}, (0, 2): {"score": 0.3, "scores": [0.3]}}
     assert pairs.take(grouped, [["d", "d", "d"]]) == {}
-    too_big = ScoredPairs(budget=500)  # one pair costs 544 bytes: none is held (nor converted)
+    later = pa.table(
+        {"score": [0.4], "scores": [[0.4]], "score_key": ["d"], "error": pa.array([None], pa.string())}
+    )
+    pairs.add(later)  # a later window's pair pushes out the oldest held one (b), not c
+    assert pairs.take(grouped, [["b", "c", "d"]]) == {
+        (0, 1): {"score": 0.3, "scores": [0.3]},
+        (0, 2): {"score": 0.4, "scores": [0.4]},
+    }
+    too_big = ScoredPairs(budget=int(0.5 * row))  # not one pair fits: none is held
     too_big.add(table)
     assert too_big.take(grouped, [["a", "b", "c"]]) == {}
 

@@ -44,11 +44,13 @@ def test_bench_figures_helpers():
         "fi-hf-layers",
         "fi-native-torch",
         "fi-native-fi",
-        "fa3",
+        "pipeline",
         "fi-native-compile",
     ]
+    assert gpu.FA3_METHODS == ["hf", "fi-native-fi", "fa3"]  # `gpu_check.sh fa3`: FA3 beside FA2, same ops
     methods = gpu.METHODS
-    assert all(methods[m].backend == "flashinfer" for m in gpu.SHORT_METHODS[1:])
+    assert all(methods[m].backend == "flashinfer" for m in gpu.SHORT_METHODS[1:] if m != "pipeline")
+    assert "fa3" not in gpu.SHORT_METHODS and "fa3" in gpu.DEFAULT_METHODS
     assert (methods["fi-hf-layers"].layers, methods["fi-native-torch"].ops) == ("transformers", "torch")
     assert (methods["fi-native-fi"].layers, methods["fi-native-fi"].ops) == ("native", "flashinfer")
     compiled = methods["fi-native-compile"]
@@ -67,12 +69,13 @@ def test_bench_runs_on_cpu_and_matches_hf_and_fp32(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     argv = ["bench", "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--workloads", "b"]
     # flashinfer methods are refused on the CPU: recorded, not failed, and the others still run.
-    methods = ["hf", "fi-native-fi", "split", "fa3"]
-    assert gpu.main([*argv, "--queries", "1", "--methods", *methods, "--out", str(out)]) == 0
+    methods = ["hf", "fi-native-fi", "split", "fa3", "pipeline"]
+    queries = ["--queries", "1", "--pipeline-queries", "2"]
+    assert gpu.main([*argv, *queries, "--methods", *methods, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     workload = report["workloads"]["b"]
     rows = workload["methods"]
-    assert list(rows) == ["hf_pairs", "fi-native-fi", "split", "fa3"]
+    assert list(rows) == ["hf_pairs", "fi-native-fi", "split", "fa3", "pipeline"]
     assert "does not run on cpu" in rows["fi-native-fi"]["refused"] and "refused" in rows["fa3"]
     split = rows["split"]
     assert split["max_abs_diff_vs_hf"] <= 1e-4 and split["max_abs_diff_vs_fp32"] <= 1e-4
@@ -87,5 +90,13 @@ def test_bench_runs_on_cpu_and_matches_hf_and_fp32(tmp_path, capsys):
     )  # one query, 50 items: a delimiter after the query and each item
     assert "delimiters" in report["mfu_basis"] and "two label tokens" in report["scores"]
     assert rows["hf_pairs"]["speedup_vs_hf"] == 1.0 and split["items_per_s"] > 0
+    # the pipeline: the CLI from text rows, two queries of workload b's shape, the settings auto resolves
+    pipeline = rows["pipeline"]
+    assert pipeline["queries"] == 2 and pipeline["useful_tokens"] < pipeline["tokens_run"]
+    assert pipeline["resolved"]["backend"] == "split" and pipeline["resolved"]["fallbacks"] == []
+    assert len(pipeline["seconds_after_load_runs"]) == gpu.REPEATS
+    assert pipeline["items_per_s"] == pytest.approx(100 / min(pipeline["seconds_after_load_runs"]), rel=0.01)
+    assert pipeline["forward_items_per_s"] > 0 and pipeline["planning_items_per_s"] > 0
     text = capsys.readouterr().out
     assert "MFU basis: " in text and "fi-native-fi       refused: " in text
+    assert "2 queries; forward alone " in text

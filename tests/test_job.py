@@ -231,25 +231,48 @@ def test_pickle_weights_refused_without_flag(qwen3_causal, copy_model, tmp_path)
     assert allowed.returncode == 0, allowed.stderr
 
 
-def test_window_hash_is_the_astuple_json_hash_earlier_checkpoints_carry():
+def test_window_hash_sees_every_field_and_the_content_digest_ignores_the_windows():
     import dataclasses
     import datetime
     import decimal
     import hashlib
-    import json
 
     from score_batch.io_formats.rows import InputRow
     from score_batch.job.windows import window_hash
 
+    long_query = "q" * 5000
     rows = [
-        InputRow(0, "q", ["a", "b"], 7, ["x", None], {"k": [1, {"d": datetime.date(2020, 1, 2)}]}, None),
+        InputRow(
+            0, long_query, ["a", "b"], 7, ["x", None], {"k": [1, {"d": datetime.date(2020, 1, 2)}]}, None
+        ),
         InputRow(1, [5, 6], [[1, 2]], None, [None], {"n": decimal.Decimal("1.5"), "b": b"\x00"}, "bad row"),
+        InputRow(2, long_query, ["c"], 7, ["y"], {"k": None}, None),
+        InputRow(3, {"not": "text"}, [None], None, [None], {}, "bad query"),
     ]
-    earlier = hashlib.sha256()
-    for row in rows:  # the formula parts were checkpointed with before window_hash took its fast path
-        earlier.update(json.dumps(dataclasses.astuple(row), default=repr, sort_keys=True).encode())
-    assert window_hash(rows) == earlier.hexdigest()
+    whole = hashlib.sha256()
+    window_hash(rows, whole)
+    for cut in (1, 2, 3):  # the input's digest is the same however it is cut into windows
+        pieces = hashlib.sha256()
+        window_hash(rows[:cut], pieces)
+        window_hash(rows[cut:], pieces)
+        assert pieces.hexdigest() == whole.hexdigest()
     assert window_hash(rows[:1]) != window_hash(rows)
+    changes = [
+        {"query": long_query[:-1] + "r"},  # the query's last character only
+        {"items": ["a", "B"]},
+        {"query_id": 8},
+        {"item_ids": ["x", "z"]},
+        {"kept": {"k": [1, {"d": datetime.date(2020, 1, 3)}]}},
+        {"error": "now bad"},
+        {"index": 9},
+    ]
+    seen = {window_hash(rows)}
+    for change in changes:
+        changed = [dataclasses.replace(rows[0], **change), *rows[1:]]
+        digest = window_hash(changed)
+        assert digest not in seen, change
+        seen.add(digest)
+    assert window_hash([dataclasses.replace(r) for r in rows]) == window_hash(rows)  # equal rows, equal hash
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.9])

@@ -266,3 +266,39 @@ def test_a_single_file_beside_an_index_wins_as_in_transformers(zoo, tmp_path):
     assert (model_dir / "model.safetensors.index.json").exists()
     scorer = _scorer(model_dir, "causal")
     assert _worst_against_reference(model_dir, "causal", GROUPS[:2], scorer.score(GROUPS[:2])) <= EXACT
+
+
+def test_flashinfer_ops_norm_q_and_k_heads_where_the_fused_projection_left_them(qwen3_causal, monkeypatch):
+    """FlashInferOps (its kernels stood in for on the CPU: tests/flashinfer_stub.py) hand the q/k norms the
+    [tokens, heads, head_dim] views of the QKV output, strided, never a copy; hidden states equal TorchOps' in bf16."""
+    from score_batch.engine.attention.sdpa import SdpaBackend
+    from score_batch.engine.batching import collate
+    from score_batch.engine.native.load import load_native
+    from score_batch.engine.packing import ItemRef, mis_pack
+
+    from tests.flashinfer_stub import FlashInferStub
+
+    stub = FlashInferStub().install(monkeypatch)
+    cpu = torch.device("cpu")
+    batch = collate(
+        [mis_pack(list(range(5, 17)), [[20, 21, 22], [23], [24, 25]], [ItemRef(0, i) for i in range(3)], 3)]
+    )
+    hidden = {}
+    for ops in ("torch", "flashinfer"):
+        backbone, _, spec = load_native(qwen3_causal, "causal", 0, torch.bfloat16, cpu, ops, False)
+        with torch.inference_mode():
+            hidden[ops] = backbone(
+                torch.from_numpy(batch.token_ids),
+                torch.from_numpy(batch.positions),
+                int(batch.positions.max()),
+                SdpaBackend(cpu).plan(batch, cpu),
+                torch.from_numpy(batch.score_rows),
+            ).float()  # [items, hidden]
+    width = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim  # a row of the fused QKV output
+    heads = [(shape[1:], strides) for _, shape, strides in stub.norm_inputs if len(shape) == 3]
+    assert len(heads) == 2 * spec.num_layers  # q and k of every layer, each as one strided view
+    assert set(heads) == {
+        ((spec.num_heads, spec.head_dim), (width, spec.head_dim, 1)),
+        ((spec.num_kv_heads, spec.head_dim), (width, spec.head_dim, 1)),
+    }
+    torch.testing.assert_close(hidden["flashinfer"], hidden["torch"], rtol=3e-2, atol=3e-2)

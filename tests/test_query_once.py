@@ -319,3 +319,45 @@ def test_cached_queries_through_transformers_attention_modules(zoo, family, kind
     for a, b in zip(inline, cached):
         assert max_abs_diff(a.scores, b.scores) <= 1e-5
         assert max_abs_diff(a.pooled, b.pooled) <= 1e-5
+
+
+def _flashinfer_on_cpu(scorer):
+    """The scorer with FlashInfer's backend whose kernel is the multi-item rule in torch (test_flashinfer_plan.py),
+    cached packs on: the plan's pages, the QueryCache puts and copies all run as on the GPU."""
+    from score_batch.engine.attention import flashinfer as fi
+
+    from tests.test_flashinfer_plan import _KernelRuleWrapper
+
+    backend = object.__new__(fi.FlashInferBackend)  # no flashinfer import: the wrapper is the fake
+    backend._wrapper, backend._split_kv, backend._cache_query = _KernelRuleWrapper(), fi.SplitKv(), True
+    scorer._runner.backend = backend
+    return scorer
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "split", "flashinfer"])
+@pytest.mark.parametrize("changed", [5, 1], ids=["neighbour-in-a-cached-pack", "item-of-the-storing-pack"])
+@pytest.mark.parametrize("max_batch_tokens", [40, 4096], ids=["later-batches", "one-batch"])
+def test_items_of_cached_packs_cannot_see_each_other(qwen3_causal, backend, changed, max_batch_tokens):
+    """As test_scorer's items_cannot_see_each_other, in a group whose later packs read the query's cached K/V: an
+    item changed (same length, so the same layout) moves its own score and no other item's beyond float rounding
+    of equal-shaped arithmetic — a leaked key among a cached pack's few dozen would move them by ~1e-2."""
+    query = list(range(5, 25))  # 20 tokens: 4 items of 3 tokens per 40-token pack, 3 packs for 12 items
+    items = [[30 + i, 50 + i, 70 + i] for i in range(12)]
+    other = [list(item) for item in items]
+    other[changed] = [90, 91, 92]
+    scores = []
+    for group_items in (items, other):
+        scorer = make_scorer(qwen3_causal, backend="sdpa" if backend == "flashinfer" else backend,
+                             max_pack_tokens=40, max_batch_tokens=max_batch_tokens)  # fmt: skip
+        scorer = _flashinfer_on_cpu(scorer) if backend == "flashinfer" else scorer
+        plan = _set_cache_query(scorer, True).plan([Group(query, group_items)])
+        packs = [p for b in plan.batches for p in b.packs]
+        (storing,) = [p for p in packs if p.stores_query]
+        assert sum(p.query_cached for p in packs) == 2 and (len(plan.batches) > 1) == (max_batch_tokens == 40)
+        in_cached = ItemRef(0, changed) not in storing.item_refs
+        assert in_cached == (changed == 5)
+        scores.append(scorer.run(plan)[0].scores)
+    base, moved = scores
+    assert max_abs_diff(base[changed], moved[changed]) > 1e-4  # the changed item's own score moves
+    others = [i for i in range(len(items)) if i != changed]
+    assert max_abs_diff(base[others], moved[others]) <= 1e-6

@@ -86,3 +86,58 @@ def test_a_pickled_source_reads_its_units_again(tmp_path):
     assert [row.items for row in read_unit(copy, mapping)] == [["c"]]
     with pytest.raises(Exception, match="stdin"):
         read_units(open_source("-"))
+
+
+@pytest.mark.parametrize("window_rows", [1, 2, 5, 1000])
+def test_parquet_rows_read_column_by_column_equal_the_record_path(tmp_path, window_rows):
+    """Parquet's long layout is validated column by column (rows.long_rows); every row, error and value is
+    what the per-record path (rows.to_row) gives, across files whose types differ and hive partitions."""
+    from score_batch.io_formats.readers import column_types, input_mapping, read_windows
+    from score_batch.io_formats.rows import to_row
+
+    first = pa.table(
+        {
+            "query": ["q1", None, "q2", "q2", "日本"],
+            "item": ["a", "b", None, "", "é"],
+            "query_id": pa.array([1, 2, 3, 4, 5], pa.int64()),
+            "item_id": ["x", None, "z", "w", "v"],
+            "price": pa.array([1.5, None, 2.0, 3.0, 4.0]),
+            "tags": [["a"], [], None, ["b", "c"], ["d"]],
+        }
+    )
+    second = pa.table(  # ids as floats here: the input's query_id is float64, to_row's conversion applies
+        {
+            "query": ["q3", "q3"],
+            "item": ["c", "d"],
+            "query_id": pa.array([6.0, 7.5]),
+            "item_id": ["y", "u"],
+            "price": pa.array([None, 9.0]),
+            "tags": [None, ["e"]],
+        }
+    )
+    for part, table in (("a", first), ("b", second)):
+        (tmp_path / f"day={part}").mkdir()
+        pq.write_table(table, tmp_path / f"day={part}" / "0.parquet")
+    source = open_source(str(tmp_path))
+    mapping = input_mapping(source, ColumnOverrides(keep_columns=("price", "tags", "day")))
+    types = column_types(source, mapping)
+    expected = [to_row(i, record, mapping, types) for i, (_, record) in enumerate(reader(source).records())]
+    _, windows = read_windows(source, ColumnOverrides(keep_columns=("price", "tags", "day")), window_rows)
+    windows = list(windows)
+    assert all(len(w) == window_rows for w in windows[:-1]) and 0 < len(windows[-1]) <= window_rows
+    assert [row for window in windows for row in window] == expected
+    errors = [None, "column 'query' is null", "column 'item' is null", None, None, None, None]
+    assert [row.error for row in expected] == errors
+    assert [row.query_id for row in expected] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5]  # floats throughout
+    assert [row.kept["day"] for row in expected] == ["a"] * 5 + ["b"] * 2
+
+
+def test_token_id_parquet_rows_take_the_record_path(tmp_path):
+    from score_batch.io_formats.readers import read_windows
+
+    table = pa.table({"query": [[1, 2], [-3]], "item": [[3], [4]]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    _, windows = read_windows(open_source(str(tmp_path / "t.parquet")), ColumnOverrides(), 10)
+    rows = next(windows)
+    assert rows[0].query == [1, 2] and rows[0].error is None
+    assert rows[1].error == "column 'query' holds a token id outside 0..2^63-1"

@@ -26,6 +26,7 @@ after the batch's own in every layer, and puts every storing pack's query K/V ([
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -43,6 +44,27 @@ def _to_device(array, device: torch.device) -> torch.Tensor:
     """A host array on the device, copied from pinned memory without blocking the host."""
     host = torch.from_numpy(array)
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
+class PlanCopies:
+    """The wait that lets a plan be made while the previous batch runs. FlashInfer's plan() writes its schedule
+    into the wrapper's one page-locked buffer and queues the copy to the device without waiting (FA2 and FA3:
+    scheduler.cuh); a second plan() before that copy has run would overwrite what the earlier batch's kernels
+    read. So each plan() first waits for the previous plan's copy: the device has then started that batch, and
+    the host only waits for work the device is already doing."""
+
+    def __init__(self, event=None) -> None:
+        self._event = event or torch.cuda.Event  # tests pass a recording stand-in
+        self._copied = None  # the event after the last plan's copy
+
+    def __enter__(self) -> PlanCopies:
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._copied = self._event()
+        self._copied.record()
 
 
 @dataclass(frozen=True)
@@ -69,8 +91,10 @@ class FlashInferPlan:
         device: torch.device,
         split_kv: SplitKv = SplitKv(),
         query_cache=None,
+        plan_copies: PlanCopies | None = None,
     ) -> None:
         self._wrapper = wrapper
+        self._plan_copies = plan_copies
         self._meta = meta
         self._device = device
         self._split_kv = split_kv
@@ -92,24 +116,26 @@ class FlashInferPlan:
                 token_pos_in_items_len=meta.token_pos_in_items_len,
                 max_item_len_ptr=_to_device(meta.max_item_len, self._device),
             )
-        self._wrapper.plan(
-            torch.from_numpy(meta.qo_indptr),
-            torch.from_numpy(meta.kv_indptr),
-            _to_device(meta.kv_indices, self._device),
-            torch.from_numpy(meta.kv_last_page_len),
-            query.shape[1],
-            key.shape[1],
-            query.shape[-1],
-            1,
-            causal=True,
-            pos_encoding_mode="NONE",
-            sm_scale=scaling,
-            q_data_type=query.dtype,
-            kv_data_type=key.dtype,
-            fixed_split_size=self._split_kv.fixed_size,
-            disable_split_kv=self._split_kv.disable,
-            **multi_item,
-        )
+        # the previous batch's plan must have reached the device first: see PlanCopies
+        with self._plan_copies or contextlib.nullcontext():
+            self._wrapper.plan(
+                torch.from_numpy(meta.qo_indptr),
+                torch.from_numpy(meta.kv_indptr),
+                _to_device(meta.kv_indices, self._device),
+                torch.from_numpy(meta.kv_last_page_len),
+                query.shape[1],
+                key.shape[1],
+                query.shape[-1],
+                1,
+                causal=True,
+                pos_encoding_mode="NONE",
+                sm_scale=scaling,
+                q_data_type=query.dtype,
+                kv_data_type=key.dtype,
+                fixed_split_size=self._split_kv.fixed_size,
+                disable_split_kv=self._split_kv.disable,
+                **multi_item,
+            )
         self._planned = True
 
     def attend(self, query, key, value, scaling, sliding_window, softcap=None, layer=0):
@@ -168,6 +194,7 @@ class FlashInferBackend:
     """
 
     name = "flashinfer"
+    _plan_copies: PlanCopies | None = None  # set on CUDA by __init__
     capabilities = Capabilities(
         devices=frozenset({"cuda"}),
         auto_devices=frozenset({"cuda"}),
@@ -198,6 +225,8 @@ class FlashInferBackend:
         self._wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self._workspace, kv_layout="NHD", backend=kernel
         )
+        if device.type == "cuda":
+            self._plan_copies = PlanCopies()
 
     def plan(self, batch: Batch, device: torch.device, query_cache=None) -> FlashInferPlan:
         """Metadata is built on the CPU here; the kernel plan happens on the first layer (needs head shapes)."""
@@ -207,9 +236,8 @@ class FlashInferBackend:
                 "this batch has packs whose query K/V come from a QueryCache: FlashInferBackend runs them "
                 "only with cache_query=True and the run's QueryCache (backend.plan(batch, device, cache))"
             )
-        return FlashInferPlan(
-            self._wrapper, meta, device, self._split_kv, query_cache if self._cache_query else None
-        )
+        cache = query_cache if self._cache_query else None
+        return FlashInferPlan(self._wrapper, meta, device, self._split_kv, cache, self._plan_copies)
 
 
 def check_kernel(kernel: str, split_kv: SplitKv, device: torch.device) -> None:

@@ -91,7 +91,8 @@ class TorchOps:
 
 
 class FlashInferOps:
-    """FlashInfer's norm / rope / activation kernels (CUDA, 16-bit and float32 activations)."""
+    """FlashInfer's norm / rope / activation kernels (CUDA, bfloat16 or float16 activations only: the kernels
+    dispatch on 16-bit types, and setup refuses other dtypes)."""
 
     name = "flashinfer"
 
@@ -105,8 +106,10 @@ class FlashInferOps:
         self._activation = flashinfer.activation
 
     def rms_norm(self, x, weight, eps):
-        rows = x.reshape(-1, x.shape[-1])  # [rows, features]; a copy only for strided q/k heads
-        return self._norm.rmsnorm(rows, weight, eps).view(x.shape)
+        # [rows, features], or q/k heads [tokens, heads, head_dim]: the kernel reads strided views, no copy
+        if x.dim() in (2, 3):
+            return self._norm.rmsnorm(x, weight, eps)
+        return self._norm.rmsnorm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
     def add_rms_norm(self, x, residual, weight, eps):
         self._norm.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = rmsnorm(residual)

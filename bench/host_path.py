@@ -1,0 +1,244 @@
+"""The host path alone: read → validate → group → keys → tokenize → plan → output columns → Parquet, with no
+model time, against the tokenizer's own batch call measured in the same run.
+
+    python bench/host_path.py [--items 10000 100000] [--query-tokens 1500] [--item-tokens 40] [--per-query 100]
+                              [--repeats 2] [--stages]
+
+Input: a long-layout Parquet file (query_id, query, item_id, item) of the goal-like shape (queries of about
+--query-tokens tokens with --per-query items of about --item-tokens), tokenized by the tests' byte-level BPE
+tokenizer. For each size, printed as items/s and as a ratio of the floor:
+
+- floor: the `tokenizers` library's `encode_batch` over the items and each distinct query once (the least
+  tokenizing any host path must do);
+- dry: `--dry-run` through score_batch.job.run (the CLI's run loop; no weights), scoring phase only;
+- zero: a full run with the packed runner's forward replaced by a zero-cost stand-in (bench only), so it
+  times read → … → Parquet write with the engine's bookkeeping;
+- pooled: the same with 1,024-wide pooled hidden states written.
+
+--stages adds where a dry run's time goes: each host step's seconds (summed over the prefetch worker and the
+main thread), from wrappers around the job's steps.
+
+Each mode also prints its CPU time per item (all threads, the load included) and the cores that rate of
+work needs at the H100 goal of 8,000 items/s (docs/operations.md, "CPU cores per GPU").
+
+Targets: dry ≥ 0.5 of the floor, zero ≥ 0.4, pooled ≥ 0.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from score_batch.engine import EngineConfig, ScoringConfig  # noqa: E402
+from score_batch.io_formats.schema import ColumnOverrides  # noqa: E402
+from score_batch.job import RunConfig, run  # noqa: E402
+
+from bench.common import BASE_CORPUS, machine  # noqa: E402
+from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
+
+GOAL_ITEMS_PER_SECOND = 8_000  # the H100 goal on the goal shape: the host path must keep up with it
+
+
+def write_input(
+    path: Path, tokenizer, items: int, per_query: int, query_tokens: int, item_tokens: int
+) -> int:
+    """A long-layout Parquet input of about the shape's token lengths; returns the number of distinct queries."""
+    rng = random.Random(0)
+    words = sorted({w for line in BASE_CORPUS for w in line.split()})
+    cost = {w: len(tokenizer.encode(" " + w, add_special_tokens=False)) for w in words}
+
+    def text(target: int) -> str:
+        out, used = [], 0
+        target = max(1, round(target * rng.uniform(0.85, 1.15)))
+        while used < target:
+            word = rng.choice(words)
+            out.append(word)
+            used += cost[word]
+        return " ".join(out)
+
+    queries = -(-items // per_query)
+    query_texts = [text(query_tokens) for _ in range(queries)]
+    columns = collections.defaultdict(list)
+    for n in range(items):
+        q = n // per_query
+        columns["query_id"].append(f"q{q}")
+        columns["query"].append(query_texts[q])
+        columns["item_id"].append(f"q{q}-{n % per_query}")
+        columns["item"].append(text(item_tokens))
+    pq.write_table(pa.table(dict(columns)), path, row_group_size=65_536)
+    return queries
+
+
+def floor_seconds(tokenizer, path: Path) -> float:
+    """encode_batch over the items and each distinct query once (what any host path must tokenize)."""
+    table = pq.read_table(path, columns=["query", "item"])
+    queries = list(dict.fromkeys(table["query"].to_pylist()))
+    items = table["item"].to_pylist()
+    backend = tokenizer.backend_tokenizer
+    start = time.perf_counter()
+    backend.encode_batch(queries, add_special_tokens=True)
+    backend.encode_batch(items, add_special_tokens=False)
+    return time.perf_counter() - start
+
+
+class ZeroForward:
+    """The packed runner's forward replaced by zeros of the right shapes (bench only: no model time)."""
+
+    def __init__(self) -> None:
+        from score_batch.engine import packed_runner
+
+        self.module = packed_runner
+        self.original = packed_runner.PackedRunner._forward
+
+    def __enter__(self):
+        def forward(runner, batch, cache=None):
+            rows = len(batch.score_rows)
+            num_scores = runner.setup.num_scores
+            pooled = None
+            if runner.cfg.pooled_hidden_states:
+                pooled = np.zeros((rows, runner.setup.info.hidden_size), np.float32)
+            zeros = np.zeros((rows, num_scores), np.float32)
+            return zeros, zeros, pooled
+
+        self.module.PackedRunner._forward = forward
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module.PackedRunner._forward = self.original
+
+
+@contextlib.contextmanager
+def stage_timers(totals: dict[str, float]):
+    """Wrap the job's host steps with timers that add their seconds into totals (both threads)."""
+    from score_batch.engine import planner as planner_module
+    from score_batch.io_formats import readers
+    from score_batch.job import contract, local, sinks
+
+    patched = []
+
+    def wrap(owner, name, label):
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                totals[label] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+        patched.append((owner, name, original))
+
+    for name in ("window_hash", "group_window", "pair_keys", "output_columns"):
+        if hasattr(local, name):
+            wrap(local, name, name)
+    wrap(planner_module.PackedPlanner, "plan", "plan (tokenize, pack, batch)")
+    wrap(contract.OutputContract, "part_table", "part_table")
+    for sink in ("PartsSink", "DirectorySink"):
+        if hasattr(sinks, sink) and hasattr(getattr(sinks, sink), "write"):
+            wrap(getattr(sinks, sink), "write", "checkpoint part write")
+    if hasattr(readers, "to_row"):
+        wrap(readers, "to_row", "to_row (per row)")
+    try:
+        yield totals
+    finally:
+        for owner, name, original in reversed(patched):
+            setattr(owner, name, original)
+
+
+def score(model_dir: Path, data: Path, out: Path, dry: bool, pooled: bool = False):
+    """One run through the job's run loop; its report."""
+    engine = EngineConfig(device="cpu", scoring=ScoringConfig(pooled_hidden_states=pooled))
+    config = RunConfig(
+        input=str(data),
+        output=str(out),
+        model_dir=model_dir,
+        columns=ColumnOverrides(),
+        engine=engine,
+        dry_run=dry,
+        quiet=True,
+        overwrite=True,
+    )
+    return run(config)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--per-query", type=int, default=100)
+    parser.add_argument("--query-tokens", type=int, default=1500)
+    parser.add_argument("--item-tokens", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--stages", action="store_true")
+    parser.add_argument("--modes", nargs="+", default=["dry", "zero", "pooled"])
+    args = parser.parse_args()
+    print(machine())
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        tokenizer = build_tokenizer(tmp / "model")
+        small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+        small.update(head_dim=32, num_hidden_layers=1, num_labels=2)
+        model_dir = build_model(tmp / "model", "qwen3", "classifier", len(tokenizer), **small)
+        wide = dict(small, hidden_size=1024, intermediate_size=64, num_attention_heads=8, head_dim=128)
+        wide_dir = build_model(tmp / "wide", "qwen3", "classifier", len(tokenizer), **wide)
+        build_tokenizer(tmp / "wide")
+        for items in args.items:
+            data = tmp / f"in-{items}.parquet"
+            queries = write_input(data, tokenizer, items, args.per_query, args.query_tokens, args.item_tokens)
+            best: dict[str, float] = {}
+            cpu_seconds: dict[str, float] = {}
+            totals: dict[str, float] = collections.defaultdict(float)
+            for _ in range(args.repeats):
+                best["floor"] = min(best.get("floor", 1e9), floor_seconds(tokenizer, data))
+                for mode in args.modes:
+                    out = tmp / f"out-{mode}.parquet"
+                    with contextlib.ExitStack() as stack:
+                        if mode != "dry":
+                            stack.enter_context(ZeroForward())
+                        if mode == "dry" and args.stages:
+                            totals.clear()
+                            stack.enter_context(stage_timers(totals))
+                        cpu = time.process_time()
+                        report = score(
+                            wide_dir if mode == "pooled" else model_dir,
+                            data,
+                            out,
+                            dry=mode == "dry",
+                            pooled=mode == "pooled",
+                        )
+                        cpu = time.process_time() - cpu  # every thread's CPU seconds, the load included
+                    if report.seconds_scoring < best.get(mode, 1e9):
+                        best[mode], cpu_seconds[mode] = report.seconds_scoring, cpu
+            floor = items / best["floor"]
+            print(
+                f"\n{items:,} items, {queries:,} queries (~{args.query_tokens} + {args.per_query} × "
+                f"~{args.item_tokens} tokens); best of {args.repeats}"
+            )
+            print(f"  floor  (encode_batch)  {floor:>10,.0f} items/s")
+            for mode in args.modes:
+                rate = items / best[mode]
+                per_item = cpu_seconds[mode] / items
+                print(
+                    f"  {mode:<22} {rate:>10,.0f} items/s  {rate / floor:5.2f} of the floor   "
+                    f"{per_item * 1e6:6.1f} CPU µs/item → {per_item * GOAL_ITEMS_PER_SECOND:4.1f} cores "
+                    f"at {GOAL_ITEMS_PER_SECOND:,} items/s"
+                )
+            if args.stages and totals:
+                print("  dry run's stages (s, both threads):")
+                for label, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+                    print(f"    {label:<32} {seconds:7.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The window's texts encoded in two batch calls of the tokenizers backend give exactly the token ids (and
+content tokens) that transformers' own __call__ gives, under every truncation policy, template and layout."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from score_batch.engine import tokenize
+from score_batch.engine.config import ScoringConfig
+from score_batch.engine.planner import PackedPlanner, PlanLimits
+from score_batch.engine.types import Group
+from transformers import AutoTokenizer
+
+from tests.tiny_models import BASE_CORPUS, build_tokenizer
+
+WORDS = sorted({w for line in BASE_CORPUS for w in line.split()}) + ["é", "日本", "<|im_end|>", "  ", "\n"]
+TEMPLATES = [
+    (None, None),
+    ("Query: {query}\n", "Product: {item}"),
+    ("<|im_start|>{query}", "{item} <|im_end|>"),
+]
+POLICIES = [
+    dict(truncate="error"),
+    dict(truncate="item-tail", max_item_tokens=6),
+    dict(truncate="query-head", max_query_tokens=9),
+    dict(truncate="longest-first", max_item_tokens=12),
+    dict(truncate="chunk", max_item_tokens=7, chunk_overlap=2),
+    dict(truncate="chunk", max_item_tokens=5),
+]
+
+
+@pytest.fixture(scope="module", params=["bpe", "bos", "bert"])
+def tokenizer(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param)
+    if request.param == "bert":
+        build_tokenizer(out, pair_style="bert")
+    else:
+        build_tokenizer(out, add_bos=request.param == "bos")
+    return AutoTokenizer.from_pretrained(out)
+
+
+def random_groups(seed: int) -> list[Group]:
+    rng = random.Random(seed)
+
+    def text(low: int, high: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high)))
+
+    queries = [text(1, 14) for _ in range(4)] + [""]
+    groups = []
+    for _ in range(6):
+        items = [text(0, 16) for _ in range(rng.randint(1, 5))]
+        groups.append(Group(rng.choice(queries), items))  # repeated queries: encoded once per call
+    return groups
+
+
+def plan_fields(plan):
+    return [(g.query_ids, g.item_ids, g.errors, g.windows, g.item_first) for g in plan.tokenized], [
+        (g.query_ids, g.item_ids) for g in plan.scored
+    ]
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: "-".join(map(str, p.values())))
+@pytest.mark.parametrize("templates", TEMPLATES, ids=["plain", "templated", "special"])
+@pytest.mark.parametrize("item_first", [False, True])
+def test_backend_batch_equals_transformers_call(tokenizer, policy, templates, item_first, monkeypatch):
+    if item_first and policy["truncate"] == "chunk":
+        pytest.skip("chunking needs the query first")
+    cfg = ScoringConfig(
+        query_template=templates[0], item_template=templates[1], item_first=item_first, **policy
+    )
+    limits = PlanLimits(
+        max_pack_tokens=40,
+        max_batch_tokens=80,
+        delimiter_token_id=0,
+        vocab_size=len(tokenizer),
+        max_positions=64,
+    )
+    planner = PackedPlanner(tokenizer, cfg, limits)
+    for seed in range(4):
+        groups = random_groups(seed)
+        fast = plan_fields(planner.plan(groups))
+        with monkeypatch.context() as patch:  # today's path: transformers' __call__ with offsets, per group
+            patch.setattr(tokenize, "_backend_encode", lambda *args: None)
+            slow = plan_fields(PackedPlanner(tokenizer, cfg, limits).plan(groups))
+            per_group = [plan_fields(PackedPlanner(tokenizer, cfg, limits).plan([g])) for g in groups]
+        assert fast == slow
+        assert fast[0] == [fields for one in per_group for fields in one[0]]
+
+
+def test_content_tokens_agree_with_transformers_offsets(tokenizer):
+    texts = [" ".join(random.Random(k).choice(WORDS) for _ in range(9)) for k in range(20)]
+    encoded = tokenize._encode_texts(tokenizer, "Product: {item}!", "{item}", texts, True)
+    batch = tokenizer(["Product: " + t + "!" for t in texts], return_offsets_mapping=True)
+    start = len("Product: ")
+    for text, enc, ids, offsets in zip(texts, encoded, batch["input_ids"], batch["offset_mapping"]):
+        assert enc.ids == ids
+        end = start + len(text)
+        assert enc.content == [i for i, (s, e) in enumerate(offsets) if e > s and s >= start and e <= end]
+
+
+def test_token_ids_are_checked_as_before():
+    assert tokenize._check_ids([1, 2, 3], 4, "q") is None
+    assert "token id 4 " in tokenize._check_ids([1, 4], 4, "q")
+    assert "token id -1 " in tokenize._check_ids([-1, 2], 4, "q")
+    assert "token id 2.0 " in tokenize._check_ids([1, 2.0], 4, "q")  # a float is not a token id
+    assert "token id 'a' " in tokenize._check_ids([1, "a"], 4, "q")
+    assert tokenize._check_ids([True, 2], 4, "q") is None  # as the per-token check always took bools

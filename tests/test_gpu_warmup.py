@@ -1,0 +1,177 @@
+"""The GPU warm-up's JIT builds (bench/gpu.py build_specs), checked on the CPU with ninja and a stub compiler: every
+module built at once, each in its own folder, so that a load there (FlashInfer's build_and_load runs ninja in
+the module's folder) finds nothing to do; the one-ninja build it replaces left every module dirty there."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu  # noqa: E402  (bench/gpu.py)
+
+pytestmark = pytest.mark.skipif(shutil.which("ninja") is None, reason="ninja is not installed")
+
+# A compiler standing in for nvcc and c++: `-MF DEPFILE ... -c SOURCE -o OUT` or `SOURCES... -o OUT` (link); it
+# logs its start and end, writes its output and a depfile naming a header, and fails on a source named fail_*.cu.
+COMPILER = """import json, sys, time
+args = sys.argv[1:]
+out = args[args.index("-o") + 1]
+sources = [a for a in args if a.endswith((".cu", ".o"))]
+start = time.time()
+if any("fail_" in s for s in sources):
+    sys.exit("error: stub compile failed")
+time.sleep(0.8)
+open(out, "w").write("built from " + " ".join(sources))
+if "-MF" in args:
+    open(args[args.index("-MF") + 1], "w").write(out + ": " + sources[0] + " " + sys.argv[0] + "\\n")
+with open(LOG, "a") as log:
+    log.write(json.dumps([out, start, time.time()]) + "\\n")
+"""
+
+
+class NinjaSpec:
+    """A module laid out as FlashInfer 0.6.6's JitSpec lays it out: `<jit dir>/<name>/build.ninja` with absolute
+    object and library paths in that folder, gcc-style depfiles; build() runs ninja in that folder, as its
+    JitSpec.build does (jit/cpp_ext.py run_ninja: `ninja -v -C build_dir -f build.ninja`)."""
+
+    def __init__(self, jit_dir: Path, name: str, sources: list[Path], compiler: Path) -> None:
+        self.name = name
+        self.build_dir = jit_dir / name
+        self.ninja_path = self.build_dir / "build.ninja"
+        self.objects = [self.build_dir / source.with_suffix(".cuda.o").name for source in sources]
+        self.build_dir.mkdir(parents=True)
+        lines = [
+            "ninja_required_version = 1.3",
+            f"nvcc = {sys.executable} {compiler}",
+            "rule cuda_compile",
+            "  command = $nvcc -MF $out.d -c $in -o $out",
+            "  depfile = $out.d",
+            "  deps = gcc",
+            "rule link",
+            "  command = $nvcc $in -o $out",
+        ]
+        lines += [f"build {obj}: cuda_compile {source}" for obj, source in zip(self.objects, sources)]
+        library = self.build_dir / f"{name}.so"
+        lines += [f"build {library}: link {' '.join(map(str, self.objects))}", f"default {library}", ""]
+        self.ninja_path.write_text("\n".join(lines))
+
+    def build(self, verbose: bool, need_lock: bool = True) -> None:
+        command = ["ninja", "-v", "-C", str(self.build_dir), "-f", str(self.ninja_path)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError("Ninja build failed. Ninja output:\n" + done.stdout)
+
+
+def _modules(tmp_path: Path, failing: str | None = None) -> dict[str, NinjaSpec]:
+    """FlashInfer's five modules' shapes (objects per module as measured: FA2 and FA3 10, norm and rope 2)."""
+    log = tmp_path / "compiles.jsonl"
+    compiler = tmp_path / "stub_nvcc.py"
+    compiler.write_text(f"LOG = {str(log)!r}\n" + COMPILER)
+    csrc = tmp_path / "csrc"
+    csrc.mkdir()
+    objects = {"fa2": 10, "norm": 2, "rope": 2, "silu_and_mul": 1}
+    specs = {}
+    for name, count in objects.items():
+        sources = []
+        for i in range(count):
+            stem = f"fail_{name}{i}" if name == failing and i == 0 else f"{name}{i}"
+            sources.append(csrc / f"{stem}.cu")
+            sources[-1].write_text(f"// {name} {i}\n")
+        specs[name] = NinjaSpec(tmp_path / "cached_ops", name, sources, compiler)
+    return specs
+
+
+def _compiles(tmp_path: Path) -> list[tuple[str, float, float]]:
+    return [tuple(json.loads(line)) for line in (tmp_path / "compiles.jsonl").read_text().splitlines()]
+
+
+def test_every_module_is_built_at_once_where_its_load_finds_nothing_to_do(tmp_path):
+    specs = _modules(tmp_path)
+    records = gpu.build_specs(specs)
+    assert set(records) == set(specs)
+    for name, record in records.items():
+        assert "error" not in record and record["dirty_after"] == 0, (name, record)
+    for spec in specs.values():  # what a load runs: ninja in the module's own folder compiles nothing
+        done = subprocess.run(
+            ["ninja", "-C", str(spec.build_dir), "-f", str(spec.ninja_path)], capture_output=True
+        )
+        assert b"no work to do" in done.stdout
+    compiles = _compiles(tmp_path)
+    assert len(compiles) == sum(len(s.objects) + 1 for s in specs.values())  # each object and library once
+    first_end = min(end for _, _, end in compiles)
+    started_before = {Path(out).parent.name for out, start, _ in compiles if start < first_end}
+    assert len(started_before) == len(specs)  # every module compiled before any compile had finished
+
+
+def test_a_module_that_fails_is_recorded_and_the_others_are_built(tmp_path):
+    records = gpu.build_specs(_modules(tmp_path, failing="norm"))
+    assert (
+        "Ninja build failed" in records["norm"]["error"] and "stub compile failed" in records["norm"]["error"]
+    )
+    assert records["norm"]["dirty_after"] >= 1 and records["norm"]["dirty_why"]
+    assert all(r["dirty_after"] == 0 and "error" not in r for n, r in records.items() if n != "norm")
+
+
+def test_the_single_ninja_warm_up_it_replaces_left_every_module_dirty_where_it_loads(tmp_path):
+    """FlashInfer's build_jit_specs: one ninja over a subninja per module, run from the JIT folder — its build
+    log lives there, so each module's own folder has none and a load compiles the whole module again."""
+    specs = _modules(tmp_path)
+    jit_dir = tmp_path / "cached_ops"
+    combined = jit_dir / "flashinfer_jit.ninja"
+    combined.write_text(
+        "ninja_required_version = 1.3\n" + "".join(f"subninja {s.ninja_path}\n" for s in specs.values())
+    )
+    subprocess.run(["ninja", "-C", str(jit_dir), "-f", str(combined)], check=True, capture_output=True)
+    for spec in specs.values():
+        steps, why = gpu.dirty_steps(spec)
+        assert steps == len(spec.objects) + 1, spec.name  # every object and the library again
+        assert any(line.endswith("are missing") or "not found in log" in line for line in why)  # no deps, log
+
+
+class _Scorer:
+    """What the warm-up calls need of a Scorer; a settings name in `failing` fails its first score."""
+
+    def __init__(self, method, failing: set[str]) -> None:
+        self.method, self.failing = method, failing
+
+    def score(self, groups):
+        if self.method.ops in self.failing or self.method.kernel in self.failing:
+            raise RuntimeError(f"{self.method.kernel} with {self.method.ops} ops failed")
+        return []
+
+
+@pytest.mark.parametrize("failing", [set(), {"flashinfer"}, {"fa2"}], ids=["none", "ops", "fa2"])
+def test_the_warm_up_records_its_modules_and_the_two_fa2_calls_apart(tmp_path, monkeypatch, failing):
+    specs = _modules(tmp_path)
+    used = []
+
+    def scorer(model_dir, method, device, dtype, max_batch_tokens=None):
+        used.append((method.kernel, method.layers, method.ops, device, dtype))
+        return _Scorer(method, failing)
+
+    monkeypatch.setattr(gpu, "jit_specs", lambda names: [specs[name] for name in names])
+    monkeypatch.setattr(gpu, "_scorer", scorer)
+    monkeypatch.setattr(gpu, "build_bench_model", lambda path, kind, **config: path)
+    out = tmp_path / "warmup.json"
+    out.write_text(json.dumps({"jit": {"fa3": {"seconds": 290.0}}, "calls": {"fa3": {"first_call_s": 1.0}}}))
+    report = gpu.warmup(out, "fa2")
+    assert report == json.loads(out.read_text())
+    assert set(report["jit"]) == {"fa2", "norm", "rope", "silu_and_mul", "fa3"}  # an earlier FA3 record stays
+    assert all(report["jit"][name]["dirty_after"] == 0 for name in gpu.JIT_BUILDS["fa2"])
+    assert used == [
+        ("fa2", "native", "torch", "cuda", "bfloat16"),
+        ("fa2", "native", "flashinfer", "cuda", "bfloat16"),
+    ]
+    calls = report["calls"]
+    assert ("error" in calls["fa2"]) == ("fa2" in failing)
+    assert ("error" in calls["fa2-native-fi"]) == bool(failing)  # an ops failure is the ops' alone
+    assert report["ok_fa2"] == ("fa2" not in failing)  # FA2's build and its torch-ops call decide
+    assert gpu.main(["warmup", "--out", str(out)]) == (0 if "fa2" not in failing else 1)
