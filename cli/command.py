@@ -7,7 +7,6 @@ import dataclasses
 import inspect
 import json
 import shutil
-import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -141,8 +140,8 @@ def write_failure_report(report: str, error: BaseException, *, overwrite: bool) 
     try:
         from score_batch.job import report_failure
     except ImportError:  # a job package without early-failure reports: say so rather than skip it silently
-        print(
-            f"score-batch: warning: --report {report} was not written (not supported here)", file=sys.stderr
-        )
+        from score_batch.cli.logs import say
+
+        say(f"--report {report} was not written (not supported here)", "warning")
         return
     report_failure(report, error, overwrite=overwrite)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
 import typer
 from score_batch.cli.command import ReportingCommand, command_from
 from score_batch.cli.errors import exit_code_for, usage_error
+from score_batch.cli.logs import requested_format, setup_logging
 from score_batch.cli.models import models
 from score_batch.cli.options import RunBatchOptions, ScoreOptions
 from score_batch.cli.score import ENV_PREFIX, HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
@@ -84,8 +86,11 @@ def run() -> None:
     """Console entry point: every exception becomes an exit code through cli.errors' table.
 
     SIGINT/SIGTERM raise Stopped from the first instruction on (imports and model loading included), so
-    even a run stopped in its first second ends with its report and exit code 130/143.
+    even a run stopped in its first second ends with its report and exit code 130/143. Lines written before
+    the options are read (usage errors, warnings) take --log-format's format already.
     """
+    if requested_format(sys.argv[1:], os.environ) == "json":  # text needs no handler yet (nor rich's import)
+        setup_logging(quiet=True, log_format="json")
     try:
         with StopSignals(immediate=True):
             code = app(standalone_mode=False)  # returns the exit code of typer.Exit when not standalone

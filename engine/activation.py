@@ -130,7 +130,7 @@ def resolve_activation(
             "ScoringConfig.activation",
             requested,
             "does not apply to a CausalLM model: its label scores are probabilities already; use "
-            "apply_softmax for a softmax over the label tokens",
+            "ScoringConfig.apply_softmax=True for a softmax over the label tokens",
         )
     if requested == "softmax" and num_labels == 1:
         from score_batch.engine.errors import SettingError

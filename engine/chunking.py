@@ -92,7 +92,9 @@ def check_chunk_settings(cfg: ScoringConfig, encoder: bool) -> None:
         raise SettingError(
             "ScoringConfig.chunk_overlap",
             cfg.chunk_overlap,
-            f"must be smaller than max_item_tokens ({cfg.max_item_tokens}): each window must move forward",
+            f"must be smaller than ScoringConfig.max_item_tokens ({cfg.max_item_tokens}): each window must move "
+            "forward",
+            conflicts=("ScoringConfig.max_item_tokens",),
         )
 
 

@@ -81,14 +81,17 @@ class ScoringConfig:
             raise SettingError(
                 "ScoringConfig.label_score",
                 self.label_score,
-                "is given together with apply_softmax, a softmax over the label logits (probabilities); "
-                "give one: label_score probability with apply_softmax, or apply_softmax False",
+                "cannot be combined with ScoringConfig.apply_softmax=True (a softmax over the labels' "
+                "probabilities): turn that off with ScoringConfig.apply_softmax=False, or keep it with "
+                "ScoringConfig.label_score='probability'",
+                conflicts=("ScoringConfig.apply_softmax",),
             )
         if self.label_tokens and self.label_token_ids:
             raise SettingError(
                 "ScoringConfig.label_token_ids",
                 self.label_token_ids,
-                "is given together with label_tokens; give labels as strings or as ids, not both",
+                "is given together with ScoringConfig.label_tokens; give labels as strings or as ids, not both",
+                conflicts=("ScoringConfig.label_tokens",),
             )
         for name, placeholder in (("query_template", "{query}"), ("item_template", "{item}")):
             template = getattr(self, name)

@@ -41,6 +41,7 @@ from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers o
     DEFAULT_BATCH_TOKENS,
     PLANNERS,
     ResolvedSetup,
+    label_free_scoring,
     load_planner,
     resolve_device,
     resolve_dtype,
@@ -49,7 +50,6 @@ from score_batch.engine.setup import (  # noqa: F401 - re-exported for callers o
 )
 from score_batch.engine.st_model import (
     CrossEncoderSpec,
-    LogitScoreSpec,
     pair_roles_failure,
     pair_tokens,
     read_cross_encoder,
@@ -65,15 +65,8 @@ Runner = PackedRunner | PairRunner
 # torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
 _ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
 # CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
-# and has no prompts or model cards): accepted, logged when given.
-_IGNORED = (
-    "token",
-    "local_files_only",
-    "model_card_data",
-    "prompts",
-    "default_prompt_name",
-    "keep_in_fp32_modules",
-)
+# and has no model cards): accepted, logged when given.
+_IGNORED = ("token", "local_files_only", "model_card_data", "keep_in_fp32_modules")
 # EngineConfig fields a keyword may set without giving an EngineConfig (which would drop CrossEncoder's defaults).
 _ENGINE_FIELDS = ("dtype", "max_batch_tokens", "max_pack_tokens", "allow_pickle", "compile", "layers", "ops")
 # Older CrossEncoder names of its arguments, as its own decorator maps them.
@@ -115,6 +108,8 @@ class Scorer:
         revision: str | None = None,
         backend: str | None = None,
         modules=None,
+        prompts: dict[str, str] | None = None,
+        default_prompt_name: str | None = None,
         **overrides,
     ) -> None:
         for old, new in _RENAMED.items():
@@ -162,7 +157,7 @@ class Scorer:
         if ce_defaults and "truncate" not in ((chosen.settings if chosen else {}) | _given(overrides)):
             scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder
         has_labels = bool(scoring.label_tokens or scoring.label_token_ids)
-        logit_score = ce_defaults and info.kind == "causal" and not has_labels
+        logit_score = info.kind == "causal" and not has_labels
         fn_name = _ACTIVATION_NAMES.get(type(activation_fn))
         labels = 1 if logit_score else info.num_labels
         if fn_name and overrides.get("activation") is None and (info.kind == "classifier" or logit_score):
@@ -177,6 +172,8 @@ class Scorer:
             info.model_type,
             max_length=max_length,
             tokenizer_kwargs=tokenizer_kwargs,
+            prompts=prompts,
+            default_prompt_name=default_prompt_name,
         )
         if spec.max_length is not None:
             tokenizer.model_max_length = spec.max_length  # as CrossEncoder's tokenizer holds it
@@ -191,19 +188,24 @@ class Scorer:
                 f"{info.architecture} needs label tokens to score: {spec.refusal} (CrossEncoder refuses it too); "
                 "give label_tokens=(' no', ' yes') or a profile (score-batch models lists them)"
             )
-        if ce_defaults and spec.default_prompt and info.encoder and scoring.query_template is None:
+        if logit_score and not ce_defaults:  # groups' text, query + item: checked as the command line's
+            scoring = label_free_scoring(info, replace(config, scoring=scoring), tokenizer)[0].scoring
+        prompt_template = ce_defaults and info.encoder and scoring.query_template is None
+        if prompt_template and spec.default_prompt:
             scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
         _check_num_labels(num_labels, info, logit_score)
         config = replace(config, scoring=scoring)
-        run_info = replace(info, kind="classifier", num_labels=1) if logit_score else info
-        setup = resolve_setup(run_info, config, tokenizer)
+        setup = resolve_setup(info, config, tokenizer, spec.logit_score if logit_score else None)
         log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
         planner = PLANNERS[setup.runner](tokenizer, replace(scoring, packing=setup.packing), setup.limits)
-        runner = _load_runner(
-            model_dir, config, (planner, setup), info, spec.logit_score if logit_score else None
-        )
+        runner = _load_runner(model_dir, config, (planner, setup), info)
         self._attach(runner, config, spec if ce_defaults else None, activation_fn)
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
+        self.prompts: dict[str, str] = dict(spec.prompts)  # CrossEncoder's prompts and default_prompt_name
+        self.default_prompt_name: str | None = spec.default_prompt_name
+        self._prompt_template = prompt_template  # an encoder's prompt goes in as its query_template
+        if spec.default_prompt and (failure := self._prompt_failure()):
+            log.warning("the default prompt %r is not applied: %s", spec.default_prompt, failure)
 
     @classmethod
     def from_pretrained(
@@ -237,6 +239,7 @@ class Scorer:
         scorer = cls.__new__(cls)
         scorer._attach(_load_runner(model, config, planned), config, None, None)
         scorer.profile = None
+        scorer.prompts, scorer.default_prompt_name, scorer._prompt_template = {}, None, False
         return scorer
 
     def _attach(
@@ -395,19 +398,20 @@ class Scorer:
         A CausalLM with a LogitScore (no labels) is scored as CrossEncoder scores it: its logit is
         logit["yes"] - logit["no"]. A CausalLM label scorer (labels from a profile) returns its `score`;
         with activation_fn, that function of the labels' log-odds (two labels, or one raw logit). Pairs with
-        the same query are scored as one group (multi-item scoring). batch_size, device, pool and chunk_size
+        the same query are scored as one group (multi-item scoring). prompt / prompt_name: as CrossEncoder's
+        (neither: the default prompt, if any). batch_size, device, pool and chunk_size
         only tune CrossEncoder's own batching and are accepted and ignored (ours plans by tokens);
         batch_size_hint: at most about this many pairs planned at a time. Failed pairs are NaN
         (return_errors=True also returns the reason per pair).
         """
-        _refuse_prompts(prompt_name, prompt)
+        prompt = self._resolve_prompt(prompt, prompt_name)
         _check_batch_size(batch_size)
         _ignore_kwargs("predict", kwargs)
         singular = is_singular_input(inputs)
         pairs = (
             [inputs] if singular else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
         )
-        raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar)
+        raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
         errors = [None if e is None else f"pairs[{i}]: {e}" for i, e in enumerate(errors)]
         _warn_failed(errors)
         values, fn = self._ce_logits(raw, score, activation_fn)
@@ -466,13 +470,13 @@ class Scorer:
         _batch_size: int = 32,
     ) -> list[list[dict]]:
         """`rank` for many queries at once (scored together): one sorted list of records per (query, documents)."""
-        _refuse_prompts(*_prompts)
+        prompt = self._resolve_prompt(_prompts[1], _prompts[0])
         _check_batch_size(_batch_size)
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
             raise ScoringInputError(f"top_k must be a non-negative integer or None, got {top_k!r}")
         groups = [ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
         pairs = [(group.query, item) for group in groups for item in group.items]
-        raw, score, pair_errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar)
+        raw, score, pair_errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
         values = self._ranking_values(raw, score, activation_fn)
         rankings = []
         errors: list[str | None] = []
@@ -595,10 +599,57 @@ class Scorer:
             self.engine_config.trust_remote_code,
         )
 
+    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """predict's prompt as CrossEncoder resolves it: prompt, else prompts[prompt_name], else the default."""
+        if prompt is not None:
+            if prompt_name is not None:
+                log.warning(
+                    "both prompt and prompt_name given: prompt_name is ignored, as CrossEncoder ignores it"
+                )
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ScoringInputError(
+                    f"prompt_name {prompt_name!r} is not one of the prompts' names {sorted(self.prompts)}"
+                )
+            return self.prompts[prompt_name]
+        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name is not None else None
+
+    def _prompt_failure(self) -> str | None:
+        """Why a prompt cannot go before each query as CrossEncoder puts it, or None."""
+        if self._spec is None:
+            return "an EngineConfig was given, so pairs are not CrossEncoder's text; use ScoringConfig.query_template"
+        if self.setup.info.encoder:
+            return None if self._prompt_template else "a query_template is set; put the prompt in it"
+        if self._ce_tokens:
+            return None
+        return "pairs are not CrossEncoder's text here (labels, templates or item_first apply); use query_template"
+
+    def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner]:
+        """The CrossEncoder spec and the planner that put `prompt` (resolved) before each query."""
+        spec, planner = self._spec, self._runner.planner
+        applies = self._prompt_failure() is None
+        if (prompt or None) == (spec.default_prompt if applies else None):
+            return spec, planner  # the prompt applied at load
+        if not applies:
+            raise ScoringInputError(f"prompt {prompt!r} cannot be applied: {self._prompt_failure()}")
+        if self._ce_tokens:
+            return replace(spec, default_prompt=prompt or None), planner
+        template = prompt + "{query}" if prompt else None
+        return spec, replace(planner, cfg=replace(planner.cfg, query_template=template))
+
     def _score_pairs(
-        self, pairs: list, batch_size_hint: int | None, show_progress_bar: bool | None
+        self,
+        pairs: list,
+        batch_size_hint: int | None,
+        show_progress_bar: bool | None,
+        prompt: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query."""
+        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query.
+
+        prompt: predict's prompt, resolved (_resolve_prompt); put before each query as CrossEncoder puts it.
+        """
+        spec, planner = self._prompted(prompt)
         checked = [pair_of(pair, index) for index, pair in enumerate(pairs)]
         raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
         score = np.full(len(pairs), np.nan, np.float32)
@@ -607,7 +658,7 @@ class Scorer:
         groups: list[tuple[Text, list[Text], list[int]]] = []
         planned = set()
         if self._ce_tokens and text:
-            groups.extend(self._ce_token_groups(checked, text, errors))
+            groups.extend(self._ce_token_groups(spec, checked, text, errors))
             planned.update(text)
         by_query: dict[object, tuple[Text, list[Text], list[int]]] = {}
         for index, (query, item) in enumerate(checked):
@@ -625,7 +676,10 @@ class Scorer:
                 [Group(q, items) for q, items, _ in groups], batch_size_hint, on_items, as_given=True
             )
             results += self._score_chunked(
-                [Group(q, items) for q, items, _ in others], batch_size_hint, on_items
+                [Group(q, items) for q, items, _ in others],
+                batch_size_hint,
+                on_items,
+                planner=None if planner is self._runner.planner else planner,
             )
         finally:
             if progress is not None:
@@ -640,7 +694,11 @@ class Scorer:
         return raw, score, errors
 
     def _ce_token_groups(
-        self, checked: list[tuple[Text, Text]], text: list[int], errors: list[str | None]
+        self,
+        spec: CrossEncoderSpec,
+        checked: list[tuple[Text, Text]],
+        text: list[int],
+        errors: list[str | None],
     ) -> list[tuple[list[int], list[list[int]], list[int]]]:
         """Text pairs as CrossEncoder's token sequences, in groups sharing their longest common prefix.
 
@@ -648,7 +706,7 @@ class Scorer:
         its error here and no group.
         """
         truncate = self.scoring.truncate == "longest-first"
-        sequences = pair_tokens(self._spec, self.tokenizer, [checked[i] for i in text], truncate)
+        sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
         limits = self.setup.limits
         fits = limits.max_pack_tokens - (0 if self.setup.packing == "single" else 2)  # MIS: two delimiters
         if limits.max_positions is not None:
@@ -684,11 +742,13 @@ class Scorer:
         batch_size_hint: int | None,
         on_items: Callable[[int], None] | None = None,
         as_given: bool = False,
+        planner: Planner | None = None,
     ) -> list[GroupResult]:
         """score() over runs of whole groups of about batch_size_hint items each (None: all at once).
 
         as_given: the groups are CrossEncoder token sequences, already truncated: planned with
-        truncate="error" so that the engine never cuts them again.
+        truncate="error" so that the engine never cuts them again. planner: plans the other groups (default:
+        the runner's).
         """
         if batch_size_hint is not None and (
             isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
@@ -704,14 +764,14 @@ class Scorer:
                 size = 0
             chunks[-1].append(group)
             size += len(group.items)
-        planner = self._runner.planner
-        planner = replace(planner, cfg=replace(planner.cfg, truncate="error"))
+        if as_given:
+            planner = planner or self._runner.planner
+            planner = replace(planner, cfg=replace(planner.cfg, truncate="error"))
         results: list[GroupResult] = []
-        for chunk in chunks:
-            if chunk and as_given:
-                results.extend(self.run(planner.plan(chunk), on_items))
-            elif chunk:
-                results.extend(self.score(chunk, on_items))
+        for chunk in (chunk for chunk in chunks if chunk):
+            results.extend(
+                self.score(chunk, on_items) if planner is None else self.run(planner.plan(chunk), on_items)
+            )
         return results
 
 
@@ -720,16 +780,18 @@ def _load_runner(
     config: EngineConfig,
     planned: tuple[Planner, ResolvedSetup] | None = None,
     load_info=None,
-    logit_score: LogitScoreSpec | None = None,
 ) -> Runner:
     """Resolve the setup (unless planned), load the weights and build the runner the model needs (chosen once, here).
 
     load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
-    scorer whose head is LogitScoreHead).
+    scorer whose head is LogitScoreHead; read again when not given).
     """
     # FlashInfer's kernels run once in load_planner(prove=True): auto falls back, explicit fails (a planned
     # setup comes from the caller's own load_planner(prove=True))
     planner, setup = planned or load_planner(model, config, prove=True)
+    logit_score = setup.logit_score
+    if logit_score is not None and load_info is None:
+        load_info = read_model_info(setup.info.path, config.trust_remote_code)
     loaded = load_model(
         load_info or setup.info,
         setup.dtype,
@@ -831,15 +893,6 @@ def _device_name(device) -> str:
     if text in ("auto", "cpu", "cuda", "cuda:0"):
         return text.removesuffix(":0")
     raise SettingError("EngineConfig.device", text, "is not one of auto, cpu, cuda")
-
-
-def _refuse_prompts(prompt_name: str | None, prompt: str | None) -> None:
-    """CrossEncoder prompts change the input text; say what to use instead of ignoring them."""
-    if prompt_name is not None or prompt is not None:
-        raise ScoringInputError(
-            "prompt and prompt_name are not supported; put the text around queries and items in "
-            "ScoringConfig.query_template / item_template (e.g. Scorer(model, query_template='Query: {query}'))"
-        )
 
 
 def _ignore_kwargs(method: str, kwargs: dict) -> None:

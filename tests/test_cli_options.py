@@ -321,6 +321,52 @@ def test_an_engine_setting_error_is_spelled_as_flags(monkeypatch, qwen3_causal, 
     assert "ScoringConfig" not in result.stderr
 
 
+def test_settings_named_in_a_message_are_spelled_as_their_flags():
+    text = (
+        "turn it off with ScoringConfig.apply_softmax=False, or keep it with ScoringConfig.label_score='probability'"
+        "; ScoringConfig.label_tokens=(' no', ' yes'); EngineConfig.dtype; RayOptions.groups_per_batch=3"
+    )
+    assert flags.spell_settings(text) == (
+        "turn it off with --no-apply-softmax, or keep it with --label-score probability"
+        "; --label-tokens ' no' --label-tokens ' yes'; --dtype; RayOptions.groups_per_batch=3"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (  # the demo profile sets --apply-softmax: the message names the flag that turns it off, and says so
+            ["--label-score", "logit"],
+            "error: --label-score logit cannot be combined with --apply-softmax (a softmax over the labels' "
+            "probabilities): turn that off with --no-apply-softmax, or keep it with --label-score probability "
+            "(the profile score_batch.json sets --apply-softmax)",
+        ),
+        (
+            ["--label-tokens", " yes"],
+            "give two labels (--label-tokens ' no' --label-tokens ' yes') (the profile",
+        ),
+        (["--label-tokens", " yes"], "use --no-apply-softmax for the label token's probability"),
+        (["--label-score", "logit", "--apply-softmax"], "keep it with --label-score probability\n"),
+        (
+            ["--label-token-ids", "5,7", "--label-tokens", " yes"],
+            "error: --label-token-ids 5,7 is given together with --label-tokens; give labels as strings",
+        ),
+        (
+            ["--truncate", "chunk", "--max-item-tokens", "4", "--chunk-overlap", "4"],
+            "error: --chunk-overlap 4 must be smaller than --max-item-tokens (4)",
+        ),
+    ],
+)
+def test_messages_name_the_flags_that_fix_them_and_what_the_profile_set(args, message, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    result = run_cli(data, "-o", tmp_path / "o.parquet", "--dry-run", *args)  # the demo model and its profile
+    assert result.returncode == 2
+    assert message in result.stderr
+    error = [line for line in result.stderr.splitlines() if "error:" in line][0]
+    for python_word in ("Config.", "apply_softmax", "label_score", "=False", "=True"):
+        assert python_word not in error
+
+
 # ----------------------------------------------------------------------------- -q silences progress only
 
 
