@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.results import planned_results
-from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
+from score_batch.engine.scorer import Scorer
+from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.job.config import RunConfig
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport

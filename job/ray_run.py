@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from score_batch.engine.scorer import load_planner
+from score_batch.engine.setup import load_planner
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import (
     InputSource,
