@@ -1,38 +1,40 @@
 """The score command's options, declared once: typed Annotated aliases and ScoreOptions, whose fields they type.
 
 Import-light on purpose (typer and the standard library only): Typer builds --help from these
-declarations, so nothing here may import torch, transformers, pyarrow or the engine. Choices are
-Literal types; tests/test_cli_options.py checks them, and every default, against the config classes.
+declarations, so nothing here may import torch, transformers, pyarrow or the engine. Choices are the
+Literal types of score_batch/choices.py; tests/test_cli_options.py checks every default against the configs.
 Each field of ScoreOptions sets the config field of the same name (cli/flags.py lists the exceptions).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
+
+from score_batch.choices import (
+    ActivationChoice,
+    Backend,
+    ChunkAggregate,
+    Device,
+    Dtype,
+    HiveTypes,
+    LabelScore,
+    Layers,
+    LogFormat,
+    OnError,
+    Ops,
+    Packing,
+    RequestedFormat,
+    Truncate,
+)
 
 COLUMNS = "Input columns"
 SCORING = "Scoring"
 ENGINE = "Engine"
 JOB = "Batch job"
 RAY = "Scale-out on Ray (pip install -e '.\\[ray]')"
-
-Activation = Literal["auto", "none", "sigmoid", "softmax"]
-Backend = Literal["auto", "flashinfer", "flex", "split", "sdpa"]
-Device = Literal["auto", "cpu", "cuda"]
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-HiveTypes = Literal["infer", "string"]
-InputFormat = Literal["auto", "table", "openai-batch"]
-Layers = Literal["auto", "native", "transformers"]
-Ops = Literal["auto", "torch", "flashinfer"]
-LogFormat = Literal["text", "json"]
-OnError = Literal["fail", "record", "skip"]
-Packing = Literal["auto", "mis", "single"]
-Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
-ChunkAggregate = Literal["max", "first", "mean"]
-LabelScore = Literal["probability", "logit", "sigmoid"]
 
 DEFAULT_WINDOW_ROWS = 2048  # RunConfig's default; a test keeps them equal
 
@@ -112,7 +114,7 @@ QueryIdColOpt = Annotated[str | None, _column("Query id column (default: query_i
 ItemIdColOpt = Annotated[str | None, _column("Item id column (long: item_id; nested: item_ids).")]
 KeepColumnsOpt = Annotated[str | None, _column("Comma-separated input columns to copy to the output.")]
 InputFormatOpt = Annotated[
-    InputFormat,
+    RequestedFormat,
     typer.Option(
         help="table (query/item rows), openai-batch (vLLM-style /v1/score and /v1/rerank batch file, as "
         "`score-batch run-batch`), or auto (openai-batch when the lines are batch requests).",
@@ -161,7 +163,7 @@ ApplySoftmaxOpt = Annotated[
     ),
 ]
 ActivationOpt = Annotated[
-    Activation | None,
+    ActivationChoice | None,
     typer.Option(
         help="How score is made from a classifier's logits (scores stays raw): auto (as sentence-transformers' "
         "CrossEncoder: the model's activation_fn, else sigmoid for one label, else the softmax probability of "

@@ -17,12 +17,12 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from score_batch.choices import ActivationChoice
+
 log = logging.getLogger(__name__)
 
 Activation = Literal["none", "sigmoid", "softmax"]
-ActivationChoice = Literal["auto", "none", "sigmoid", "softmax"]
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
-ACTIVATION_CHOICES: tuple[str, ...] = get_args(ActivationChoice)
 ModelKind = Literal["causal", "classifier"]
 
 # Activation classes a CrossEncoder config names (torch.nn.<Name> under any module path) → ours.

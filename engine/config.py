@@ -3,31 +3,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
 
-from score_batch.engine.activation import ACTIVATION_CHOICES, ActivationChoice
 from score_batch.engine.errors import SettingError
 
-# Choices as Literal types; the tuples list them for checks and messages. Torch-free: the attention registry
-# (which imports torch) checks that BackendName names exactly its backends.
-Packing = Literal["auto", "mis", "single"]
-BackendName = Literal["auto", "flashinfer", "flex", "split", "sdpa"]
-DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
-DeviceName = Literal["auto", "cpu", "cuda"]
-Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
-ChunkAggregate = Literal["max", "first", "mean"]
-LayersName = Literal["auto", "native", "transformers"]
-OpsName = Literal["auto", "torch", "flashinfer"]
-LabelScore = Literal["probability", "logit", "sigmoid"]
-PACKING_MODES: tuple[str, ...] = get_args(Packing)
-BACKENDS: tuple[str, ...] = get_args(BackendName)
-DTYPES: tuple[str, ...] = get_args(DtypeName)
-DEVICES: tuple[str, ...] = get_args(DeviceName)
-TRUNCATE_POLICIES: tuple[str, ...] = get_args(Truncate)
-CHUNK_AGGREGATES: tuple[str, ...] = get_args(ChunkAggregate)
-LAYERS: tuple[str, ...] = get_args(LayersName)
-OPS: tuple[str, ...] = get_args(OpsName)
-LABEL_SCORES: tuple[str, ...] = get_args(LabelScore)
+from score_batch.choices import (
+    ACTIVATION_CHOICES,
+    BACKENDS,
+    CHUNK_AGGREGATES,
+    DEVICES,
+    DTYPES,
+    LABEL_SCORES,
+    LAYERS,
+    OPS,
+    PACKING_MODES,
+    TRUNCATE_POLICIES,
+    ActivationChoice,
+    Backend,
+    ChunkAggregate,
+    Device,
+    Dtype,
+    LabelScore,
+    Layers,
+    Ops,
+    Packing,
+    Truncate,
+)
+
 SGLANG_DEFAULT_DELIMITER = 9999
 
 
@@ -107,9 +108,9 @@ class ScoringConfig:
 class EngineConfig:
     """How to run: device, dtype, attention backend and token budgets."""
 
-    device: DeviceName = "auto"
-    dtype: DtypeName = "auto"
-    backend: BackendName = "auto"
+    device: Device = "auto"
+    dtype: Dtype = "auto"
+    backend: Backend = "auto"
     max_batch_tokens: int | None = None
     max_pack_tokens: int = 8192
     trust_remote_code: bool = False
@@ -117,10 +118,10 @@ class EngineConfig:
     compile: bool = False  # torch.compile the decoder layers' norms, MLPs and attention projections + RoPE
     # Decoder layers: native (engine/native, Llama/Mistral/Qwen2/Qwen3) or transformers' modeling code;
     # auto: native when the model's family and config features are implemented there.
-    layers: LayersName = "auto"
+    layers: Layers = "auto"
     # Element-wise kernels of the native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer on
     # CUDA when it imports (torch under --compile), torch elsewhere.
-    ops: OpsName = "auto"
+    ops: Ops = "auto"
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:

@@ -7,29 +7,16 @@ import dataclasses
 import json
 import logging
 import typing
+from pathlib import Path
 
 import pytest
 import typer
 from score_batch.cli import flags
 from score_batch.cli.main import app
-from score_batch.cli.options import (
-    Activation,
-    Backend,
-    Device,
-    Dtype,
-    HiveTypes,
-    InputFormat,
-    LabelScore,
-    OnError,
-    Packing,
-    ScoreOptions,
-    Truncate,
-)
+from score_batch.cli.options import ScoreOptions
 from score_batch.cli.score import BUILT, CONVERT
-from score_batch.engine import config as engine_config
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job import config as job_config
 from score_batch.job.config import RayOptions, RunConfig
 
 from score_batch import job
@@ -37,6 +24,7 @@ from score_batch.errors import ConfigError, UserError
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = (RunConfig, EngineConfig, ScoringConfig, RayOptions, ColumnOverrides)
 CLI_ONLY = ("profile", "log_format")  # options that set no config field: the profile lookup, the log lines
 PENDING = {
@@ -91,33 +79,27 @@ def test_every_option_sets_a_config_field(option):
     assert option in {flags.option_of(setting) for setting in SETTINGS}
 
 
-@pytest.mark.parametrize(
-    "choice, values",
-    [
-        (Backend, engine_config.BACKENDS),
-        (Device, engine_config.DEVICES),
-        (Dtype, engine_config.DTYPES),
-        (Packing, engine_config.PACKING_MODES),
-        (Truncate, engine_config.TRUNCATE_POLICIES),
-        (OnError, job_config.ON_ERROR_MODES),
-        (InputFormat, job_config.INPUT_FORMATS),
-        (LabelScore, engine_config.LABEL_SCORES),
-    ],
-)
-def test_literal_choices_equal_the_configs_choices(choice, values):
-    assert set(typing.get_args(choice)) == set(values)
+def literal_values(hint) -> set:
+    """The values of every Literal inside a type hint (Annotated, Optional and unions looked through)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return set(typing.get_args(hint))
+    return set().union(*(literal_values(arg) for arg in typing.get_args(hint)))
 
 
-def test_activation_choices_equal_the_engines():
-    activation = pytest.importorskip("score_batch.engine.activation", reason="lands with the engine branch")
-    assert set(typing.get_args(Activation)) == set(activation.ACTIVATION_CHOICES)
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s)])
+def test_an_options_choices_are_its_config_fields(setting):
+    owner, name = setting.split(".")
+    config = next(c for c in CONFIGS if c.__name__ == owner)
+    field = typing.get_type_hints(config)[name]
+    option = typing.get_type_hints(ScoreOptions)[flags.option_of(setting)]
+    assert literal_values(option) == literal_values(field)
 
 
-def test_hive_types_choices_equal_run_configs():
-    if not has_field(RunConfig, "hive_types"):
-        pytest.skip("RunConfig.hive_types lands with the io branch")
-    annotation = typing.get_type_hints(RunConfig)["hive_types"]
-    assert set(typing.get_args(HiveTypes)) == set(typing.get_args(annotation))
+def test_the_choices_are_declared_once():
+    """Literal choices live in score_batch/choices.py: the options and configs declare none of their own."""
+    for module in ("cli/options.py", "engine/config.py", "job/config.py", "io_formats/listing.py"):
+        text = (ROOT / module).read_text(encoding="utf-8")
+        assert "Literal[" not in text, module
 
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s) and s not in BUILT])
