@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from score_batch.cli.options import LogFormat
+from score_batch.choices import LogFormat
 
 ROOT_LOGGER = "score_batch"  # every module logs under score_batch.*
 FORMAT_VARIABLE = "SCORE_BATCH_LOG_FORMAT"  # --log-format's environment variable (cli/main.py's prefix)

@@ -6,28 +6,7 @@ from dataclasses import dataclass, field
 
 from score_batch.engine.errors import SettingError
 
-from score_batch.choices import (
-    ACTIVATION_CHOICES,
-    BACKENDS,
-    CHUNK_AGGREGATES,
-    DEVICES,
-    DTYPES,
-    LABEL_SCORES,
-    LAYERS,
-    OPS,
-    PACKING_MODES,
-    TRUNCATE_POLICIES,
-    ActivationChoice,
-    Backend,
-    ChunkAggregate,
-    Device,
-    Dtype,
-    LabelScore,
-    Layers,
-    Ops,
-    Packing,
-    Truncate,
-)
+from score_batch import choices
 
 SGLANG_DEFAULT_DELIMITER = 9999
 
@@ -45,29 +24,29 @@ class ScoringConfig:
     query_template: str | None = None
     item_template: str | None = None
     item_first: bool = False
-    packing: Packing = "auto"  # auto: mis when the model allows it, else single
+    packing: choices.Packing = "auto"  # auto: mis when the model allows it, else single
     delimiter_token_id: int | None = None
     max_query_tokens: int | None = None
     max_item_tokens: int | None = None
     # error: a row error; item-tail / query-head: cut that end; longest-first: CrossEncoder's pair rule (cut
     # the longer of query and item, a token at a time); chunk: an over-long item is scored as windows of
     # max_item_tokens tokens sharing chunk_overlap tokens with their neighbours, aggregated by chunk_aggregate.
-    truncate: Truncate = "error"
+    truncate: choices.Truncate = "error"
     chunk_overlap: int = 0
-    chunk_aggregate: ChunkAggregate = "max"
-    activation: ActivationChoice = (
+    chunk_aggregate: choices.ChunkAggregate = "max"
+    activation: choices.ActivationChoice = (
         "auto"  # of the `score` column; auto: as CrossEncoder (engine/activation.py)
     )
     # CausalLM label scores (engine/heads.label_scores): probability = P(label) over the whole vocabulary
     # (a softmax over the labels with apply_softmax); logit = the label token's raw logit (FlagEmbedding's LLM
     # rerankers, sentence-transformers' LogitScore with one token); sigmoid = the sigmoid of that logit
     # (FlagEmbedding's normalize=True). A classifier's scores are its head's logits whatever this says.
-    label_score: LabelScore = "probability"
+    label_score: choices.LabelScore = "probability"
 
     def __post_init__(self) -> None:
-        _check_choice("ScoringConfig.packing", self.packing, PACKING_MODES)
-        _check_choice("ScoringConfig.truncate", self.truncate, TRUNCATE_POLICIES)
-        _check_choice("ScoringConfig.chunk_aggregate", self.chunk_aggregate, CHUNK_AGGREGATES)
+        _check_choice("ScoringConfig.packing", self.packing, choices.PACKING_MODES)
+        _check_choice("ScoringConfig.truncate", self.truncate, choices.TRUNCATE_POLICIES)
+        _check_choice("ScoringConfig.chunk_aggregate", self.chunk_aggregate, choices.CHUNK_AGGREGATES)
         if (
             isinstance(self.chunk_overlap, bool)
             or not isinstance(self.chunk_overlap, int)
@@ -76,8 +55,8 @@ class ScoringConfig:
             raise SettingError(
                 "ScoringConfig.chunk_overlap", self.chunk_overlap, "must be a whole number >= 0"
             )
-        _check_choice("ScoringConfig.activation", self.activation, ACTIVATION_CHOICES)
-        _check_choice("ScoringConfig.label_score", self.label_score, LABEL_SCORES)
+        _check_choice("ScoringConfig.activation", self.activation, choices.ACTIVATION_CHOICES)
+        _check_choice("ScoringConfig.label_score", self.label_score, choices.LABEL_SCORES)
         if self.label_score != "probability" and self.apply_softmax:
             raise SettingError(
                 "ScoringConfig.label_score",
@@ -108,9 +87,9 @@ class ScoringConfig:
 class EngineConfig:
     """How to run: device, dtype, attention backend and token budgets."""
 
-    device: Device = "auto"
-    dtype: Dtype = "auto"
-    backend: Backend = "auto"
+    device: choices.Device = "auto"
+    dtype: choices.Dtype = "auto"
+    backend: choices.Backend = "auto"
     max_batch_tokens: int | None = None
     max_pack_tokens: int = 8192
     trust_remote_code: bool = False
@@ -118,18 +97,18 @@ class EngineConfig:
     compile: bool = False  # torch.compile the decoder layers' norms, MLPs and attention projections + RoPE
     # Decoder layers: native (engine/native, Llama/Mistral/Qwen2/Qwen3) or transformers' modeling code;
     # auto: native when the model's family and config features are implemented there.
-    layers: Layers = "auto"
+    layers: choices.Layers = "auto"
     # Element-wise kernels of the native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer on
     # CUDA when it imports (torch under --compile), torch elsewhere.
-    ops: Ops = "auto"
+    ops: choices.Ops = "auto"
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("EngineConfig.device", self.device, DEVICES)
-        _check_choice("EngineConfig.dtype", self.dtype, DTYPES)
-        _check_choice("EngineConfig.backend", self.backend, BACKENDS)
-        _check_choice("EngineConfig.layers", self.layers, LAYERS)
-        _check_choice("EngineConfig.ops", self.ops, OPS)
+        _check_choice("EngineConfig.device", self.device, choices.DEVICES)
+        _check_choice("EngineConfig.dtype", self.dtype, choices.DTYPES)
+        _check_choice("EngineConfig.backend", self.backend, choices.BACKENDS)
+        _check_choice("EngineConfig.layers", self.layers, choices.LAYERS)
+        _check_choice("EngineConfig.ops", self.ops, choices.OPS)
         if not isinstance(self.compile, bool):
             raise SettingError("EngineConfig.compile", self.compile, "must be True or False")
         if self.max_pack_tokens < 8:
