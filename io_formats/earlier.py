@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+from score_batch.io_formats.columns import CHUNKS, POOLED, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.writers import output_compression, output_format
 
-SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scoring settings, query, item)
 SCAN_BATCH_ROWS = 65_536
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to disk
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
@@ -211,9 +211,9 @@ def _open(text: str, options):
 _JSON_SCHEMA = pa.schema(
     [
         pa.field(SCORE_KEY, pa.string()),
-        pa.field("score", pa.float64()),
-        pa.field("scores", pa.list_(pa.float64())),
-        pa.field("chunks", pa.int64()),
-        pa.field("pooled_hidden_state", pa.list_(pa.float64())),
+        pa.field(SCORE, pa.float64()),
+        pa.field(SCORES, pa.list_(pa.float64())),
+        pa.field(CHUNKS, pa.int64()),
+        pa.field(POOLED, pa.list_(pa.float64())),
     ]
 )

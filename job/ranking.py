@@ -12,8 +12,9 @@ import hashlib
 import pyarrow as pa
 import pyarrow.compute as pc
 from score_batch.engine.ranking import ranks, top_k_order
+from score_batch.io_formats.columns import QUERY_ID, QUERY_KEY, RANK, ROW_INDEX, SCORE
 from score_batch.io_formats.readers import InputRow
-from score_batch.job.contract import QUERY_KEY, RANK, ROW_INDEX, OutputContract
+from score_batch.job.contract import OutputContract
 
 
 def query_identity(row: InputRow, ids_given: bool) -> tuple:
@@ -40,8 +41,8 @@ def with_group_ids(part: pa.Table, contract: OutputContract) -> pa.Table:
         return part
     firsts = part.select([QUERY_KEY, ROW_INDEX]).group_by(QUERY_KEY).aggregate([(ROW_INDEX, "min")])
     group = pc.index_in(part[QUERY_KEY], value_set=firsts[QUERY_KEY])  # (rows,) each row's group
-    ids = firsts[f"{ROW_INDEX}_min"].take(group).cast(part.schema.field("query_id").type)
-    return part.set_column(part.schema.get_field_index("query_id"), "query_id", ids)
+    ids = firsts[f"{ROW_INDEX}_min"].take(group).cast(part.schema.field(QUERY_ID).type)
+    return part.set_column(part.schema.get_field_index(QUERY_ID), QUERY_ID, ids)
 
 
 def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
@@ -50,7 +51,7 @@ def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
     failed items (rank null, input order). The whole output is held in memory while it is ranked.
     """
     keys = part[QUERY_KEY].to_pylist()
-    scores = part["score"].to_pylist()
+    scores = part[SCORE].to_pylist()
     members: dict[str, list[int]] = {}
     for position, key in enumerate(keys):
         members.setdefault(key, []).append(position)

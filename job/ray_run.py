@@ -25,6 +25,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from score_batch.engine.setup import load_planner
+from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import (
     InputSource,
@@ -34,7 +35,7 @@ from score_batch.io_formats.readers import (
 )
 from score_batch.io_formats.target import Target
 from score_batch.job.config import RayOptions, RunConfig
-from score_batch.job.contract import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, OutputContract
+from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, preflight, run_contract
@@ -320,7 +321,7 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
             [t.cast(schema) for t in ray.get(dataset.to_arrow_refs())] or [schema.empty_table()]
         )
         rows = rows.sort_by(ROW_INDEX)
-        phase.add(ScoredWindow(0, 0, 0, scores=rows["score"]))  # the distribution before --top-k
+        phase.add(ScoredWindow(0, 0, 0, scores=rows[SCORE]))  # the distribution before --top-k
         ranked, failed = rank_parts([rows.drop_columns([REUSED_FLAG, DUPLICATES])], contract)
         errors.write(failed)
         ranked = contract.ray_view(ranked)

@@ -16,6 +16,7 @@ from collections.abc import Hashable, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+from score_batch.io_formats.columns import SCORE
 
 SAMPLE_SIZE = 100_000  # scores kept for the quantiles: 800 kB; rank error of a sampled quantile ≲ 0.5 points
 QUANTILES = (0.01, 0.05, 0.25, 0.50, 0.75, 0.95, 0.99)
@@ -106,7 +107,7 @@ def written_scores(directory: str, filesystem: pafs.FileSystem) -> Iterator[pa.A
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s)
 
     dataset = ds.dataset(directory, filesystem=filesystem, format="parquet")
-    return (batch.column(0) for batch in dataset.to_batches(columns=["score"]))
+    return (batch.column(0) for batch in dataset.to_batches(columns=[SCORE]))
 
 
 def _float_array(scores) -> np.ndarray:
