@@ -190,7 +190,7 @@ def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[Ite
                 continue
             ref = ItemRef(g, i)
             original = first.setdefault((query, tuple(ids)), ref)
-            if original != ref:
+            if original is not ref:  # setdefault gave back an earlier ref (no dataclass __eq__)
                 copies.setdefault(original, []).append(ref)
     return {original: tuple(refs) for original, refs in copies.items()}
 
