@@ -31,8 +31,9 @@ from common import (
     text_workload,
 )
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig
-from score_batch.engine.config import DTYPES
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from score_batch.choices import DTYPES
 
 REPEATS = 3  # every method's time is the best of this many runs
 

@@ -7,7 +7,6 @@ import dataclasses
 import inspect
 import json
 import shutil
-import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -156,9 +155,9 @@ def write_failure_report(report: str, error: BaseException, *, overwrite: bool) 
     try:
         from score_batch.job import report_failure
     except ImportError:  # a job package without early-failure reports: say so rather than skip it silently
-        print(
-            f"score-batch: warning: --report {report} was not written (not supported here)", file=sys.stderr
-        )
+        from score_batch.cli.logs import say
+
+        say(f"--report {report} was not written (not supported here)", "warning")
         return
     report_failure(report, error, overwrite=overwrite)
     if isinstance(error, Stopped):
@@ -177,7 +176,9 @@ def report_stop(stopped: Stopped, args: list[str], environ) -> None:
     try:
         write_failure_report(report, stopped, overwrite=overwrite)
     except UserError as refused:  # a bad report path: the stop is what to show
-        print(f"score-batch: warning: --report {report} was not written: {refused}", file=sys.stderr)
+        from score_batch.cli.logs import say
+
+        say(f"--report {report} was not written: {refused}", "warning")
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:

@@ -6,7 +6,8 @@ import logging
 import os
 import sys
 
-from score_batch.cli.flags import as_flags
+from score_batch.cli.flags import as_flags, spell_settings
+from score_batch.cli.logs import say
 
 from score_batch.errors import EXIT_USAGE, ConfigError, UserError, exit_code, is_environment_error
 
@@ -30,10 +31,11 @@ def exit_code_for(error: BaseException) -> int:
 
 
 def user_message(error: UserError) -> str:
-    """A user error in command-line words: a ConfigError's setting spelled as the flags that give it."""
+    """A user error in command-line words: a ConfigError's setting, and the settings its message names, spelled
+    as the flags that give them."""
     if isinstance(error, ConfigError):
-        return f"{as_flags(error.setting, error.value)} {error.problem}"
-    return str(error)
+        return f"{as_flags(error.setting, error.value)} {spell_settings(error.problem)}"
+    return spell_settings(str(error))
 
 
 def usage_error(error) -> int:
@@ -49,5 +51,5 @@ def usage_error(error) -> int:
 
 
 def _say(message: str) -> None:
-    """One error paragraph on stderr."""
-    print(f"score-batch: error: {message}", file=sys.stderr)
+    """One error line on stderr (a JSON object under --log-format json)."""
+    say(message)

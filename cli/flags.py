@@ -7,7 +7,9 @@ the same table (ConfigError.setting → flag_of), so the mapping and the message
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import re
 import shlex
 import typing
 
@@ -27,6 +29,11 @@ NESTED = ("RunConfig.columns", "RunConfig.engine", "EngineConfig.scoring")
 FLAGLESS = ("RayOptions.groups_per_batch",)  # Python API only: the command keeps the default
 OPTION_NAMES = tuple(field.name for field in dataclasses.fields(ScoreOptions))
 _HINTS = typing.get_type_hints(ScoreOptions, include_extras=True)
+# A setting named inside a message, with or without a Python literal value: ScoringConfig.apply_softmax=False.
+SETTING = re.compile(
+    r"\b((?:ScoringConfig|EngineConfig|RunConfig|RayOptions|ColumnOverrides)\.[a-z_]+)"
+    r"(?:=(True|False|None|'[^']*'|-?\d+(?:\.\d+)?|\((?:'[^']*'|[^()'])*\)))?"
+)
 
 
 def option_of(setting: str) -> str | None:
@@ -60,6 +67,19 @@ def as_flags(setting: str, value: object) -> str:
             return " ".join(f"{flag} {_word('='.join(v) if isinstance(v, tuple) else v)}" for v in value)
         return f"{flag} {_word(','.join(map(str, value)))}"
     return f"{flag} {_word(value)}"
+
+
+def spell_settings(text: str) -> str:
+    """A message's settings (ScoringConfig.apply_softmax=False, EngineConfig.dtype) as the flags that give them
+    (--no-apply-softmax, --dtype); settings no flag gives stay as they are."""
+
+    def spelled(match: re.Match) -> str:
+        setting, value = match.group(1), match.group(2)
+        if option_of(setting) is None:
+            return match.group(0)
+        return flag_of(setting) if value is None else as_flags(setting, ast.literal_eval(value))
+
+    return SETTING.sub(spelled, text)
 
 
 def _declared(option: str) -> typer.models.ParameterInfo:

@@ -1,4 +1,5 @@
-"""Logging for the command: one handler on stderr for the project's loggers, quiet libraries."""
+"""Logging for the command: one handler on stderr for the project's loggers, quiet libraries; the lines the
+CLI writes itself (errors, the summary) in the same format."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import logging
 import sys
 
-from score_batch.cli.options import LogFormat
+from score_batch.choices import LogFormat
 
 ROOT_LOGGER = "score_batch"  # every module logs under score_batch.*
+FORMAT_VARIABLE = "SCORE_BATCH_LOG_FORMAT"  # --log-format's environment variable (cli/main.py's prefix)
+_format: list[LogFormat] = ["text"]  # this process's stderr format, set by setup_logging
 
 
 class JsonLines(logging.Formatter):
@@ -26,16 +29,45 @@ class JsonLines(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+def requested_format(args: list[str], environ) -> LogFormat:
+    """--log-format as the command line (or its environment variable) gives it, read before click parses the
+    options, so that lines written before then (a usage error) take the format too; text unless json."""
+    value = environ.get(FORMAT_VARIABLE)
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--log-format" and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith("--log-format="):
+            value = arg.partition("=")[2]
+    return "json" if value == "json" else "text"
+
+
+def say(message: str, level: str | None = "error") -> None:
+    """A line the CLI writes itself: 'score-batch: error: message' (no level: 'score-batch: message'), or
+    under --log-format json one JSON object as the log lines are."""
+    if _format[0] == "json":
+        levelno = logging.getLevelName((level or "info").upper())
+        record = logging.LogRecord("score_batch.cli", levelno, "", 0, message, None, None)
+        line = JsonLines().format(record)
+    else:
+        line = f"score-batch: {level}: {message}" if level else f"score-batch: {message}"
+    print(line, file=sys.stderr, flush=True)
+
+
 def setup_logging(quiet: bool, log_format: LogFormat = "text") -> None:
     """Log to stderr: rich on a terminal, else 'score-batch: LEVEL: message' lines or JSON lines.
 
     quiet drops progress and summaries (INFO) only: warnings, such as the count of skipped or failed
-    rows, and errors still show.
+    rows, and errors still show. Under json, Python warnings (torch's, …) become JSON lines too.
     """
+    _format[0] = log_format
     handler: logging.Handler
     if log_format == "json":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLines())
+        logging.getLogger("py.warnings").handlers = [handler]
+        logging.getLogger("py.warnings").propagate = False
     elif sys.stderr.isatty():
         from rich.logging import RichHandler
 
@@ -43,6 +75,7 @@ def setup_logging(quiet: bool, log_format: LogFormat = "text") -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("score-batch: %(levelname)s: %(message)s"))
+    logging.captureWarnings(log_format == "json")
     logger = logging.getLogger(ROOT_LOGGER)
     logger.handlers = [handler]
     logger.setLevel(logging.WARNING if quiet else logging.INFO)

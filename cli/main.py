@@ -15,10 +15,15 @@ def run() -> None:
     From the first instruction, a signal raises Stopped (imports, flag parsing and the model load included),
     so even a run stopped in its first second ends with its --report and exit code 130/143, never a
     traceback; around that (a second signal while the stop is reported, the exit) it exits 130/143 at once.
+    Lines written before the options are read (usage errors, warnings) take --log-format's format already.
     """
     exit_on_signals()  # what StopSignals restores when it ends
     try:
         with StopSignals(immediate=True) as stop:
+            from score_batch.cli.logs import requested_format, setup_logging
+
+            if requested_format(sys.argv[1:], os.environ) == "json":  # lines before the options are read too
+                setup_logging(quiet=True, log_format="json")  # (text needs no handler yet, nor rich's import)
             from score_batch.cli.app import run_app
 
             code = run_app()

@@ -1,38 +1,25 @@
 """The score command's options, declared once: typed Annotated aliases and ScoreOptions, whose fields they type.
 
 Import-light on purpose (typer and the standard library only): Typer builds --help from these
-declarations, so nothing here may import torch, transformers, pyarrow or the engine. Choices are
-Literal types; tests/test_cli_options.py checks them, and every default, against the config classes.
+declarations, so nothing here may import torch, transformers, pyarrow or the engine. Choices are the
+Literal types of score_batch/choices.py; tests/test_cli_options.py checks every default against the configs.
 Each field of ScoreOptions sets the config field of the same name (cli/flags.py lists the exceptions).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
+
+from score_batch import choices
 
 COLUMNS = "Input columns"
 SCORING = "Scoring"
 ENGINE = "Engine"
 JOB = "Batch job"
 RAY = "Scale-out on Ray (pip install -e '.\\[ray]')"
-
-Activation = Literal["auto", "none", "sigmoid", "softmax"]
-Backend = Literal["auto", "flashinfer", "flex", "split", "sdpa"]
-Device = Literal["auto", "cpu", "cuda"]
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-HiveTypes = Literal["infer", "string"]
-InputFormat = Literal["auto", "table", "openai-batch"]
-Layers = Literal["auto", "native", "transformers"]
-Ops = Literal["auto", "torch", "flashinfer"]
-LogFormat = Literal["text", "json"]
-OnError = Literal["fail", "record", "skip"]
-Packing = Literal["auto", "mis", "single"]
-Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
-ChunkAggregate = Literal["max", "first", "mean"]
-LabelScore = Literal["probability", "logit", "sigmoid"]
 
 DEFAULT_WINDOW_ROWS = 2048  # RunConfig's default; a test keeps them equal
 
@@ -112,7 +99,7 @@ QueryIdColOpt = Annotated[str | None, _column("Query id column (default: query_i
 ItemIdColOpt = Annotated[str | None, _column("Item id column (long: item_id; nested: item_ids).")]
 KeepColumnsOpt = Annotated[str | None, _column("Comma-separated input columns to copy to the output.")]
 InputFormatOpt = Annotated[
-    InputFormat,
+    choices.RequestedFormat,
     typer.Option(
         help="table (query/item rows), openai-batch (vLLM-style /v1/score and /v1/rerank batch file, as "
         "`score-batch run-batch`), or auto (openai-batch when the lines are batch requests).",
@@ -120,7 +107,7 @@ InputFormatOpt = Annotated[
     ),
 ]
 HiveTypesOpt = Annotated[
-    HiveTypes,
+    choices.HiveTypes,
     typer.Option(
         help="Values of key=value partition directories: infer (integers, dates, … as DuckDB and polars type "
         "them) or string (keep the text).",
@@ -161,7 +148,7 @@ ApplySoftmaxOpt = Annotated[
     ),
 ]
 ActivationOpt = Annotated[
-    Activation | None,
+    choices.ActivationChoice | None,
     typer.Option(
         help="How score is made from a classifier's logits (scores stays raw): auto (as sentence-transformers' "
         "CrossEncoder: the model's activation_fn, else sigmoid for one label, else the softmax probability of "
@@ -171,7 +158,7 @@ ActivationOpt = Annotated[
     ),
 ]
 LabelScoreOpt = Annotated[
-    LabelScore | None,
+    choices.LabelScore | None,
     typer.Option(
         help="CausalLM label scores: probability (P(label) over the vocabulary, or over the labels with "
         "--apply-softmax), logit (the label token's raw logit, as FlagEmbedding's LLM rerankers return it) or "
@@ -226,7 +213,7 @@ ItemFirstOpt = Annotated[
     ),
 ]
 PackingOpt = Annotated[
-    Packing | None,
+    choices.Packing | None,
     typer.Option(
         help="mis: one packed sequence per query; single: one sequence per pair; auto: mis when the "
         "model allows it (decoders), else single (encoders, recurrent layers).",
@@ -259,7 +246,7 @@ MaxItemTokensOpt = Annotated[
     ),
 ]
 TruncateOpt = Annotated[
-    Truncate | None,
+    choices.Truncate | None,
     typer.Option(
         help="Over-long input: error (a row error), item-tail (cut the item's end), query-head (cut the "
         "query's start), longest-first (CrossEncoder's rule: cut the longer of query and item), chunk (score "
@@ -277,7 +264,7 @@ ChunkOverlapOpt = Annotated[
     ),
 ]
 ChunkAggregateOpt = Annotated[
-    ChunkAggregate | None,
+    choices.ChunkAggregate | None,
     typer.Option(
         help="With --truncate chunk: the item's score is its best window's (max; that window also gives "
         "scores and the pooled vector), its first window's, or the mean of every column.",
@@ -301,10 +288,12 @@ RankOpt = Annotated[
         rich_help_panel=SCORING,
     ),
 ]
-DeviceOpt = Annotated[Device, typer.Option(help="Where to run.", rich_help_panel=ENGINE)]
-DtypeOpt = Annotated[Dtype, typer.Option(help="auto: bf16 on CUDA, fp32 on CPU.", rich_help_panel=ENGINE)]
+DeviceOpt = Annotated[choices.Device, typer.Option(help="Where to run.", rich_help_panel=ENGINE)]
+DtypeOpt = Annotated[
+    choices.Dtype, typer.Option(help="auto: bf16 on CUDA, fp32 on CPU.", rich_help_panel=ENGINE)
+]
 BackendOpt = Annotated[
-    Backend,
+    choices.Backend,
     typer.Option(help="Attention: sdpa is the reference; flashinfer needs CUDA.", rich_help_panel=ENGINE),
 ]
 MaxBatchTokensOpt = Annotated[
@@ -342,7 +331,7 @@ CompileOpt = Annotated[
     ),
 ]
 LayersOpt = Annotated[
-    Layers,
+    choices.Layers,
     typer.Option(
         help="Decoder layers: native (our own fused Llama/Mistral/Qwen2/Qwen3 layers) or transformers' "
         "modeling code; auto: native when the model's config is fully implemented there (else one log line says why not).",
@@ -350,7 +339,7 @@ LayersOpt = Annotated[
     ),
 ]
 OpsOpt = Annotated[
-    Ops,
+    choices.Ops,
     typer.Option(
         help="Element-wise kernels of native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer "
         "on CUDA when installed, torch elsewhere.",
@@ -369,7 +358,7 @@ WindowRowsOpt = Annotated[
     int, typer.Option(help="Input rows held in memory and checkpointed at a time.", rich_help_panel=JOB)
 ]
 OnErrorOpt = Annotated[
-    OnError,
+    choices.OnError,
     typer.Option(
         help="A row that cannot be scored: fail (exit 2), record (error column), skip (errors file).",
         rich_help_panel=JOB,
@@ -461,7 +450,7 @@ ReuseMissingOkOpt = Annotated[
     ),
 ]
 LogFormatOpt = Annotated[
-    LogFormat,
+    choices.LogFormat,
     typer.Option(help="Log lines on stderr: text or json (one object per line).", rich_help_panel=JOB),
 ]
 RayOpt = Annotated[

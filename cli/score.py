@@ -12,10 +12,9 @@ import logging
 import os
 from pathlib import Path
 
-import typer
 from score_batch.cli.command import ENV_PREFIX, write_failure_report
-from score_batch.cli.flags import NESTED, comma_ints, comma_list, option_of
-from score_batch.cli.logs import quiet_libraries, setup_logging
+from score_batch.cli.flags import NESTED, as_flags, comma_ints, comma_list, option_of
+from score_batch.cli.logs import quiet_libraries, say, setup_logging
 from score_batch.cli.options import ScoreOptions
 
 from score_batch.errors import ConfigError
@@ -64,8 +63,9 @@ def score(options: ScoreOptions) -> None:
     """Run one job from the command's options; under --quiet, no summary."""
     setup_logging(options.quiet, options.log_format)
     warn_unknown_variables(os.environ, type(options))
+    profile = None
     try:
-        config = run_config(options)
+        config, profile = run_config(options)
         quiet_libraries()
         from score_batch import job  # here: --help and --version import no torch
         from score_batch.machine import tune_malloc
@@ -76,13 +76,17 @@ def score(options: ScoreOptions) -> None:
         if options.report:
             write_failure_report(options.report, error, overwrite=options.overwrite)
         raise
-    report = job.run(config)
+    try:
+        report = job.run(config)
+    except ConfigError as error:
+        raise profile_noted(error, options, profile) from None
     if not options.quiet:
-        typer.echo(report.summary(), err=True)
+        say(report.summary().removeprefix("score-batch: "), None)
 
 
 def run_config(options: ScoreOptions):
-    """Resolve one invocation's options into a RunConfig (model, profile, engine, columns, job)."""
+    """Resolve one invocation's options into a RunConfig (model, profile, engine, columns, job), and the
+    scoring profile applied (or None)."""
     from score_batch.engine.config import EngineConfig, ScoringConfig
     from score_batch.engine.model_source import hub_id_of, resolve_model_dir
     from score_batch.engine.profiles import choose_profile, scoring_config
@@ -96,7 +100,12 @@ def run_config(options: ScoreOptions):
     profile = choose_profile(options.profile, name, model_dir)
     if profile is not None:
         log.info("scoring profile: %s (%s)", profile.name, profile.source)
-    scoring = scoring_config(profile, from_options(options, ScoringConfig))  # None: not given, the profile's
+    try:
+        scoring = scoring_config(
+            profile, from_options(options, ScoringConfig)
+        )  # None: not given, the profile's
+    except ConfigError as error:
+        raise profile_noted(error, options, profile) from None
     for name in ("chunk_overlap", "chunk_aggregate"):  # a flag that would do nothing is refused, not ignored
         if getattr(options, name) is not None and scoring.truncate != "chunk":
             raise ConfigError(
@@ -105,13 +114,33 @@ def run_config(options: ScoreOptions):
                 f"applies only with --truncate chunk (the truncation is {scoring.truncate}): add --truncate "
                 "chunk or leave it out",
             )
-    return RunConfig(
+    config = RunConfig(
         **from_options(options, RunConfig, built=BUILT),
         model_dir=model_dir,
         columns=ColumnOverrides(**from_options(options, ColumnOverrides)),
         engine=EngineConfig(**from_options(options, EngineConfig), scoring=scoring),
         ray=RayOptions(**from_options(options, RayOptions)) if options.ray else None,
     )
+    return config, profile
+
+
+def profile_noted(error: ConfigError, options: ScoreOptions, profile) -> ConfigError:
+    """error, saying which of its scoring settings (the refused one and those it conflicts with) the profile
+    set and no flag did: the flag to give is then the one that overrides the profile's."""
+    if profile is None:
+        return error
+    from_profile = [
+        setting
+        for setting in (error.setting, *error.conflicts)
+        if setting.startswith("ScoringConfig.")
+        and (name := setting.partition(".")[2]) in profile.settings
+        and getattr(options, option_of(setting) or name, None) is None
+    ]
+    if not from_profile:
+        return error
+    spelled = " and ".join(as_flags(s, profile.settings[s.partition(".")[2]]) for s in from_profile)
+    problem = f"{error.problem} (the profile {profile.name} sets {spelled})"
+    return type(error)(error.setting, error.value, problem, error.conflicts)
 
 
 def from_options(options: ScoreOptions, config: type, built: tuple[str, ...] = ()) -> dict:

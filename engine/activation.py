@@ -17,12 +17,12 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from score_batch.choices import ActivationChoice
+
 log = logging.getLogger(__name__)
 
 Activation = Literal["none", "sigmoid", "softmax"]
-ActivationChoice = Literal["auto", "none", "sigmoid", "softmax"]
 ACTIVATIONS: tuple[str, ...] = get_args(Activation)
-ACTIVATION_CHOICES: tuple[str, ...] = get_args(ActivationChoice)
 ModelKind = Literal["causal", "classifier"]
 
 # Activation classes a CrossEncoder config names (torch.nn.<Name> under any module path) → ours.
@@ -130,7 +130,7 @@ def resolve_activation(
             "ScoringConfig.activation",
             requested,
             "does not apply to a CausalLM model: its label scores are probabilities already; use "
-            "apply_softmax for a softmax over the label tokens",
+            "ScoringConfig.apply_softmax=True for a softmax over the label tokens",
         )
     if requested == "softmax" and num_labels == 1:
         from score_batch.engine.errors import SettingError

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
-from score_batch.engine.types import GroupResult
+from score_batch.engine.types import GroupResult, TokenizedGroup
 
 if TYPE_CHECKING:
     from score_batch.engine.packing import ItemRef
-    from score_batch.engine.tokenize import TokenizedGroup
 
 
 def window_spans(length: int, size: int, overlap: int) -> list[tuple[int, int]]:
@@ -92,7 +91,9 @@ def check_chunk_settings(cfg: ScoringConfig, encoder: bool) -> None:
         raise SettingError(
             "ScoringConfig.chunk_overlap",
             cfg.chunk_overlap,
-            f"must be smaller than max_item_tokens ({cfg.max_item_tokens}): each window must move forward",
+            f"must be smaller than ScoringConfig.max_item_tokens ({cfg.max_item_tokens}): each window must move "
+            "forward",
+            conflicts=("ScoringConfig.max_item_tokens",),
         )
 
 

@@ -3,31 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal, get_args
 
-from score_batch.engine.activation import ACTIVATION_CHOICES, ActivationChoice
 from score_batch.engine.errors import SettingError
 
-# Choices as Literal types; the tuples list them for checks and messages. Torch-free: the attention registry
-# (which imports torch) checks that BackendName names exactly its backends.
-Packing = Literal["auto", "mis", "single"]
-BackendName = Literal["auto", "flashinfer", "flex", "split", "sdpa"]
-DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
-DeviceName = Literal["auto", "cpu", "cuda"]
-Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
-ChunkAggregate = Literal["max", "first", "mean"]
-LayersName = Literal["auto", "native", "transformers"]
-OpsName = Literal["auto", "torch", "flashinfer"]
-LabelScore = Literal["probability", "logit", "sigmoid"]
-PACKING_MODES: tuple[str, ...] = get_args(Packing)
-BACKENDS: tuple[str, ...] = get_args(BackendName)
-DTYPES: tuple[str, ...] = get_args(DtypeName)
-DEVICES: tuple[str, ...] = get_args(DeviceName)
-TRUNCATE_POLICIES: tuple[str, ...] = get_args(Truncate)
-CHUNK_AGGREGATES: tuple[str, ...] = get_args(ChunkAggregate)
-LAYERS: tuple[str, ...] = get_args(LayersName)
-OPS: tuple[str, ...] = get_args(OpsName)
-LABEL_SCORES: tuple[str, ...] = get_args(LabelScore)
+from score_batch import choices
+
 SGLANG_DEFAULT_DELIMITER = 9999
 
 
@@ -44,29 +24,29 @@ class ScoringConfig:
     query_template: str | None = None
     item_template: str | None = None
     item_first: bool = False
-    packing: Packing = "auto"  # auto: mis when the model allows it, else single
+    packing: choices.Packing = "auto"  # auto: mis when the model allows it, else single
     delimiter_token_id: int | None = None
     max_query_tokens: int | None = None
     max_item_tokens: int | None = None
     # error: a row error; item-tail / query-head: cut that end; longest-first: CrossEncoder's pair rule (cut
     # the longer of query and item, a token at a time); chunk: an over-long item is scored as windows of
     # max_item_tokens tokens sharing chunk_overlap tokens with their neighbours, aggregated by chunk_aggregate.
-    truncate: Truncate = "error"
+    truncate: choices.Truncate = "error"
     chunk_overlap: int = 0
-    chunk_aggregate: ChunkAggregate = "max"
-    activation: ActivationChoice = (
+    chunk_aggregate: choices.ChunkAggregate = "max"
+    activation: choices.ActivationChoice = (
         "auto"  # of the `score` column; auto: as CrossEncoder (engine/activation.py)
     )
     # CausalLM label scores (engine/heads.label_scores): probability = P(label) over the whole vocabulary
     # (a softmax over the labels with apply_softmax); logit = the label token's raw logit (FlagEmbedding's LLM
     # rerankers, sentence-transformers' LogitScore with one token); sigmoid = the sigmoid of that logit
     # (FlagEmbedding's normalize=True). A classifier's scores are its head's logits whatever this says.
-    label_score: LabelScore = "probability"
+    label_score: choices.LabelScore = "probability"
 
     def __post_init__(self) -> None:
-        _check_choice("ScoringConfig.packing", self.packing, PACKING_MODES)
-        _check_choice("ScoringConfig.truncate", self.truncate, TRUNCATE_POLICIES)
-        _check_choice("ScoringConfig.chunk_aggregate", self.chunk_aggregate, CHUNK_AGGREGATES)
+        _check_choice("ScoringConfig.packing", self.packing, choices.PACKING_MODES)
+        _check_choice("ScoringConfig.truncate", self.truncate, choices.TRUNCATE_POLICIES)
+        _check_choice("ScoringConfig.chunk_aggregate", self.chunk_aggregate, choices.CHUNK_AGGREGATES)
         if (
             isinstance(self.chunk_overlap, bool)
             or not isinstance(self.chunk_overlap, int)
@@ -75,20 +55,23 @@ class ScoringConfig:
             raise SettingError(
                 "ScoringConfig.chunk_overlap", self.chunk_overlap, "must be a whole number >= 0"
             )
-        _check_choice("ScoringConfig.activation", self.activation, ACTIVATION_CHOICES)
-        _check_choice("ScoringConfig.label_score", self.label_score, LABEL_SCORES)
+        _check_choice("ScoringConfig.activation", self.activation, choices.ACTIVATION_CHOICES)
+        _check_choice("ScoringConfig.label_score", self.label_score, choices.LABEL_SCORES)
         if self.label_score != "probability" and self.apply_softmax:
             raise SettingError(
                 "ScoringConfig.label_score",
                 self.label_score,
-                "is given together with apply_softmax, a softmax over the label logits (probabilities); "
-                "give one: label_score probability with apply_softmax, or apply_softmax False",
+                "cannot be combined with ScoringConfig.apply_softmax=True (a softmax over the labels' "
+                "probabilities): turn that off with ScoringConfig.apply_softmax=False, or keep it with "
+                "ScoringConfig.label_score='probability'",
+                conflicts=("ScoringConfig.apply_softmax",),
             )
         if self.label_tokens and self.label_token_ids:
             raise SettingError(
                 "ScoringConfig.label_token_ids",
                 self.label_token_ids,
-                "is given together with label_tokens; give labels as strings or as ids, not both",
+                "is given together with ScoringConfig.label_tokens; give labels as strings or as ids, not both",
+                conflicts=("ScoringConfig.label_tokens",),
             )
         for name, placeholder in (("query_template", "{query}"), ("item_template", "{item}")):
             template = getattr(self, name)
@@ -111,9 +94,9 @@ class ScoringConfig:
 class EngineConfig:
     """How to run: device, dtype, attention backend and token budgets."""
 
-    device: DeviceName = "auto"
-    dtype: DtypeName = "auto"
-    backend: BackendName = "auto"
+    device: choices.Device = "auto"
+    dtype: choices.Dtype = "auto"
+    backend: choices.Backend = "auto"
     max_batch_tokens: int | None = None
     max_pack_tokens: int = 8192
     trust_remote_code: bool = False
@@ -121,18 +104,18 @@ class EngineConfig:
     compile: bool = False  # torch.compile the decoder layers' norms, MLPs and attention projections + RoPE
     # Decoder layers: native (engine/native, Llama/Mistral/Qwen2/Qwen3) or transformers' modeling code;
     # auto: native when the model's family and config features are implemented there.
-    layers: LayersName = "auto"
+    layers: choices.Layers = "auto"
     # Element-wise kernels of the native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer on
     # CUDA when it imports (torch under --compile), torch elsewhere.
-    ops: OpsName = "auto"
+    ops: choices.Ops = "auto"
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("EngineConfig.device", self.device, DEVICES)
-        _check_choice("EngineConfig.dtype", self.dtype, DTYPES)
-        _check_choice("EngineConfig.backend", self.backend, BACKENDS)
-        _check_choice("EngineConfig.layers", self.layers, LAYERS)
-        _check_choice("EngineConfig.ops", self.ops, OPS)
+        _check_choice("EngineConfig.device", self.device, choices.DEVICES)
+        _check_choice("EngineConfig.dtype", self.dtype, choices.DTYPES)
+        _check_choice("EngineConfig.backend", self.backend, choices.BACKENDS)
+        _check_choice("EngineConfig.layers", self.layers, choices.LAYERS)
+        _check_choice("EngineConfig.ops", self.ops, choices.OPS)
         if not isinstance(self.compile, bool):
             raise SettingError("EngineConfig.compile", self.compile, "must be True or False")
         if self.max_pack_tokens < 8:

@@ -1,16 +1,33 @@
-"""CrossEncoder conventions for Scorer.predict / rank: input shapes, default activations, output types, and the
-LogitScore head and shared-prefix groups that score CrossEncoder's own token sequences with the engine."""
+"""sentence-transformers' CrossEncoder API on a Scorer (CrossEncoderAPI: predict, rank, rank_many) and its
+conventions: constructor arguments, input shapes, default activations, output types, and the shared-prefix groups
+that score CrossEncoder's own token sequences with the engine.
+
+`predict` and `rank` follow CrossEncoder 6.2 (shapes, types, activations, dict keys, truncation) over the
+engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs are the token sequences
+CrossEncoder itself would build (engine/st_model.py) and a CausalLM is scored with its LogitScore
+(logit["yes"] - logit["no"]).
+"""
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from importlib import import_module
 
 import numpy as np
 import torch
-from score_batch.engine.errors import ScoringInputError
-from score_batch.engine.heads import soft_cap
-from score_batch.engine.types import Group
+from score_batch.engine.activation import model_activation_fn
+from score_batch.engine.config import EngineConfig
+from score_batch.engine.errors import ScoringInputError, SettingError
+from score_batch.engine.planner import Planner
+from score_batch.engine.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
+from score_batch.engine.types import Group, GroupResult
+
+from score_batch.choices import BACKENDS
+
+log = logging.getLogger(__name__)
 
 Text = str | list[int]  # a query or an item: text, or token ids used as given
 
@@ -51,29 +68,6 @@ def ce_default_activation_fn(
                 f"the model's {model_activation[1]} names {model_activation[0]}, which cannot be loaded: {error}"
             ) from error
     return torch.nn.Sigmoid() if num_labels == 1 else torch.nn.Identity()
-
-
-class LogitScoreHead(torch.nn.Module):
-    """sentence-transformers' LogitScore on score rows: logit[true] - logit[false] (logit[true] alone), [n, 1].
-
-    The two rows of the LM head only, in the model's dtype as its own forward computes them, soft-capped when
-    the model caps its final logits; the runner upcasts the difference to float32 as CrossEncoder does.
-    """
-
-    def __init__(self, lm_head: torch.nn.Module, true_id: int, false_id: int | None, softcap: float | None):
-        super().__init__()
-        ids = [true_id] + ([] if false_id is None else [false_id])
-        self.weight = torch.nn.Parameter(lm_head.weight.detach()[ids].clone(), requires_grad=False)
-        bias = getattr(lm_head, "bias", None)
-        self.bias = (
-            None if bias is None else torch.nn.Parameter(bias.detach()[ids].clone(), requires_grad=False)
-        )
-        self.softcap = softcap
-        self.pair = false_id is not None
-
-    def forward(self, rows: torch.Tensor) -> torch.Tensor:  # rows: [n, hidden] → [n, 1]
-        logits = soft_cap(torch.nn.functional.linear(rows, self.weight, self.bias), self.softcap)  # [n, 1|2]
-        return logits[:, :1] - logits[:, 1:2] if self.pair else logits[:, :1]
 
 
 def prefix_groups(
@@ -160,3 +154,633 @@ def ranking_group(entry, index: int) -> Group:
         text_of(query, f"{where} query"),
         [text_of(doc, f"{where} documents[{i}]") for i, doc in enumerate(documents)],
     )
+
+
+_ITEM_NUMBER = re.compile(
+    r"\bitem \d+\b"
+)  # the item's index inside an internal group means nothing to the caller
+# torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
+ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
+# CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
+# and has no model cards): accepted, logged when given.
+_IGNORED = ("token", "local_files_only", "model_card_data", "keep_in_fp32_modules")
+# EngineConfig fields a keyword may set without giving an EngineConfig (which would drop CrossEncoder's defaults).
+_ENGINE_FIELDS = ("dtype", "max_batch_tokens", "max_pack_tokens", "allow_pickle", "compile", "layers", "ops")
+# Older CrossEncoder names of its arguments, as its own decorator maps them.
+_RENAMED = {
+    "model_name": "model_name_or_path",
+    "automodel_args": "model_kwargs",
+    "tokenizer_args": "tokenizer_kwargs",
+    "processor_kwargs": "tokenizer_kwargs",
+    "config_args": "config_kwargs",
+    "cache_dir": "cache_folder",
+    "default_activation_function": "activation_fn",
+}
+# The constructor arguments ce_arguments takes and returns, in order.
+_ARGUMENTS = ("model_kwargs", "tokenizer_kwargs", "config_kwargs", "cache_folder", "activation_fn")
+
+
+class CrossEncoderAPI:
+    """CrossEncoder's predict and rank (and rank_many) on the Scorer that inherits them (engine/scorer.py).
+
+    Uses only the Scorer's facade: setup, scoring, planner, tokenizer, score and run.
+    """
+
+    def _attach_crossencoder(self, spec: CrossEncoderSpec | None, activation_fn: Callable | None) -> None:
+        """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation."""
+        self._spec = spec
+        self._hf_config = None
+        self._activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        self._ce_tokens = self._uses_ce_tokens()
+
+    def _attach_prompts(self, spec: CrossEncoderSpec | None, prompt_template: bool) -> None:
+        """CrossEncoder's prompts and default_prompt_name (an encoder's prompt goes in as its query_template)."""
+        self.prompts: dict[str, str] = dict(spec.prompts) if spec else {}
+        self.default_prompt_name: str | None = spec.default_prompt_name if spec else None
+        self._prompt_template = prompt_template
+        if spec and spec.default_prompt and (failure := self._prompt_failure()):
+            log.warning("the default prompt %r is not applied: %s", spec.default_prompt, failure)
+
+    @property
+    def activation_fn(self) -> Callable | None:
+        """The activation predict and rank apply by default (CrossEncoder's activation_fn).
+
+        None for a CausalLM label scorer (labels from a profile or keyword arguments): its `score` needs none.
+        """
+        return self._activation_fn
+
+    @activation_fn.setter
+    def activation_fn(self, value: Callable | None) -> None:
+        self._activation_fn = value
+
+    @property
+    def num_labels(self) -> int:
+        """Scores per pair that predict returns: 1 for one-label heads and every CausalLM scorer, as CrossEncoder."""
+        return 1 if self._label_scorer else self.setup.info.num_labels  # a LogitScore runs as one label
+
+    @property
+    def max_length(self) -> int | None:
+        """The longest pair in tokens: the tokenizer's model_max_length, as CrossEncoder's max_length."""
+        return getattr(self.tokenizer, "model_max_length", None)
+
+    max_seq_length = max_length
+
+    @property
+    def config(self):
+        """The model's transformers config (transformers.PretrainedConfig), as CrossEncoder.config.
+
+        The engine's settings are `engine_config` (an EngineConfig) and `scoring`.
+        """
+        if self._hf_config is None:
+            loaded = getattr(self._runner.model.model, "config", None)
+            if loaded is None:  # native decoder layers: no transformers module is built
+                from transformers import AutoConfig
+
+                loaded = AutoConfig.from_pretrained(
+                    self.setup.info.path,
+                    trust_remote_code=self.engine_config.trust_remote_code,
+                    local_files_only=True,
+                )
+            self._hf_config = loaded
+        return self._hf_config
+
+    def predict(
+        self,
+        inputs,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        apply_softmax: bool | None = False,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device=None,
+        pool=None,
+        chunk_size: int | None = None,
+        *,
+        batch_size_hint: int | None = None,
+        return_errors: bool = False,
+        **kwargs,
+    ):
+        """CrossEncoder.predict: the score of each (query, item) pair, in input order.
+
+        Returns a float32 array of shape (n,) for one-label models and every CausalLM scorer, and (n, labels)
+        for multi-label heads; a scalar (or a (labels,) row) for one pair given as a single (query, item); a
+        tensor with convert_to_tensor; a list of tensors with convert_to_numpy=False. activation_fn (a
+        callable on the logits tensor) defaults to `self.activation_fn`: CrossEncoder's (the model's
+        activation_fn, else a sigmoid for one label, else none), or ScoringConfig.activation when that is set.
+        A CausalLM with a LogitScore (no labels) is scored as CrossEncoder scores it: its logit is
+        logit["yes"] - logit["no"]. A CausalLM label scorer (labels from a profile) returns its `score`;
+        with activation_fn, that function of the labels' log-odds (two labels, or one raw logit). Pairs with
+        the same query are scored as one group (multi-item scoring). prompt / prompt_name: as CrossEncoder's
+        (neither: the default prompt, if any). batch_size, device, pool and chunk_size
+        only tune CrossEncoder's own batching and are accepted and ignored (ours plans by tokens);
+        batch_size_hint: at most about this many pairs planned at a time. Failed pairs are NaN
+        (return_errors=True also returns the reason per pair).
+        """
+        prompt = self._resolve_prompt(prompt, prompt_name)
+        _check_batch_size(batch_size)
+        _ignore_kwargs("predict", kwargs)
+        singular = is_singular_input(inputs)
+        pairs = (
+            [inputs] if singular else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
+        )
+        raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
+        errors = [None if e is None else f"pairs[{i}]: {e}" for i, e in enumerate(errors)]
+        _warn_failed(errors)
+        values, fn = self._ce_logits(raw, score, activation_fn)
+        result = ce_outputs(
+            values, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, self.setup.device, singular
+        )
+        return (result, errors) if return_errors else result
+
+    def rank(
+        self,
+        query: Text,
+        documents: Sequence[Text],
+        top_k: int | None = None,
+        return_documents: bool = False,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        activation_fn: Callable | None = None,
+        apply_softmax: bool | None = None,
+        convert_to_numpy: bool | None = None,
+        convert_to_tensor: bool | None = None,
+        device=None,
+        pool=None,
+        chunk_size: int | None = None,
+        **kwargs,
+    ) -> list[dict]:
+        """CrossEncoder.rank: documents sorted best first as {"corpus_id", "score"} (+ "text" with return_documents).
+
+        Scores are predict's (with the same activation_fn) for one-label models and CausalLM scorers; a
+        multi-label head (which CrossEncoder refuses) ranks by the `score` column (the activated score_index
+        class), or by activation_fn's score_index column when given. Equal scores keep input order; top_k keeps
+        the best top_k; documents that failed are left out. apply_softmax, convert_to_numpy and
+        convert_to_tensor have no effect, as in CrossEncoder.
+        """
+        _ignore_kwargs("rank", kwargs)
+        return self.rank_many(
+            [(query, documents)],
+            top_k=top_k,
+            return_documents=return_documents,
+            activation_fn=activation_fn,
+            show_progress_bar=show_progress_bar,
+            _prompts=(prompt_name, prompt),
+            _batch_size=batch_size,
+        )[0]
+
+    def rank_many(
+        self,
+        queries_and_documents: Sequence[tuple[Text, Sequence[Text]]],
+        top_k: int | None = None,
+        return_documents: bool = False,
+        batch_size_hint: int | None = None,
+        activation_fn: Callable | None = None,
+        show_progress_bar: bool | None = None,
+        _prompts: tuple[str | None, str | None] = (None, None),
+        _batch_size: int = 32,
+    ) -> list[list[dict]]:
+        """`rank` for many queries at once (scored together): one sorted list of records per (query, documents)."""
+        prompt = self._resolve_prompt(_prompts[1], _prompts[0])
+        _check_batch_size(_batch_size)
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+            raise ScoringInputError(f"top_k must be a non-negative integer or None, got {top_k!r}")
+        groups = [ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
+        pairs = [(group.query, item) for group in groups for item in group.items]
+        raw, score, pair_errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
+        values = self._ranking_values(raw, score, activation_fn)
+        rankings = []
+        errors: list[str | None] = []
+        start = 0
+        for number, group in enumerate(groups):
+            stop = start + len(group.items)
+            records = [
+                {"corpus_id": i, "score": values[start + i]}
+                | ({"text": group.items[i]} if return_documents else {})
+                for i in range(len(group.items))
+                if not np.isnan(values[start + i])
+            ]
+            rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
+            errors.extend(
+                None if e is None else f"queries_and_documents[{number}]: {e}"
+                for e in pair_errors[start:stop]
+            )
+            start = stop
+        _warn_failed(errors)
+        return rankings
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    @property
+    def _label_scorer(self) -> bool:
+        """A CausalLM scored by label tokens (a profile's or the caller's), not by a LogitScore."""
+        return self.setup.info.kind == "causal"
+
+    def _uses_ce_tokens(self) -> bool:
+        """Whether predict/rank encode text pairs as CrossEncoder does (engine/st_model.py: pair_tokens).
+
+        For decoders without labels, templates or item_first, under truncate longest-first or error; encoders
+        are encoded as CrossEncoder's batches by their pair runner anyway (engine/pairs.py).
+        """
+        spec, cfg = self._spec, self.scoring
+        if spec is None or self.setup.info.encoder or self._label_scorer:
+            return False
+        if (
+            cfg.query_template
+            or cfg.item_template
+            or cfg.item_first
+            or cfg.truncate not in ("longest-first", "error")
+        ):
+            return False
+        if spec.chat is not None:
+            failure = pair_roles_failure(self.tokenizer, spec.chat.message_format, spec.chat.template_kwargs)
+            if failure is not None:
+                log.warning(
+                    "CrossEncoder would refuse pairs for this model: its chat template cannot carry a "
+                    "query/document pair (%s); pairs are encoded as query + item instead",
+                    failure,
+                )
+                return False
+        return True
+
+    def _ce_logits(
+        self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
+    ) -> tuple[np.ndarray, Callable]:
+        """What CrossEncoder's activation runs on ([n, labels]) and the activation, for this model."""
+        if not self._label_scorer:
+            return raw, activation_fn if activation_fn is not None else self._activation_fn
+        if activation_fn is None:
+            return score[:, None], torch.nn.Identity()  # [n, 1] the `score` column, as the CLI's
+        return self._label_logit(raw)[:, None], activation_fn
+
+    def _label_logit(self, raw: np.ndarray) -> np.ndarray:  # raw: [n, labels] → [n] float32
+        """A label scorer's logit as LogitScore defines it: logit[true] - logit[false], or logit[true] alone.
+
+        From the label scores: log-probability ratios for probabilities (a softmax over the labels or the whole
+        vocabulary divides both by the same sum), differences of logits, logits of sigmoids.
+        """
+        cfg = self.scoring
+        kind = getattr(cfg, "label_score", "probability")
+        values = raw.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if kind == "probability":
+                logs = np.log(values)
+            elif kind == "sigmoid":
+                logs = np.log(values) - np.log1p(-values)
+            else:
+                logs = values
+        labels = values.shape[1]
+        if labels == 2:
+            true = cfg.score_index % 2
+            return (logs[:, true] - logs[:, 1 - true]).astype(np.float32)
+        if labels == 1 and kind != "probability":
+            return logs[:, 0].astype(np.float32)
+        raise ScoringInputError(
+            f"activation_fn applies to a CausalLM label scorer's log-odds, which needs two labels (or one label "
+            f"scored as a logit); this model has {labels} label(s) scored as {kind}s: call predict without "
+            "activation_fn for its score, or Scorer.score for every label's score"
+        )
+
+    def _ranking_values(
+        self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
+    ) -> list[float]:
+        """The values rank sorts by (rank's doc), as Python floats of float32 values."""
+        one_label = raw.ndim == 2 and raw.shape[1] == 1
+        if not self._label_scorer and activation_fn is None and not one_label:
+            return score.astype(np.float32).tolist()
+        values, fn = self._ce_logits(raw, score, activation_fn)
+        if not len(values):
+            return []
+        activated = fn(torch.from_numpy(np.ascontiguousarray(values, np.float32)))  # [n, labels]
+        one = activated.ndim == 1 or activated.shape[1] == 1
+        column = activated.reshape(-1) if one else activated[:, self.scoring.score_index]
+        return column.float().tolist()
+
+    def _default_activation_fn(self) -> Callable | None:
+        """CrossEncoder's default activation for this model, or ScoringConfig.activation when set explicitly."""
+        if self._label_scorer:
+            return None
+        spec = self._spec
+        model_activation = spec.activation if spec is not None else model_activation_fn(self.setup.info.path)
+        return ce_default_activation_fn(
+            self.scoring.activation,
+            self.setup.info.kind,
+            self.setup.num_scores,
+            model_activation,
+            self.engine_config.trust_remote_code,
+        )
+
+    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """predict's prompt as CrossEncoder resolves it: prompt, else prompts[prompt_name], else the default."""
+        if prompt is not None:
+            if prompt_name is not None:
+                log.warning(
+                    "both prompt and prompt_name given: prompt_name is ignored, as CrossEncoder ignores it"
+                )
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ScoringInputError(
+                    f"prompt_name {prompt_name!r} is not one of the prompts' names {sorted(self.prompts)}"
+                )
+            return self.prompts[prompt_name]
+        return self.prompts.get(self.default_prompt_name) if self.default_prompt_name is not None else None
+
+    def _prompt_failure(self) -> str | None:
+        """Why a prompt cannot go before each query as CrossEncoder puts it, or None."""
+        if self._spec is None:
+            return "an EngineConfig was given, so pairs are not CrossEncoder's text; use ScoringConfig.query_template"
+        if self.setup.info.encoder:
+            return None if self._prompt_template else "a query_template is set; put the prompt in it"
+        if self._ce_tokens:
+            return None
+        return "pairs are not CrossEncoder's text here (labels, templates or item_first apply); use query_template"
+
+    def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner]:
+        """The CrossEncoder spec and the planner that put `prompt` (resolved) before each query."""
+        spec, planner = self._spec, self._runner.planner
+        applies = self._prompt_failure() is None
+        if (prompt or None) == (spec.default_prompt if applies else None):
+            return spec, planner  # the prompt applied at load
+        if not applies:
+            raise ScoringInputError(f"prompt {prompt!r} cannot be applied: {self._prompt_failure()}")
+        if self._ce_tokens:
+            return replace(spec, default_prompt=prompt or None), planner
+        template = prompt + "{query}" if prompt else None
+        return spec, replace(planner, cfg=replace(planner.cfg, query_template=template))
+
+    def _score_pairs(
+        self,
+        pairs: list,
+        batch_size_hint: int | None,
+        show_progress_bar: bool | None,
+        prompt: str | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query.
+
+        prompt: predict's prompt, resolved (_resolve_prompt); put before each query as CrossEncoder puts it.
+        """
+        spec, planner = self._prompted(prompt)
+        checked = [pair_of(pair, index) for index, pair in enumerate(pairs)]
+        raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
+        score = np.full(len(pairs), np.nan, np.float32)
+        errors: list[str | None] = [None] * len(pairs)
+        text = [i for i, (q, d) in enumerate(checked) if isinstance(q, str) and isinstance(d, str)]
+        groups: list[tuple[Text, list[Text], list[int]]] = []
+        planned = set()
+        if self._ce_tokens and text:
+            groups.extend(self._ce_token_groups(spec, checked, text, errors))
+            planned.update(text)
+        by_query: dict[object, tuple[Text, list[Text], list[int]]] = {}
+        for index, (query, item) in enumerate(checked):
+            if index in planned:
+                continue
+            key = query if isinstance(query, str) else ("ids", tuple(query))
+            _, items, positions = by_query.setdefault(key, (query, [], []))
+            items.append(item)
+            positions.append(index)
+        others = list(by_query.values())
+        progress = _progress(len(pairs)) if show_progress_bar else None
+        on_items = progress.update if progress is not None else None
+        try:
+            results = self._score_chunked(
+                [Group(q, items) for q, items, _ in groups], batch_size_hint, on_items, as_given=True
+            )
+            results += self._score_chunked(
+                [Group(q, items) for q, items, _ in others],
+                batch_size_hint,
+                on_items,
+                planner=None if planner is self._runner.planner else planner,
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        groups += others
+        for (_, _, positions), result in zip(groups, results):
+            raw[positions] = result.raw if result.raw is not None else result.scores
+            score[positions] = result.score
+            for position, error in zip(positions, result.failures):
+                if error is not None:
+                    errors[position] = _ITEM_NUMBER.sub("item", error)
+        return raw, score, errors
+
+    def _ce_token_groups(
+        self,
+        spec: CrossEncoderSpec,
+        checked: list[tuple[Text, Text]],
+        text: list[int],
+        errors: list[str | None],
+    ) -> list[tuple[list[int], list[list[int]], list[int]]]:
+        """Text pairs as CrossEncoder's token sequences, in groups sharing their longest common prefix.
+
+        A sequence that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets
+        its error here and no group.
+        """
+        truncate = self.scoring.truncate == "longest-first"
+        sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
+        limits = self.setup.limits
+        fits = limits.max_pack_tokens - (0 if self.setup.packing == "single" else 2)  # MIS: two delimiters
+        if limits.max_positions is not None:
+            fits = min(fits, limits.max_positions)
+        by_query: dict[str, list[tuple[int, list[int]]]] = {}
+        for index, ids in zip(text, sequences):
+            error = None
+            if not ids:
+                error = "pair is empty after tokenization"
+            elif not truncate and self.max_length is not None and len(ids) > self.max_length:
+                error = (
+                    f"pair has {len(ids)} tokens, over the model's limit of {self.max_length} (set truncate to "
+                    "longest-first to cut it as CrossEncoder does)"
+                )
+            elif len(ids) > fits:
+                error = (
+                    f"pair has {len(ids)} tokens, more than a pack holds ({fits}); raise max_pack_tokens "
+                    "(Scorer(model, max_pack_tokens=…)), or lower max_length"
+                )
+            if error is not None:
+                errors[index] = error
+                continue
+            by_query.setdefault(checked[index][0], []).append((index, ids))
+        groups = []
+        for sequences_of_query in by_query.values():
+            for query_ids, items in prefix_groups(sequences_of_query):
+                groups.append((query_ids, [ids for _, ids in items], [position for position, _ in items]))
+        return groups
+
+    def _score_chunked(
+        self,
+        groups: list[Group],
+        batch_size_hint: int | None,
+        on_items: Callable[[int], None] | None = None,
+        as_given: bool = False,
+        planner: Planner | None = None,
+    ) -> list[GroupResult]:
+        """score() over runs of whole groups of about batch_size_hint items each (None: all at once).
+
+        as_given: the groups are CrossEncoder token sequences, already truncated: planned with
+        truncate="error" so that the engine never cuts them again. planner: plans the other groups (default:
+        the runner's).
+        """
+        if batch_size_hint is not None and (
+            isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
+        ):
+            raise ScoringInputError(
+                f"batch_size_hint must be a positive integer or None, got {batch_size_hint!r}"
+            )
+        chunks: list[list[Group]] = [[]]
+        size = 0
+        for group in groups:
+            if chunks[-1] and batch_size_hint is not None and size + len(group.items) > batch_size_hint:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(group)
+            size += len(group.items)
+        if as_given:
+            planner = planner or self._runner.planner
+            planner = replace(planner, cfg=replace(planner.cfg, truncate="error"))
+        results: list[GroupResult] = []
+        for chunk in (chunk for chunk in chunks if chunk):
+            results.extend(
+                self.score(chunk, on_items) if planner is None else self.run(planner.plan(chunk), on_items)
+            )
+        return results
+
+
+def ce_arguments(overrides: dict, *values, num_labels: int | None = None) -> tuple:
+    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, no-ops taken out.
+
+    overrides: the constructor's other keywords (changed: what CrossEncoder accepts for nothing is removed).
+    """
+    named = dict(zip(_ARGUMENTS, values))
+    for old, new in _RENAMED.items():
+        if old in overrides:
+            value = overrides.pop(old)
+            if new == "tokenizer_kwargs":
+                named[new] = {**(value or {}), **(named[new] or {})}
+            elif new in named:
+                named[new] = named[new] or value
+    overrides.pop("classifier_dropout", None)  # training only
+    ignored = {name: overrides.pop(name) for name in _IGNORED if name in overrides}
+    given = {name: value for name, value in ignored.items() if value not in (None, False, {}, [])}
+    if given:
+        log.info("ignored CrossEncoder arguments (no effect in score-batch): %s", ", ".join(given))
+    config_kwargs = named["config_kwargs"] = dict(named["config_kwargs"] or {})
+    if config_kwargs.get("num_labels") is not None and num_labels is None:
+        num_labels = config_kwargs.pop("num_labels")
+    if config_kwargs:
+        log.info(
+            "config_kwargs ignored (the model's config.json is used as saved): %s", sorted(config_kwargs)
+        )
+    return (*named.values(), num_labels)
+
+
+def ce_engine_config(
+    config: EngineConfig | None,
+    overrides: dict,
+    device,
+    trust_remote_code: bool | None,
+    backend: str | None,
+    model_kwargs: dict | None,
+) -> EngineConfig:
+    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend, dtype).
+
+    overrides: the constructor's keywords; EngineConfig's fields among them are taken out and applied.
+    """
+    engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
+    config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
+    if device is not None:
+        config = replace(config, device=_device_name(device))
+    if trust_remote_code is not None:
+        config = replace(config, trust_remote_code=bool(trust_remote_code))
+    if backend is not None:
+        if backend in BACKENDS:
+            config = replace(config, backend=backend)
+        elif backend in ("torch", "onnx", "openvino"):
+            if backend != "torch":
+                log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
+        else:
+            raise SettingError(
+                "backend",
+                backend,
+                f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
+            )
+    kwargs = dict(model_kwargs or {})
+    dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in ("auto", "float32", "bfloat16", "float16"):
+            raise SettingError("model_kwargs dtype", dtype, "is not one of float32, bfloat16, float16, auto")
+        config = replace(config, dtype=name)
+    if kwargs:
+        log.info("model_kwargs ignored (score-batch loads and places the model itself): %s", sorted(kwargs))
+    return config
+
+
+def apply_tokenizer_kwargs(tokenizer, kwargs: dict | None) -> dict:
+    """Set the tokenizer attributes CrossEncoder's tokenizer kwargs set (truncation_side, padding_side)."""
+    kwargs = dict(kwargs or {})
+    for name in ("truncation_side", "padding_side"):
+        if name in kwargs:
+            setattr(tokenizer, name, kwargs[name])
+    unused = sorted(set(kwargs) - {"truncation_side", "padding_side", "model_max_length"})
+    if unused:
+        log.info("tokenizer_kwargs ignored (the tokenizer loads from its files): %s", unused)
+    return kwargs
+
+
+def check_num_labels(num_labels: int | None, info) -> None:
+    """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
+    if num_labels is None or info.kind == "causal":
+        return  # a CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore
+    if num_labels != info.num_labels:
+        raise SettingError(
+            "num_labels",
+            num_labels,
+            f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
+            "head; score-batch scores with the trained one only",
+        )
+
+
+def _device_name(device) -> str:
+    """A CrossEncoder-style device argument as EngineConfig.device (auto, cpu or cuda)."""
+    text = str(device)
+    if text in ("auto", "cpu", "cuda", "cuda:0"):
+        return text.removesuffix(":0")
+    raise SettingError("EngineConfig.device", text, "is not one of auto, cpu, cuda")
+
+
+def _ignore_kwargs(method: str, kwargs: dict) -> None:
+    """CrossEncoder's deprecated no-op arguments are accepted; anything else is a TypeError, as there."""
+    for name in ("num_workers", "convert_to_numpy", "convert_to_tensor", "apply_softmax"):
+        kwargs.pop(name, None)
+    if kwargs:
+        raise TypeError(f"{method}() got unexpected keyword arguments {sorted(kwargs)}")
+
+
+def _check_batch_size(batch_size) -> None:
+    """CrossEncoder refuses a batch_size below 1; ours plans by tokens and otherwise ignores it."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
+
+
+def _progress(total: int):
+    """A tqdm bar over scored items."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Scoring", unit="item")
+
+
+def _warn_failed(errors: list[str | None]) -> None:
+    """Log how many items could not be scored, and the first reason."""
+    failed = [e for e in errors if e is not None]
+    if failed:
+        log.warning(
+            "%d of %d items could not be scored (NaN / left out); first: %s",
+            len(failed),
+            len(errors),
+            failed[0],
+        )

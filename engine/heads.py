@@ -1,4 +1,4 @@
-"""Score-row hidden states → scores and pooled vectors (pure tensor functions, bounded memory)."""
+"""Score-row hidden states → scores and pooled vectors (pure tensor functions, bounded memory), and LogitScoreHead."""
 
 from __future__ import annotations
 
@@ -74,3 +74,26 @@ def pooled_vectors(hidden: torch.Tensor, normalize: bool) -> torch.Tensor:
 def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     """Final-logit soft-capping (Gemma 2 style): cap * tanh(logits / cap); identity when cap is None."""
     return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class LogitScoreHead(torch.nn.Module):
+    """sentence-transformers' LogitScore on score rows: logit[true] - logit[false] (logit[true] alone), [n, 1].
+
+    The two rows of the LM head only, in the model's dtype as its own forward computes them, soft-capped when
+    the model caps its final logits; the runner upcasts the difference to float32 as CrossEncoder does.
+    """
+
+    def __init__(self, lm_head: torch.nn.Module, true_id: int, false_id: int | None, softcap: float | None):
+        super().__init__()
+        ids = [true_id] + ([] if false_id is None else [false_id])
+        self.weight = torch.nn.Parameter(lm_head.weight.detach()[ids].clone(), requires_grad=False)
+        bias = getattr(lm_head, "bias", None)
+        self.bias = (
+            None if bias is None else torch.nn.Parameter(bias.detach()[ids].clone(), requires_grad=False)
+        )
+        self.softcap = softcap
+        self.pair = false_id is not None
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:  # rows: [n, hidden] → [n, 1]
+        logits = soft_cap(F.linear(rows, self.weight, self.bias), self.softcap)  # [n, 1|2]
+        return logits[:, :1] - logits[:, 1:2] if self.pair else logits[:, :1]

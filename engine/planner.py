@@ -190,7 +190,7 @@ def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[Ite
                 continue
             ref = ItemRef(g, i)
             original = first.setdefault((query, tuple(ids)), ref)
-            if original != ref:
+            if original is not ref:  # setdefault gave back an earlier ref (no dataclass __eq__)
                 copies.setdefault(original, []).append(ref)
     return {original: tuple(refs) for original, refs in copies.items()}
 
@@ -261,7 +261,7 @@ def resolve_label_ids(cfg: ScoringConfig, tokenizer, kind: str, vocab_size: int)
                 "ScoringConfig.label_tokens",
                 cfg.label_tokens,
                 f"has {token!r}, which encodes to {len(encoded)} tokens {encoded}; each label must be exactly one "
-                "token (check the leading space, or give the labels as label_token_ids)",
+                "token (check the leading space, or give the labels as ScoringConfig.label_token_ids)",
             )
         ids.append(encoded[0])
     setting, value = (

@@ -143,11 +143,11 @@ def _read(path: Path) -> str:
 def merge_profile(profile: dict, overrides: dict) -> dict:
     """The caller's values (not None) override the profile's; label ids and label tokens replace each other."""
     merged = dict(profile)
-    merged.update({k: v for k, v in overrides.items() if v is not None})
     if overrides.get("label_token_ids") is not None:
         merged.pop("label_tokens", None)
     if overrides.get("label_tokens") is not None:
         merged.pop("label_token_ids", None)
+    merged.update({k: v for k, v in overrides.items() if v is not None})  # both given: ScoringConfig refuses
     return merged
 
 

@@ -25,6 +25,7 @@ from score_batch.engine.planner import (
     default_delimiter,
     resolve_label_ids,
 )
+from score_batch.engine.st_model import LogitScoreSpec, read_cross_encoder
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class ResolvedSetup:
         "transformers"  # whose decoder layers run (engine/native or HF)
     )
     ops: Literal["torch", "flashinfer", "none"] = "none"  # the native layers' element-wise kernels
+    # A CausalLM given no label tokens: its LogitScore (info then reads as a one-label classifier's)
+    logit_score: LogitScoreSpec | None = None
     # What `auto` fell back from when its FlashInfer kernels failed their check at load, and why
     # (engine/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
     fallbacks: tuple[str, ...] = ()
@@ -103,22 +106,32 @@ def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, 
                 f"ScoringConfig.{name}",
                 getattr(cfg, name),
                 "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
-                "limited per (query, item) pair by its own maximum length (set truncate to longest-first or "
-                "item-tail to cut the pair to fit)",
+                "limited per (query, item) pair by its own maximum length (set ScoringConfig.truncate='longest-first' "
+                "or ScoringConfig.truncate='item-tail' to cut the pair to fit)",
             )
     limit = min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
     model_max = getattr(tokenizer, "model_max_length", None)
     return min(limit, model_max) if isinstance(model_max, int) and model_max > 0 else limit
 
 
-def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int) -> None:
+def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int, logit_score: bool = False) -> None:
     """Refuse a softmax over one score and a score_index outside the scores."""
     if cfg.apply_softmax and num_scores == 1:
-        remedy = (
-            "use apply_softmax=False for the label token's probability, or give two labels (e.g. ' no', ' yes')"
-            if info.kind == "causal"
-            else "this classifier has num_labels=1: use apply_softmax=False for its raw logit"
-        )
+        if info.kind == "causal":
+            remedy = (
+                "use ScoringConfig.apply_softmax=False for the label token's probability, or give two labels "
+                "(ScoringConfig.label_tokens=(' no', ' yes'))"
+            )
+        elif logit_score:
+            remedy = (
+                "a CausalLM without labels is scored by its LogitScore, one logit (logit['yes'] - logit['no']): "
+                "use ScoringConfig.apply_softmax=False for its sigmoid, or give two labels "
+                "(ScoringConfig.label_tokens=(' no', ' yes')) for a softmax over them"
+            )
+        else:
+            remedy = (
+                "this classifier has num_labels=1: use ScoringConfig.apply_softmax=False for its raw logit"
+            )
         raise SettingError(
             "ScoringConfig.apply_softmax",
             cfg.apply_softmax,
@@ -222,9 +235,16 @@ def resolve_ops(
     return "torch"
 
 
-def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedSetup:
-    """Check the model against the config and resolve devices, budgets, packing, labels and activation."""
+def resolve_setup(
+    info: ModelInfo, config: EngineConfig, tokenizer, logit_score: LogitScoreSpec | None = None
+) -> ResolvedSetup:
+    """Check the model against the config and resolve devices, budgets, packing, labels and activation.
+
+    logit_score: a CausalLM scored by its LogitScore, which runs as a one-label scorer (label_free_scoring).
+    """
     cfg = config.scoring
+    if logit_score is not None:
+        info = replace(info, kind="classifier", num_labels=1)
     packing = resolve_packing(info, cfg)
     device = resolve_device(config.device)
     label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
@@ -234,10 +254,13 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
         raise SettingError(
             "ScoringConfig.label_score",
             cfg.label_score,
-            "applies to CausalLM label tokens; a SequenceClassification model's scores are its head's logits",
+            "applies to CausalLM label tokens (ScoringConfig.label_tokens), and none are given: this CausalLM is "
+            "scored by its LogitScore"
+            if logit_score is not None
+            else "applies to CausalLM label tokens; a SequenceClassification model's scores are its head's logits",
         )
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
-    _check_scores(info, cfg, num_scores)
+    _check_scores(info, cfg, num_scores, logit_score is not None)
     activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
     if info.kind == "causal" and cfg.label_score != "probability":  # the raw label logit, or its sigmoid
         activation = ResolvedActivation(
@@ -262,7 +285,70 @@ def resolve_setup(info: ModelInfo, config: EngineConfig, tokenizer) -> ResolvedS
     layers = resolve_layers(info, config)
     ops = resolve_ops(config, layers, device, dtype)
     return ResolvedSetup(
-        info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner, layers, ops
+        info,
+        device,
+        dtype,
+        backend,
+        limits,
+        label_ids,
+        num_scores,
+        packing,
+        activation,
+        runner,
+        layers,
+        ops,
+        logit_score=logit_score,
+    )
+
+
+def label_free_scoring(
+    info: ModelInfo, config: EngineConfig, tokenizer
+) -> tuple[EngineConfig, LogitScoreSpec | None]:
+    """A CausalLM given no label tokens is scored as CrossEncoder 6.2 scores it: by its LogitScore,
+    logit["yes"] − logit["no"] at the last token of query + item (a saved LogitScore's tokens; a saved
+    default prompt as the query template). (config, None) for labels and classifiers.
+
+    Refused, naming the label tokens, where CrossEncoder's text is not query + item (a chat template, a
+    pair encoding that adds tokens between the texts) and no templates or item_first say what to score,
+    and where CrossEncoder refuses the model too (no "yes"/"no" tokens).
+    """
+    cfg = config.scoring
+    if info.kind != "causal" or cfg.label_tokens or cfg.label_token_ids:
+        return config, None
+    spec = read_cross_encoder(info.path, tokenizer, info.architecture, info.model_type)
+    own_text = cfg.query_template is not None or cfg.item_template is not None or cfg.item_first
+    problem = None
+    if spec.refusal is not None:
+        problem = f"{spec.refusal} (CrossEncoder refuses it too)"
+    elif cfg.label_score != "probability":
+        problem = f"ScoringConfig.label_score={cfg.label_score!r} applies to label tokens"
+    elif spec.chat is not None and not own_text:
+        problem = (
+            "CrossEncoder renders its pairs through the tokenizer's chat template, which is not applied here"
+        )
+    elif not own_text and not _pair_is_query_plus_item(tokenizer):
+        problem = "its tokenizer's pair encoding is not query + item, the text scored here"
+    if problem is not None:
+        raise SettingError(
+            "ScoringConfig.label_tokens",
+            cfg.label_tokens,
+            "is empty, and this CausalLM cannot be scored as CrossEncoder scores it without labels (its "
+            f"LogitScore, logit['yes'] - logit['no']): {problem}; give label tokens "
+            "(ScoringConfig.label_tokens=(' no', ' yes')) and templates of the text to score, or a profile "
+            "(score-batch models lists them)",
+        )
+    if spec.default_prompt and cfg.query_template is None:
+        config = replace(config, scoring=replace(cfg, query_template=spec.default_prompt + "{query}"))
+    return config, spec.logit_score
+
+
+def _pair_is_query_plus_item(tokenizer) -> bool:
+    """Whether tokenizer(query, item) is the query's encoding followed by the item's without special tokens,
+    as packed groups hold them (probed on one pair)."""
+    query, item = "Tokyo is a city", " in Japan"
+    pair = list(tokenizer(query, item)["input_ids"])
+    return pair == list(tokenizer(query)["input_ids"]) + list(
+        tokenizer(item, add_special_tokens=False)["input_ids"]
     )
 
 
@@ -277,7 +363,16 @@ def load_planner(
     model_dir = resolve_model_dir(model_dir)
     info = read_model_info(model_dir, config.trust_remote_code)
     tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-    setup = resolve_setup(info, config, tokenizer)
+    config, logit_score = label_free_scoring(info, config, tokenizer)
+    if logit_score is not None:
+        log.info(
+            "no label tokens: %s is scored by its LogitScore (logit[%d] - logit[%s] at the last token), as "
+            "CrossEncoder scores it",
+            info.architecture,
+            logit_score.true_token_id,
+            logit_score.false_token_id,
+        )
+    setup = resolve_setup(info, config, tokenizer, logit_score)
     if prove:
         from score_batch.engine.proof import prove_setup  # runs kernels: imported only for a load
 

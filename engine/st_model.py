@@ -21,6 +21,9 @@ exact token ids CrossEncoder's batch would feed its model:
   config.json's `sentence_transformers.activation_fn` or `sbert_ce_default_activation_function`, else
   Sigmoid for one label and Identity otherwise (engine/activation.py: model_activation_fn).
 
+- the prompt: the constructor's `prompts` / `default_prompt_name` merged with the saved ones (ce_prompts);
+  the default prompt goes before the query's text, or first as a system message under a chat template.
+
 Anything CrossEncoder would apply that score-batch does not reproduce (other modules, lower-casing, query
 expansion) is named in CrossEncoderSpec.unsupported.
 """
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 from score_batch.engine.activation import json_object, model_activation_fn
+from score_batch.engine.errors import SettingError
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,8 @@ class CrossEncoderSpec:
     chat: ChatFormat | None  # None: the tokenizer's pair encoding
     text_kwargs: dict = field(default_factory=dict)  # processing_kwargs "common" + "text" (truncation, …)
     default_prompt: str | None = None  # prepended to each query (CrossEncoder's default_prompt_name)
+    prompts: dict = field(default_factory=dict)  # CrossEncoder's prompts: name → text (ce_prompts)
+    default_prompt_name: str | None = None
     unsupported: tuple[str, ...] = ()  # what CrossEncoder would apply that score-batch does not
     refusal: str | None = None  # why CrossEncoder itself refuses the directory, or None
 
@@ -110,11 +116,14 @@ def read_cross_encoder(
     *,
     max_length: int | None = None,
     tokenizer_kwargs: dict | None = None,
+    prompts: dict | None = None,
+    default_prompt_name: str | None = None,
 ) -> CrossEncoderSpec:
-    """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…) would (module doc).
+    """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…, prompts=…) would.
 
     tokenizer: the directory's Hugging Face tokenizer (its model_max_length, chat template and vocabulary
-    are read, never changed). architecture, model_type: config.json's (engine.models.ModelInfo).
+    are read, never changed). architecture, model_type: config.json's (engine.models.ModelInfo). prompts,
+    default_prompt_name: the constructor's, merged with the saved ones as CrossEncoder merges them (ce_prompts).
     """
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
@@ -173,8 +182,7 @@ def read_cross_encoder(
     text_kwargs.pop("padding", None)
     chat = _chat_format(tokenizer, model_type, transformer_config, processing)
     activation = model_activation_fn(path, saved=saved)
-    prompt_name = st_config.get("default_prompt_name") if saved else None
-    prompts = st_config.get("prompts") if isinstance(st_config.get("prompts"), dict) else {}
+    prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
         path=path,
         saved=saved,
@@ -185,10 +193,35 @@ def read_cross_encoder(
         activation=activation,
         chat=chat,
         text_kwargs=text_kwargs,
-        default_prompt=(prompts.get(prompt_name) or None) if prompt_name else None,
+        default_prompt=(prompts[prompt_name] or None) if prompt_name else None,
+        prompts=prompts,
+        default_prompt_name=prompt_name,
         unsupported=tuple(unsupported),
         refusal=refusal,
     )
+
+
+def ce_prompts(
+    saved_config: dict, given: dict | None, default_name: str | None
+) -> tuple[dict[str, str], str | None]:
+    """CrossEncoder's prompts and default prompt name: the given ones first, the saved ones for what they leave.
+
+    A saved prompt fills a name the constructor did not give (or gave as None); a name still None is "";
+    the default name must be one of the prompts' names (CrossEncoder raises ValueError otherwise).
+    """
+    merged = dict(given or {})
+    saved_prompts = saved_config.get("prompts")
+    for name, text in (saved_prompts if isinstance(saved_prompts, dict) else {}).items():
+        if merged.get(name) is None:
+            merged[name] = text
+    merged = {name: "" if text is None else str(text) for name, text in merged.items()}
+    if default_name is None:
+        default_name = saved_config.get("default_prompt_name")
+    if default_name is not None and default_name not in merged:
+        raise SettingError(
+            "default_prompt_name", default_name, f"is not one of the prompts' names {sorted(merged)}"
+        )
+    return merged, default_name
 
 
 def ce_max_length(tokenizer, model_dir: Path, given: int | None) -> int | None:

@@ -6,38 +6,9 @@ from dataclasses import dataclass, replace
 
 from score_batch.engine.chunking import split_windows
 from score_batch.engine.config import ScoringConfig
-from score_batch.engine.types import Group
+from score_batch.engine.types import Group, TokenizedGroup
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
-
-
-@dataclass(frozen=True)
-class TokenizedGroup:
-    """Token ids of one group; a failed item has ids None and an error message."""
-
-    query_ids: list[int]
-    item_ids: list[list[int] | None]
-    errors: list[str | None]
-    item_first: bool = False
-    # truncate="chunk": each item's windows, each scored as its own item (one window, the item itself, when it
-    # fits; none when it failed); item_ids then holds each item's whole tokens. None under other policies.
-    windows: list[list[list[int]]] | None = None
-
-    def reference_sequence(self, index: int) -> list[int]:
-        """The sequence a separate forward pass of item `index` would see."""
-        item = self.item_ids[index]
-        assert item is not None
-        return item + self.query_ids if self.item_first else self.query_ids + item
-
-    def pair_tokens(self) -> int:
-        """Tokens of the sequences a separate pass per item (or, under chunk, per window) would hold."""
-        windows = self.windows or [[ids] for ids in self.item_ids]
-        return sum(
-            len(self.query_ids) + len(ids)
-            for item_windows, error in zip(windows, self.errors)
-            if error is None
-            for ids in item_windows
-        )
 
 
 def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> TokenizedGroup:

@@ -43,3 +43,32 @@ class GroupResult:
         """Each item's error, whichever step found it; None for a scored item."""
         found = list(self.item_errors) or [None] * len(self.errors)
         return [before or after for before, after in zip(self.errors, found)]
+
+
+@dataclass(frozen=True)
+class TokenizedGroup:
+    """Token ids of one group; a failed item has ids None and an error message."""
+
+    query_ids: list[int]
+    item_ids: list[list[int] | None]
+    errors: list[str | None]
+    item_first: bool = False
+    # truncate="chunk": each item's windows, each scored as its own item (one window, the item itself, when it
+    # fits; none when it failed); item_ids then holds each item's whole tokens. None under other policies.
+    windows: list[list[list[int]]] | None = None
+
+    def reference_sequence(self, index: int) -> list[int]:
+        """The sequence a separate forward pass of item `index` would see."""
+        item = self.item_ids[index]
+        assert item is not None
+        return item + self.query_ids if self.item_first else self.query_ids + item
+
+    def pair_tokens(self) -> int:
+        """Tokens of the sequences a separate pass per item (or, under chunk, per window) would hold."""
+        windows = self.windows or [[ids] for ids in self.item_ids]
+        return sum(
+            len(self.query_ids) + len(ids)
+            for item_windows, error in zip(windows, self.errors)
+            if error is None
+            for ids in item_windows
+        )

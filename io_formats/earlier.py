@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from score_batch.io_formats.columns import CHUNKS, POOLED, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import PARQUET, InputFile, expand, file_format
 from score_batch.io_formats.locations import HTTP, has_glob, parse_location, split_inputs
@@ -27,7 +28,6 @@ from score_batch import __version__
 
 log = logging.getLogger(__name__)
 
-SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scoring settings, query, item)
 SCAN_BATCH_ROWS = 65_536
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to disk
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
@@ -296,9 +296,9 @@ def _open(file: InputFile):
 _JSON_SCHEMA = pa.schema(
     [
         pa.field(SCORE_KEY, pa.string()),
-        pa.field("score", pa.float64()),
-        pa.field("scores", pa.list_(pa.float64())),
-        pa.field("chunks", pa.int64()),
-        pa.field("pooled_hidden_state", pa.list_(pa.float64())),
+        pa.field(SCORE, pa.float64()),
+        pa.field(SCORES, pa.list_(pa.float64())),
+        pa.field(CHUNKS, pa.int64()),
+        pa.field(POOLED, pa.list_(pa.float64())),
     ]
 )

@@ -21,19 +21,17 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import HTTP, Location, has_glob
 
-# What a run asks for (RunConfig.input_format, --input-format): its input's own format (table: Parquet or
-# JSONL rows), an OpenAI-style batch file, or auto (a batch file when its first request says so).
-RequestedFormat = Literal["auto", "table", "openai-batch"]
+from score_batch.choices import HiveTypes
 
 
-class InputFormat(str, Enum):
+class FileFormat(str, Enum):
     """What an input holds: Parquet or JSONL query/item rows, or OpenAI-style batch requests (JSONL)."""
 
     PARQUET = "parquet"
@@ -47,12 +45,11 @@ class InputFormat(str, Enum):
         return format(self.value, spec)
 
 
-PARQUET, JSONL = InputFormat.PARQUET, InputFormat.JSONL
+PARQUET, JSONL = FileFormat.PARQUET, FileFormat.JSONL
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
 _PARTITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-HiveTypes = Literal["infer", "string"]
 _INTEGER = re.compile(r"[+-]?\d+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?")
@@ -63,7 +60,7 @@ class InputFile:
     """One data file of the input: where it is, its format and compression, and its partition values."""
 
     location: Location
-    format: InputFormat
+    format: FileFormat
     compression: str | None
     partitions: tuple[tuple[str, Any], ...] = ()  # (key, value): a string, or typed by type_partitions
 
@@ -145,7 +142,7 @@ def _parses(parse: Callable[[str], Any], text: str) -> bool:
     return True
 
 
-def file_format(name: str) -> tuple[InputFormat, str | None] | None:
+def file_format(name: str) -> tuple[FileFormat, str | None] | None:
     """(format, compression) from a file name, or None when it is not a data file we read."""
     lowered = name.lower()
     compression = None
@@ -280,7 +277,7 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(out))
 
 
-def check_one_format(files: list[InputFile], label: str) -> InputFormat:
+def check_one_format(files: list[InputFile], label: str) -> FileFormat:
     """The format of all files; InputError when Parquet and JSONL are mixed."""
     formats = {f.format for f in files}
     if len(formats) > 1:

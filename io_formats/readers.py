@@ -28,10 +28,8 @@ import pyarrow as pa
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader
 from score_batch.io_formats.listing import (
-    HiveTypes,
+    FileFormat,
     InputFile,
-    InputFormat,
-    RequestedFormat,
     check_one_format,
     expand,
     type_partitions,
@@ -41,6 +39,8 @@ from score_batch.io_formats.openai_batch import BatchFileReader, looks_like_open
 from score_batch.io_formats.parquet import ParquetReader
 from score_batch.io_formats.rows import BadLine, InputRow, Record, long_rows, to_row
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
+
+from score_batch.choices import HiveTypes, RequestedFormat
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
@@ -115,7 +115,7 @@ class InputSource:
     """
 
     path: str  # how the input was given (several INPUTs: joined by ", "); "-" for stdin
-    format: InputFormat  # of the files: PARQUET or JSONL (stdin: JSONL)
+    format: FileFormat  # of the files: PARQUET or JSONL (stdin: JSONL)
     files: tuple[InputFile, ...]
     directories: tuple[Location, ...] = ()  # the directories (or glob bases) the files were found in
     partition_types: tuple[tuple[str, pa.DataType], ...] = ()  # hive partition keys and their Arrow types
@@ -158,20 +158,20 @@ def reader(source: InputSource) -> TableReader:
     if state.reader is None:
         if source.path == STDIN:
             state.reader = StdinReader()
-        elif source.format == InputFormat.PARQUET:
+        elif source.format == FileFormat.PARQUET:
             state.reader = ParquetReader(source.files, source.label, dict(source.partition_types))
         else:
             state.reader = JsonlReader(source.files, source.label)
     return state.reader
 
 
-def input_format(source: InputSource, requested: RequestedFormat = "auto") -> InputFormat:
+def input_format(source: InputSource, requested: RequestedFormat = "auto") -> FileFormat:
     """What the input holds: `table` → its files' format; `openai-batch` → batch requests; `auto` → batch
     requests when the input is one file (local or a URI), or stdin, whose first non-blank line is a request."""
     if requested == "openai-batch":
-        return InputFormat.OPENAI_BATCH
+        return FileFormat.OPENAI_BATCH
     if requested == "auto" and _sniff_batch(source):
-        return InputFormat.OPENAI_BATCH
+        return FileFormat.OPENAI_BATCH
     return source.format
 
 
@@ -180,7 +180,7 @@ def _sniff_batch(source: InputSource) -> bool:
         return looks_like_openai_batch(source.spool_path())
     if len(source.files) != 1 or source.directories:
         return False  # a batch file is one JSONL file
-    return source.format == InputFormat.JSONL and looks_like_openai_batch(source.files[0])
+    return source.format == FileFormat.JSONL and looks_like_openai_batch(source.files[0])
 
 
 def batch_reader(source: InputSource) -> BatchFileReader:
@@ -212,7 +212,7 @@ def open_source(
     if STDIN in given:
         if len(given) > 1:
             raise InputError("- (stdin) cannot be combined with other inputs")
-        return InputSource(STDIN, InputFormat.JSONL, ())
+        return InputSource(STDIN, FileFormat.JSONL, ())
     files: list[InputFile] = []
     directories: list[Location] = []
     for text in given:

@@ -68,6 +68,10 @@ def run(config: RunConfig) -> RunReport:
     finally:
         report.seconds_total = round(time.perf_counter() - started, 3)
         report.add_usage(config.price_per_hour)
+        if config.dry_run and config.price_per_hour is not None:
+            log.info(
+                "dry run: no cost is given (nothing ran); usage.planned_tokens is what a run would compute"
+            )
         report.end(ended)
         if config.report:
             report.write(config.report)
@@ -126,7 +130,7 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
         return False
     completion.check_rerun(config, checked.source)
     report.already_complete = True
-    log.warning("%s is already complete (same model, settings and input); nothing to do", config.output)
+    log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True
 
 

@@ -9,18 +9,15 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
 from score_batch.engine import EngineConfig
-from score_batch.io_formats.listing import RequestedFormat
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import STDOUT
 
 from score_batch import __version__
+from score_batch.choices import INPUT_FORMATS, ON_ERROR_MODES, HiveTypes, OnError, RequestedFormat
 from score_batch.errors import ConfigError
 
-ON_ERROR_MODES = ("fail", "record", "skip")
-INPUT_FORMATS: tuple[str, ...] = get_args(RequestedFormat)
 DEFAULT_WINDOW_ROWS = 2048
 PRICE = "must be a price >= 0"
 
@@ -61,7 +58,7 @@ class RunConfig:
     columns: ColumnOverrides
     engine: EngineConfig
     window_rows: int = DEFAULT_WINDOW_ROWS
-    on_error: str = "fail"
+    on_error: OnError = "fail"
     errors_file: str | None = None
     resume: bool = False
     overwrite: bool = False
@@ -78,7 +75,7 @@ class RunConfig:
     # --storage-option key=value: endpoint, region (no secrets)
     storage_options: tuple[tuple[str, str], ...] = ()
     partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
-    hive_types: Literal["infer", "string"] = "infer"  # --hive-types: input partition values typed, or strings
+    hive_types: HiveTypes = "infer"  # --hive-types: input partition values typed, or strings
     price_per_hour: float | None = None  # --price-per-hour: the machine's price, for the report's cost
     reuse: tuple[str, ...] = ()  # --reuse: earlier outputs whose scores are copied for pairs with equal keys
     reuse_missing_ok: bool = False  # --reuse-missing-ok: a --reuse output that is not there is a warning

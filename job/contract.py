@@ -12,19 +12,26 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from score_batch.io_formats.earlier import SCORE_KEY
+from score_batch.io_formats.columns import (
+    CHUNKS,
+    DUPLICATES,
+    ERROR,
+    ERROR_FIELDS,
+    ID_COLUMNS,
+    ITEM_ID,
+    POOLED,
+    QUERY_ID,
+    QUERY_KEY,
+    RANK,
+    REUSED_FLAG,
+    ROW_INDEX,
+    SCORE,
+    SCORE_KEY,
+    SCORES,
+)
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
 
-ROW_INDEX = "row_index"  # the input row an output row came from (0-based; JSONL: line number - 1)
-ERROR = "error"
-RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
-QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
-CHUNKS = "chunks"  # --truncate chunk: how many windows the item was scored as (1 when it fit)
-REUSED_FLAG = "__reused"  # Ray actors' batches: the pair's values came from --reuse (counted, never written)
-DUPLICATES = "__duplicates"  # Ray actors' batches: the copies of earlier pairs a row accounts for (ditto)
-ERROR_FIELDS = (ROW_INDEX, "query_id", "item_id", ERROR)  # one line of the errors file
-ID_COLUMNS = ("query_id", "item_id")
 PARTITION_IDS = ID_COLUMNS  # --partition-by may name these and the kept columns
 
 
@@ -119,15 +126,15 @@ class OutputContract:
         """Checkpoint parts and Ray batches: every column, with the row index first and the error last."""
         fields = [
             pa.field(ROW_INDEX, pa.int64()),
-            pa.field("query_id", self.id_types[0]),
-            pa.field("item_id", self.id_types[1]),
-            pa.field("score", pa.float32()),
-            pa.field("scores", pa.list_(pa.float32())),
+            pa.field(QUERY_ID, self.id_types[0]),
+            pa.field(ITEM_ID, self.id_types[1]),
+            pa.field(SCORE, pa.float32()),
+            pa.field(SCORES, pa.list_(pa.float32())),
         ]
         if self.chunked:
             fields.append(pa.field(CHUNKS, pa.int32()))
         if self.pooled_dim is not None:
-            fields.append(pa.field("pooled_hidden_state", pa.list_(pa.float32(), self.pooled_dim)))
+            fields.append(pa.field(POOLED, pa.list_(pa.float32(), self.pooled_dim)))
         fields.extend(pa.field(name, dtype) for name, dtype in self.kept)
         fields.append(pa.field(SCORE_KEY, pa.string()))  # --reuse matches rows by it (job/reuse.py)
         if self.ranked:
@@ -138,7 +145,7 @@ class OutputContract:
     def ranked_schema(self) -> pa.Schema:
         """Part rows after ranking: the part schema with rank after score."""
         schema = self.part_schema()
-        return schema.insert(schema.get_field_index("score") + 1, pa.field(RANK, pa.int32()))
+        return schema.insert(schema.get_field_index(SCORE) + 1, pa.field(RANK, pa.int32()))
 
     def final_schema(self) -> pa.Schema:
         """The user's file or stdout: no row index; rank when ranked; the error column only under record."""

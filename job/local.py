@@ -20,6 +20,7 @@ from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, run_contract
+from score_batch.job.ranking import query_identity
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, pair_keys, reused_schema, score_identity
 from score_batch.job.sinks import open_sink
@@ -125,17 +126,18 @@ def _score_windows(
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
     total = source.total_rows() if mapping.layout == "long" else None
     windows_read = 0
+    ids_given = contract.query_ids_given
     with ScoringPhase(config, report, sink, total) as phase:
         for window in prefetch:
             number, rows, grouped = window.number, window.rows, window.grouped
             windows_read = number + 1
-            sizes = [len(refs) for refs in grouped.refs]
+            sizes = [(query_identity(rows[refs[0][0]], ids_given), len(refs)) for refs in grouped.refs]
             if sink.done(number, window.input_hash):
                 phase.advance(sum(len(r.item_ids) for r in rows))
                 part = sink.scored(number)
                 pairs.add(part)
                 phase.add(
-                    ScoredWindow(len(rows), 0, 0, scores=part["score"], query_sizes=sizes, resumed=True)
+                    ScoredWindow(len(rows), 0, 0, scores=part["score"], query_items=sizes, resumed=True)
                 )
                 continue
             if config.on_error == "fail":

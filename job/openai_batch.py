@@ -20,7 +20,7 @@ from score_batch.engine.pair_truncation import RequestRefused, cut_texts, tei_tr
 from score_batch.engine.planner import Planner
 from score_batch.io_formats import readers
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.listing import InputFormat
+from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.openai_batch import (
     STDIN,
     BatchError,
@@ -46,7 +46,7 @@ LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
 
 def is_openai_batch(input_format: str, source: InputSource) -> bool:
     """True when the run reads an OpenAI-style batch file (io_formats.readers.input_format decides)."""
-    return readers.input_format(source, input_format) == InputFormat.OPENAI_BATCH
+    return readers.input_format(source, input_format) == FileFormat.OPENAI_BATCH
 
 
 def batch_preflight(config: RunConfig, source: InputSource) -> Checked:

@@ -11,12 +11,13 @@ mistake drops the sink's checkpoints (the input or settings must change), anythi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.results import planned_results
-from score_batch.engine.scorer import ResolvedSetup, Scorer, load_planner
+from score_batch.engine.scorer import Scorer
+from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.job.config import RunConfig
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
@@ -35,7 +36,9 @@ class ScoredWindow:
     failed: int  # items that carry an error
     plan: object | None = None  # the window's PlanStats (None: nothing planned)
     scores: object = ()  # the items' scores, for the report's distribution (an Arrow or numpy array)
-    query_sizes: Iterable[int] = ()  # items per query group
+    # (query identity, items) per query group of the window: job/ranking.query_identity, the same query in any
+    # window counted as one for the report's items_per_query
+    query_items: Iterable[tuple[Hashable, int]] = ()
     resumed: bool = False  # a window --resume found checkpointed: read back, not scored
     reused: int = 0  # pairs copied from earlier outputs (--reuse)
     duplicates: int = 0  # pairs copied from an earlier window of the run (the plan counts those within one)
@@ -91,9 +94,9 @@ class ScoringPhase:
         if window.plan is not None:
             report.add_plan(window.plan)
         self.stats.add_scores(window.scores)
-        sizes = list(window.query_sizes)
-        self._sizes_added |= bool(sizes)
-        self.stats.add_query_sizes(sizes)
+        items = list(window.query_items)
+        self._sizes_added |= bool(items)
+        self.stats.add_query_items(items)
         self.progress.add_rows(window.rows)
 
     def commit(self, *args, **kwargs) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyarrow.fs import FileType
+from score_batch.io_formats.columns import ERROR
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import MANIFEST
 from score_batch.io_formats.target import Target, target
@@ -93,7 +94,7 @@ def _unfinished_publish(destination: Target) -> bool:
 
 def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
     """Under on_error=fail, a failed row stops the run with its message."""
-    errors = part["error"].drop_null() if contract.on_error == "fail" else ()
+    errors = part[ERROR].drop_null() if contract.on_error == "fail" else ()
     if len(errors):
         raise InputError(f"{label}: {errors[0].as_py()} {KEEP_GOING}")
 

@@ -12,21 +12,25 @@ import hashlib
 import pyarrow as pa
 import pyarrow.compute as pc
 from score_batch.engine.ranking import ranks, top_k_order
+from score_batch.io_formats.columns import QUERY_ID, QUERY_KEY, RANK, ROW_INDEX, SCORE
 from score_batch.io_formats.readers import InputRow
-from score_batch.job.contract import QUERY_KEY, RANK, ROW_INDEX, OutputContract
+from score_batch.job.contract import OutputContract
+
+
+def query_identity(row: InputRow, ids_given: bool) -> tuple:
+    """Which query a row belongs to over the whole run: its id when the input has an id column and the row's id
+    is not null; else its text (or token ids); a row that could not be read at all is a query of its own."""
+    if ids_given and row.query_id is not None:
+        return ("id", repr(row.query_id))
+    if row.query is not None:
+        return ("text", row.query if isinstance(row.query, str) else tuple(row.query))
+    return ("row", row.index)
 
 
 def query_key(row: InputRow, contract: OutputContract) -> str:
-    """The ranking group of a row, as a short string that survives checkpoint parts (same key, same query).
-
-    The given query id when the input has an id column and the row's id is not null; else the query text (or
-    token ids); a row that could not be read at all is a group of its own.
-    """
-    if contract.query_ids_given and row.query_id is not None:
-        named = ("id", repr(row.query_id))
-    elif row.query is not None:
-        named = ("text", row.query if isinstance(row.query, str) else tuple(row.query))
-    else:
+    """The ranking group of a row (query_identity), as a short string that survives checkpoint parts."""
+    named = query_identity(row, contract.query_ids_given)
+    if named[0] == "row":
         return f"row:{row.index}"
     return hashlib.sha256(repr(named).encode()).hexdigest()[:32]
 
@@ -37,8 +41,8 @@ def with_group_ids(part: pa.Table, contract: OutputContract) -> pa.Table:
         return part
     firsts = part.select([QUERY_KEY, ROW_INDEX]).group_by(QUERY_KEY).aggregate([(ROW_INDEX, "min")])
     group = pc.index_in(part[QUERY_KEY], value_set=firsts[QUERY_KEY])  # (rows,) each row's group
-    ids = firsts[f"{ROW_INDEX}_min"].take(group).cast(part.schema.field("query_id").type)
-    return part.set_column(part.schema.get_field_index("query_id"), "query_id", ids)
+    ids = firsts[f"{ROW_INDEX}_min"].take(group).cast(part.schema.field(QUERY_ID).type)
+    return part.set_column(part.schema.get_field_index(QUERY_ID), QUERY_ID, ids)
 
 
 def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
@@ -47,7 +51,7 @@ def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
     failed items (rank null, input order). The whole output is held in memory while it is ranked.
     """
     keys = part[QUERY_KEY].to_pylist()
-    scores = part["score"].to_pylist()
+    scores = part[SCORE].to_pylist()
     members: dict[str, list[int]] = {}
     for position, key in enumerate(keys):
         members.setdefault(key, []).append(position)

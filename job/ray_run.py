@@ -17,13 +17,15 @@ import contextlib
 import logging
 import os
 import pickle
+import sys
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from score_batch.engine.scorer import load_planner
+from score_batch.engine.setup import load_planner
+from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import (
     InputSource,
@@ -33,7 +35,7 @@ from score_batch.io_formats.readers import (
 )
 from score_batch.io_formats.target import Target
 from score_batch.job.config import RayOptions, RunConfig
-from score_batch.job.contract import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, OutputContract
+from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, preflight, run_contract
@@ -211,14 +213,20 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
         # A local Ray gets one spare logical CPU beyond the actors, so the read and grouping stages
         # can run while every actor holds its CPUs (on a cluster the cluster's sizes apply).
         local_cpus = max(os.cpu_count() or 1, int(options.num_workers * options.cpus_per_worker)) + 1
-        ray.init(
-            address=options.address,
-            num_cpus=None if options.address else local_cpus,
-            include_dashboard=False,
-            log_to_driver=not config.quiet,
-        )
+        with _quiet_core_worker(config.quiet):
+            ray.init(
+                address=options.address,
+                num_cpus=None if options.address else local_cpus,
+                include_dashboard=False,
+                log_to_driver=not config.quiet,
+                logging_level=logging.ERROR if config.quiet else logging.INFO,
+            )
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = not config.quiet
+    if config.quiet:  # Ray Data's own lines on stderr (its log file keeps them)
+        for handler in logging.getLogger("ray.data").handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.ERROR)
     gpus = options.gpus_per_worker
     if gpus is None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 and config.engine.device != "cpu" else 0
@@ -243,6 +251,27 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     finally:
         if reused is not None:
             reused.parent.delete_tree()
+
+
+@contextlib.contextmanager
+def _quiet_core_worker(quiet: bool):
+    """Under -q, the driver's Ray core worker (C++) writes nothing on stderr: below fatal it logs to its
+    session's files only (RAY_BACKEND_LOG_LEVEL, read when ray.init starts it; unless the caller set it), and
+    the one line it prints about that setting while ray.init runs goes to /dev/null."""
+    if not quiet or "RAY_BACKEND_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+        os.environ.pop("RAY_BACKEND_LOG_LEVEL", None)
 
 
 def _dataset(config, checked, options, units, contract, gpus, reused, total_rows: int):
@@ -292,7 +321,7 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
             [t.cast(schema) for t in ray.get(dataset.to_arrow_refs())] or [schema.empty_table()]
         )
         rows = rows.sort_by(ROW_INDEX)
-        phase.add(ScoredWindow(0, 0, 0, scores=rows["score"]))  # the distribution before --top-k
+        phase.add(ScoredWindow(0, 0, 0, scores=rows[SCORE]))  # the distribution before --top-k
         ranked, failed = rank_parts([rows.drop_columns([REUSED_FLAG, DUPLICATES])], contract)
         errors.write(failed)
         ranked = contract.ray_view(ranked)

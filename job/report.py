@@ -68,7 +68,8 @@ class RunReport:
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     # input_tokens (what the pairs would run one by one), computed_tokens (what ran), device,
-    # device_seconds, items_per_second; with --price-per-hour: price_per_hour, cost, cost_per_million_items
+    # device_seconds, items_per_second; with --price-per-hour: price_per_hour, cost, cost_per_million_items.
+    # A dry run: input_tokens, planned_tokens (what a run would compute) and device only.
     usage: dict = field(default_factory=dict)
 
     def add_setup(self, setup) -> None:
@@ -78,7 +79,18 @@ class RunReport:
         self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)
 
     def add_usage(self, price_per_hour: float | None) -> None:
-        """The usage object: tokens asked for and computed, the device and its seconds, and the cost at a price."""
+        """The usage object: tokens asked for and computed, the device and its seconds, and the cost at a price.
+
+        A dry run computes nothing: its usage is the tokens a run would compute (planned_tokens), no
+        computed_tokens, device seconds or cost.
+        """
+        if self.dry_run:
+            self.usage = {
+                "input_tokens": self.pairwise_tokens,
+                "planned_tokens": self.packed_tokens,
+                "device": device_name(self.device),
+            }
+            return
         workers = self.ray_workers or 1
         usage = {
             "input_tokens": self.pairwise_tokens,
@@ -148,11 +160,11 @@ class RunReport:
         return said
 
     def write(self, path: str) -> None:
-        """Write the report as JSON to a file (atomically), or to stderr for -."""
-        text = json.dumps(dataclasses.asdict(self), indent=2, default=str) + "\n"
+        """Write the report as JSON to a file (atomically), or to stderr for - (one line, as log lines are)."""
         if path == "-":
-            sys.stderr.write(text)
+            sys.stderr.write(json.dumps(dataclasses.asdict(self), default=str) + "\n")
             return
+        text = json.dumps(dataclasses.asdict(self), indent=2, default=str) + "\n"
         tmp = exclusive_temp(Path(path))
         tmp.write_text(text)
         durable_replace(tmp, Path(path))

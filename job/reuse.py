@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from score_batch.engine.model_source import model_identity
-from score_batch.io_formats.earlier import SCORE_KEY, join_earlier, open_earlier
+from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCORE, SCORE_KEY, SCORES
+from score_batch.io_formats.earlier import join_earlier, open_earlier
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
 from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, software_identity
 from score_batch.job.lock import process_gone
@@ -39,7 +40,7 @@ from score_batch.job.lock import process_gone
 from score_batch.machine import available_cpus, device_name
 
 log = logging.getLogger(__name__)
-REUSED = ("score", "scores", "chunks", "pooled_hidden_state")  # the values a reused row copies
+REUSED = (SCORE, SCORES, CHUNKS, POOLED)  # the values a reused row copies
 RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # taken as resolved, not as asked
 KEY_ROWS = 65_536  # keys per written batch
 TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
@@ -126,7 +127,7 @@ class EarlierScores:
             joined = directory / "reused.parquet"
             outputs = open_earlier(config.reuse, config.storage_options, config.reuse_missing_ok, warn=False)
             if not outputs:  # every one missing (preflight warned): nothing to join, no key pass
-                index = [("row_index", pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())]
+                index = [(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())]
                 pq.write_table(pa.schema([*index, *values]).empty_table(), joined)
                 return cls(directory, joined, 0)
             keys = directory / "keys.parquet"
@@ -156,10 +157,10 @@ class EarlierScores:
                 self._rows, self._next = batch.to_pylist(), 0
                 continue
             row = self._rows[self._next]
-            if row["row_index"] > last:
+            if row[ROW_INDEX] > last:
                 return found
             self._next += 1
-            number = position.get(row["row_index"])
+            number = position.get(row[ROW_INDEX])
             values = None if number is None else reused_values(row, keys[number])
             if values is not None:
                 found[(number, row["item_pos"])] = values
@@ -200,7 +201,7 @@ class ScoredPairs:
 
     def add(self, part: pa.Table) -> None:
         """Remember a written window's scored pairs (part schema: rows with a key and no error)."""
-        kept = part.filter(pc.and_(pc.is_valid(part[SCORE_KEY]), pc.is_null(part["error"])))
+        kept = part.filter(pc.and_(pc.is_valid(part[SCORE_KEY]), pc.is_null(part[ERROR])))
         if kept.num_rows == 0:
             return
         values = kept.select([name for name in REUSED if name in kept.schema.names])
@@ -256,7 +257,7 @@ class _HeldWindow:
 
 def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:
     """One pass over the input: (row_index, item_pos, score_key) of every readable pair, to a Parquet file."""
-    schema = pa.schema([("row_index", pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
+    schema = pa.schema([(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
     _, windows = read_windows(source, config.columns, config.window_rows)
     with pq.ParquetWriter(path, schema) as writer:
         for rows in windows:

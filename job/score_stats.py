@@ -2,21 +2,26 @@
 
 Memory is bounded whatever the run's size: count, min, max and mean are exact; the quantiles are exact up to
 SAMPLE_SIZE finite scores and beyond that come from a uniform random sample of SAMPLE_SIZE scores (reservoir
-sampling with a fixed seed, so the same input gives the same report). Items per query are kept as a histogram
-of group sizes (one counter per distinct size), so their min, median and max are always exact.
+sampling with a fixed seed, so the same input gives the same report). Items per query are counted per distinct
+query over the whole run (its id when the input has an id column, else its text: a ranking group), whatever the
+windows and the input order, by a 64-bit hash of the query: 16 bytes a query, for at most MAX_QUERIES queries
+(64 MiB; twice that for a moment while a batch of new queries is merged in); queries past that are not counted,
+and the report says so.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+from score_batch.io_formats.columns import SCORE
 
 SAMPLE_SIZE = 100_000  # scores kept for the quantiles: 800 kB; rank error of a sampled quantile ≲ 0.5 points
 QUANTILES = (0.01, 0.05, 0.25, 0.50, 0.75, 0.95, 0.99)
+MAX_QUERIES = 1 << 22  # distinct queries counted for items_per_query: 4,194,304 (64 MiB)
+MERGE_EVERY = 1 << 16  # new (query, items) counts held before they are merged into the sorted arrays
 
 
 def quantile_name(q: float) -> str:
@@ -39,7 +44,7 @@ class ScoreStats:
         # (≤ sample_size,) all scores until it is full, then a reservoir
         self._sample = np.empty(0, np.float64)
         self._rng = np.random.default_rng(seed)
-        self._sizes: Counter[int] = Counter()  # items per query → number of queries
+        self.queries = QueryItems()
 
     def add_scores(self, scores: pa.Array | pa.ChunkedArray | np.ndarray | Iterable[float | None]) -> None:
         """Count a batch of scores; nulls (failed items) are skipped, NaN and ±inf counted apart."""
@@ -55,9 +60,9 @@ class ScoreStats:
         self._offer(values)
         self.count += values.size
 
-    def add_query_sizes(self, sizes: Iterable[int]) -> None:
-        """Count queries by their number of items."""
-        self._sizes.update(int(size) for size in sizes)
+    def add_query_items(self, items: Iterable[tuple[Hashable, int]]) -> None:
+        """Count items per query: (the query's identity, its items in one window), the same query in any window."""
+        self.queries.add(items)
 
     def _offer(self, values: np.ndarray) -> None:
         """Algorithm R over a batch: value number i (0-based over the run) replaces slot j ~ U{0..i} if j fits."""
@@ -93,7 +98,7 @@ class ScoreStats:
             scores["max"] = self._max
             scores["mean"] = self._sum / self.count
         scores["quantiles"] = "exact" if self.exact else f"sampled ({self.sample_size} scores)"
-        return {"scores": scores, "items_per_query": _size_summary(self._sizes)}
+        return {"scores": scores, "items_per_query": self.queries.summary()}
 
 
 def written_scores(directory: str, filesystem: pafs.FileSystem) -> Iterator[pa.Array]:
@@ -102,7 +107,7 @@ def written_scores(directory: str, filesystem: pafs.FileSystem) -> Iterator[pa.A
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s)
 
     dataset = ds.dataset(directory, filesystem=filesystem, format="parquet")
-    return (batch.column(0) for batch in dataset.to_batches(columns=["score"]))
+    return (batch.column(0) for batch in dataset.to_batches(columns=[SCORE]))
 
 
 def _float_array(scores) -> np.ndarray:
@@ -114,20 +119,56 @@ def _float_array(scores) -> np.ndarray:
     return np.array([s for s in scores if s is not None], np.float64)
 
 
-def _size_summary(sizes: Counter[int]) -> dict:
-    """Queries, and the min / median / max of their item counts (median as numpy's: mean of the middle two)."""
-    queries = sum(sizes.values())
-    if queries == 0:
-        return {"queries": 0}
-    ordered = sorted(sizes.items())
-    lower, upper = _nth(ordered, (queries - 1) // 2), _nth(ordered, queries // 2)
-    return {"queries": queries, "min": ordered[0][0], "median": (lower + upper) / 2, "max": ordered[-1][0]}
+class QueryItems:
+    """Items per distinct query, by a 64-bit hash of the query's identity (module doc: the memory bound)."""
 
+    def __init__(self, limit: int = MAX_QUERIES) -> None:
+        self.limit = limit
+        self._keys = np.empty(0, np.int64)  # (queries,) sorted, distinct query hashes
+        self._counts = np.empty(0, np.int64)  # (queries,) items of each
+        self._new: list[tuple[int, int]] = []  # (hash, items) not merged yet
+        self.full = False  # a query was left out: the limit was reached
 
-def _nth(histogram: list[tuple[int, int]], n: int) -> int:
-    """The n-th value (0-based) of the sorted values a (value, count) histogram stands for."""
-    for value, count in histogram:
-        if n < count:
-            return value
-        n -= count
-    raise IndexError(n)
+    def add(self, items: Iterable[tuple[Hashable, int]]) -> None:
+        """Count (query identity, items) pairs."""
+        self._new.extend((hash(query), int(count)) for query, count in items)
+        if len(self._new) >= MERGE_EVERY:
+            self._merge()
+
+    def _merge(self) -> None:
+        """Fold the new counts into the sorted arrays; past the limit, new queries are left out."""
+        if not self._new:
+            return
+        new = np.array(self._new, np.int64)  # (n, 2) hash, items
+        self._new = []
+        keys, inverse = np.unique(new[:, 0], return_inverse=True)
+        counts = np.bincount(inverse, weights=new[:, 1]).astype(np.int64)  # per distinct new hash
+        at = np.searchsorted(self._keys, keys)  # where each would sit in the sorted known hashes
+        known = at < self._keys.size
+        known[known] = self._keys[at[known]] == keys[known]
+        np.add.at(self._counts, at[known], counts[known])
+        keys, counts = keys[~known], counts[~known]
+        room = self.limit - self._keys.size
+        if keys.size > room:
+            self.full = True
+            keys, counts = keys[:room], counts[:room]
+        if keys.size:
+            merged = np.concatenate([self._keys, keys])
+            order = np.argsort(merged, kind="stable")
+            self._keys, self._counts = merged[order], np.concatenate([self._counts, counts])[order]
+
+    def summary(self) -> dict:
+        """Queries, and the min / median / max of their item counts (median as numpy's: mean of the middle two)."""
+        self._merge()
+        if not self._keys.size:
+            return {"queries": 0}
+        counts = self._counts
+        summary = {
+            "queries": int(counts.size),
+            "min": int(counts.min()),
+            "median": float(np.median(counts)),
+            "max": int(counts.max()),
+        }
+        if self.full:
+            summary["counted"] = f"{self.limit} distinct queries (the limit); the others are left out"
+        return summary

@@ -11,16 +11,20 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """A setting of a config dataclass is invalid; `setting` names it as Owner.field, e.g. ScoringConfig.score_index."""
+    """A setting of a config dataclass is invalid; `setting` names it as Owner.field, e.g. ScoringConfig.score_index.
 
-    def __init__(self, setting: str, value: object, problem: str) -> None:
+    conflicts: the other settings (Owner.field) whose values make this one invalid, if any.
+    """
+
+    def __init__(self, setting: str, value: object, problem: str, conflicts: tuple[str, ...] = ()) -> None:
         super().__init__(f"{setting}={value!r} {problem}")
         self.setting = setting
         self.value = value
         self.problem = problem
+        self.conflicts = conflicts
 
     def __reduce__(self):
-        return type(self), (self.setting, self.value, self.problem)
+        return type(self), (self.setting, self.value, self.problem, self.conflicts)
 
 
 class EnvironmentFault(Exception):

@@ -165,7 +165,7 @@ def test_items_that_cannot_be_split_are_row_errors(qwen3_causal):
 
 def test_settings_refused(qwen3_causal, zoo):
     tok = tokenizer(str(qwen3_causal))
-    with pytest.raises(SettingError, match="chunk_overlap.*smaller than max_item_tokens"):
+    with pytest.raises(SettingError, match="chunk_overlap.*smaller than ScoringConfig.max_item_tokens"):
         PackedPlanner(tok, ScoringConfig(truncate="chunk", max_item_tokens=4, chunk_overlap=4), limits(600))
     with pytest.raises(SettingError, match="encoder cross-encoder yet"):
         PairPlanner(tok, ScoringConfig(truncate="chunk"), limits(600))

@@ -7,29 +7,16 @@ import dataclasses
 import json
 import logging
 import typing
+from pathlib import Path
 
 import pytest
 import typer
 from score_batch.cli import flags
 from score_batch.cli.main import app
-from score_batch.cli.options import (
-    Activation,
-    Backend,
-    Device,
-    Dtype,
-    HiveTypes,
-    InputFormat,
-    LabelScore,
-    OnError,
-    Packing,
-    ScoreOptions,
-    Truncate,
-)
+from score_batch.cli.options import ScoreOptions
 from score_batch.cli.score import BUILT, CONVERT
-from score_batch.engine import config as engine_config
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job import config as job_config
 from score_batch.job.config import RayOptions, RunConfig
 
 from score_batch import job
@@ -37,6 +24,7 @@ from score_batch.errors import ConfigError, UserError
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = (RunConfig, EngineConfig, ScoringConfig, RayOptions, ColumnOverrides)
 CLI_ONLY = ("profile", "log_format")  # options that set no config field: the profile lookup, the log lines
 PENDING = {
@@ -91,33 +79,27 @@ def test_every_option_sets_a_config_field(option):
     assert option in {flags.option_of(setting) for setting in SETTINGS}
 
 
-@pytest.mark.parametrize(
-    "choice, values",
-    [
-        (Backend, engine_config.BACKENDS),
-        (Device, engine_config.DEVICES),
-        (Dtype, engine_config.DTYPES),
-        (Packing, engine_config.PACKING_MODES),
-        (Truncate, engine_config.TRUNCATE_POLICIES),
-        (OnError, job_config.ON_ERROR_MODES),
-        (InputFormat, job_config.INPUT_FORMATS),
-        (LabelScore, engine_config.LABEL_SCORES),
-    ],
-)
-def test_literal_choices_equal_the_configs_choices(choice, values):
-    assert set(typing.get_args(choice)) == set(values)
+def literal_values(hint) -> set:
+    """The values of every Literal inside a type hint (Annotated, Optional and unions looked through)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return set(typing.get_args(hint))
+    return set().union(*(literal_values(arg) for arg in typing.get_args(hint)))
 
 
-def test_activation_choices_equal_the_engines():
-    activation = pytest.importorskip("score_batch.engine.activation", reason="lands with the engine branch")
-    assert set(typing.get_args(Activation)) == set(activation.ACTIVATION_CHOICES)
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s)])
+def test_an_options_choices_are_its_config_fields(setting):
+    owner, name = setting.split(".")
+    config = next(c for c in CONFIGS if c.__name__ == owner)
+    field = typing.get_type_hints(config)[name]
+    option = typing.get_type_hints(ScoreOptions)[flags.option_of(setting)]
+    assert literal_values(option) == literal_values(field)
 
 
-def test_hive_types_choices_equal_run_configs():
-    if not has_field(RunConfig, "hive_types"):
-        pytest.skip("RunConfig.hive_types lands with the io branch")
-    annotation = typing.get_type_hints(RunConfig)["hive_types"]
-    assert set(typing.get_args(HiveTypes)) == set(typing.get_args(annotation))
+def test_the_choices_are_declared_once():
+    """Literal choices live in score_batch/choices.py: the options and configs declare none of their own."""
+    for module in ("cli/options.py", "engine/config.py", "job/config.py", "io_formats/listing.py"):
+        text = (ROOT / module).read_text(encoding="utf-8")
+        assert "Literal[" not in text, module
 
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s) and s not in BUILT])
@@ -320,6 +302,52 @@ def test_an_engine_setting_error_is_spelled_as_flags(monkeypatch, qwen3_causal, 
     assert result.returncode == 2
     assert "score-batch: error: --truncate item-tail does not apply to pairs" in result.stderr
     assert "ScoringConfig" not in result.stderr
+
+
+def test_settings_named_in_a_message_are_spelled_as_their_flags():
+    text = (
+        "turn it off with ScoringConfig.apply_softmax=False, or keep it with ScoringConfig.label_score='probability'"
+        "; ScoringConfig.label_tokens=(' no', ' yes'); EngineConfig.dtype; RayOptions.groups_per_batch=3"
+    )
+    assert flags.spell_settings(text) == (
+        "turn it off with --no-apply-softmax, or keep it with --label-score probability"
+        "; --label-tokens ' no' --label-tokens ' yes'; --dtype; RayOptions.groups_per_batch=3"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (  # the demo profile sets --apply-softmax: the message names the flag that turns it off, and says so
+            ["--label-score", "logit"],
+            "error: --label-score logit cannot be combined with --apply-softmax (a softmax over the labels' "
+            "probabilities): turn that off with --no-apply-softmax, or keep it with --label-score probability "
+            "(the profile score_batch.json sets --apply-softmax)",
+        ),
+        (
+            ["--label-tokens", " yes"],
+            "give two labels (--label-tokens ' no' --label-tokens ' yes') (the profile",
+        ),
+        (["--label-tokens", " yes"], "use --no-apply-softmax for the label token's probability"),
+        (["--label-score", "logit", "--apply-softmax"], "keep it with --label-score probability\n"),
+        (
+            ["--label-token-ids", "5,7", "--label-tokens", " yes"],
+            "error: --label-token-ids 5,7 is given together with --label-tokens; give labels as strings",
+        ),
+        (
+            ["--truncate", "chunk", "--max-item-tokens", "4", "--chunk-overlap", "4"],
+            "error: --chunk-overlap 4 must be smaller than --max-item-tokens (4)",
+        ),
+    ],
+)
+def test_messages_name_the_flags_that_fix_them_and_what_the_profile_set(args, message, tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    result = run_cli(data, "-o", tmp_path / "o.parquet", "--dry-run", *args)  # the demo model and its profile
+    assert result.returncode == 2
+    assert message in result.stderr
+    error = [line for line in result.stderr.splitlines() if "error:" in line][0]
+    for python_word in ("Config.", "apply_softmax", "label_score", "=False", "=True"):
+        assert python_word not in error
 
 
 # ----------------------------------------------------------------------------- -q silences progress only

@@ -328,3 +328,16 @@ def test_the_report_gives_usage_and_the_cost_at_a_price(qwen3_causal, tmp_path):
     assert usage["cost_per_million_items"] == round(usage["cost"] * 1e6 / 12, 6)
     assert "cost " in result.stderr
     assert run_cli(data, "-o", tmp_path / "x.parquet", "--price-per-hour", "-1").returncode == 2
+    dry = run_cli(
+        data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", tmp_path / "d.parquet", "--report", report,
+        "--overwrite", "--dry-run", env=env,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    planned = json.loads(report.read_text())
+    # nothing ran: the tokens a run would compute, no computed tokens, device seconds or cost
+    assert planned["usage"] == {
+        "input_tokens": written["pairwise_tokens"],
+        "planned_tokens": written["packed_tokens"],
+        "device": usage["device"],
+    }
+    assert "no cost is given" in dry.stderr and "cost " not in dry.stderr.splitlines()[-1]

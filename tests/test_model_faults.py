@@ -21,7 +21,7 @@ from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, Scori
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model_source import check_weight_files
 from score_batch.engine.planner import Planner
-from score_batch.engine.scorer import load_planner
+from score_batch.engine.setup import load_planner
 
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl

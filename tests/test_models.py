@@ -7,7 +7,7 @@ import json
 import pytest
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError
 from score_batch.engine.models import read_model_info
-from score_batch.engine.scorer import load_planner
+from score_batch.engine.setup import load_planner
 from transformers import AutoConfig
 
 

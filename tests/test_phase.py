@@ -41,8 +41,8 @@ def config(**overrides) -> RunConfig:
 def test_the_report_is_built_from_the_windows():
     report, sink = RunReport(), RecordingSink()
     with ScoringPhase(config(), report, sink) as phase:
-        phase.add(ScoredWindow(4, 6, 1, scores=[0.5, 0.25, None], query_sizes=[4, 2], reused=2))
-        phase.add(ScoredWindow(3, 0, 0, scores=[0.75], query_sizes=[3], resumed=True))
+        phase.add(ScoredWindow(4, 6, 1, scores=[0.5, 0.25, None], query_items=[("a", 4), ("b", 2)], reused=2))
+        phase.add(ScoredWindow(3, 0, 0, scores=[0.75], query_items=[("a", 3)], resumed=True))
         phase.add(ScoredWindow(2, 3, 3, written=False))  # the window that stopped an --on-error fail run
         phase.commit("contract")
     assert (report.rows_read, report.items, report.items_failed, report.items_scored) == (9, 9, 4, 5)

@@ -226,6 +226,8 @@ def test_resume_on_a_completed_output_exits_0_and_changes_nothing(qwen3_causal, 
     } == before
     assert json.loads((tmp_path / "r.json").read_text())["already_complete"] is True
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*listing, "r.json"])
+    quiet = run_cli(*base, "-q")  # a scheduled no-op rerun prints nothing (cron mails every line)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     assert listing == sorted(["in.jsonl", name, *(["o.jsonl.done"] if name == "o.jsonl" else [])])
 
 

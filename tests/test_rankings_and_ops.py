@@ -124,6 +124,42 @@ def test_version_threads_and_json_logs(qwen3_causal, tmp_path):
     assert refused.returncode == 2 and "--threads" in refused.stderr
 
 
+def json_lines(stderr: str) -> list[dict]:
+    """Every line of stderr as a JSON object (fails on any other line)."""
+    lines = stderr.splitlines()
+    assert lines, "nothing on stderr"
+    return [json.loads(line) for line in lines]
+
+
+def test_json_log_format_makes_every_stderr_line_a_json_object(qwen3_causal, tmp_path):
+    """The summary, the report on stderr, `score-batch: error:` lines and usage errors: one object per line."""
+    data = write_jsonl(tmp_path / "in.jsonl", ranking_rows()[:3])
+    out = tmp_path / "o.parquet"
+    flags = ["--model", qwen3_causal, *LABEL_FLAGS, "--log-format", "json"]
+    done = run_cli(data, "-o", out, *flags, "--report", "-", fresh_process=True)
+    assert done.returncode == 0, done.stderr
+    records = json_lines(done.stderr)
+    assert [r["message"] for r in records if r.get("logger") == "score_batch.cli"][0].startswith(
+        "scored 3 items"
+    )
+    assert [r["status"] for r in records if "status" in r] == ["succeeded"]  # --report -
+    exists = run_cli(data, "-o", out, *flags)
+    assert exists.returncode == 2
+    assert [(r["level"], "--overwrite" in r["message"]) for r in json_lines(exists.stderr)][-1] == (
+        "ERROR",
+        True,
+    )
+    bad_value = run_cli(data, "-o", tmp_path / "p.parquet", *flags, "--threads", "0")
+    assert bad_value.returncode == 2 and "--threads" in json_lines(bad_value.stderr)[-1]["message"]
+    for usage, env in (
+        (["--log-format=json", "--threads", "x"], {}),
+        (["--bogus"], {"SCORE_BATCH_LOG_FORMAT": "json"}),
+    ):
+        refused = run_cli(data, "-o", tmp_path / "p.parquet", *usage, env=env, fresh_process=True)
+        assert refused.returncode == 2
+        assert [r["level"] for r in json_lines(refused.stderr)] == ["ERROR"], refused.stderr
+
+
 @pytest.mark.slow
 def test_progress_lines_appear_during_a_run_when_stderr_is_a_pipe(qwen3_causal, tmp_path):
     rows = [{"query": f"query {q}", "item": f" item {i}"} for q in range(60) for i in range(4)]

@@ -124,6 +124,8 @@ def test_ray_nested_jsonl_with_skip(qwen3_causal, tmp_path):
     out = tmp_path / "out"
     result = run_cli(*common, "-o", out, "--ray", "--num-workers", "2")
     assert result.returncode == 0, result.stderr[-3000:]
+    # -q: no line of Ray's own (its loggers, Ray Data's, the core worker's), only score-batch's warning
+    assert [line.split(":")[0] for line in result.stderr.splitlines()] == ["score-batch"], result.stderr
     _compare(out, tmp_path / "local.parquet", error_column=False)
     skipped = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [(s["row_index"], s["item_id"]) for s in skipped] == [(0, 2)]

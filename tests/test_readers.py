@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader
-from score_batch.io_formats.listing import InputFormat
+from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.parquet import ParquetReader
 from score_batch.io_formats.readers import (
     batch_reader,
@@ -58,19 +58,19 @@ def test_input_format_is_decided_in_one_place(tmp_path, monkeypatch):
     batch.write_text(_lines([REQUEST]))
     table = tmp_path / "rows.jsonl"
     table.write_text(_lines(ROWS))
-    assert input_format(open_source(str(batch))) == InputFormat.OPENAI_BATCH
-    assert input_format(open_source(str(batch)), "table") == InputFormat.JSONL
-    assert input_format(open_source(str(table))) == InputFormat.JSONL
-    assert input_format(open_source(str(table)), "openai-batch") == InputFormat.OPENAI_BATCH
+    assert input_format(open_source(str(batch))) == FileFormat.OPENAI_BATCH
+    assert input_format(open_source(str(batch)), "table") == FileFormat.JSONL
+    assert input_format(open_source(str(table))) == FileFormat.JSONL
+    assert input_format(open_source(str(table)), "openai-batch") == FileFormat.OPENAI_BATCH
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "requests.jsonl").write_text(_lines([REQUEST]))
-    assert input_format(open_source(str(folder))) == InputFormat.JSONL  # a batch file is one named file
+    assert input_format(open_source(str(folder))) == FileFormat.JSONL  # a batch file is one named file
     monkeypatch.setattr(
         sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbf" + _lines([REQUEST]).encode()))
     )
     stdin = open_source("-")
-    assert input_format(stdin) == InputFormat.OPENAI_BATCH  # sniffed on the spool, BOM and all
+    assert input_format(stdin) == FileFormat.OPENAI_BATCH  # sniffed on the spool, BOM and all
     assert [r.custom_id for r in batch_reader(stdin).requests()] == ["r"]  # the spool is read, not stdin
     stdin.close()
 

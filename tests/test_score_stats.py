@@ -82,10 +82,37 @@ def test_items_per_query_min_median_max_equal_numpy():
     for n in (1, 2, 7, 100):
         sizes = rng.integers(1, 30, size=n)
         stats = ScoreStats()
-        stats.add_query_sizes(sizes[: n // 2])
-        stats.add_query_sizes(sizes[n // 2 :])
+        stats.add_query_items([(("id", q), int(size)) for q, size in enumerate(sizes[: n // 2])])
+        stats.add_query_items([(("id", q + n // 2), int(size)) for q, size in enumerate(sizes[n // 2 :])])
         got = stats.summary()["items_per_query"]
         assert got == {"queries": n, "min": sizes.min(), "median": np.median(sizes), "max": sizes.max()}
+
+
+def test_items_per_query_counts_a_query_once_whatever_the_windows_and_the_order(monkeypatch):
+    """Counts per distinct query over all calls (a query in many windows, any order), past the merge batch."""
+    import score_batch.job.score_stats as score_stats
+
+    monkeypatch.setattr(score_stats, "MERGE_EVERY", 7)
+    rng = np.random.default_rng(4)
+    pieces = [(("text", f"query {q}"), int(n)) for q in range(50) for n in rng.integers(1, 4, size=q % 5 + 1)]
+    totals = Counter()
+    for key, n in pieces:
+        totals[key] += n
+    expected = np.array(list(totals.values()))
+    for order in (pieces, pieces[::-1], [pieces[i] for i in rng.permutation(len(pieces))]):
+        stats = ScoreStats()
+        for start in range(0, len(order), 3):  # windows of 3 groups
+            stats.add_query_items(order[start : start + 3])
+        assert stats.summary()["items_per_query"] == {
+            "queries": 50,
+            "min": expected.min(),
+            "median": np.median(expected),
+            "max": expected.max(),
+        }
+    bounded = score_stats.QueryItems(limit=10)
+    bounded.add([(("id", q), 1) for q in range(30)] + [(("id", 0), 1)])
+    summary = bounded.summary()
+    assert summary["queries"] == 10 and "limit" in summary["counted"]
 
 
 def test_the_report_carries_the_distribution_of_the_written_scores(qwen3_causal, tmp_path):
@@ -118,6 +145,33 @@ def test_the_report_carries_the_distribution_of_the_written_scores(qwen3_causal,
         "median": np.median(expected),
         "max": expected.max(),
     }
+
+
+def test_items_per_query_does_not_depend_on_windows_or_input_order(qwen3_causal, tmp_path):
+    """Queries spread over windows and shuffled: one count per query id (else per query text)."""
+    rng = np.random.default_rng(5)
+    rows = [
+        {"query_id": f"q{q}", "query": f"Tokyo is city number {q}", "item": f" item {i}"}
+        for q in range(9)
+        for i in range(q % 4 + 1)
+    ]
+    sizes = np.array([q % 4 + 1 for q in range(9)])
+    expected = {"queries": 9, "min": 1, "median": float(np.median(sizes)), "max": 4}
+    for name, order in (("given", rows), ("shuffled", [rows[i] for i in rng.permutation(len(rows))])):
+        for with_ids in (True, False):
+            written = [
+                row if with_ids else {k: v for k, v in row.items() if k != "query_id"} for row in order
+            ]
+            data = write_jsonl(tmp_path / f"{name}-{with_ids}.jsonl", written)
+            for window_rows in ("3", "2048"):
+                report = tmp_path / f"{name}-{with_ids}-{window_rows}.json"
+                result = run_cli(
+                    data, "--model", qwen3_causal, *LABEL_FLAGS, "--dry-run", "--window-rows", window_rows,
+                    "--report", report, "-o", tmp_path / "o.parquet",
+                )  # fmt: skip
+                assert result.returncode == 0, result.stderr
+                got = json.loads(report.read_text())["score_stats"]["items_per_query"]
+                assert got == expected, (name, with_ids, window_rows)
 
 
 def test_scores_read_back_from_a_partitioned_directory(tmp_path):

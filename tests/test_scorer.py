@@ -220,7 +220,7 @@ def test_score_index_picks_column(qwen3_causal):
     "scoring, message",
     [
         ({"label_tokens": (" to the",)}, "exactly one token"),
-        ({"label_tokens": ()}, "needs label tokens"),
+        ({"label_tokens": (), "label_score": "logit"}, "label_score='logit' applies to label tokens"),
         ({"label_token_ids": (5, 5)}, "duplicates"),
         ({"label_token_ids": (10**7,)}, "outside the vocabulary"),
         ({"score_index": 5}, "ScoringConfig.score_index=5 is out of range for 2 scores"),

@@ -324,6 +324,51 @@ def test_a_saved_default_prompt_is_applied_as_cross_encoder_applies_it(causal_di
         same(ours.predict(PAIRS[:-1]), theirs.predict(PAIRS[:-1]))
 
 
+def test_constructor_prompts_are_applied_as_cross_encoder_applies_them(causal_dirs, zoo, tmp_path_factory):
+    """Scorer(m, prompts=…, default_prompt_name=…) and predict/rank's prompt/prompt_name, as CrossEncoder 6.2."""
+    sources = (
+        causal_dirs["pair-encoding"],
+        causal_dirs["chat-flat"],
+        zoo.get("bert", "classifier", num_labels=1),
+    )
+    saved_prompt = {"prompts": {"query": "Judge: "}, "default_prompt_name": "query"}
+    # (model, whether the prompt reaches its text: the flat template renders no system message)
+    models = [(sources[0], True), (sources[1], False), (sources[2], True)]
+    system = "{% for m in messages if m.role == 'system' %}<|im_start|>system\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    models.append((with_template(sources[0], tmp_path_factory, system + FLAT_TEMPLATE), True))
+    models.append((saved(sources[0], tmp_path_factory, **saved_prompt), True))
+    given = {"prompts": {"query": "Relevant? ", "other": "Other: "}, "default_prompt_name": "query"}
+    pairs = PAIRS[:-1]
+    for model_dir, shows in models:
+        ours = Scorer(model_dir, device="cpu", **given)
+        theirs = st.CrossEncoder(str(model_dir), device="cpu", **given)
+        assert ours.prompts == theirs.prompts and ours.default_prompt_name == theirs.default_prompt_name
+        plain = st.CrossEncoder(str(model_dir), device="cpu").predict(pairs, prompt="")
+        assert (max_abs_diff(theirs.predict(pairs), plain) > 1e-3) is shows
+        same(ours.predict(pairs), theirs.predict(pairs))
+        for call in ({"prompt_name": "other"}, {"prompt": ""}, {"prompt": "Q: ", "prompt_name": "other"}):
+            same(ours.predict(pairs, **call), theirs.predict(pairs, **call))
+        same(ours.predict(pairs, prompt=""), plain)
+        ranked = [theirs.rank(QUERY, DOCS, prompt_name="other"), ours.rank(QUERY, DOCS, prompt_name="other")]
+        assert [[r["corpus_id"] for r in ranking] for ranking in ranked] == [
+            [r["corpus_id"] for r in ranked[0]]
+        ] * 2
+        same([r["score"] for r in ranked[1]], [r["score"] for r in ranked[0]])
+    no_default = Scorer(sources[0], device="cpu", prompts={"query": "Q: "})
+    theirs = st.CrossEncoder(str(sources[0]), device="cpu", prompts={"query": "Q: "})
+    same(no_default.predict(pairs), theirs.predict(pairs))
+    same(no_default.predict(pairs, prompt_name="query"), theirs.predict(pairs, prompt_name="query"))
+    with pytest.raises(SettingError, match="default_prompt_name='x' is not one of the prompts' names"):
+        Scorer(sources[0], device="cpu", prompts={"query": "Q: "}, default_prompt_name="x")
+    with pytest.raises(ScoringInputError, match="prompt_name 'x' is not one of"):
+        no_default.predict(pairs, prompt_name="x")
+    labelled = Scorer(sources[0], device="cpu", label_tokens=("no", "yes"), **given)
+    with pytest.raises(
+        ScoringInputError, match="prompt 'Other: ' cannot be applied: pairs are not CrossEncoder"
+    ):
+        labelled.predict(pairs, prompt_name="other")
+
+
 def test_score_groups_of_a_logit_score_model_are_one_label(causal_dirs):
     ours, theirs = _pair(causal_dirs["pair-encoding"])
     result = ours.score([Group(QUERY, DOCS)])[0]
@@ -331,6 +376,31 @@ def test_score_groups_of_a_logit_score_model_are_one_label(causal_dirs):
     logits = theirs.predict([(QUERY, d) for d in DOCS], activation_fn=torch.nn.Identity())
     assert max_abs_diff(result.raw[:, 0], logits) <= TOL  # query + item: the tiny tokenizer's pair encoding
     assert max_abs_diff(result.score, torch.sigmoid(torch.from_numpy(logits)).numpy()) <= TOL
+
+
+def test_the_cli_scores_a_causal_lm_without_labels_by_its_logit_score_as_cross_encoder(
+    causal_dirs, tmp_path_factory, tmp_path
+):
+    """No label flags: `score` is CrossEncoder.predict (sigmoid(logit yes - logit no)); refused, naming
+    --label-tokens, where CrossEncoder's text is not query + item."""
+    pairs = [pair for pair in PAIRS if pair[0]]  # the CLI's empty query is a row error
+    prompted = saved(
+        causal_dirs["pair-encoding"], tmp_path_factory, prompts={"q": "Judge: "}, default_prompt_name="q"
+    )
+    for model_dir in (
+        causal_dirs["pair-encoding"],
+        causal_dirs["bos-pair-encoding"],
+        causal_dirs["saved-modules"],
+        prompted,
+    ):
+        expected = st.CrossEncoder(str(model_dir), device="cpu").predict(pairs)
+        assert max_abs_diff(cli_scores(tmp_path, model_dir, pairs), expected) <= TOL, model_dir
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": q, "item": d} for q, d in pairs])
+    refused = run_cli(data, "-o", tmp_path / "o.jsonl", "--model", causal_dirs["chat-flat"])
+    assert refused.returncode == 2
+    assert "error: --label-tokens is empty" in refused.stderr and "chat template" in refused.stderr
+    templated = cli_scores(tmp_path, causal_dirs["chat-flat"], pairs, "--query-template", "Q: {query}")
+    assert templated.shape == (len(pairs),) and np.isfinite(templated).all()  # the text given is scored
 
 
 def test_a_chat_template_without_pair_roles_is_refused_by_cross_encoder_and_scored_here(

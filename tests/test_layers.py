@@ -1,0 +1,137 @@
+"""The layering, checked: cli → job → engine + io_formats, nothing running back up, and no import cycles.
+
+Every import of every module is read (ast): for the layering, module level, functions and TYPE_CHECKING blocks
+alike; for cycles, what runs or is typed at import (a function's deferred import is a load-time choice).
+score_batch/'s own modules (errors, choices, signals, …) sit below every layer; its __init__ is the public
+namespace, which imports the Python API lazily.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("cli", "job", "engine", "io_formats")
+# What each layer may import besides itself and score_batch's own modules.
+ALLOWED = {
+    "cli": {"job", "engine", "io_formats"},
+    "job": {"engine", "io_formats"},
+    "engine": set(),
+    "io_formats": set(),
+}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (score_batch.engine.scorer → engine/scorer.py)."""
+    found = {
+        "score_batch." + ".".join(path.relative_to(ROOT).with_suffix("").parts): path
+        for layer in LAYERS
+        for path in (ROOT / layer).rglob("*.py")
+    }
+    found.update({f"score_batch.{path.stem}": path for path in (ROOT / "score_batch").glob("*.py")})
+    return {name.removesuffix(".__init__"): path for name, path in found.items()}
+
+
+def statements(tree: ast.AST, in_functions: bool):
+    """Every node of a module, without the bodies of its functions unless in_functions."""
+    for node in ast.iter_child_nodes(tree):
+        if in_functions or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node
+            yield from statements(node, in_functions)
+
+
+def imports(name: str, path: Path, known: set[str], in_functions: bool = True) -> set[str]:
+    """The package's modules this module imports (`from score_batch.x import y` names y when y is a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in statements(ast.parse(path.read_text(encoding="utf-8")), in_functions):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                ).strip(".")
+            found.update(
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names
+            )
+    return {module for module in found if module in known and module != name}
+
+
+def layer_of(module: str) -> str | None:
+    """cli, job, engine or io_formats; None for score_batch's own modules."""
+    part = module.split(".")[1] if module.count(".") else None
+    return part if part in LAYERS else None
+
+
+def graph(in_functions: bool = True) -> dict[str, set[str]]:
+    """Each module → the package's modules it imports."""
+    known = modules()
+    return {name: imports(name, path, set(known), in_functions) for name, path in known.items()}
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Imports that run against the layering, as 'importer → imported'."""
+    wrong = []
+    for importer, targets in edges.items():
+        layer = layer_of(importer)
+        for target in targets:
+            other = layer_of(target)
+            if importer == "score_batch":  # the public namespace: the Python API, imported lazily
+                continue
+            if (
+                layer is None
+                and other is not None
+                or layer
+                and other
+                and other != layer
+                and other not in ALLOWED[layer]
+            ):
+                wrong.append(f"{importer} → {target}")
+    return sorted(wrong)
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Modules that import each other, directly or around a loop (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in edges[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_layer_imports_upward():
+    assert upward_imports(graph()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(graph(in_functions=False)) == []
+
+
+def test_the_graph_sees_the_layers():
+    edges = graph()
+    assert "score_batch.engine.setup" in edges["score_batch.engine.scorer"]
+    assert "score_batch.engine.scorer" in edges["score_batch.job.phase"]
+    assert "score_batch.choices" in edges["score_batch.cli.options"]
