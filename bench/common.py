@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from score_batch.engine import Group
 
 sys.path.insert(

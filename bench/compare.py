@@ -30,10 +30,10 @@ from common import (
     max_abs_diff,
     text_workload,
 )
-from score_batch.engine import EngineConfig, Scorer, ScoringConfig
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from score_batch.choices import DTYPES
+from score_batch.engine import EngineConfig, Scorer, ScoringConfig
 
 REPEATS = 3  # every method's time is the best of this many runs
 

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from common import LABELS, Shape, build_bench_model, machine, text_workload
-from score_batch.engine import EngineConfig, Scorer, ScoringConfig
 from torch._dynamo.utils import counters
+
+from score_batch.engine import EngineConfig, Scorer, ScoringConfig
 
 
 def main() -> None:

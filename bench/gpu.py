@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from common import LABELS, Shape, best_of, build_bench_model, hf_prepare, hf_run, max_abs_diff, text_workload
 from flops import MFU_BASIS, causal_pairs, dense_flops_per_token, figures, pack_pairs, peak_flops
+
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 from score_batch.engine.errors import SettingError
 

@@ -39,11 +39,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import BASE_CORPUS, machine  # noqa: E402
 from score_batch.engine import EngineConfig, ScoringConfig  # noqa: E402
 from score_batch.io_formats.schema import ColumnOverrides  # noqa: E402
 from score_batch.job import RunConfig, run  # noqa: E402
-
-from bench.common import BASE_CORPUS, machine  # noqa: E402
 from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
 
 GOAL_ITEMS_PER_SECOND = 8_000  # the H100 goal on the goal shape: the host path must keep up with it

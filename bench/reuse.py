@@ -29,10 +29,11 @@ import pyarrow.parquet as pq
 from common import Shape, build_bench_model, machine, text_workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from transformers import AutoTokenizer  # noqa: E402
+
 from score_batch.engine import EngineConfig  # noqa: E402
 from score_batch.io_formats.schema import ColumnOverrides  # noqa: E402
 from score_batch.job import RunConfig, run  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
 
 
 def rows_of(groups, prefix: str) -> list[dict]:

@@ -27,8 +27,9 @@ from common import (
     text_workload,
     timed,
 )
-from score_batch.engine import EngineConfig, Scorer, ScoringConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from score_batch.engine import EngineConfig, Scorer, ScoringConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = {

@@ -6,15 +6,15 @@ import os
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
+
+from score_batch import __version__
 from score_batch.cli.command import ReportingCommand, command_from, report_stop
 from score_batch.cli.errors import exit_code_for, usage_error
 from score_batch.cli.models import models
 from score_batch.cli.options import RunBatchOptions, ScoreOptions
 from score_batch.cli.score import ENV_PREFIX, HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
-from typer.core import TyperGroup
-from typer.exceptions import TyperException
-
-from score_batch import __version__
 from score_batch.signals import Stopped
 
 ARGS = "score_batch.args"  # ctx.meta: the command line as given

@@ -8,7 +8,6 @@ import sys
 
 from score_batch.cli.flags import as_flags, spell_settings
 from score_batch.cli.logs import say
-
 from score_batch.errors import EXIT_USAGE, ConfigError, UserError, exit_code, is_environment_error
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import shlex
 import typing
 
 import typer
-from score_batch.cli.options import ScoreOptions
 
+from score_batch.cli.options import ScoreOptions
 from score_batch.errors import ConfigError
 
 OPTION_OF = {  # config fields set by an option of another name (or built from it)

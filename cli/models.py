@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from score_batch.cli.errors import user_message
 
+from score_batch.cli.errors import user_message
 from score_batch.errors import UserError
 
 # (models, heads, packing, notes): what the tests cover, family by family.
@@ -60,6 +60,7 @@ def models(
     """Print the supported families and the built-in profiles (and describe --model)."""
     from rich.console import Console
     from rich.table import Table
+
     from score_batch.engine.profiles import builtin_profiles
 
     console = Console()

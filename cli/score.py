@@ -16,7 +16,6 @@ from score_batch.cli.command import ENV_PREFIX, write_failure_report
 from score_batch.cli.flags import NESTED, as_flags, comma_ints, comma_list, option_of
 from score_batch.cli.logs import quiet_libraries, say, setup_logging
 from score_batch.cli.options import ScoreOptions
-
 from score_batch.errors import ConfigError
 from score_batch.signals import Stopped
 
@@ -87,13 +86,12 @@ def score(options: ScoreOptions) -> None:
 def run_config(options: ScoreOptions):
     """Resolve one invocation's options into a RunConfig (model, profile, engine, columns, job), and the
     scoring profile applied (or None)."""
+    from score_batch.demo import demo_model_path
     from score_batch.engine.config import EngineConfig, ScoringConfig
     from score_batch.engine.model_source import hub_id_of, resolve_model_dir
     from score_batch.engine.profiles import choose_profile, scoring_config
     from score_batch.io_formats.schema import ColumnOverrides
     from score_batch.job.config import RayOptions, RunConfig
-
-    from score_batch.demo import demo_model_path
 
     model_dir = resolve_model_dir(options.model) if options.model else Path(demo_model_path())
     name = hub_id_of(model_dir) or options.model or ""  # an HF-cache snapshot directory: its hub id

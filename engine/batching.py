@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from score_batch.engine.packing import ItemRef, Pack
 
 

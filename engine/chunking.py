@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.types import GroupResult, TokenizedGroup

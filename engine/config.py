@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from score_batch.engine.errors import SettingError
-
 from score_batch import choices
+from score_batch.engine.errors import SettingError
 
 SGLANG_DEFAULT_DELIMITER = 9999
 

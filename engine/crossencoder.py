@@ -18,14 +18,14 @@ from importlib import import_module
 
 import numpy as np
 import torch
+
+from score_batch.choices import BACKENDS
 from score_batch.engine.activation import model_activation_fn
 from score_batch.engine.config import EngineConfig
 from score_batch.engine.errors import ScoringInputError, SettingError
 from score_batch.engine.planner import Planner
 from score_batch.engine.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
 from score_batch.engine.types import Group, GroupResult
-
-from score_batch.choices import BACKENDS
 
 log = logging.getLogger(__name__)
 

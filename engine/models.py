@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+
 from score_batch.engine.errors import ScoringInputError, SettingError
 from score_batch.engine.model_kind import (  # noqa: F401 - re-exported: callers import these from here
     ATTENTION_LAYER_TYPES,
@@ -229,8 +230,9 @@ def load_model(
     weights = check_weight_files(info.path)  # headers only: a damaged file is named before a long load
     if layers == "native":
         return _load_native(info, dtype, device, ops, trust_remote_code)
-    from score_batch.engine.attention import HF_ATTENTION_NAME, register_with_transformers
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from score_batch.engine.attention import HF_ATTENTION_NAME, register_with_transformers
 
     has_safetensors = weights == "safetensors"
     if not has_safetensors and not allow_pickle:

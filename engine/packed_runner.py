@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.attention.registry import make_backend
 from score_batch.engine.batching import Batch, collate

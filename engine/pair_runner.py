@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.heads import classifier_scores, pooled_vectors
 from score_batch.engine.models import LoadedModel

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.packing import ItemRef
 from score_batch.engine.types import Group

@@ -17,6 +17,7 @@ import logging
 from dataclasses import replace
 
 import torch
+
 from score_batch.engine.attention.registry import import_failure, make_backend, why_not
 from score_batch.engine.attention.sdpa import SdpaBackend
 from score_batch.engine.batching import collate

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+
 from score_batch.engine.activation import ResolvedActivation
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import (

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
+
 from score_batch.engine.activation import ResolvedActivation, model_activation_fn, resolve_activation
 from score_batch.engine.attention.base import Workload
 from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failure, select_backend

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+from score_batch import __version__
 from score_batch.io_formats.columns import CHUNKS, POOLED, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import PARQUET, InputFile, expand, file_format
 from score_batch.io_formats.locations import HTTP, has_glob, parse_location, split_inputs
-
-from score_batch import __version__
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
 from score_batch.io_formats.arrow_types import unify
 from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
 from score_batch.io_formats.listing import InputFile

@@ -25,10 +25,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import HTTP, Location, has_glob
 
 from score_batch.choices import HiveTypes
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import HTTP, Location, has_glob
 
 
 class FileFormat(str, Enum):

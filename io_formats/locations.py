@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.fs as pafs
+
 from score_batch.io_formats.errors import InputError
 
 LOCAL, S3, GCS, HTTP, HF = "file", "s3", "gs", "https", "hf"

@@ -13,6 +13,7 @@ import logging
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import dictionary_columns

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
+
+from score_batch.choices import HiveTypes, RequestedFormat
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader
 from score_batch.io_formats.listing import (
@@ -39,8 +41,6 @@ from score_batch.io_formats.openai_batch import BatchFileReader, looks_like_open
 from score_batch.io_formats.parquet import ParquetReader
 from score_batch.io_formats.rows import BadLine, InputRow, Record, long_rows, to_row
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
-
-from score_batch.choices import HiveTypes, RequestedFormat
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.fs as pafs
+
 from score_batch.io_formats.locations import S3, Location, s3_client_kwargs
 from score_batch.io_formats.writers import SUCCESS
 

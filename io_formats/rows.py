@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
 from score_batch.io_formats.schema import ColumnMapping
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

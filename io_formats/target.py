@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
 from score_batch.io_formats import remote
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.writers import (

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from score_batch.io_formats.errors import InputError
 
 STDOUT = "-"

@@ -32,7 +32,6 @@ from score_batch.job.paths import check_report_path
 from score_batch.job.policy import remove_leftovers
 from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
-
 from score_batch.machine import available_cpus
 from score_batch.signals import Stopped, StopSignals
 

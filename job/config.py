@@ -10,13 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from score_batch.engine import EngineConfig
-from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.io_formats.writers import STDOUT
-
 from score_batch import __version__
 from score_batch.choices import INPUT_FORMATS, ON_ERROR_MODES, HiveTypes, OnError, RequestedFormat
+from score_batch.engine import EngineConfig
 from score_batch.errors import ConfigError
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.io_formats.writers import STDOUT
 
 DEFAULT_WINDOW_ROWS = 2048
 PRICE = "must be a price >= 0"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from score_batch.io_formats.columns import (
     CHUNKS,
     DUPLICATES,

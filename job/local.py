@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from score_batch.engine.model_source import model_identity
 from score_batch.engine.planner import Planner, WorkPlan
+from score_batch.errors import UserError
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import completion_fingerprint
@@ -25,8 +26,6 @@ from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, pair_keys, reused_schema, score_identity
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
-
-from score_batch.errors import UserError
 
 log = logging.getLogger(__name__)
 

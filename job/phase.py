@@ -18,12 +18,11 @@ from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.results import planned_results
 from score_batch.engine.scorer import Scorer
 from score_batch.engine.setup import ResolvedSetup, load_planner
+from score_batch.errors import UserError
 from score_batch.job.config import RunConfig
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
 from score_batch.job.score_stats import ScoreStats
-
-from score_batch.errors import UserError
 from score_batch.signals import StopSignals
 
 

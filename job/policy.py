@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyarrow.fs import FileType
+
 from score_batch.io_formats.columns import ERROR
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import MANIFEST

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+
 from score_batch.io_formats.earlier import open_earlier
 from score_batch.io_formats.readers import InputSource, column_types, input_mapping
 from score_batch.io_formats.schema import ColumnMapping

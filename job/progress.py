@@ -8,10 +8,11 @@ import logging
 import sys
 import time
 
+from tqdm import tqdm
+
 from score_batch.io_formats.target import Target
 from score_batch.job.config import STDOUT, RunConfig
 from score_batch.job.report import RunReport
-from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 

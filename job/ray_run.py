@@ -24,7 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
 from score_batch.engine.setup import load_planner
+from score_batch.errors import UserError
 from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import (
@@ -52,8 +54,6 @@ from score_batch.job.reuse import (
 from score_batch.job.score_stats import written_scores
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_window, output_columns, query_group_key, without
-
-from score_batch.errors import UserError
 from score_batch.machine import tune_malloc
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ class ScoreActor:
 
     def __init__(self, config: RunConfig, contract: OutputContract, threads: int) -> None:
         import torch
+
         from score_batch.engine.scorer import Scorer
 
         tune_malloc(os.environ)  # an actor's process is ours, as the CLI's is

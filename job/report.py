@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from score_batch.io_formats.writers import durable_replace, exclusive_temp
-from score_batch.job.config import package_versions
-
 from score_batch import __version__
 from score_batch.errors import exit_code
+from score_batch.io_formats.writers import durable_replace, exclusive_temp
+from score_batch.job.config import package_versions
 from score_batch.machine import device_name, seconds_since_start
 
 log = logging.getLogger(__name__)

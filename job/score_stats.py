@@ -16,6 +16,7 @@ from collections.abc import Hashable, Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+
 from score_batch.io_formats.columns import SCORE
 
 SAMPLE_SIZE = 100_000  # scores kept for the quantiles: 800 kB; rank error of a sampled quantile ≲ 0.5 points

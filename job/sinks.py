@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.target import Target

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
 from score_batch.engine import Group, GroupResult
 from score_batch.io_formats.columns import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, SCORE_KEY
 from score_batch.io_formats.readers import InputRow

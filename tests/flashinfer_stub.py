@@ -14,6 +14,7 @@ import types
 
 import numpy as np
 import torch
+
 from score_batch.engine.attention.flashinfer_plan import kernel_mask
 
 NO_NVCC = (

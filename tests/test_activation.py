@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from score_batch.engine.activation import activate, model_activation_fn, resolve_activation
 from score_batch.engine.errors import SettingError
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 from score_batch.engine.attention import HF_ATTENTION_NAME, softcap, split
 from score_batch.engine.attention.flashinfer import FlashInferPlan, SplitKv
@@ -18,7 +19,6 @@ from score_batch.engine.attention.sdpa import SdpaBackend
 from score_batch.engine.attention.split import SplitBackend
 from score_batch.engine.batching import collate
 from score_batch.engine.packing import ItemRef, mis_pack, single_pack
-
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 LABELS = (" to", " the")

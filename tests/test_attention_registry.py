@@ -6,11 +6,11 @@ import logging
 
 import pytest
 import torch
+
+from score_batch.choices import BACKENDS
 from score_batch.engine.attention.base import Workload
 from score_batch.engine.attention.registry import BACKEND_CLASSES, choose_backend, select_backend
 from score_batch.engine.errors import SettingError
-
-from score_batch.choices import BACKENDS
 
 MISSING_REQUESTS = "ModuleNotFoundError: No module named 'requests'"
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 from pydantic import BaseModel, ConfigDict
-from score_batch.engine import EngineConfig, ScoringConfig
-from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.config import RunConfig
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from score_batch import job
+from score_batch.engine import EngineConfig, ScoringConfig
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.job.config import RunConfig
 
 ACTIVATION_MERGED = importlib.util.find_spec("score_batch.engine.activation") is not None
 needs_activation = pytest.mark.xfail(

@@ -6,12 +6,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from transformers import AutoTokenizer
+
 from score_batch.engine import tokenize
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.planner import PackedPlanner, PlanLimits
 from score_batch.engine.types import Group
-from transformers import AutoTokenizer
-
 from tests.tiny_models import BASE_CORPUS, build_tokenizer
 
 WORDS = sorted({w for line in BASE_CORPUS for w in line.split()}) + ["é", "日本", "<|im_end|>", "  ", "\n"]

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from score_batch.engine import ScoringConfig
-from score_batch.io_formats.openai_batch import parse_request
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from score_batch.engine import ScoringConfig
+from score_batch.io_formats.openai_batch import parse_request
 from tests.test_batch_dropin import run_batch_file
 
 LABELS = (" to", " the")

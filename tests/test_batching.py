@@ -1,6 +1,7 @@
 """Ragged batching under a token budget: no padding, every pack exactly once, rows shifted."""
 
 import numpy as np
+
 from score_batch.engine.batching import collate, make_batches
 from score_batch.engine.packing import ItemRef, mis_pack
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from score_batch.engine import Scorer
 from score_batch.engine.packing import ItemRef, attention_mask, mis_pack, single_pack
 

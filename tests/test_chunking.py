@@ -10,11 +10,11 @@ import signal
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from score_batch.engine import EngineConfig, Group, GroupResult, ScoringConfig, SettingError
 from score_batch.engine.chunking import ChunkedGroup, aggregate, split_windows, window_spans
 from score_batch.engine.planner import PackedPlanner, PairPlanner, PlanLimits
 from score_batch.engine.setup import load_planner
-
 from tests.reference import max_abs_diff, reference_scores, tokenizer
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import start_cli, wait_for_parts

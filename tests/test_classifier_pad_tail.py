@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from score_batch.engine import Group
 
+from score_batch.engine import Group
 from tests.reference import _load, reference_scores
 from tests.test_scorer import make_scorer
 
@@ -109,8 +109,9 @@ def test_item_first_with_nothing_but_pad_ids_reads_the_first_token(classifier):
 
 def test_a_composite_config_gives_its_text_pad_id(tmp_path):
     # Gemma 3 keeps pad_token_id in text_config; transformers pools at config.get_text_config().pad_token_id
-    from score_batch.engine.models import read_model_info
     from transformers import Gemma3Config
+
+    from score_batch.engine.models import read_model_info
 
     text = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
     Gemma3Config(

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from score_batch.cli.main import app
 from typer.testing import CliRunner
 
+from score_batch.cli.main import app
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 REPO = Path(__file__).resolve().parent.parent

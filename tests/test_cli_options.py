@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 import typer
+
+from score_batch import job
 from score_batch.cli import flags
 from score_batch.cli.main import app
 from score_batch.cli.options import ScoreOptions
 from score_batch.cli.score import BUILT, CONVERT
 from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.errors import ConfigError, UserError
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.job.config import RayOptions, RunConfig
-
-from score_batch import job
-from score_batch.errors import ConfigError, UserError
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
+
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 from score_batch.engine.compiled import OpaquePlan, compilable_modules
 from score_batch.engine.errors import SettingError
-from torch._dynamo.utils import counters
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the quick brown fox jumps over the lazy dog Tokyo is a city in Japan red running shoes".split()

@@ -9,13 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from score_batch.engine import Group
 from score_batch.engine.packing import ItemRef
 from score_batch.engine.planner import duplicate_sequences
 from score_batch.engine.types import TokenizedGroup
 from score_batch.job.reuse import KEY_BYTES, ScoredPairs
 from score_batch.job.windows import WindowGroups
-
 from tests.test_cli import LABEL_FLAGS, expected_scores, run_cli, write_jsonl
 from tests.test_job import many_rows, start_cli, wait_for_parts
 from tests.test_scorer import assert_matches_reference, make_scorer

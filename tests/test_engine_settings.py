@@ -8,6 +8,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
+
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from score_batch.engine.attention.flashinfer_plan import build_metadata, kernel_mask, pack_item_positions
 from score_batch.engine.batching import collate
 from score_batch.engine.packing import ItemRef, attention_mask, mis_pack, single_pack
@@ -200,6 +201,7 @@ class _DictCache:
 
 def test_plan_puts_the_storing_packs_query_and_copies_it_into_a_later_batchs_pages():
     import torch
+
     from score_batch.engine.attention.flashinfer import FlashInferPlan
 
     storing, cached, _ = _group(4, [2, 3])
@@ -232,6 +234,7 @@ def test_plan_puts_the_storing_packs_query_and_copies_it_into_a_later_batchs_pag
 
 def test_backend_refuses_cached_packs_unless_turned_on():
     import torch
+
     from score_batch.engine.attention import flashinfer as fi
 
     _, cached, _ = _group(3, [1])
@@ -248,6 +251,7 @@ def test_backend_refuses_cached_packs_unless_turned_on():
 
 def test_fa3_refuses_split_kv_settings_and_unknown_kernels():
     import torch
+
     from score_batch.engine.attention.flashinfer import SplitKv, check_kernel
 
     with pytest.raises(ValueError, match="one of fa2, fa3"):
@@ -365,9 +369,9 @@ def test_cached_query_runs_through_the_plan_as_the_inline_packs_do(qwen3_causal,
     import dataclasses
 
     import torch
+
     from score_batch.engine import EngineConfig, Scorer, ScoringConfig
     from score_batch.engine.attention import flashinfer as fi
-
     from tests.gpu.common import token_groups
 
     _cached_api()

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+
 from score_batch.engine import heads
 from score_batch.engine.heads import classifier_scores, label_scores, pooled_vectors, soft_cap
 

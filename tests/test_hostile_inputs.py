@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import (
     column_types,
@@ -24,7 +25,6 @@ from score_batch.io_formats.readers import (
     read_windows,
 )
 from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
-
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 TEXT = {"query": "I pledge allegiance", "item": " to"}

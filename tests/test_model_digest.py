@@ -10,6 +10,7 @@ import subprocess
 import threading
 
 import pytest
+
 from score_batch.engine import model_digest
 from score_batch.engine.model_source import model_identity
 
@@ -119,11 +120,10 @@ def test_the_version_in_every_identity_is_the_checkouts_and_an_older_ones_parts_
     import re
     from pathlib import Path
 
+    import score_batch
     from score_batch.engine.config import EngineConfig
     from score_batch.io_formats.schema import ColumnOverrides
     from score_batch.job.config import RunConfig, software_identity
-
-    import score_batch
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     version = re.search(r'^version = "(.+)"', pyproject, re.M).group(1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from score_batch.engine import EngineConfig, Group, ScoringConfig, ScoringInputError
 from transformers import AutoModelForSequenceClassification
 
+from score_batch.engine import EngineConfig, Group, ScoringConfig, ScoringInputError
 from tests.reference import max_abs_diff, tokenizer
 from tests.test_scorer import GROUPS, assert_matches_reference, make_scorer
 
@@ -129,8 +129,9 @@ def test_encoder_token_id_input_is_a_row_error(zoo):
 
 
 def test_encoder_decoder_models_are_refused(tmp_path):
-    from score_batch.engine.models import read_model_info
     from transformers import AutoConfig
+
+    from score_batch.engine.models import read_model_info
 
     AutoConfig.for_model("t5", architectures=["T5ForSequenceClassification"]).save_pretrained(tmp_path)
     with pytest.raises(ScoringInputError, match="encoder-decoder"):

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model_source import check_weight_files
 from score_batch.engine.planner import Planner
 from score_batch.engine.setup import load_planner
-
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 

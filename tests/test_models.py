@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoConfig
+
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError
 from score_batch.engine.models import read_model_info
 from score_batch.engine.setup import load_planner
-from transformers import AutoConfig
 
 
 def _config_dir(tmp_path, model_type: str, architecture: str, **extra):

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig, SettingError
 from score_batch.engine.native.ops import TorchOps
-
 from tests.reference import max_abs_diff, reference_scores, reference_sequence
 from tests.test_scorer import GROUPS, LABELS, label_ids
 
@@ -275,7 +275,6 @@ def test_flashinfer_ops_norm_q_and_k_heads_where_the_fused_projection_left_them(
     from score_batch.engine.batching import collate
     from score_batch.engine.native.load import load_native
     from score_batch.engine.packing import ItemRef, mis_pack
-
     from tests.flashinfer_stub import FlashInferStub
 
     stub = FlashInferStub().install(monkeypatch)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from score_batch import job
 from score_batch.engine import EngineConfig, ScoringConfig
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import HIVE_NULL
@@ -18,8 +20,6 @@ from score_batch.io_formats.readers import column_types, input_mapping, open_sou
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import output_compression, output_format
 from score_batch.job.config import RunConfig
-
-from score_batch import job
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows
 

@@ -4,9 +4,9 @@ batch at a time (ResultTable.put_rows) bit for bit as item-by-item puts, scores 
 from __future__ import annotations
 
 import numpy as np
+
 from score_batch.engine.packing import ItemRef
 from score_batch.engine.results import ResultTable
-
 from tests.test_scorer import GROUPS, assert_matches_reference, make_scorer
 
 

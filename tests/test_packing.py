@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from score_batch.engine.packing import (
     ItemRef,
     attention_mask,

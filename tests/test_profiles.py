@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from score_batch.engine import ScoringInputError
 from score_batch.engine.model_source import resolve_model_dir
 from score_batch.engine.profiles import builtin_profiles, choose_profile, merge_profile
-
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import run_cli, write_jsonl
 

@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+
 from score_batch.engine import EngineConfig, ScoringConfig, SettingError
 from score_batch.engine.attention.flashinfer import FlashInferBackend
 from score_batch.engine.proof import prove_attention, prove_ops, prove_setup
 from score_batch.engine.setup import load_planner
-
 from score_batch.errors import exit_code
 from tests.flashinfer_stub import NO_NVCC, FlashInferStub
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl

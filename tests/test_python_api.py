@@ -11,11 +11,11 @@ import random
 import numpy as np
 import pytest
 import torch
+
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError, SettingError
 from score_batch.engine.profiles import builtin_profiles
 from score_batch.engine.ranking import ranks, top_k_order
 from score_batch.engine.types import GroupResult
-
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import run_cli, write_jsonl
 

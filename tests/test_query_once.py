@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 from score_batch.engine.attention.flex import FlexBackend
 from score_batch.engine.attention.query_cache import QueryCache
@@ -15,7 +16,6 @@ from score_batch.engine.attention.split import SplitBackend
 from score_batch.engine.batching import collate, make_batches
 from score_batch.engine.packing import ItemRef, cached_mis_pack, mis_pack, pack_mask, split_items
 from score_batch.engine.planner import PackedPlanner, PlanLimits
-
 from tests.reference import max_abs_diff
 from tests.test_scorer import LABELS, assert_matches_reference, make_scorer
 
@@ -325,7 +325,6 @@ def _flashinfer_on_cpu(scorer):
     """The scorer with FlashInfer's backend whose kernel is the multi-item rule in torch (test_flashinfer_plan.py),
     cached packs on: the plan's pages, the QueryCache puts and copies all run as on the GPU."""
     from score_batch.engine.attention import flashinfer as fi
-
     from tests.test_flashinfer_plan import _KernelRuleWrapper
 
     backend = object.__new__(fi.FlashInferBackend)  # no flashinfer import: the wrapper is the fake

@@ -11,6 +11,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.parquet import ParquetReader

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from score_batch.io_formats.columns import DUPLICATES, REUSED_FLAG
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.job import local, ray_run
 from score_batch.job.contract import OutputContract, check_kept_columns
-
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 ALL_WRITTEN = OutputContract.written_columns(ranked=True, pooled=True)

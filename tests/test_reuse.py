@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from score_batch.io_formats.rows import InputRow
 from score_batch.job.reuse import pair_keys
-
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows, start_cli, wait_for_parts
 from tests.test_object_stores import get_table, keys, s3, s3_server  # noqa: F401 (fixtures)
@@ -493,6 +493,7 @@ def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
     from types import SimpleNamespace
 
     import torch
+
     from score_batch.engine.config import EngineConfig, ScoringConfig
     from score_batch.io_formats.schema import ColumnOverrides
     from score_batch.job.config import RunConfig

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from score_batch.job.score_stats import QUANTILES, ScoreStats, quantile_name
 
+from score_batch.job.score_stats import QUANTILES, ScoreStats, quantile_name
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 NAMES = ["p01", "p05", "p25", "p50", "p75", "p95", "p99"]
@@ -177,6 +177,7 @@ def test_items_per_query_does_not_depend_on_windows_or_input_order(qwen3_causal,
 def test_scores_read_back_from_a_partitioned_directory(tmp_path):
     import pyarrow.dataset as ds
     import pyarrow.fs as pafs
+
     from score_batch.job.score_stats import ScoreStats, written_scores
 
     rng = np.random.default_rng(2)

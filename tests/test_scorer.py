@@ -6,8 +6,8 @@ import random
 
 import numpy as np
 import pytest
-from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
 
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 LABELS = (" to", " the")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+
 from score_batch.io_formats.writers import SUCCESS, write_partitioned
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.report import RunReport
-
 from score_batch.signals import Stopped, StopSignals
 from tests.test_cli import REPO, run_cli, write_jsonl
 from tests.test_phase import RecordingSink, config

@@ -17,11 +17,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
+
+from score_batch import Scorer
 from score_batch.engine import EngineConfig, Group, ScoringConfig, ScoringInputError, SettingError
 from score_batch.engine.model_source import hub_id_of
 from score_batch.engine.st_model import longest_first_lengths
-
-from score_batch import Scorer
 from tests.reference import max_abs_diff, reference_scores, tokenizer
 from tests.test_cli import run_cli, write_jsonl
 from tests.tiny_models import build_tokenizer

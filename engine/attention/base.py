@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
+
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.batching import Batch
 

@@ -31,6 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.flashinfer_plan import MAX_ITEM_TOKENS, MultiItemMetadata, build_metadata
 from score_batch.engine.batching import Batch

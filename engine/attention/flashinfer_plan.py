@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from score_batch.engine.batching import Batch
 from score_batch.engine.packing import DELIMITER_SEGMENT, Pack
 

@@ -17,11 +17,12 @@ import warnings
 
 import numpy as np
 import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.batching import Batch
 from score_batch.engine.packing import QUERY_SEGMENT
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 FLEX_BLOCK_SIZE = 128
 BUCKETS_PER_OCTAVE = 4  # padding stays under one block or a quarter of the batch, whichever is larger

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 import torch
+
 from score_batch.engine.batching import Batch
 from score_batch.engine.packing import Pack
 

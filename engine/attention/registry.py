@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 import torch
+
 from score_batch.engine.attention.base import AttentionBackend, Workload
 from score_batch.engine.attention.flashinfer import FlashInferBackend
 from score_batch.engine.attention.flex import FlexBackend

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.query_cache import QueryCache, cached_query_kv, check_cache, store_query_kv
 from score_batch.engine.attention.softcap import attention

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.query_cache import QueryCache, cached_query_kv, check_cache, store_query_kv
 from score_batch.engine.attention.softcap import attention, repeat_kv

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from score_batch.engine.native.ops import Ops
 from score_batch.engine.native.rope import RopeCache
 from score_batch.engine.native.spec import DecoderSpec
-from torch import nn
 
 
 def _empty(*shape: int) -> nn.Parameter:

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 import torch
+
 from score_batch.engine.native.layers import Linear, NativeDecoder
 from score_batch.engine.native.ops import make_ops
 from score_batch.engine.native.rope import RopeCache, inverse_frequencies

@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from score_batch.engine.errors import ScoringInputError
 from score_batch.engine.model_source import SAFETENSORS_INDEX
-from torch import nn
 
 BACKBONE_PREFIX = "model."
 # Checkpoint names of each fused parameter's parts, in the order they are concatenated.

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 import torch
-from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 
+from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 from tests.reference import reference_scores, tokenizer
 
 LABELS = (" to", " the")

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+
 from score_batch.engine.attention.registry import import_failure
 
 REQUIRE_GPU = "SCORE_BATCH_REQUIRE_GPU"

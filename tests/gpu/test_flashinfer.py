@@ -23,7 +23,6 @@ from score_batch.engine.attention.flex import FlexBackend  # noqa: E402
 from score_batch.engine.attention.sdpa import SdpaBackend  # noqa: E402
 from score_batch.engine.batching import collate  # noqa: E402
 from score_batch.engine.packing import ItemRef, mis_pack, single_pack  # noqa: E402
-
 from tests.gpu.common import (  # noqa: E402
     BF16_VS_FP32,
     CUDA,

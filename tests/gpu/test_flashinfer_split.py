@@ -19,7 +19,6 @@ pytestmark = pytest.mark.gpu
 need_gpu("flashinfer")
 
 from score_batch.engine.attention.flashinfer import FlashInferBackend, SplitKv  # noqa: E402
-
 from tests.gpu.common import (  # noqa: E402
     BF16_VS_FP32,
     COMPILED_VS_EAGER,

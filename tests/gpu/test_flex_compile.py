@@ -10,9 +10,9 @@ from tests.gpu.need import need_gpu
 pytestmark = pytest.mark.gpu
 need_gpu()
 
-from score_batch.engine.attention.flex import bucket_tokens  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
+from score_batch.engine.attention.flex import bucket_tokens  # noqa: E402
 from tests.gpu.common import (  # noqa: E402
     BF16_VS_FP32,
     COMPILED_VS_EAGER,
