@@ -54,7 +54,7 @@ from score_batch.job.reuse import (
 from score_batch.job.score_stats import written_scores
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_window, output_columns, query_group_key, without
-from score_batch.machine import tune_malloc
+from score_batch.machine import tune_gc, tune_malloc
 
 log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
@@ -135,6 +135,7 @@ class ScoreActor:
         from score_batch.engine.scorer import Scorer
 
         tune_malloc(os.environ)  # an actor's process is ours, as the CLI's is
+        tune_gc()
         torch.set_num_threads(max(1, threads))
         self.config = config
         self.contract = contract
