@@ -92,11 +92,7 @@ def durable_replace(source: Path, destination: Path) -> None:
 
 def fsync_directory(path: Path) -> None:
     """Make a directory's entries (renames, creations) durable."""
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
+    _fsync(path)
 
 
 class AtomicTableWriter:
