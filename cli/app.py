@@ -11,7 +11,7 @@ from typer.exceptions import TyperException
 
 from score_batch import __version__
 from score_batch.cli.command import ReportingCommand, command_from, report_stop
-from score_batch.cli.errors import exit_code_for, usage_error
+from score_batch.cli.error_messages import exit_code_for, usage_error
 from score_batch.cli.models import models
 from score_batch.cli.options import RunBatchOptions, ScoreOptions
 from score_batch.cli.score import ENV_PREFIX, HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
@@ -32,7 +32,7 @@ class ScoreByDefault(TyperGroup):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
-        """Run the command; every exception it raises goes through cli.errors' table to an exit code."""
+        """Run the command; every exception it raises goes through cli.error_messages' table to an exit code."""
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort, TyperException, SystemExit):
@@ -89,7 +89,7 @@ app.command(
 
 
 def run_app() -> int:
-    """Run the app on sys.argv; its exit code (every exception goes through cli.errors' table; a stop outside
+    """Run the app on sys.argv; its exit code (every exception goes through cli.error_messages' table; a stop outside
     the command, while the app's own flags are parsed, is left to cli/main.run)."""
     try:
         code = app(standalone_mode=False)  # returns the exit code of typer.Exit when not standalone

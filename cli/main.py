@@ -38,7 +38,7 @@ def _stopped(stopped: Stopped) -> int:
     """Say that the run stopped, write --report when no part of the run wrote it yet; the exit code."""
     try:
         from score_batch.cli.command import report_stop
-        from score_batch.cli.errors import exit_code_for
+        from score_batch.cli.error_messages import exit_code_for
 
         code = exit_code_for(stopped)
         report_stop(stopped, sys.argv[1:], os.environ)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from score_batch.cli.errors import user_message
+from score_batch.cli.error_messages import user_message
 from score_batch.errors import UserError
 
 # (models, heads, packing, notes): what the tests cover, family by family.

@@ -92,7 +92,7 @@ def run_config(options: ScoreOptions):
     from score_batch.engine.model_source import hub_id_of, resolve_model_dir
     from score_batch.engine.profiles import choose_profile, scoring_config
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.config import RayOptions, RunConfig
+    from score_batch.job.run_config import RayOptions, RunConfig
 
     model_dir = resolve_model_dir(options.model) if options.model else Path(demo_model_path())
     name = hub_id_of(model_dir) or options.model or ""  # an HF-cache snapshot directory: its hub id

@@ -16,7 +16,7 @@ from score_batch.engine.compiled import OpaquePlan, compile_backbone
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.heads import classifier_scores, label_scores, pooled_vectors
-from score_batch.engine.models import LoadedModel
+from score_batch.engine.model_loading import LoadedModel
 from score_batch.engine.packing import single_pack
 from score_batch.engine.planner import PackedPlan, PackedPlanner
 from score_batch.engine.results import ResultTable, non_finite_rows

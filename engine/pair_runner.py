@@ -10,7 +10,7 @@ import torch
 
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.heads import classifier_scores, pooled_vectors
-from score_batch.engine.models import LoadedModel
+from score_batch.engine.model_loading import LoadedModel
 from score_batch.engine.pairs import PairBatch, pad_pairs
 from score_batch.engine.planner import PairPlan, PairPlanner
 from score_batch.engine.results import ResultTable, non_finite_rows

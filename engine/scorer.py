@@ -27,8 +27,8 @@ from score_batch.engine.crossencoder import (
 )
 from score_batch.engine.errors import ScoringInputError
 from score_batch.engine.heads import LogitScoreHead
+from score_batch.engine.model_loading import load_model, load_tokenizer, read_model_info
 from score_batch.engine.model_source import hub_id_of, resolve_model_dir
-from score_batch.engine.models import load_model, load_tokenizer, read_model_info
 from score_batch.engine.packed_runner import PackedRunner
 from score_batch.engine.pair_runner import PairRunner
 from score_batch.engine.planner import Planner, WorkPlan

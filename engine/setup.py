@@ -17,8 +17,8 @@ from score_batch.engine.attention.base import Workload
 from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failure, select_backend
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
+from score_batch.engine.model_loading import ModelInfo, load_tokenizer, read_model_info
 from score_batch.engine.model_source import resolve_model_dir
-from score_batch.engine.models import ModelInfo, load_tokenizer, read_model_info
 from score_batch.engine.planner import (
     PackedPlanner,
     PairPlanner,

@@ -122,7 +122,7 @@ def read_cross_encoder(
     """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…, prompts=…) would.
 
     tokenizer: the directory's Hugging Face tokenizer (its model_max_length, chat template and vocabulary
-    are read, never changed). architecture, model_type: config.json's (engine.models.ModelInfo). prompts,
+    are read, never changed). architecture, model_type: config.json's (engine.model_loading.ModelInfo). prompts,
     default_prompt_name: the constructor's, merged with the saved ones as CrossEncoder merges them (ce_prompts).
     """
     path = Path(model_dir)

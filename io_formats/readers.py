@@ -2,7 +2,7 @@
 
 One reader class per format, behind the TableReader protocol: io_formats.parquet.ParquetReader,
 io_formats.jsonl.JsonlReader (compressed too) and io_formats.jsonl.StdinReader (stdin spooled to a
-file); OpenAI-style batch files are read by io_formats.openai_batch.BatchFileReader. `reader()` and
+file); OpenAI-style batch files are read by io_formats.batch_requests.BatchFileReader. `reader()` and
 `input_format()` below are the one place a format is chosen.
 
 Every input row is accounted for: a row that cannot be read (broken JSON, not an object, bytes that
@@ -27,6 +27,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from score_batch.choices import HiveTypes, RequestedFormat
+from score_batch.io_formats.batch_requests import BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader
 from score_batch.io_formats.listing import (
@@ -37,7 +38,6 @@ from score_batch.io_formats.listing import (
     type_partitions,
 )
 from score_batch.io_formats.locations import Location, parse_location
-from score_batch.io_formats.openai_batch import BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.parquet import ParquetReader
 from score_batch.io_formats.rows import BadLine, InputRow, Record, long_rows, to_row
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns

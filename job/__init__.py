@@ -25,13 +25,13 @@ from typing import Literal
 
 from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.readers import open_source
-from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import check_kept_columns
 from score_batch.job.lock import OutputLock
 from score_batch.job.paths import check_report_path
 from score_batch.job.policy import remove_leftovers
 from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
+from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.machine import available_cpus
 from score_batch.signals import Stopped, StopSignals
 
@@ -105,7 +105,7 @@ def _run_phases(config: RunConfig, report: RunReport):
 
 def _resolve(config: RunConfig, source) -> Runner:
     """The runner the config and the input name: an OpenAI-style batch file, Ray, or a local table run."""
-    from score_batch.job.openai_batch import batch_preflight, is_openai_batch, run_batch_file
+    from score_batch.job.batch_file_run import batch_preflight, is_openai_batch, run_batch_file
 
     if is_openai_batch(config.input_format, source):  # stdin: sniffed on its spool
         return Runner("batch-file", batch_preflight, run_batch_file)

@@ -27,7 +27,7 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import COMMON_METADATA, PUBLISHED_KEY, ROWS_KEY, SUCCESS, output_format
-from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig
+from score_batch.job.run_config import FINGERPRINTED, Fingerprint, RunConfig
 from score_batch.job.windows import window_hash
 
 METADATA_KEY = b"score_batch.completion"

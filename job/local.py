@@ -15,15 +15,15 @@ from score_batch.errors import UserError
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import completion_fingerprint
-from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, run_contract
-from score_batch.job.ranking import query_identity
+from score_batch.job.query_ranking import query_identity
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, pair_keys, reused_schema, score_identity
+from score_batch.job.run_config import RunConfig
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
 

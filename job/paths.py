@@ -18,8 +18,8 @@ from score_batch.io_formats.locations import has_glob
 from score_batch.io_formats.target import LocalTarget, Target, target
 from score_batch.io_formats.writers import STDOUT
 from score_batch.job.completion import Completion
-from score_batch.job.config import RunConfig
 from score_batch.job.lock import lock_path
+from score_batch.job.run_config import RunConfig
 
 
 def real(path: str | Path) -> Path:

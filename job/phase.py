@@ -1,7 +1,7 @@
 """The scoring phase every runner shares: the engine loaded once, progress, stop signals, the sink's commit or
 abort, and the report built from the scored windows (runners never fill the report's counts by hand).
 
-A runner (job/local.py, job/openai_batch.py, job/ray_run.py) says where windows come from, where they are
+A runner (job/local.py, job/batch_file_run.py, job/ray_run.py) says where windows come from, where they are
 scored and what a scored window is; inside `ScoringPhase` it hands each one to `add` and ends with
 `commit`. However the phase ends, the report holds the scoring time and score statistics so far; a user
 mistake drops the sink's checkpoints (the input or settings must change), anything else keeps them for
@@ -19,9 +19,9 @@ from score_batch.engine.results import planned_results
 from score_batch.engine.scorer import Scorer
 from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.errors import UserError
-from score_batch.job.config import RunConfig
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
+from score_batch.job.run_config import RunConfig
 from score_batch.job.score_stats import ScoreStats
 from score_batch.signals import StopSignals
 

@@ -14,9 +14,9 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import MANIFEST
 from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
-from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract, check_partition_by
 from score_batch.job.paths import parts_dir
+from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"

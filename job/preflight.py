@@ -15,10 +15,10 @@ import pyarrow as pa
 from score_batch.io_formats.earlier import open_earlier
 from score_batch.io_formats.readers import InputSource, column_types, input_mapping
 from score_batch.io_formats.schema import ColumnMapping
-from score_batch.job.config import RunConfig
 from score_batch.job.contract import OutputContract
 from score_batch.job.paths import RunPaths, check_run_paths
 from score_batch.job.policy import check_destination
+from score_batch.job.run_config import RunConfig
 
 PLACEHOLDER_POOLED_DIM = 1  # the pooled column's width is not needed to know its name
 

@@ -11,8 +11,8 @@ import time
 from tqdm import tqdm
 
 from score_batch.io_formats.target import Target
-from score_batch.job.config import STDOUT, RunConfig
 from score_batch.job.report import RunReport
+from score_batch.job.run_config import STDOUT, RunConfig
 
 log = logging.getLogger(__name__)
 

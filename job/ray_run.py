@@ -36,12 +36,11 @@ from score_batch.io_formats.readers import (
     read_units,
 )
 from score_batch.io_formats.target import Target
-from score_batch.job.config import RayOptions, RunConfig
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, preflight, run_contract
-from score_batch.job.ranking import rank_parts
+from score_batch.job.query_ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import (
     EarlierScores,
@@ -51,6 +50,7 @@ from score_batch.job.reuse import (
     reused_values,
     score_identity,
 )
+from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.job.score_stats import written_scores
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_window, output_columns, query_group_key, without

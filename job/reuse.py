@@ -35,8 +35,8 @@ from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.earlier import join_earlier, open_earlier
 from score_batch.io_formats.readers import InputRow, InputSource, read_windows
-from score_batch.job.config import INVARIANT_SETTINGS, RunConfig, software_identity
 from score_batch.job.lock import process_gone
+from score_batch.job.run_config import INVARIANT_SETTINGS, RunConfig, software_identity
 from score_batch.machine import available_cpus, device_name
 
 log = logging.getLogger(__name__)

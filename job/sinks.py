@@ -23,10 +23,10 @@ from score_batch.io_formats.writers import (
     write_partitioned,
 )
 from score_batch.job.completion import stamped
-from score_batch.job.config import FINGERPRINTED, Fingerprint, RunConfig
 from score_batch.job.contract import OutputContract
 from score_batch.job.paths import RunPaths, normalized
-from score_batch.job.ranking import rank_parts
+from score_batch.job.query_ranking import rank_parts
+from score_batch.job.run_config import FINGERPRINTED, Fingerprint, RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from score_batch.engine import Group, GroupResult
 from score_batch.io_formats.columns import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, SCORE_KEY
 from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import OutputContract
-from score_batch.job.ranking import query_key
+from score_batch.job.query_ranking import query_key
 
 
 @dataclass

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from score_batch import job
 from score_batch.engine import EngineConfig, ScoringConfig
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.config import RunConfig
+from score_batch.job.run_config import RunConfig
 
 ACTIVATION_MERGED = importlib.util.find_spec("score_batch.engine.activation") is not None
 needs_activation = pytest.mark.xfail(

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from score_batch.engine import ScoringConfig
-from score_batch.io_formats.openai_batch import parse_request
+from score_batch.io_formats.batch_requests import parse_request
 from tests.test_batch_dropin import run_batch_file
 
 LABELS = (" to", " the")

@@ -111,7 +111,7 @@ def test_a_composite_config_gives_its_text_pad_id(tmp_path):
     # Gemma 3 keeps pad_token_id in text_config; transformers pools at config.get_text_config().pad_token_id
     from transformers import Gemma3Config
 
-    from score_batch.engine.models import read_model_info
+    from score_batch.engine.model_loading import read_model_info
 
     text = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
     Gemma3Config(

@@ -20,7 +20,7 @@ from score_batch.cli.score import BUILT, CONVERT
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.errors import ConfigError, UserError
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.config import RayOptions, RunConfig
+from score_batch.job.run_config import RayOptions, RunConfig
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 
@@ -97,7 +97,7 @@ def test_an_options_choices_are_its_config_fields(setting):
 
 def test_the_choices_are_declared_once():
     """Literal choices live in score_batch/choices.py: the options and configs declare none of their own."""
-    for module in ("cli/options.py", "engine/config.py", "job/config.py", "io_formats/listing.py"):
+    for module in ("cli/options.py", "engine/config.py", "job/run_config.py", "io_formats/listing.py"):
         text = (ROOT / module).read_text(encoding="utf-8")
         assert "Literal[" not in text, module
 

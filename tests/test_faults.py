@@ -287,8 +287,8 @@ def test_abandoned_empty_lock_is_taken_over_and_outputs_are_world_readable(qwen3
 def test_ray_style_overwrite_never_deletes_a_directory_it_did_not_write(tmp_path):
     from score_batch.engine import EngineConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.config import RayOptions, RunConfig
     from score_batch.job.policy import check_destination
+    from score_batch.job.run_config import RayOptions, RunConfig
 
     precious = tmp_path / "projects"
     precious.mkdir()

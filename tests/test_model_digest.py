@@ -123,7 +123,7 @@ def test_the_version_in_every_identity_is_the_checkouts_and_an_older_ones_parts_
     import score_batch
     from score_batch.engine.config import EngineConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.config import RunConfig, software_identity
+    from score_batch.job.run_config import RunConfig, software_identity
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     version = re.search(r'^version = "(.+)"', pyproject, re.M).group(1)

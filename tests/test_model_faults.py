@@ -296,7 +296,7 @@ def test_token_id_input_obeys_the_position_limit(short_model):
 
 
 def test_rope_scaling_extends_the_position_limit(tmp_path, short_model):
-    from score_batch.engine.models import read_model_info
+    from score_batch.engine.model_loading import read_model_info
 
     raw = json.loads((short_model / "config.json").read_text())
     raw["rope_scaling"] = {

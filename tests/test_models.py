@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoConfig
 
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError
-from score_batch.engine.models import read_model_info
+from score_batch.engine.model_loading import read_model_info
 from score_batch.engine.setup import load_planner
 
 

@@ -13,10 +13,10 @@ import pytest
 
 from score_batch import job
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
+from score_batch.io_formats.batch_requests import looks_like_openai_batch, parse_request
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.openai_batch import looks_like_openai_batch, parse_request
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.config import RunConfig
+from score_batch.job.run_config import RunConfig
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 from tests.test_object_stores import keys, s3, s3_server  # noqa: F401 (fixtures)
 

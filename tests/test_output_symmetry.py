@@ -19,7 +19,7 @@ from score_batch.io_formats.listing import HIVE_NULL
 from score_batch.io_formats.readers import column_types, input_mapping, open_source, read_windows
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import output_compression, output_format
-from score_batch.job.config import RunConfig
+from score_batch.job.run_config import RunConfig
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows
 

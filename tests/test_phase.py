@@ -11,9 +11,9 @@ import pytest
 
 from score_batch.engine import EngineConfig
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.config import RunConfig
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.report import RunReport
+from score_batch.job.run_config import RunConfig
 from score_batch.signals import Stopped
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows

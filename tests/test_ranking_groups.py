@@ -12,7 +12,7 @@ import pytest
 
 from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import ERROR, QUERY_KEY, OutputContract
-from score_batch.job.ranking import query_key, rank_parts
+from score_batch.job.query_ranking import query_key, rank_parts
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 ITEMS = [" to", " the flag of", " Japan", " the", " a city", " over there"]

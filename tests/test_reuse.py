@@ -496,8 +496,8 @@ def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
 
     from score_batch.engine.config import EngineConfig, ScoringConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.config import RunConfig
     from score_batch.job.reuse import score_identity
+    from score_batch.job.run_config import RunConfig
 
     model = tmp_path / "model"
     model.mkdir()

@@ -19,9 +19,7 @@ from score_batch.engine.activation import RequestActivation
 from score_batch.engine.pair_truncation import RequestRefused, cut_texts, tei_truncated_pairs, truncated_pairs
 from score_batch.engine.planner import Planner
 from score_batch.io_formats import readers
-from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.listing import FileFormat
-from score_batch.io_formats.openai_batch import (
+from score_batch.io_formats.batch_requests import (
     STDIN,
     BatchError,
     BatchRequest,
@@ -30,14 +28,16 @@ from score_batch.io_formats.openai_batch import (
     score_body,
     success_line,
 )
+from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.config import STDOUT, RunConfig
 from score_batch.job.paths import check_run_paths
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import check_destination
 from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
+from score_batch.job.run_config import STDOUT, RunConfig
 from score_batch.job.sinks import LinesSink
 
 log = logging.getLogger(__name__)
