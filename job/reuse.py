@@ -209,6 +209,8 @@ class ScoredPairs:
         fits = int(self.budget // row_bytes)
         start = max(0, kept.num_rows - fits)  # only the newest that fit are held
         keys = kept[SCORE_KEY].slice(start).to_pylist()
+        if not keys:  # not one pair fits the budget
+            return
         with self._lock:
             self._serial += 1
             held = _HeldWindow(values.slice(start), keys, row_bytes)

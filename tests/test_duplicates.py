@@ -126,6 +126,15 @@ def test_scored_pairs_forget_the_oldest_past_their_budget():
     too_big = ScoredPairs(budget=int(0.5 * row))  # not one pair fits: none is held
     too_big.add(table)
     assert too_big.take(grouped, [["a", "b", "c"]]) == {}
+    wide = pa.table({"score": [0.5], "scores": [[0.5] * 10_000], "score_key": ["w"], "error": [None]})
+    mixed = ScoredPairs(budget=int(2.5 * row))
+    mixed.add(wide)  # a window none of whose pairs fits holds nothing, and later evictions pass over it
+    mixed.add(table)
+    mixed.add(later)
+    assert mixed.take(grouped, [["w", "c", "d"]]) == {
+        (0, 1): {"score": 0.3, "scores": [0.3]},
+        (0, 2): {"score": 0.4, "scores": [0.4]},
+    }
 
 
 @pytest.mark.slow
