@@ -279,7 +279,7 @@ def resolve_setup(
         pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
         max_positions=None if info.encoder else info.max_length,
         # The query computed once per group where the backend attends over cached query K/V.
-        cache_query=backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.cached_query,
+        cache_query=_caches_query(backend),
         unscored_tail_id=info.unscored_tail_id,
     )
     runner: RunnerKind = "pairs" if info.encoder else "packed"
@@ -353,6 +353,11 @@ def _pair_is_query_plus_item(tokenizer) -> bool:
     )
 
 
+def _caches_query(backend: str) -> bool:
+    """Whether a backend attends over a group's cached query K/V (its later packs then run without the query)."""
+    return backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.cached_query
+
+
 def load_planner(
     model_dir, config: EngineConfig, prove: bool = False
 ) -> tuple[PackedPlanner | PairPlanner, ResolvedSetup]:
@@ -379,11 +384,7 @@ def load_planner(
 
         proven = prove_setup(setup, config)
         if proven is not setup:
-            cache = (
-                proven.backend in BACKEND_CLASSES
-                and BACKEND_CLASSES[proven.backend].capabilities.cached_query
-            )
-            setup = replace(proven, limits=replace(proven.limits, cache_query=cache))
+            setup = replace(proven, limits=replace(proven.limits, cache_query=_caches_query(proven.backend)))
     log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
     planner = PLANNERS[setup.runner](tokenizer, replace(config.scoring, packing=setup.packing), setup.limits)
     return planner, setup

@@ -254,11 +254,7 @@ def _encode_texts(
     encodings = _backend_encode(tokenizer, texts, add_special_tokens)
     if encodings is None:  # a tokenizer class of its own: through its __call__
         batch = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
-        encodings = [_Offsets(offsets) for offsets in batch["offset_mapping"]]
-        return [
-            _Encoded(ids, None, offsets, (start, start + len(content)))
-            for content, ids, offsets in zip(contents, batch["input_ids"], encodings)
-        ]
+        encodings = [_Offsets(*pair) for pair in zip(batch["input_ids"], batch["offset_mapping"])]
     return [
         _Encoded(encoding.ids, None, encoding, (start, start + len(content)))
         for content, encoding in zip(contents, encodings)
@@ -267,8 +263,9 @@ def _encode_texts(
 
 @dataclass(frozen=True)
 class _Offsets:
-    """Offsets as transformers returns them, in the shape of a tokenizers Encoding."""
+    """Ids and offsets as transformers returns them, in the shape of a tokenizers Encoding."""
 
+    ids: list[int]
     offsets: list[tuple[int, int]]
 
 

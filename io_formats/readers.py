@@ -38,7 +38,7 @@ from score_batch.io_formats.listing import (
     type_partitions,
 )
 from score_batch.io_formats.locations import Location, parse_location
-from score_batch.io_formats.parquet import ParquetReader
+from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
 from score_batch.io_formats.rows import BadLine, InputRow, Record, long_rows, to_row
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 
@@ -277,7 +277,7 @@ def _row_batches(
     batch: list[InputRow] = []
     for index, (_, record) in enumerate(table.records(read)):
         batch.append(to_row(index, record, mapping, types))
-        if len(batch) == 1024:
+        if len(batch) == BATCH_ROWS:
             yield batch
             batch = []
     if batch:

@@ -197,11 +197,11 @@ def long_rows(
     query_ids = column(mapping.query_id) if mapping.query_id else [None] * n
     item_ids = column(mapping.item_id) if mapping.item_id else range(first, first + n)
     kept = [(name, column(name)) for name in mapping.keep]
-    missing_query, missing_item = f"column {mapping.query!r} is null", f"column {mapping.items!r} is null"
+    missing_query, missing_item = _value_error(None, mapping.query), _value_error(None, mapping.items)
     rows = []
     for k in range(n):
         query, item = queries[k], items[k]
         error = missing_query if query is None else missing_item if item is None else None
-        values = {name: values[k] for name, values in kept}
-        rows.append(InputRow(first + k, query, [item], query_ids[k], [item_ids[k]], values, error))
+        kept_values = {name: column_values[k] for name, column_values in kept}
+        rows.append(InputRow(first + k, query, [item], query_ids[k], [item_ids[k]], kept_values, error))
     return rows

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from score_batch.engine.model_source import model_identity
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.errors import UserError
+from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import completion_fingerprint
@@ -135,9 +136,7 @@ def _score_windows(
                 phase.advance(sum(len(r.item_ids) for r in rows))
                 part = sink.scored(number)
                 pairs.add(part)
-                phase.add(
-                    ScoredWindow(len(rows), 0, 0, scores=part["score"], query_items=sizes, resumed=True)
-                )
+                phase.add(ScoredWindow(len(rows), 0, 0, scores=part[SCORE], query_items=sizes, resumed=True))
                 continue
             if config.on_error == "fail":
                 _fail_on_unreadable_row(rows, source)
@@ -151,13 +150,13 @@ def _score_windows(
             results = score_plan(scorer, plan, phase, contract.pooled_dim)
             columns = output_columns(rows, todo, results, contract, window.keys, window.reused | copies)
             part = contract.part_table(columns)
-            failed = part.num_rows - part["error"].null_count
+            failed = part.num_rows - part[ERROR].null_count
             scored = ScoredWindow(
                 len(rows),
                 part.num_rows,
                 failed,
                 plan.stats,
-                part["score"],
+                part[SCORE],
                 sizes,
                 reused=len(window.reused),
                 duplicates=len(copies),

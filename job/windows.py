@@ -12,7 +12,18 @@ import numpy as np
 import pyarrow as pa
 
 from score_batch.engine import Group, GroupResult
-from score_batch.io_formats.columns import CHUNKS, ERROR, QUERY_KEY, ROW_INDEX, SCORE_KEY
+from score_batch.io_formats.columns import (
+    CHUNKS,
+    ERROR,
+    ITEM_ID,
+    POOLED,
+    QUERY_ID,
+    QUERY_KEY,
+    ROW_INDEX,
+    SCORE,
+    SCORE_KEY,
+    SCORES,
+)
 from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import OutputContract
 from score_batch.job.query_ranking import query_key
@@ -93,10 +104,10 @@ def output_columns(
     chunks: list[int | None] = [None] * n
     for (row_pos, item_pos), values in (reused or {}).items():
         at = starts[row_pos] + item_pos
-        score[at], scores[at], has_value[at] = values["score"], values["scores"], True
-        if pooled is not None and values.get("pooled_hidden_state") is not None:
-            pooled[at], has_vector[at] = values["pooled_hidden_state"], True
-        chunks[at] = values.get("chunks")
+        score[at], scores[at], has_value[at] = values[SCORE], values[SCORES], True
+        if pooled is not None and values.get(POOLED) is not None:
+            pooled[at], has_vector[at] = values[POOLED], True
+        chunks[at] = values.get(CHUNKS)
     for g_refs, result in zip(grouped.refs, results or ()):
         at = np.fromiter((starts[r] + i for r, i in g_refs), np.int64, len(g_refs))  # [group items]
         score[at], scores[at], has_value[at] = result.score, result.scores, True
@@ -107,9 +118,9 @@ def output_columns(
         if result.chunks is not None:
             for k, count in enumerate(result.chunks.tolist()):
                 chunks[at[k]] = count
-    columns: dict[str, list] = {
-        name: [] for name in (ROW_INDEX, "query_id", "item_id", *keep, SCORE_KEY, QUERY_KEY)
-    }
+    columns: dict[str, list | pa.Array] = {
+        name: [] for name in (ROW_INDEX, QUERY_ID, ITEM_ID, *keep, SCORE_KEY, QUERY_KEY)
+    }  # by name: OutputContract.part_table puts them in the schema's order
     for row_pos, row in enumerate(rows):
         query_id = row.query_id if contract.query_ids_given else row.index
         key = query_key(row, contract) if contract.ranked else None
@@ -118,8 +129,8 @@ def output_columns(
         if row.error is not None:
             errors[start : start + count] = [row.error] * count
         columns[ROW_INDEX].extend([row.index] * count)
-        columns["query_id"].extend([query_id] * count)
-        columns["item_id"].extend(row.item_ids)
+        columns[QUERY_ID].extend([query_id] * count)
+        columns[ITEM_ID].extend(row.item_ids)
         for name in keep:
             columns[name].extend([row.kept.get(name)] * count)
         row_errors = errors[start : start + count]
@@ -132,39 +143,26 @@ def output_columns(
                 errors[start + item_pos] = f"row {row.index}: {error}{_ids(query_id, row.item_ids[item_pos])}"
     failed = np.fromiter((error is not None for error in errors), bool, n)  # [items]
     null = failed | ~has_value
-    out = {
-        ROW_INDEX: columns[ROW_INDEX],
-        "query_id": columns["query_id"],
-        "item_id": columns["item_id"],
-        "score": pa.array(score, mask=null),
-        "scores": pa.ListArray.from_arrays(
-            pa.array(np.arange(n + 1, dtype=np.int32) * width),
-            pa.array(scores.reshape(-1)),
-            mask=pa.array(null),
-        ),
-    }
-    if contract.chunked:
-        out[CHUNKS] = [None if failed[k] else count for k, count in enumerate(chunks)]
-    out["pooled_hidden_state"] = (
-        [None] * n
-        if pooled is None
-        else pa.FixedSizeListArray.from_arrays(
+    columns[SCORE] = pa.array(score, mask=null)
+    columns[SCORES] = pa.ListArray.from_arrays(
+        pa.array(np.arange(n + 1, dtype=np.int32) * width), pa.array(scores.reshape(-1)), mask=pa.array(null)
+    )
+    if contract.chunked:  # else a kept column may take the name
+        columns[CHUNKS] = [None if failed[k] else count for k, count in enumerate(chunks)]
+    if pooled is not None:
+        columns[POOLED] = pa.FixedSizeListArray.from_arrays(
             pa.array(pooled.reshape(-1)), dim, mask=pa.array(failed | ~has_vector)
         )
-    )
-    for name in (*keep, SCORE_KEY, QUERY_KEY):
-        out[name] = columns[name]
-    out[ERROR] = errors
-    return out
+    columns[ERROR] = errors
+    return columns
 
 
 def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int:
     """How many numbers each item's scores list holds (0 when nothing in the window has any)."""
     for result in results or ():
-        if result.scores is not None and result.scores.ndim == 2:
-            return result.scores.shape[1]
+        return result.scores.shape[1]  # [items, num_scores]
     for values in (reused or {}).values():
-        return len(values["scores"])
+        return len(values[SCORES])
     return 0
 
 
