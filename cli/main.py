@@ -3,10 +3,18 @@ app (cli/app.py, imported here, where a stop is already handled) runs."""
 
 from __future__ import annotations
 
-import os
-import sys
+import signal
 
-from score_batch.signals import Stopped, StopSignals, exit_on_signals
+# From the first instruction: a stop that lands while the modules below import is remembered, then raised as
+# Stopped once run() can report it (the window before is the interpreter's own start-up).
+_EARLY: list[int] = []
+for _signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signum, lambda signum, frame: _EARLY.append(signum))
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from score_batch.signals import Stopped, StopSignals, exit_on_signals  # noqa: E402
 
 
 def run() -> None:
@@ -20,6 +28,8 @@ def run() -> None:
     exit_on_signals()  # what StopSignals restores when it ends
     try:
         with StopSignals(immediate=True) as stop:
+            if _EARLY:  # a stop while this module imported
+                raise Stopped(_EARLY[0])
             from score_batch.cli.logs import requested_format, setup_logging
 
             if requested_format(sys.argv[1:], os.environ) == "json":  # lines before the options are read too
