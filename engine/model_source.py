@@ -183,7 +183,9 @@ def _check_safetensors(file: Path, directory: Path) -> None:
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(file), framework="pt") as handle:
+        # numpy, not pt: "pt" makes safetensors import torch from inside its Rust frames, and a stop raised
+        # during that import aborted the process ("Rust cannot catch foreign exceptions"); numpy is loaded.
+        with safe_open(str(file), framework="numpy") as handle:
             handle.keys()
     except (SafetensorError, OSError) as error:
         size = file.stat().st_size

@@ -343,3 +343,17 @@ def test_cli_records_an_over_long_item(tmp_path, short_model):
     )
     assert result.returncode == 0, result.stderr
     assert all(json.loads(line).get("error") is None for line in out.read_text().splitlines())
+
+
+def test_the_weight_check_runs_no_python_import_inside_safetensors(qwen3_causal):
+    """safe_open(framework="pt") imports torch from inside its Rust frames; a stop raised during that import
+    aborted the whole process ("Rust cannot catch foreign exceptions"). The check reads headers only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from score_batch.engine.model_source import check_weight_files; "
+        f"check_weight_files({str(qwen3_causal)!r}); print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
