@@ -250,7 +250,7 @@ TruncateOpt = Annotated[
     typer.Option(
         help="Over-long input: error (a row error), item-tail (cut the item's end), query-head (cut the "
         "query's start), longest-first (CrossEncoder's rule: cut the longer of query and item), chunk (score "
-        "an over-long item as windows of --max-item-tokens, one output row per item: see --chunk-aggregate).",
+        "an over-long item as chunks of --max-item-tokens, one output row per item: see --chunk-aggregate).",
         rich_help_panel=SCORING,
         show_default="error",
     ),
@@ -258,7 +258,7 @@ TruncateOpt = Annotated[
 ChunkOverlapOpt = Annotated[
     int | None,
     typer.Option(
-        help="With --truncate chunk: tokens each window shares with the one before it.",
+        help="With --truncate chunk: tokens each chunk shares with the one before it.",
         rich_help_panel=SCORING,
         show_default="0",
     ),
@@ -266,8 +266,8 @@ ChunkOverlapOpt = Annotated[
 ChunkAggregateOpt = Annotated[
     choices.ChunkAggregate | None,
     typer.Option(
-        help="With --truncate chunk: the item's score is its best window's (max; that window also gives "
-        "scores and the pooled vector), its first window's, or the mean of every column.",
+        help="With --truncate chunk: the item's score is its best chunk's (max; that chunk also gives "
+        "scores and the pooled vector), its first chunk's, or the mean of every column.",
         rich_help_panel=SCORING,
         show_default="max",
     ),

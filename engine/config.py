@@ -28,7 +28,7 @@ class ScoringConfig:
     max_query_tokens: int | None = None
     max_item_tokens: int | None = None
     # error: a row error; item-tail / query-head: cut that end; longest-first: CrossEncoder's pair rule (cut
-    # the longer of query and item, a token at a time); chunk: an over-long item is scored as windows of
+    # the longer of query and item, a token at a time); chunk: an over-long item is scored as chunks of
     # max_item_tokens tokens sharing chunk_overlap tokens with their neighbours, aggregated by chunk_aggregate.
     truncate: choices.Truncate = "error"
     chunk_overlap: int = 0

@@ -71,19 +71,19 @@ class PackedRunner:
         A pack with a non-finite output has each of its items scored again alone (its own reference
         sequence, its own batch), so a NaN that leaked through masked attention cannot cost a neighbour its
         score; only items non-finite on their own become item errors. Under truncate="chunk" each item's
-        windows are aggregated into its one result (engine/chunking.py), with the window count in `chunks`.
+        chunks are aggregated into its one result (engine/chunking.py), with their count in `chunks`.
         """
-        results = self.run_windows(plan, on_items)
+        results = self.run_sequences(plan, on_items)
         if plan.chunked is None:
             return results
         errors = [g.errors for g in plan.tokenized]
         return aggregate(results, plan.chunked, errors, self.cfg.chunk_aggregate)
 
-    def run_windows(
+    def run_sequences(
         self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
     ) -> list[GroupResult]:
         """run() before aggregation: one result row per scored sequence (plan.scored_group's items; under
-        truncate="chunk" every window, else every item). on_items counts finished input items.
+        truncate="chunk" every chunk, else every item). on_items counts finished input items.
 
         The device never waits for the host between batches: each batch is launched before the previous one's
         outputs are read (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU

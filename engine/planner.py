@@ -49,8 +49,8 @@ class PlanStats:
     groups: int = 0
     items: int = 0
     failed_items: int = 0
-    # sequences the model scores: the items that tokenized, or under truncate="chunk" their windows
-    windows: int = 0
+    # sequences the model scores: the items that tokenized, or under truncate="chunk" their chunks
+    sequences: int = 0
     packs: int = 0
     batches: int = 0
     packed_tokens: int = 0  # tokens the forward passes run (a cached pack's query is not among them)
@@ -64,22 +64,22 @@ class PackedPlan:
 
     tokenized: list[TokenizedGroup]  # as the pairs hold them (truncated; pad-id tails included)
     scored: list[TokenizedGroup]  # what the packs score (ItemRef indexes it): tokenized without the pad-id
-    # tails a classifier is not read at (tokenize.without_unscored_tail), under chunk flattened to windows
+    # tails a classifier is not read at (tokenize.without_unscored_tail), flattened to chunks under chunk
     batches: list[Batch]
     stats: PlanStats = field(default_factory=PlanStats)
-    # truncate="chunk": each group's windows, which the packs' ItemRefs index instead of its items
+    # truncate="chunk": each group's chunks, which the packs' ItemRefs index instead of its items
     chunked: list[ChunkedGroup] | None = None
     # a scored sequence → the later ones equal to it (same query and item tokens): those are not packed
     copies: dict[ItemRef, tuple[ItemRef, ...]] = field(default_factory=dict)
 
     def scored_group(self, group: int) -> TokenizedGroup:
-        """The group whose items the packs score (ItemRef.item indexes it): its windows under chunk, else its
+        """The group whose items the packs score (ItemRef.item indexes it): its chunks under truncate="chunk", else its
         items as read (without a classifier's pad-id tails)."""
         return self.scored[group]
 
     def item_name(self, ref: ItemRef) -> str:
-        """A scored item as error messages name it: "item 3", or "item 3 (window 2 of 5)" under chunk."""
-        return f"item {ref.item}" if self.chunked is None else self.chunked[ref.group].window_name(ref.item)
+        """A scored item as error messages name it: "item 3", or "item 3 (chunk 2 of 5)" under chunk."""
+        return f"item {ref.item}" if self.chunked is None else self.chunked[ref.group].chunk_name(ref.item)
 
 
 @dataclass
@@ -106,7 +106,7 @@ class PackedPlanner:
     def plan(self, groups: list[Group]) -> PackedPlan:
         """Tokenize, pack (MIS or single) and batch the groups of one call.
 
-        Under truncate="chunk" the packs score every item's windows as items of its group (plan.chunked).
+        Under truncate="chunk" the packs score every item's chunks as items of its group (plan.chunked).
         """
         cfg, limits = self.cfg, self.limits
         encoded = encode_groups(groups, self.tokenizer, cfg)  # every text of the call in two tokenizer calls
@@ -133,7 +133,7 @@ class PackedPlanner:
             groups=len(groups),
             items=sum(len(g.item_ids) for g in tokenized),
             failed_items=sum(e is not None for g in tokenized for e in g.errors),
-            windows=sum(ids is not None for g in scored for ids in g.item_ids) - sum(map(len, skipped)),
+            sequences=sum(ids is not None for g in scored for ids in g.item_ids) - sum(map(len, skipped)),
             duplicates=sum(map(len, skipped)),
             packs=len(packs),
             batches=len(batches),
@@ -163,7 +163,7 @@ class PairPlanner:
             groups=len(groups),
             items=sum(len(g.item_ids) for g in encoded),
             failed_items=sum(e is not None for g in encoded for e in g.errors),
-            windows=sum(ids is not None for g in encoded for ids in g.item_ids),
+            sequences=sum(ids is not None for g in encoded for ids in g.item_ids),
             packs=sum(len(b.item_refs) for b in batches),
             batches=len(batches),
             packed_tokens=sum(b.num_tokens for b in batches),

@@ -17,7 +17,7 @@ def non_finite_rows(raw: np.ndarray) -> np.ndarray:  # raw: [rows, num_scores] â
 def non_finite_message(raw_row: np.ndarray, item: int, name: str | None = None) -> str:
     """The item error of a row that stays non-finite when scored alone, naming the item and the value.
 
-    name: how to name it instead of "item N" (a window under truncate="chunk": "item 3 (window 2 of 5)").
+    name: how to name it instead of "item N" (a chunk under truncate="chunk": "item 3 (chunk 2 of 5)").
     """
     value = next(float(v) for v in raw_row if not np.isfinite(v))
     return f"non-finite score ({value}) for {name or f'item {item}'}"
@@ -102,7 +102,7 @@ class ResultTable:
 def planned_results(plan, pooled_dim: int | None) -> list[GroupResult]:
     """A dry run's stand-in for a plan's results: NaN scores, the plan's per-item errors (over-long items,
     untokenizable text: the row errors the real run would report) and, when chunked, each item's planned
-    window count (pooled_dim: the pooled vectors' width, None when none are asked for)."""
+    chunk count (pooled_dim: the pooled vectors' width, None when none are asked for)."""
     results = []
     for index, group in enumerate(plan.tokenized):
         count = len(group.item_ids)

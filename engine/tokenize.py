@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from score_batch.engine.chunking import split_windows
+from score_batch.engine.chunking import split_chunks
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.types import Group, TokenizedGroup
 
@@ -16,7 +16,7 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
     token of each reference sequence that is not tail_id, its pad id (PlanLimits.unscored_tail_id); at the
     first token when every token is tail_id.
 
-    Trailing tail_id tokens of items and chunk windows are dropped; an item left empty is read at the query's
+    Trailing tail_id tokens of items and chunks are dropped; an item left empty is read at the query's
     end. The query's own tail_id tokens move to the front of every non-empty item, so an empty item is read at
     the query's last token that is not tail_id while the others still see the whole query. Under item_first
     the query ends every sequence: its tail is dropped, and the items' too when nothing else is left.
@@ -35,8 +35,8 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
     def each(change, ids_list: list[list[int] | None] | None):
         return None if ids_list is None else [change(ids) for ids in ids_list]
 
-    def each_window(change):
-        return None if group.windows is None else [each(change, ws) for ws in group.windows]
+    def each_chunk(change):
+        return None if group.chunks is None else [each(change, ws) for ws in group.chunks]
 
     if group.item_first:  # item + query: the query ends every reference sequence
         query_ids = cut(group.query_ids)
@@ -48,7 +48,7 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
             return kept if ids is None or kept else (ids + group.query_ids)[:1]
 
         return replace(
-            group, query_ids=[], item_ids=each(cut_item, group.item_ids), windows=each_window(cut_item)
+            group, query_ids=[], item_ids=each(cut_item, group.item_ids), chunks=each_chunk(cut_item)
         )
     query_ids = group.query_ids
     head = cut(query_ids) or query_ids[:1]  # all tail_id: read at the first token
@@ -62,7 +62,7 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
         group,
         query_ids=head,
         item_ids=each(cut_and_carry, group.item_ids),
-        windows=each_window(cut_and_carry),
+        chunks=each_chunk(cut_and_carry),
     )
 
 
@@ -195,15 +195,15 @@ def tokenize_group(
         )
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []
-    windows: list[list[list[int]]] | None = [] if cfg.truncate == "chunk" else None
+    chunks: list[list[list[int]]] | None = [] if cfg.truncate == "chunk" else None
     for index, item in enumerate(items):
         error = _check_ids(item.ids, vocab_size, f"item {index}")
         ids = None
-        if error is None and windows is not None:
-            ids, item_windows, error = _chunk(item, item_limit, cfg.chunk_overlap, f"item {index}", item_why)
-            windows.append(item_windows)
-        elif windows is not None:
-            windows.append([])
+        if error is None and chunks is not None:
+            ids, item_chunks, error = _chunk(item, item_limit, cfg.chunk_overlap, f"item {index}", item_why)
+            chunks.append(item_chunks)
+        elif chunks is not None:
+            chunks.append([])
         elif error is None:
             ids, error = _fit(
                 item,
@@ -218,22 +218,22 @@ def tokenize_group(
             error = f"item {index} and the query are both empty"
         item_ids.append(ids if error is None else None)
         errors.append(error)
-    return TokenizedGroup(query_ids, item_ids, errors, cfg.item_first, windows)
+    return TokenizedGroup(query_ids, item_ids, errors, cfg.item_first, chunks)
 
 
 def _chunk(
     encoded: _Encoded, limit: int, overlap: int, what: str, why: str
 ) -> tuple[list[int], list[list[int]], str | None]:
-    """truncate="chunk": (the item's whole ids, its windows of at most limit tokens, None) or an error.
+    """truncate="chunk": (the item's whole ids, its chunks of at most limit tokens, None) or an error.
 
-    An item within the limit is its one window; a longer one is split by engine/chunking.split_windows (the
-    template's tokens around every window, content windows as a Hugging Face tokenizer's overflow makes them).
+    An item within the limit is its one chunk; a longer one is split by engine/chunking.split_chunks (the
+    template's tokens around every chunk, content chunks as a Hugging Face tokenizer's overflow makes them).
     """
-    windows, reason = split_windows(encoded.ids, encoded.touching(), limit, overlap)
+    chunks, reason = split_chunks(encoded.ids, encoded.touching(), limit, overlap)
     if reason is None:
-        return encoded.ids, windows, None
+        return encoded.ids, chunks, None
     over = f"{what} has {len(encoded.ids)} tokens, over the limit of {limit}{why}"
-    return [], [], f"{over}, and cannot be split into windows: {reason}"
+    return [], [], f"{over}, and cannot be split into chunks: {reason}"
 
 
 def _encode_texts(

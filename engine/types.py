@@ -33,9 +33,9 @@ class GroupResult:
     raw: np.ndarray | None = (
         None  # [num_items, num_scores] float32 before activation/softmax (classifier logits)
     )
-    # [num_items] int32 under truncate="chunk": the windows each item was scored as (1 for an item that fit its
+    # [num_items] int32 under truncate="chunk": the chunks each item was scored as (1 for an item that fit its
     # limit, 0 for an item that failed before scoring); None otherwise. The other fields are then the
-    # aggregate of the item's windows (ScoringConfig.chunk_aggregate; engine/chunking.py).
+    # aggregate of the item's chunks (ScoringConfig.chunk_aggregate; engine/chunking.py).
     chunks: np.ndarray | None = None
 
     @property
@@ -53,9 +53,9 @@ class TokenizedGroup:
     item_ids: list[list[int] | None]
     errors: list[str | None]
     item_first: bool = False
-    # truncate="chunk": each item's windows, each scored as its own item (one window, the item itself, when it
+    # truncate="chunk": each item's chunks, each scored as its own item (one chunk, the item itself, when it
     # fits; none when it failed); item_ids then holds each item's whole tokens. None under other policies.
-    windows: list[list[list[int]]] | None = None
+    chunks: list[list[list[int]]] | None = None
 
     def reference_sequence(self, index: int) -> list[int]:
         """The sequence a separate forward pass of item `index` would see."""
@@ -64,11 +64,11 @@ class TokenizedGroup:
         return item + self.query_ids if self.item_first else self.query_ids + item
 
     def pair_tokens(self) -> int:
-        """Tokens of the sequences a separate pass per item (or, under chunk, per window) would hold."""
-        windows = self.windows or [[ids] for ids in self.item_ids]
+        """Tokens of the sequences a separate pass per item (or, under chunk, per chunk) would hold."""
+        chunks = self.chunks or [[ids] for ids in self.item_ids]
         return sum(
             len(self.query_ids) + len(ids)
-            for item_windows, error in zip(windows, self.errors)
+            for item_chunks, error in zip(chunks, self.errors)
             if error is None
-            for ids in item_windows
+            for ids in item_chunks
         )

@@ -7,7 +7,7 @@ QUERY_ID = "query_id"
 ITEM_ID = "item_id"
 SCORE = "score"
 SCORES = "scores"
-CHUNKS = "chunks"  # --truncate chunk: how many windows the item was scored as (1 when it fit)
+CHUNKS = "chunks"  # --truncate chunk: how many chunks the item was scored as (1 when it fit)
 POOLED = "pooled_hidden_state"
 RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
 ERROR = "error"

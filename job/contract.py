@@ -81,7 +81,7 @@ class OutputContract:
     query_ids_given: bool  # the input has a query-id column; else the row index is the query id
     ranked: bool = False  # add a rank column; rows of a query come out best first
     top_k: int | None = None  # keep only the top_k scored items of each query
-    chunked: bool = False  # --truncate chunk: add the chunks column (windows per item)
+    chunked: bool = False  # --truncate chunk: add the chunks column (chunks per item)
 
     @classmethod
     def from_types(

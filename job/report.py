@@ -18,7 +18,7 @@ from score_batch.job.run_config import package_versions
 from score_batch.machine import device_name, seconds_since_start
 
 log = logging.getLogger(__name__)
-PLAN_COUNTS = ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "windows", "duplicates")
+PLAN_COUNTS = ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "sequences", "duplicates")
 
 
 @dataclass
@@ -43,7 +43,9 @@ class RunReport:
     batches: int = 0
     packed_tokens: int = 0
     pairwise_tokens: int = 0
-    windows: int = 0  # sequences scored: the items, or under --truncate chunk their windows
+    sequences: int = (
+        0  # sequences scored: the items, or under --truncate chunk their chunks (also as "windows")
+    )
     duplicates: int = 0  # (query, item) pairs equal to an earlier one of the run: scored once, copied
     reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
     seconds_load: float = 0.0
@@ -160,10 +162,11 @@ class RunReport:
 
     def write(self, path: str) -> None:
         """Write the report as JSON to a file (atomically), or to stderr for - (one line, as log lines are)."""
+        written = dataclasses.asdict(self) | {"windows": self.sequences}  # its earlier name, kept one release
         if path == "-":
-            sys.stderr.write(json.dumps(dataclasses.asdict(self), default=str) + "\n")
+            sys.stderr.write(json.dumps(written, default=str) + "\n")
             return
-        text = json.dumps(dataclasses.asdict(self), indent=2, default=str) + "\n"
+        text = json.dumps(written, indent=2, default=str) + "\n"
         tmp = exclusive_temp(Path(path))
         tmp.write_text(text)
         durable_replace(tmp, Path(path))

@@ -102,7 +102,7 @@ class RunConfig:
 
     @property
     def chunked(self) -> bool:
-        """Whether over-long items are scored as windows (--truncate chunk): the output gets a chunks column."""
+        """Whether over-long items are scored as chunks (--truncate chunk): the output gets a chunks column."""
         return self.engine.scoring.truncate == "chunk"
 
     @property

@@ -86,7 +86,7 @@ def output_columns(
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
     A null id stays null when the input has an id column; without one, the row index is the query id. Under
-    --truncate chunk (contract.chunked) each item's row also has its window count (GroupResult.chunks).
+    --truncate chunk (contract.chunked) each item's row also has its chunk count (GroupResult.chunks).
     keys: each pair's score key (job/reuse.pair_keys); reused: the values of pairs copied from an earlier
     output (job/reuse.EarlierScores.take), which grouped and results leave out. The score, scores and pooled
     columns are Arrow arrays built from numpy (no Python object per number).

@@ -55,7 +55,7 @@ def random_groups(seed: int) -> list[Group]:
 
 
 def plan_fields(plan):
-    return [(g.query_ids, g.item_ids, g.errors, g.windows, g.item_first) for g in plan.tokenized], [
+    return [(g.query_ids, g.item_ids, g.errors, g.chunks, g.item_first) for g in plan.tokenized], [
         (g.query_ids, g.item_ids) for g in plan.scored
     ]
 

@@ -1,5 +1,5 @@
-"""--truncate chunk: an over-long item scored as windows (those of a Hugging Face tokenizer's overflow), one result
-per item aggregated by max / first / mean, exact per window against plain HF (docs/semantics.md: Truncation)."""
+"""--truncate chunk: an over-long item scored as chunks (those of a Hugging Face tokenizer's overflow), one result
+per item aggregated by max / first / mean, exact per chunk against plain HF (docs/semantics.md: Truncation)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.engine import EngineConfig, Group, GroupResult, ScoringConfig, SettingError
-from score_batch.engine.chunking import ChunkedGroup, aggregate, split_windows, window_spans
+from score_batch.engine.chunking import ChunkedGroup, aggregate, chunk_spans, split_chunks
 from score_batch.engine.planner import PackedPlanner, PairPlanner, PlanLimits
 from score_batch.engine.setup import load_planner
 from tests.reference import max_abs_diff, reference_scores, tokenizer
@@ -20,7 +20,7 @@ from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import start_cli, wait_for_parts
 from tests.test_scorer import label_ids, make_scorer
 
-TOLERANCE = 1e-5  # fp32, every window against its own plain-HF forward
+TOLERANCE = 1e-5  # fp32, every chunk against its own plain-HF forward
 LONG = (
     " the quick brown fox jumps over the lazy dog to get to the other side, and Tokyo is a city in Japan"
     " and the capital of the country; wireless noise cancelling headphones with long battery life"
@@ -28,8 +28,8 @@ LONG = (
 MEDIUM = " red running shoes for women, lightweight and breathable"
 
 
-def hf_windows(tok, text: str, size: int, overlap: int) -> list[list[int]]:
-    """What a Hugging Face fast tokenizer's overflow gives: windows of size tokens sharing overlap tokens."""
+def hf_chunks(tok, text: str, size: int, overlap: int) -> list[list[int]]:
+    """What a Hugging Face fast tokenizer's overflow gives: chunks of size tokens sharing overlap tokens."""
     encoded = tok(
         text,
         add_special_tokens=False,
@@ -51,25 +51,25 @@ def limits(vocab_size: int, max_pack_tokens: int = 4096, cache_query: bool = Fal
     )
 
 
-# --- windows (no model) ------------------------------------------------------------------------------
+# --- chunks (no model) ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("text", [LONG, MEDIUM, " to"])
-def test_windows_are_the_hugging_face_overflow_windows(qwen3_causal, text):
+def test_chunks_are_the_hugging_face_overflow_windows(qwen3_causal, text):
     tok = tokenizer(str(qwen3_causal))
     assert tok.is_fast
     ids = tok(text, add_special_tokens=False)["input_ids"]
     n = len(ids)
     checked = 0
-    # limits from tiny to exactly the item's length (one window) and one short of it (the item is limit + 1)
+    # limits from tiny to exactly the item's length (one chunk) and one short of it (the item is limit + 1)
     for size in sorted({1, 2, 3, 5, 8, n - 1, n, n + 3} - {0}):
         for overlap in sorted({0, 1, size // 2, size - 1}):
             if not 0 <= overlap < size:
                 continue
-            ours, why = split_windows(ids, list(range(n)), size, overlap)
+            ours, why = split_chunks(ids, list(range(n)), size, overlap)
             assert why is None
-            assert ours == hf_windows(tok, text, size, overlap), (size, overlap)
-            spans = window_spans(n, size, overlap)
+            assert ours == hf_chunks(tok, text, size, overlap), (size, overlap)
+            spans = chunk_spans(n, size, overlap)
             assert [ids[a:b] for a, b in spans] == ours
             if n > size:  # neighbours share exactly overlap tokens
                 assert all(spans[k + 1][0] == spans[k][1] - overlap for k in range(len(spans) - 1))
@@ -78,20 +78,20 @@ def test_windows_are_the_hugging_face_overflow_windows(qwen3_causal, text):
 
 
 def test_edge_lengths():
-    assert window_spans(0, 4, 1) == [(0, 0)]  # an empty item is one empty window
-    assert window_spans(4, 4, 3) == [(0, 4)]  # exactly the limit: itself
-    assert window_spans(5, 4, 0) == [(0, 4), (4, 5)]  # limit + 1
-    assert window_spans(5, 4, 3) == [(0, 4), (1, 5)]  # limit + 1, overlap limit - 1
-    assert window_spans(6, 4, 3) == [(0, 4), (1, 5), (2, 6)]  # overlap limit - 1: one token forward each
-    assert window_spans(9, 4, 1) == [(0, 4), (3, 7), (6, 9)]  # the last window ends at the end, shorter
+    assert chunk_spans(0, 4, 1) == [(0, 0)]  # an empty item is one empty chunk
+    assert chunk_spans(4, 4, 3) == [(0, 4)]  # exactly the limit: itself
+    assert chunk_spans(5, 4, 0) == [(0, 4), (4, 5)]  # limit + 1
+    assert chunk_spans(5, 4, 3) == [(0, 4), (1, 5)]  # limit + 1, overlap limit - 1
+    assert chunk_spans(6, 4, 3) == [(0, 4), (1, 5), (2, 6)]  # overlap limit - 1: one token forward each
+    assert chunk_spans(9, 4, 1) == [(0, 4), (3, 7), (6, 9)]  # the last chunk ends at the end, shorter
     with pytest.raises(ValueError):
-        window_spans(9, 4, 4)
-    assert split_windows([], [], 4, 1) == ([[]], None)
-    assert split_windows([7, 8, 9, 10], [0, 1, 2, 3], 4, 3) == ([[7, 8, 9, 10]], None)
+        chunk_spans(9, 4, 4)
+    assert split_chunks([], [], 4, 1) == ([[]], None)
+    assert split_chunks([7, 8, 9, 10], [0, 1, 2, 3], 4, 3) == ([[7, 8, 9, 10]], None)
 
 
-def test_template_tokens_wrap_every_window(qwen3_causal):
-    """The template's tokens before and after the content wrap each window of the content tokens."""
+def test_template_tokens_wrap_every_chunk(qwen3_causal):
+    """The template's tokens before and after the content wrap each chunk of the content tokens."""
     tok = tokenizer(str(qwen3_causal))
     cfg = ScoringConfig(
         item_template="<|im_start|>{item}<|im_end|>", truncate="chunk", max_item_tokens=7, chunk_overlap=2
@@ -102,23 +102,23 @@ def test_template_tokens_wrap_every_window(qwen3_causal):
     start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     for item, text in enumerate((LONG, MEDIUM)):
         first, count = chunked.firsts[item], chunked.counts[item]
-        windows = chunked.scored.item_ids[first : first + count]
-        assert all(w[0] == start and w[-1] == end and len(w) <= 7 for w in windows)
-        assert [w[1:-1] for w in windows] == hf_windows(tok, text, 5, 2)  # 7 less the 2 template tokens
+        chunks = chunked.scored.item_ids[first : first + count]
+        assert all(w[0] == start and w[-1] == end and len(w) <= 7 for w in chunks)
+        assert [w[1:-1] for w in chunks] == hf_chunks(tok, text, 5, 2)  # 7 less the 2 template tokens
         assert plan.tokenized[0].item_ids[item] == [
             start,
             *tok(text, add_special_tokens=False)["input_ids"],
             end,
         ]
-    assert plan.stats.items == 2 and plan.stats.windows == sum(chunked.counts) > 2
+    assert plan.stats.items == 2 and plan.stats.sequences == sum(chunked.counts) > 2
 
 
 @pytest.mark.parametrize("overlap", [0, 2])
 def test_a_token_straddling_the_template_boundary_is_the_items(qwen3_causal, overlap):
     """Under "Product: {item}" a token holding both the template's space and the item's first word ("Ġthe") is
-    the item's: the windows partition every token holding an item character, exactly as HF's overflow
-    windows of that text do, and only template tokens wrap every window (before, "Ġthe" was repeated at the
-    head of each window and the windows differed from HF's)."""
+    the item's: the chunks partition every token holding an item character, exactly as HF's overflow
+    chunks of that text do, and only template tokens wrap every chunk (before, "Ġthe" was repeated at the
+    head of each chunk and the chunks differed from HF's)."""
     tok = tokenizer(str(qwen3_causal))
     limit = len(tok("Product: ", add_special_tokens=False)["input_ids"]) + 6
     cfg = ScoringConfig(
@@ -136,10 +136,10 @@ def test_a_token_straddling_the_template_boundary_is_the_items(qwen3_causal, ove
         ids = encoded["input_ids"]
         head, body_ids = ids[: body[0]], ids[body[0] :]
         assert tok(tok.decode(body_ids), add_special_tokens=False)["input_ids"] == body_ids
-        reference = hf_windows(tok, tok.decode(body_ids), limit - len(head), overlap)
+        reference = hf_chunks(tok, tok.decode(body_ids), limit - len(head), overlap)
         first, count = chunked.firsts[item], chunked.counts[item]
-        windows = chunked.scored.item_ids[first : first + count]
-        assert windows == [head + window for window in reference] and count > 1
+        chunks = chunked.scored.item_ids[first : first + count]
+        assert chunks == [head + chunk for chunk in reference] and count > 1
     assert straddled >= 1  # the case this is about occurs
 
 
@@ -151,16 +151,16 @@ def test_items_that_cannot_be_split_are_row_errors(qwen3_causal):
         max_item_tokens=6,
     )
     tokenized = PackedPlanner(tok, long_template, limits(len(tok))).plan([Group("q", [LONG])]).tokenized[0]
-    assert "cannot be split into windows: its template alone has" in tokenized.errors[0]
-    # windows of what the pack allows (its 12 tokens less the query's and 2 delimiters) cannot share that many
+    assert "cannot be split into chunks: its template alone has" in tokenized.errors[0]
+    # chunks of what the pack allows (its 12 tokens less the query's and 2 delimiters) cannot share that many
     size = 12 - len(tok("Tokyo is a")["input_ids"]) - 2
     overlap = ScoringConfig(truncate="chunk", chunk_overlap=size)
     plan = PackedPlanner(tok, overlap, limits(len(tok), max_pack_tokens=12)).plan(
         [Group("Tokyo is a", [LONG])]
     )
-    assert f"windows of {size} content tokens" in plan.tokenized[0].errors[0]
+    assert f"chunks of {size} content tokens" in plan.tokenized[0].errors[0]
     assert f"cannot share chunk_overlap {size} tokens" in plan.tokenized[0].errors[0]
-    assert plan.chunked[0].counts == (0,) and plan.stats.failed_items == 1 and plan.stats.windows == 0
+    assert plan.chunked[0].counts == (0,) and plan.stats.failed_items == 1 and plan.stats.sequences == 0
 
 
 def test_settings_refused(qwen3_causal, zoo):
@@ -176,7 +176,7 @@ def test_settings_refused(qwen3_causal, zoo):
 # --- aggregation (no model) ----------------------------------------------------------------------------
 
 
-def window_result(score, scores, pooled, item_errors=()) -> GroupResult:
+def chunk_result(score, scores, pooled, item_errors=()) -> GroupResult:
     scores = np.asarray(scores, np.float32)
     return GroupResult(
         scores=scores,
@@ -188,9 +188,9 @@ def window_result(score, scores, pooled, item_errors=()) -> GroupResult:
     )
 
 
-# items: 0 → windows 0..2, 1 → window 3, 2 → failed before scoring (no window), 3 → windows 4..5
+# items: 0 → chunks 0..2, 1 → chunk 3, 2 → failed before scoring (no chunk), 3 → chunks 4..5
 CHUNKED = ChunkedGroup(scored=None, owners=(0, 0, 0, 1, 3, 3), firsts=(0, 3, 4, 4), counts=(3, 1, 0, 2))
-SCORE = [0.2, 0.7, 0.7, 0.4, 0.1, 0.3]  # ties: the first best window wins
+SCORE = [0.2, 0.7, 0.7, 0.4, 0.1, 0.3]  # ties: the first best chunk wins
 SCORES = [[s, 1 - s] for s in SCORE]
 POOLED = [[k, -k] for k in range(6)]
 ERRORS = [None, None, "item 2 has 9 tokens …", None]
@@ -201,7 +201,7 @@ ERRORS = [None, None, "item 2 has 9 tokens …", None]
     [("max", [1, 3, None, 5]), ("first", [0, 3, None, 4]), ("mean", [(0, 3), (3, 4), None, (4, 6)])],
 )
 def test_aggregation(how, picks):
-    (item,) = aggregate([window_result(SCORE, SCORES, POOLED)], [CHUNKED], [ERRORS], how)
+    (item,) = aggregate([chunk_result(SCORE, SCORES, POOLED)], [CHUNKED], [ERRORS], how)
     assert item.chunks.tolist() == [3, 1, 0, 2] and item.chunks.dtype == np.int32
     assert item.errors == ERRORS and item.failures == ERRORS
     for k, pick in enumerate(picks):
@@ -221,9 +221,9 @@ def test_aggregation(how, picks):
             assert max_abs_diff(getattr(item, name)[k], value) <= 1e-6, (name, k)
 
 
-def test_a_failed_window_fails_its_item_only():
-    failed = [None, "non-finite score (nan) for item 0 (window 2 of 3)", None, None, None, None]
-    (item,) = aggregate([window_result(SCORE, SCORES, POOLED, failed)], [CHUNKED], [ERRORS], "max")
+def test_a_failed_chunk_fails_its_item_only():
+    failed = [None, "non-finite score (nan) for item 0 (chunk 2 of 3)", None, None, None, None]
+    (item,) = aggregate([chunk_result(SCORE, SCORES, POOLED, failed)], [CHUNKED], [ERRORS], "max")
     assert item.failures == [failed[1], None, ERRORS[2], None]
     assert np.isnan(item.score[0]) and item.score[1] == np.float32(0.4) and item.score[3] == np.float32(0.3)
 
@@ -235,7 +235,7 @@ ITEMS = [[LONG, "", " to", MEDIUM], [MEDIUM + LONG, " Sacramento"]]
 
 
 def references(model_dir, kind, size, overlap):
-    """Per group, per item: the plain-HF (scores, pooled) of query + each HF overflow window."""
+    """Per group, per item: the plain-HF (scores, pooled) of query + each HF overflow chunk."""
     tok = tokenizer(str(model_dir))
     out = []
     for query, items in zip(QUERIES, ITEMS):
@@ -243,8 +243,8 @@ def references(model_dir, kind, size, overlap):
         out.append(
             [
                 [
-                    reference_scores(model_dir, kind, query_ids + window, label_ids(model_dir))
-                    for window in (hf_windows(tok, item, size, overlap) if item else [[]])
+                    reference_scores(model_dir, kind, query_ids + chunk, label_ids(model_dir))
+                    for chunk in (hf_chunks(tok, item, size, overlap) if item else [[]])
                 ]
                 for item in items
             ]
@@ -253,14 +253,14 @@ def references(model_dir, kind, size, overlap):
 
 
 @pytest.mark.parametrize(("family", "kind", "overlap"), [("qwen3", "causal", 3), ("llama", "classifier", 0)])
-def test_every_window_equals_plain_hf_and_items_their_aggregate(zoo, family, kind, overlap):
+def test_every_chunk_equals_plain_hf_and_items_their_aggregate(zoo, family, kind, overlap):
     model_dir = zoo.get(family, kind, add_bos=family == "llama")
     size = 9
     groups = [Group(q, items) for q, items in zip(QUERIES, ITEMS)]
     expected = references(model_dir, kind, size, overlap)
     worst = 0.0
     for how in ("max", "first", "mean"):
-        # a small pack budget: a group's windows spread over several packs, later ones reading the query's K/V
+        # a small pack budget: a group's chunks spread over several packs, later ones reading the query's K/V
         scorer = make_scorer(
             model_dir,
             kind,
@@ -273,8 +273,8 @@ def test_every_window_equals_plain_hf_and_items_their_aggregate(zoo, family, kin
         )
         plan = scorer.plan(groups)
         assert plan.stats.packs > len(groups)
-        if how == "max":  # every window against its own forward
-            for g, result in enumerate(scorer._runner.run_windows(plan)):
+        if how == "max":  # every chunk against its own forward
+            for g, result in enumerate(scorer._runner.run_sequences(plan)):
                 chunked = plan.chunked[g]
                 assert result.scores.shape[0] == len(chunked.owners)
                 for w, item in enumerate(chunked.owners):
@@ -282,24 +282,24 @@ def test_every_window_equals_plain_hf_and_items_their_aggregate(zoo, family, kin
                     worst = max(worst, max_abs_diff(scores, result.scores[w]))
                     worst = max(worst, max_abs_diff(pooled, result.pooled[w]))
         for g, result in enumerate(scorer.score(groups)):
-            assert result.chunks.tolist() == [len(windows) for windows in expected[g]]
-            for item, windows in enumerate(expected[g]):
-                scores = np.asarray([s for s, _ in windows])  # [windows, num_scores]
-                pooled = np.asarray([p for _, p in windows])
+            assert result.chunks.tolist() == [len(chunks) for chunks in expected[g]]
+            for item, chunks in enumerate(expected[g]):
+                scores = np.asarray([s for s, _ in chunks])  # [chunks, num_scores]
+                pooled = np.asarray([p for _, p in chunks])
                 score = result.score[item]
                 if how == "mean":
                     want_scores, want_pooled = scores.mean(0), pooled.mean(0)
-                    window_scores = [_score(scorer, s) for s in scores]
-                    worst = max(worst, abs(score - np.mean(window_scores)))
+                    chunk_scores = [_score(scorer, s) for s in scores]
+                    worst = max(worst, abs(score - np.mean(chunk_scores)))
                 else:
                     pick = 0 if how == "first" else int(np.argmax([_score(scorer, s) for s in scores]))
                     want_scores, want_pooled = scores[pick], pooled[pick]
                     worst = max(worst, abs(score - _score(scorer, want_scores)))
                 worst = max(worst, max_abs_diff(want_scores, result.scores[item]))
                 worst = max(worst, max_abs_diff(want_pooled, result.pooled[item]))
-    print(f"{family} {kind}: max |ours - plain HF| over windows and aggregates = {worst:.2e}")
+    print(f"{family} {kind}: max |ours - plain HF| over chunks and aggregates = {worst:.2e}")
     assert worst <= TOLERANCE, worst
-    assert any(len(windows) > 2 for group in expected for windows in group)  # really chunked
+    assert any(len(chunks) > 2 for group in expected for chunks in group)  # really chunked
 
 
 def _score(scorer, scores: np.ndarray) -> float:
@@ -316,29 +316,29 @@ def test_default_limit_is_what_the_pack_allows_after_the_query(qwen3_causal):
     scorer = make_scorer(qwen3_causal, truncate="chunk", chunk_overlap=1, max_pack_tokens=24)
     plan = scorer.plan([Group(query, [LONG])])
     size = 24 - q - 2  # the pack less the query and the item's two delimiters
-    windows = plan.chunked[0].scored.item_ids
-    assert windows == hf_windows(tok, LONG, size, 1)
+    chunks = plan.chunked[0].scored.item_ids
+    assert chunks == hf_chunks(tok, LONG, size, 1)
     result = scorer.score([Group(query, [LONG])])[0]
     best = max(
         reference_scores(qwen3_causal, "causal", tok(query)["input_ids"] + w, label_ids(qwen3_causal))[0][-1]
-        for w in windows
+        for w in chunks
     )
-    assert result.chunks.tolist() == [len(windows)] and abs(result.score[0] - best) <= TOLERANCE
+    assert result.chunks.tolist() == [len(chunks)] and abs(result.score[0] - best) <= TOLERANCE
 
 
-def test_item_first_windows_carry_the_special_tokens(zoo):
+def test_item_first_chunks_carry_the_special_tokens(zoo):
     model_dir = zoo.get("llama", "causal", add_bos=True)
     tok = tokenizer(str(model_dir))
     scorer = make_scorer(model_dir, truncate="chunk", max_item_tokens=8, chunk_overlap=2, item_first=True)
     plan = scorer.plan([Group("the country", [LONG])])
-    windows = plan.chunked[0].scored.item_ids
-    assert [w[1:] for w in windows] == hf_windows(tok, LONG, 7, 2) and {w[0] for w in windows} == {
+    chunks = plan.chunked[0].scored.item_ids
+    assert [w[1:] for w in chunks] == hf_chunks(tok, LONG, 7, 2) and {w[0] for w in chunks} == {
         tok.bos_token_id
     }
     result = scorer.score([Group("the country", [LONG])])[0]
     query_ids = tok("the country", add_special_tokens=False)["input_ids"]
     best = max(
-        reference_scores(model_dir, "causal", w + query_ids, label_ids(model_dir))[0][-1] for w in windows
+        reference_scores(model_dir, "causal", w + query_ids, label_ids(model_dir))[0][-1] for w in chunks
     )
     assert abs(result.score[0] - best) <= TOLERANCE
 
@@ -351,19 +351,19 @@ def test_predict_gives_the_aggregate(qwen3_causal):
     assert predicted.tolist() == scored.score.tolist() and scored.chunks.tolist()[1] == 1
 
 
-def test_a_non_finite_window_fails_its_item_and_names_the_window(qwen3_causal, tmp_path):
+def test_a_non_finite_chunk_fails_its_item_and_names_the_chunk(qwen3_causal, tmp_path):
     from tests.test_non_finite import poison
 
     tok = tokenizer(str(qwen3_causal))
     token = tok(" Japan", add_special_tokens=False)["input_ids"][-1]
     bad = poison(qwen3_causal, tmp_path / "nan", "embed_tokens.weight", token)
-    windows = hf_windows(tok, LONG, 9, 2)
-    hit = [k for k, w in enumerate(windows) if token in w]
-    assert hit and len(hit) < len(windows)
+    chunks = hf_chunks(tok, LONG, 9, 2)
+    hit = [k for k, w in enumerate(chunks) if token in w]
+    assert hit and len(hit) < len(chunks)
     group = [Group(QUERIES[0], [LONG, MEDIUM])]
     result = make_scorer(bad, truncate="chunk", max_item_tokens=9, chunk_overlap=2).score(group)[0]
     clean = make_scorer(qwen3_causal, truncate="chunk", max_item_tokens=9, chunk_overlap=2).score(group)[0]
-    assert result.failures[0] == f"non-finite score (nan) for item 0 (window {hit[0] + 1} of {len(windows)})"
+    assert result.failures[0] == f"non-finite score (nan) for item 0 (chunk {hit[0] + 1} of {len(chunks)})"
     assert np.isnan(result.score[0]) and result.failures[1] is None
     assert (
         abs(result.score[1] - clean.score[1]) <= TOLERANCE and result.chunks.tolist() == clean.chunks.tolist()
@@ -442,7 +442,7 @@ def test_cli_ranks_items_by_their_aggregate(qwen3_causal, tmp_path):
         assert all(r["chunks"] == expected[r["item_id"]][1] for r in mine)
 
 
-def test_cli_dry_run_counts_windows(qwen3_causal, tmp_path):
+def test_cli_dry_run_counts_chunks(qwen3_causal, tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", ROWS)
     base = [data, "--model", qwen3_causal, *LABEL_FLAGS, *CHUNK_FLAGS]
     assert run_cli(*base, "-o", tmp_path / "o.parquet", "--report", tmp_path / "run.json").returncode == 0
@@ -452,7 +452,7 @@ def test_cli_dry_run_counts_windows(qwen3_causal, tmp_path):
     assert run["items"] == plan["items"] == 5
     for key in ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens"):
         assert run[key] == plan[key], key
-    # pairwise tokens count every window's query + window: more than one pass over each item
+    # pairwise tokens count every chunk's query + chunk: more than one pass over each item
     assert run["pairwise_tokens"] > run["packed_tokens"]
 
 
@@ -477,7 +477,7 @@ def test_cli_engine_errors_are_row_errors(qwen3_causal, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     failed = [r for r in rows if r["error"] is not None]
     assert failed and all(r["chunks"] is None and r["score"] is None for r in failed)
-    assert all("cannot be split into windows" in r["error"] for r in failed)
+    assert all("cannot be split into chunks" in r["error"] for r in failed)
 
 
 @pytest.mark.slow
@@ -511,7 +511,7 @@ def test_cli_resume_after_kill_gives_the_same_output(qwen3_causal, tmp_path):
     assert not math.isnan(pq.read_table(out).column("score").to_pylist()[0])
 
 
-def test_batch_file_scores_long_documents_by_their_windows(qwen3_causal, tmp_path):
+def test_batch_file_scores_long_documents_by_their_chunks(qwen3_causal, tmp_path):
     """Batch files (vLLM rerank / score lines) take the engine's per-item aggregate as they are."""
     documents = [LONG, " Japan", MEDIUM + LONG]
     requests = [

@@ -44,7 +44,7 @@ def test_duplicate_sequences_are_keyed_by_query_and_item_tokens():
 def test_repeats_are_scored_once_with_their_originals_outputs(qwen3_causal):
     scorer = make_scorer(qwen3_causal, pooled_hidden_states=True)
     plan = scorer.plan(GROUPS)
-    assert plan.stats.duplicates == 3 and plan.stats.windows == 5
+    assert plan.stats.duplicates == 3 and plan.stats.sequences == 5
     assert sum(len(b.item_refs) for b in plan.batches) == 5  # only the first of each pair is packed
     counted = []
     results = scorer.run(plan, counted.append)
@@ -86,7 +86,11 @@ def test_pairs_repeated_in_later_windows_are_copied_not_scored(qwen3_causal, tmp
     result = run_cli(src, "-o", out, *flags, "--report", report)
     assert result.returncode == 0, result.stderr
     written = json.loads(report.read_text())
-    assert written["duplicates"] == 4 and written["items_scored"] == 16 and written["windows"] == 12
+    assert (
+        written["duplicates"] == 4
+        and written["items_scored"] == 16
+        and written["sequences"] == written["windows"] == 12
+    )
     assert "4 duplicate pairs scored once" in result.stderr
     table = pq.read_table(out)
     scores = table["scores"].to_pylist()

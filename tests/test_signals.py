@@ -120,7 +120,8 @@ def test_a_stop_at_any_delay_exits_130_or_143_without_a_traceback(qwen3_causal, 
 
     Before the interpreter runs any score-batch code (its own start-up, up to ~0.15 s on two loaded cores)
     the signal acts as Python makes it: SIGTERM ends the process (143 in a shell), SIGINT raises Python's
-    KeyboardInterrupt there. Everywhere else: exit 128 + signal, one line, and the report says stopped."""
+    KeyboardInterrupt there; likewise in the interpreter's teardown after a finished run (its report says
+    succeeded). Everywhere else: exit 128 + signal, one line, and the report says stopped."""
     rows = [
         {"query": f"query {q} red shoes", "item": f" item {i} blue"} for q in range(40) for i in range(20)
     ]
@@ -147,6 +148,9 @@ def test_a_stop_at_any_delay_exits_130_or_143_without_a_traceback(qwen3_causal, 
         process.send_signal(how)
         _, stderr = process.communicate(timeout=120)
         said = f"{delay} s: exit {process.returncode}\n{stderr}"
+        if process.returncode == -how and report.exists():  # the interpreter's own teardown, after the run
+            assert "Traceback" not in stderr and json.loads(report.read_text())["status"] == "succeeded", said
+            continue
         if process.returncode == -how or OUR_CODE.search(stderr) is None and "KeyboardInterrupt" in stderr:
             assert OUR_CODE.search(stderr) is None and not report.exists(), said  # Python's start-up
             continue
