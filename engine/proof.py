@@ -1,31 +1,24 @@
-"""FlashInfer proven on the device at load: each kernel a setup names runs once on a tiny input, against torch.
+"""FlashInfer proven on the device: each kernel runs once on a tiny input against torch (engine/setup.py's
+load_planner(prove=True) runs this at load, and falls back or fails on the cause).
 
 `import flashinfer` succeeds without nvcc; its kernels are built by a JIT at their first call, which then
 raises ("Could not find nvcc", "Ninja build failed") after the model has loaded, and FlashInfer's
 functools.cache does not remember the failure. So when a resolved setup names FlashInfer (the native layers'
 ops, or the attention backend), the load runs each of those kernels once on a tiny input of the model's widths,
 compares it with the torch reference in the same dtype and synchronizes the device, before any weight loads.
-
-On an exception or a difference beyond the dtype's bound, a setting that came from `auto` falls back (ops →
-torch; attention → flex, else sdpa) with one warning naming the cause, recorded in ResolvedSetup.fallbacks
-(and so in the run report); an explicit `flashinfer` fails the load with a SettingError (exit 2) naming it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 import torch
 
-from score_batch.engine.attention.registry import import_failure, make_backend, why_not
+from score_batch.engine.attention.registry import make_backend
 from score_batch.engine.attention.sdpa import SdpaBackend
 from score_batch.engine.batching import collate
-from score_batch.engine.config import EngineConfig
-from score_batch.engine.errors import SettingError
 from score_batch.engine.native.ops import Ops, TorchOps, make_ops
 from score_batch.engine.packing import DELIMITER_SEGMENT, ItemRef, mis_pack, single_pack
-from score_batch.engine.setup import ResolvedSetup, workload
 
 log = logging.getLogger(__name__)
 
@@ -36,39 +29,6 @@ log = logging.getLogger(__name__)
 OPS_BOUNDS = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 ATTENTION_BOUNDS = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
 EXACT = 1e-5  # any other dtype (FlashInfer refuses them at setup; CPU tests of fake kernels use it)
-
-
-def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
-    """The setup with every FlashInfer kernel it names proven on its device, or auto's fallback and its cause."""
-    fallbacks = list(setup.fallbacks)
-    ops, backend = setup.ops, setup.backend
-    if ops == "flashinfer":
-        cause = prove_ops(
-            "flashinfer", setup.device, setup.dtype, setup.info.hidden_size, setup.info.head_dim
-        )
-        if cause is not None:
-            ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
-            fallbacks.append(f"ops flashinfer → torch: {cause}")
-    if backend == "flashinfer":
-        cause = prove_attention("flashinfer", setup.device, setup.dtype, setup.info.head_dim)
-        if cause is not None:
-            need = workload(setup.info, config, setup.device, setup.dtype)
-            instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
-            backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
-            fallbacks.append(f"backend flashinfer → {instead}: {cause}")
-    if len(fallbacks) == len(setup.fallbacks):
-        return setup
-    return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks))
-
-
-def _fall_back(field: str, asked: str, name: str, instead: str, cause: str, device: torch.device) -> str:
-    """`instead` after one warning when `asked` was auto; an explicit setting fails the load (SettingError)."""
-    if asked != "auto":
-        raise SettingError(f"EngineConfig.{field}", asked, f"failed its check on {device} at load: {cause}")
-    log.warning(
-        "%s=auto: %s failed its check on %s at load (%s); using %s", field, name, device, cause, instead
-    )
-    return instead
 
 
 def prove_ops(

@@ -14,7 +14,7 @@ import torch
 
 from score_batch.engine.activation import ResolvedActivation, model_activation_fn, resolve_activation
 from score_batch.engine.attention.base import Workload
-from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failure, select_backend
+from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failure, select_backend, why_not
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model_loading import ModelInfo, load_tokenizer, read_model_info
@@ -380,11 +380,45 @@ def load_planner(
         )
     setup = resolve_setup(info, config, tokenizer, logit_score)
     if prove:
-        from score_batch.engine.proof import prove_setup  # runs kernels: imported only for a load
-
-        proven = prove_setup(setup, config)
-        if proven is not setup:
-            setup = replace(proven, limits=replace(proven.limits, cache_query=_caches_query(proven.backend)))
+        setup = prove_setup(setup, config)
     log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
     planner = PLANNERS[setup.runner](tokenizer, replace(config.scoring, packing=setup.packing), setup.limits)
     return planner, setup
+
+
+def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
+    """The setup with every FlashInfer kernel it names proven on its device (engine/proof.py), or auto's fallback
+    (ops → torch; attention → flex, else sdpa) with one warning naming the cause, recorded in fallbacks (and so
+    in the run report); an explicit `flashinfer` fails the load with a SettingError (exit 2) naming it."""
+    from score_batch.engine import proof  # runs kernels: imported only for a load
+
+    fallbacks = list(setup.fallbacks)
+    ops, backend = setup.ops, setup.backend
+    if ops == "flashinfer":
+        cause = proof.prove_ops(
+            "flashinfer", setup.device, setup.dtype, setup.info.hidden_size, setup.info.head_dim
+        )
+        if cause is not None:
+            ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
+            fallbacks.append(f"ops flashinfer → torch: {cause}")
+    if backend == "flashinfer":
+        cause = proof.prove_attention("flashinfer", setup.device, setup.dtype, setup.info.head_dim)
+        if cause is not None:
+            need = workload(setup.info, config, setup.device, setup.dtype)
+            instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
+            backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
+            fallbacks.append(f"backend flashinfer → {instead}: {cause}")
+    if len(fallbacks) == len(setup.fallbacks):
+        return setup
+    limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
+    return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
+
+
+def _fall_back(field: str, asked: str, name: str, instead: str, cause: str, device: torch.device) -> str:
+    """`instead` after one warning when `asked` was auto; an explicit setting fails the load (SettingError)."""
+    if asked != "auto":
+        raise SettingError(f"EngineConfig.{field}", asked, f"failed its check on {device} at load: {cause}")
+    log.warning(
+        "%s=auto: %s failed its check on %s at load (%s); using %s", field, name, device, cause, instead
+    )
+    return instead

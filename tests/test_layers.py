@@ -1,7 +1,7 @@
 """The layering, checked: cli → job → engine + io_formats, nothing running back up, and no import cycles.
 
-Every import of every module is read (ast): for the layering, module level, functions and TYPE_CHECKING blocks
-alike; for cycles, what runs or is typed at import (a function's deferred import is a load-time choice).
+Every import of every module is read (ast): module level, functions and TYPE_CHECKING blocks alike, for the
+layering and for cycles (a deferred import inside a function still ties the two modules together).
 score_batch/'s own modules (errors, choices, signals, …) sit below every layer; its __init__ is the public
 namespace, which imports the Python API lazily.
 """
@@ -33,19 +33,11 @@ def modules() -> dict[str, Path]:
     return {name.removesuffix(".__init__"): path for name, path in found.items()}
 
 
-def statements(tree: ast.AST, in_functions: bool):
-    """Every node of a module, without the bodies of its functions unless in_functions."""
-    for node in ast.iter_child_nodes(tree):
-        if in_functions or not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield node
-            yield from statements(node, in_functions)
-
-
-def imports(name: str, path: Path, known: set[str], in_functions: bool = True) -> set[str]:
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The package's modules this module imports (`from score_batch.x import y` names y when y is a module)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in statements(ast.parse(path.read_text(encoding="utf-8")), in_functions):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -66,10 +58,10 @@ def layer_of(module: str) -> str | None:
     return part if part in LAYERS else None
 
 
-def graph(in_functions: bool = True) -> dict[str, set[str]]:
+def graph() -> dict[str, set[str]]:
     """Each module → the package's modules it imports."""
     known = modules()
-    return {name: imports(name, path, set(known), in_functions) for name, path in known.items()}
+    return {name: imports(name, path, set(known)) for name, path in known.items()}
 
 
 def upward_imports(edges: dict[str, set[str]]) -> list[str]:
@@ -127,7 +119,7 @@ def test_no_layer_imports_upward():
 
 
 def test_no_import_cycles():
-    assert cycles(graph(in_functions=False)) == []
+    assert cycles(graph()) == []
 
 
 def test_the_graph_sees_the_layers():

@@ -15,8 +15,8 @@ import torch
 
 from score_batch.engine import EngineConfig, ScoringConfig, SettingError
 from score_batch.engine.attention.flashinfer import FlashInferBackend
-from score_batch.engine.proof import prove_attention, prove_ops, prove_setup
-from score_batch.engine.setup import load_planner
+from score_batch.engine.proof import prove_attention, prove_ops
+from score_batch.engine.setup import load_planner, prove_setup
 from score_batch.errors import exit_code
 from tests.flashinfer_stub import NO_NVCC, FlashInferStub
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
