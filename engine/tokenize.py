@@ -111,21 +111,16 @@ def encode_groups(groups: list[Group], tokenizer, cfg: ScoringConfig) -> list[tu
         if is_text:
             query_index.setdefault(g.query, len(query_index))
     queries = _encode_texts(tokenizer, cfg.query_template, "{query}", list(query_index), not cfg.item_first)
-    items = _encode_texts(
-        tokenizer,
-        cfg.item_template,
-        "{item}",
-        [item for g, is_text in zip(groups, texts) if is_text for item in g.items],
-        cfg.item_first,
-    )
+    item_texts = [item for g, is_text in zip(groups, texts) if is_text for item in g.items]
+    items = _encode_texts(tokenizer, cfg.item_template, "{item}", item_texts, cfg.item_first)
     out: list[tuple | None] = []
     at = 0
     for g, is_text in zip(groups, texts):
-        if not is_text:
+        if is_text:
+            out.append((queries[query_index[g.query]], items[at : at + len(g.items)]))
+            at += len(g.items)
+        else:
             out.append(None)
-            continue
-        out.append((queries[query_index[g.query]], items[at : at + len(g.items)]))
-        at += len(g.items)
     return out
 
 
@@ -138,13 +133,9 @@ def tokenize_group(
     max_positions: int | None = None,
     encoded: tuple | None = None,
 ) -> TokenizedGroup:
-    """Tokenize one group under the config's templates, limits and truncation policy (encoded: the group's
-    texts already encoded by encode_groups).
-
-    max_positions is the model's position limit (max_position_embeddings): a reference sequence
-    (query + item) must fit it, since under multi-item packing an item's positions continue after
-    the query's. It bounds the query and each item like the other limits do.
-    """
+    """Tokenize one group under the config's templates, limits and truncation policy (encoded: its texts
+    already encoded by encode_groups). max_positions (max_position_embeddings) bounds each reference sequence
+    (query + item), since under multi-item packing an item's positions continue after the query's."""
     text_input = isinstance(group.query, str)
     overhead = 0 if cfg.packing == "single" or cfg.item_first else MIS_DELIMITERS_PER_ITEM
     if any(isinstance(item, str) != text_input for item in group.items):
@@ -169,15 +160,7 @@ def tokenize_group(
         if max_positions is not None and max_positions < query_limit:
             query_limit = max_positions
             why = f", the model's position limit (max_position_embeddings {max_positions})"
-        query_ids, query_error = _fit(
-            query,
-            query_limit,
-            "query",
-            cfg.truncate == "query-head",
-            from_head=True,
-            why=why,
-            cut="query-head",
-        )
+        query_ids, query_error = _fit(query, query_limit, "query", cfg.truncate, "query-head", why)
     if query_error is None and not query_ids and not cfg.item_first:
         query_error = "query is empty after tokenization (it needs at least one token)"
     if query_error is not None:
@@ -205,15 +188,7 @@ def tokenize_group(
         elif chunks is not None:
             chunks.append([])
         elif error is None:
-            ids, error = _fit(
-                item,
-                item_limit,
-                f"item {index}",
-                cfg.truncate == "item-tail",
-                from_head=False,
-                why=item_why,
-                cut="item-tail",
-            )
+            ids, error = _fit(item, item_limit, f"item {index}", cfg.truncate, "item-tail", item_why)
         if error is None and cfg.item_first and not ids and not query_ids:
             error = f"item {index} and the query are both empty"
         item_ids.append(ids if error is None else None)
@@ -301,34 +276,22 @@ def _check_ids(ids: list[int], vocab_size: int, what: str) -> str | None:
 
 
 def _fit(
-    encoded: _Encoded,
-    limit: int,
-    what: str,
-    may_truncate: bool,
-    from_head: bool,
-    why: str = "",
-    cut: str = "",
+    encoded: _Encoded, limit: int, what: str, truncate: str, cut: str, why: str
 ) -> tuple[list[int], str | None]:
-    """Return ids within limit, dropping content tokens from the head or tail when allowed.
-
-    why says where the limit comes from when it is not the configured one; cut names the
-    ScoringConfig.truncate policy that would cut this text.
-    """
+    """Return ids within limit; over it, content tokens are dropped when truncate is cut, the policy that cuts
+    this text ("query-head" drops from the head, "item-tail" from the tail). why: where the limit comes from
+    when it is not the configured one."""
     excess = len(encoded.ids) - limit
     if excess <= 0:
         return encoded.ids, None
-    if not may_truncate:
-        policy = f"set truncate to {cut} to cut it to fit" if cut else "see the truncate setting"
-        return [], f"{what} has {len(encoded.ids)} tokens, over the limit of {limit}{why} ({policy})"
+    if truncate != cut:
+        over = f"{what} has {len(encoded.ids)} tokens, over the limit of {limit}{why}"
+        return [], f"{over} (set truncate to {cut} to cut it to fit)"
+    from_head = cut == "query-head"
     if len(encoded.content) < excess:
-        return [], (
-            f"{what} cannot be truncated to {limit} tokens{why}: "
-            + (
-                "the query alone fills the limit"
-                if limit <= 0 and not from_head
-                else "its template alone is too long"
-            )
-        )
+        if limit <= 0 and not from_head:
+            return [], f"{what} cannot be truncated to {limit} tokens{why}: the query alone fills the limit"
+        return [], f"{what} cannot be truncated to {limit} tokens{why}: its template alone is too long"
     dropped = set(encoded.content[:excess] if from_head else encoded.content[-excess:])
     return [token for i, token in enumerate(encoded.ids) if i not in dropped], None
 
@@ -385,19 +348,15 @@ def _longest_first(
             )
         elif error is None and len(query.ids) + len(item.ids) > limit and not (query.content or item.content):
             error = f"{what} cannot be truncated to {limit} tokens ({why}): it has no content tokens to cut"
+        errors.append(error)
         if error is not None:
             kept.append(None)
-            errors.append(error)
             continue
-        sizes = (
-            (len(item.content), len(query.content))
-            if cfg.item_first
-            else (len(query.content), len(item.content))
-        )
-        first, second = longest_first_lengths(*sizes, max(room, 0))
-        keep_item, keep_query = (first, second) if cfg.item_first else (second, first)
+        if cfg.item_first:
+            keep_item, keep_query = longest_first_lengths(len(item.content), len(query.content), max(room, 0))
+        else:
+            keep_query, keep_item = longest_first_lengths(len(query.content), len(item.content), max(room, 0))
         kept.append((_keep_content(query, keep_query), _keep_content(item, keep_item)))
-        errors.append(None)
     lengths = [len(pair[0]) for pair in kept if pair is not None]
     if not lengths or min(lengths) == len(query.ids):  # no item cuts the query
         item_ids = [None if pair is None else pair[1] for pair in kept]
@@ -420,9 +379,8 @@ def _cut_to(encoded: _Encoded, limit: int | None, what: str) -> tuple[_Encoded, 
     if len(encoded.content) < excess:
         return encoded, f"{what} cannot be truncated to {limit} tokens: its template alone is too long"
     keep = len(encoded.content) - excess
-    return _Encoded(
-        _keep_content(encoded, keep), encoded.content[:keep]
-    ), None  # kept tokens keep their places
+    # only tokens after the kept content are dropped: the kept ones keep their indices
+    return _Encoded(_keep_content(encoded, keep), encoded.content[:keep]), None
 
 
 def _keep_content(encoded: _Encoded, keep: int) -> list[int]:
