@@ -10,12 +10,7 @@ from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
 from score_batch.engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
-from score_batch.engine.tokenize import (
-    TokenizedGroup,
-    encode_groups,
-    tokenize_group,
-    without_unscored_tail,
-)
+from score_batch.engine.tokenize import TokenizedGroup, encode_groups, tokenize_group, without_unscored_tail
 from score_batch.engine.types import Group
 
 
@@ -126,7 +121,7 @@ class PackedPlanner:
                 skipped[ref.group].add(ref.item)
         packs: list[Pack] = []
         for group_index, group in enumerate(scored):
-            packs.extend(_group_packs(group_index, group, cfg, limits, frozenset(skipped[group_index])))
+            packs.extend(_group_packs(group_index, group, cfg, limits, skipped[group_index]))
         budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
         batches = make_batches(packs, budget)
         stats = PlanStats(
@@ -196,11 +191,7 @@ def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[Ite
 
 
 def _group_packs(
-    group_index: int,
-    group: TokenizedGroup,
-    cfg: ScoringConfig,
-    limits: PlanLimits,
-    skip: frozenset[int] = frozenset(),
+    group_index: int, group: TokenizedGroup, cfg: ScoringConfig, limits: PlanLimits, skip: set[int]
 ) -> list[Pack]:
     """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit.
 
@@ -250,7 +241,6 @@ def _query_once_packs(
 
 def resolve_label_ids(cfg: ScoringConfig, tokenizer, kind: str, vocab_size: int) -> tuple[int, ...]:
     """Turn label tokens or ids into validated ids (CausalLM); classifiers ignore labels."""
-
     if kind != "causal":
         return ()
     ids = list(cfg.label_token_ids)
@@ -264,11 +254,8 @@ def resolve_label_ids(cfg: ScoringConfig, tokenizer, kind: str, vocab_size: int)
                 "token (check the leading space, or give the labels as ScoringConfig.label_token_ids)",
             )
         ids.append(encoded[0])
-    setting, value = (
-        ("ScoringConfig.label_tokens", cfg.label_tokens)
-        if cfg.label_tokens
-        else ("ScoringConfig.label_token_ids", cfg.label_token_ids)
-    )
+    name = "label_tokens" if cfg.label_tokens else "label_token_ids"
+    setting, value = f"ScoringConfig.{name}", getattr(cfg, name)
     if not ids:
         raise SettingError(
             setting, value, "is empty: a CausalLM model needs label tokens to score, e.g. (' no', ' yes')"
@@ -285,7 +272,6 @@ def resolve_label_ids(cfg: ScoringConfig, tokenizer, kind: str, vocab_size: int)
 
 def default_delimiter(requested: int | None, tokenizer, vocab_size: int) -> int:
     """SGLang's 9999 when it is in the vocabulary, else the pad/eos token (its id never changes a score)."""
-
     if requested is not None:
         if not 0 <= requested < vocab_size:
             raise SettingError(

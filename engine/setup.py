@@ -23,6 +23,7 @@ from score_batch.engine.planner import (
     PackedPlanner,
     PairPlanner,
     PlanLimits,
+    Planner,
     default_delimiter,
     resolve_label_ids,
 )
@@ -32,10 +33,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_TOKENS = {"cpu": 4096, "cuda": 65536}  # cpu: see docs/scaling_batch-tokens.png
 RunnerKind = Literal["packed", "pairs"]  # packed: decoders, our attention; pairs: encoders, padded pairs
-PLANNERS: dict[RunnerKind, type[PackedPlanner] | type[PairPlanner]] = {
-    "packed": PackedPlanner,
-    "pairs": PairPlanner,
-}
+PLANNERS: dict[RunnerKind, type[Planner]] = {"packed": PackedPlanner, "pairs": PairPlanner}
 
 
 @dataclass(frozen=True)
@@ -52,9 +50,7 @@ class ResolvedSetup:
     packing: Literal["mis", "single"]  # resolved from "auto"
     activation: ResolvedActivation = ResolvedActivation("none", "not resolved")
     runner: RunnerKind = "packed"
-    layers: Literal["native", "transformers"] = (
-        "transformers"  # whose decoder layers run (engine/native or HF)
-    )
+    layers: Literal["native", "transformers"] = "transformers"  # whose decoder layers run: native or HF's
     ops: Literal["torch", "flashinfer", "none"] = "none"  # the native layers' element-wise kernels
     # A CausalLM given no label tokens: its LogitScore (info then reads as a one-label classifier's)
     logit_score: LogitScoreSpec | None = None
@@ -348,9 +344,8 @@ def _pair_is_query_plus_item(tokenizer) -> bool:
     as packed groups hold them (probed on one pair)."""
     query, item = "Tokyo is a city", " in Japan"
     pair = list(tokenizer(query, item)["input_ids"])
-    return pair == list(tokenizer(query)["input_ids"]) + list(
-        tokenizer(item, add_special_tokens=False)["input_ids"]
-    )
+    apart = list(tokenizer(query)["input_ids"]) + list(tokenizer(item, add_special_tokens=False)["input_ids"])
+    return pair == apart
 
 
 def _caches_query(backend: str) -> bool:
@@ -358,9 +353,7 @@ def _caches_query(backend: str) -> bool:
     return backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.cached_query
 
 
-def load_planner(
-    model_dir, config: EngineConfig, prove: bool = False
-) -> tuple[PackedPlanner | PairPlanner, ResolvedSetup]:
+def load_planner(model_dir, config: EngineConfig, prove: bool = False) -> tuple[Planner, ResolvedSetup]:
     """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights.
 
     prove: run the FlashInfer kernels the setup names once on the device first (engine/proof.py), so that an
