@@ -12,17 +12,13 @@ import torch
 from safetensors import SafetensorError
 
 from score_batch.engine.errors import ScoringInputError, SettingError
-from score_batch.engine.model_kind import (  # noqa: F401 - re-exported: callers import these from here
-    ATTENTION_LAYER_TYPES,
-    ENCODER_DECODER_MODEL_TYPES,
-    ENCODER_MODEL_TYPES,
+from score_batch.engine.model_kind import (
     POSITION_OFFSET_MODEL_TYPES,
-    RECURRENT_MODEL_TYPES,
     model_kind,
     read_config_json,
     read_json_file,
 )
-from score_batch.engine.model_source import check_weight_files
+from score_batch.engine.model_source import SAFETENSORS_INDEX, check_weight_files
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +63,17 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     except (ValueError, KeyError, OSError) as error:
         raise ScoringInputError(f"cannot read the config of {str(path)!r}: {error}") from error
     text_config = config.get_text_config()
+    layer_types = set(getattr(text_config, "layer_types", None) or [])
     shape = model_kind(
         path,
         (config.architectures or ["?"])[0],
         config.model_type,
-        set(getattr(text_config, "layer_types", None) or []),
+        layer_types,
         getattr(config, "is_encoder_decoder", False),
     )
     architecture, model_type, kind, encoder = shape.architecture, shape.model_type, shape.kind, shape.encoder
     heads = getattr(text_config, "num_attention_heads", None)  # absent in purely recurrent models
     head_dim = getattr(text_config, "head_dim", None) or (text_config.hidden_size // heads if heads else 0)
-    layer_types = set(getattr(text_config, "layer_types", None) or [])
-    recurrent, refusal = shape.isolate_sequences, shape.mis_refusal
     max_positions = getattr(text_config, "max_position_embeddings", None)
     if max_positions and model_type in POSITION_OFFSET_MODEL_TYPES:
         max_positions -= 2
@@ -101,8 +96,8 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         hidden_size=text_config.hidden_size,
         head_dim=head_dim,
         num_labels=config.num_labels,
-        mis_refusal=refusal,
-        isolate_sequences=recurrent,
+        mis_refusal=shape.mis_refusal,
+        isolate_sequences=shape.isolate_sequences,
         attention_softcap=getattr(text_config, "attn_logit_softcapping", None),
         sliding_window=getattr(text_config, "sliding_window", None) if uses_windows and not encoder else None,
         max_length=max_positions,
@@ -115,7 +110,6 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
 
 def _native_refusal(config, path: Path, architecture: str, trust_remote_code: bool) -> str | None:
     """Why the native layers cannot run this model: its config (engine/native/spec.py), or pickle-only weights."""
-    from score_batch.engine.model_source import SAFETENSORS_INDEX
     from score_batch.engine.native.spec import native_refusal
 
     refusal = native_refusal(config, architecture, trust_remote_code)
@@ -161,9 +155,8 @@ class LoadedModel:
     backbone: torch.nn.Module
     head: torch.nn.Module
     final_logit_softcap: float | None
-    native: bool = (
-        False  # the backbone is engine/native's decoder: (ids, positions, max_position, plan, rows) → rows
-    )
+    # the backbone is engine/native's decoder: (ids, positions, max_position, plan, rows) → rows
+    native: bool = False
 
     def hidden_rows(self, input_ids, positions, max_position: int, plan, rows):
         """Final hidden states [rows, hidden] of a ragged batch: ids and positions [tokens], rows [rows]."""
@@ -204,12 +197,9 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(
             path, local_files_only=True, trust_remote_code=trust_remote_code
         )
-    except (ValueError, OSError, TypeError, KeyError) as error:
-        raise ScoringInputError(f"cannot load a tokenizer from {str(path)!r}: {error}") from error
     except Exception as error:
-        if (
-            type(error) is not Exception
-        ):  # the tokenizers library raises a bare Exception for a malformed file
+        # the tokenizers library raises a bare Exception for a malformed file
+        if not isinstance(error, (ValueError, OSError, TypeError, KeyError)) and type(error) is not Exception:
             raise
         raise ScoringInputError(f"cannot load a tokenizer from {str(path)!r}: {error}") from error
     if len(tokenizer) == 0:
