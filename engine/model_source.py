@@ -109,9 +109,9 @@ def weight_files(path: Path) -> tuple[str, list[Path]]:
         ("safetensors", SAFETENSORS_INDEX, "model.safetensors"),
         ("pickle", PICKLE_INDEX, "pytorch_model.bin"),
     ):
-        if _present(path / single):
+        if os.path.lexists(path / single):  # a broken link counts: the check names it
             return kind, [path / single]
-        if _present(path / index_name):
+        if os.path.lexists(path / index_name):
             return kind, [path / shard for shard in _index_shards(path / index_name)]
     stray = sorted(p.name for p in path.glob("*.safetensors")) + sorted(p.name for p in path.glob("*.bin"))
     found = (
@@ -123,43 +123,28 @@ def weight_files(path: Path) -> tuple[str, list[Path]]:
     raise ScoringInputError(f"no weight files ({WEIGHT_FILES}) in {str(path)!r}{found}")
 
 
-def _present(file: Path) -> bool:
-    """True when a directory entry exists, a broken symbolic link included."""
-    return os.path.lexists(file)
-
-
-def _describe_missing(file: Path, directory: Path) -> str | None:
-    """Why a weight file cannot be opened at all (missing, broken link, not a file), or None."""
-    if not _present(file):
-        return f"{file.name} is missing from {str(directory)!r}"
+def _check_readable(file: Path, directory: Path) -> None:
+    """Refuse a weight file that is missing, a broken link, not a regular file, or whose first byte cannot be read."""
+    where = f"{file.name} in {str(directory)!r}"
+    if not os.path.lexists(file):
+        raise ScoringInputError(f"{file.name} is missing from {str(directory)!r}")
     if file.is_symlink() and not file.exists():
-        return (
-            f"{file.name} in {str(directory)!r} is a broken link (to {os.readlink(file)!r}); "
+        raise ScoringInputError(
+            f"{where} is a broken link (to {os.readlink(file)!r}); "
             "the file it points to is gone (an incomplete download or a cleaned cache?)"
         )
     if not file.is_file():
-        return f"{file.name} in {str(directory)!r} is not a regular file"
-    return None
-
-
-def _unreadable(file: Path, directory: Path) -> str | None:
-    """Why a weight file cannot be read, or None when its first byte can be."""
-    problem = _describe_missing(file, directory)
-    if problem:
-        return problem
+        raise ScoringInputError(f"{where} is not a regular file")
     try:
         with open(file, "rb") as handle:
             handle.read(1)
     except OSError as error:
-        return f"{file.name} in {str(directory)!r} cannot be read: {error.strerror or error}"
-    return None
+        raise ScoringInputError(f"{where} cannot be read: {error.strerror or error}") from None
 
 
 def _index_shards(index: Path) -> list[str]:
     """The shard file names listed in a sharded checkpoint's index."""
-    problem = _unreadable(index, index.parent)
-    if problem:
-        raise ScoringInputError(problem)
+    _check_readable(index, index.parent)
     import json
 
     try:
@@ -177,9 +162,7 @@ def _index_shards(index: Path) -> list[str]:
 
 def _check_safetensors(file: Path, directory: Path) -> None:
     """Refuse a safetensors file that is missing, unreadable, truncated or not safetensors (header only)."""
-    problem = _unreadable(file, directory)
-    if problem:
-        raise ScoringInputError(problem)
+    _check_readable(file, directory)
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -198,9 +181,7 @@ def _check_pickle(file: Path, directory: Path) -> None:
     """Refuse a torch.save file that is missing, unreadable, empty or a truncated zip (no unpickling)."""
     import zipfile
 
-    problem = _unreadable(file, directory)
-    if problem:
-        raise ScoringInputError(problem)
+    _check_readable(file, directory)
     with open(file, "rb") as handle:
         magic = handle.read(4)
     what = f"{file.name} in {str(directory)!r} is truncated or not a PyTorch weight file"
