@@ -173,10 +173,12 @@ def _aggregate_group(
 ) -> GroupResult:
     """One group's chunks → its items (see aggregate)."""
     items = len(chunked.counts)
-    scores = np.full((items, result.scores.shape[1]), np.nan, np.float32)  # [items, num_scores]
-    score = np.full(items, np.nan, np.float32)  # [items]
-    raw = None if result.raw is None else np.full((items, result.raw.shape[1]), np.nan, np.float32)
-    pooled = None if result.pooled is None else np.full((items, result.pooled.shape[1]), np.nan, np.float32)
+    per_chunk = {"score": result.score, "scores": result.scores, "raw": result.raw, "pooled": result.pooled}
+    # per item, NaN until set: score [items], scores and raw [items, num_scores], pooled [items, hidden]
+    per_item = {
+        name: None if values is None else np.full((items, *values.shape[1:]), np.nan, np.float32)
+        for name, values in per_chunk.items()
+    }
     chunk_errors = list(result.item_errors) or [None] * len(chunked.owners)
     item_errors: list[str | None] = [None] * items
     for item, (first, count) in enumerate(zip(chunked.firsts, chunked.counts)):
@@ -187,28 +189,14 @@ def _aggregate_group(
         if failed:
             item_errors[item] = failed[0]
             continue
-        if how == "mean":
-            score[item] = _mean(result.score[rows])
-            scores[item] = _mean(result.scores[rows])
-            if raw is not None:
-                raw[item] = _mean(result.raw[rows])
-            if pooled is not None:
-                pooled[item] = _mean(result.pooled[rows])
-            continue
         pick = first + (0 if how == "first" else int(np.argmax(result.score[rows])))
-        score[item] = result.score[pick]
-        scores[item] = result.scores[pick]
-        if raw is not None:
-            raw[item] = result.raw[pick]
-        if pooled is not None:
-            pooled[item] = result.pooled[pick]
+        for name, values in per_chunk.items():
+            if values is not None:
+                per_item[name][item] = _mean(values[rows]) if how == "mean" else values[pick]
     return GroupResult(
-        scores=scores,
-        score=score,
-        pooled=pooled,
+        **per_item,
         errors=list(errors),
         item_errors=tuple(item_errors),
-        raw=raw,
         chunks=np.asarray(chunked.counts, np.int32),
     )
 

@@ -25,9 +25,8 @@ from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-Outputs = tuple[
-    np.ndarray, np.ndarray, np.ndarray | None
-]  # raw [rows, scores], scores [rows, scores], pooled
+# raw [rows, scores], scores [rows, scores], pooled [rows, hidden] or None
+Outputs = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class PackedRunner:
@@ -168,9 +167,8 @@ class PackedRunner:
         if self.compiled:
             plan = OpaquePlan(plan)  # compiled attention modules break their graph at attend, untraced
         max_position = int(batch.positions.max())  # host metadata: no device sync
-        rows = self.model.hidden_rows(
-            input_ids, positions, max_position, plan, score_rows
-        )  # [num_items, hidden]
+        # [num_items, hidden]
+        rows = self.model.hidden_rows(input_ids, positions, max_position, plan, score_rows)
         cfg = self.cfg
         head = self.model.head
         if self.setup.info.kind == "causal":

@@ -104,20 +104,14 @@ def cached_mis_pack(
     )
 
 
-def query_layout(pack: Pack) -> tuple[np.ndarray, np.ndarray]:
-    """(segments, positions) of the pack's keys with the query in front: [query ; pack tokens] when cached."""
-    if not pack.query_cached:
-        return pack.segments, pack.positions
-    q = pack.prefix_len
-    segments = np.concatenate([np.full(q, QUERY_SEGMENT, dtype=np.int32), pack.segments])
-    return segments, np.concatenate([np.arange(q, dtype=np.int64), pack.positions])
-
-
 def pack_mask(pack: Pack, sliding_window: int | None = None) -> np.ndarray:
     """Dense boolean mask of one pack's rows over its keys: [len, len], or [len, q + len] when cached."""
-    segments, positions = query_layout(pack)
-    mask = attention_mask(segments, positions, sliding_window)
-    return mask[pack.prefix_len :] if pack.query_cached else mask
+    if not pack.query_cached:
+        return attention_mask(pack.segments, pack.positions, sliding_window)
+    q = pack.prefix_len  # a cached pack's keys: [query ; pack tokens]
+    segments = np.concatenate([np.full(q, QUERY_SEGMENT, dtype=np.int32), pack.segments])
+    positions = np.concatenate([np.arange(q, dtype=np.int64), pack.positions])
+    return attention_mask(segments, positions, sliding_window)[q:]
 
 
 def single_pack(sequence: list[int], ref: ItemRef) -> Pack:
