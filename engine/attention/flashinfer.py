@@ -101,9 +101,7 @@ class FlashInferPlan:
         self._split_kv = split_kv
         self._cache = query_cache
         self._planned = False
-        self._out: torch.Tensor | None = (
-            None  # [num_tokens, num_heads, head_dim], allocated by the first layer
-        )
+        self._out: torch.Tensor | None = None  # [num_tokens, num_heads, head_dim], made by the first layer
         self._pages: tuple[torch.Tensor, torch.Tensor] | None = None  # paged K and V with cached queries
 
     def _plan(self, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:

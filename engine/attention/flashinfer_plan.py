@@ -81,14 +81,13 @@ def _positions_in_items(segments: np.ndarray) -> np.ndarray:
 
 def pack_item_positions(pack: Pack) -> np.ndarray:
     """token_pos_in_items of one pack: from its first delimiter on, 0 at delimiters, 1.. inside items."""
-    if _cached(pack):
-        return _positions_in_items(pack.segments)  # the pack starts at its first delimiter
-    return _positions_in_items(pack.segments)[pack.prefix_len :]
+    positions = _positions_in_items(pack.segments)
+    return positions if pack.query_cached else positions[pack.prefix_len :]  # cached: starts at a delimiter
 
 
 def build_metadata(batch: Batch) -> MultiItemMetadata:
     """Multi-item plan arguments of a batch of MIS packs (numpy over the whole batch, no per-token loop)."""
-    if any(_cached(p) for p in batch.packs):
+    if any(p.query_cached for p in batch.packs):
         return _build_cached_metadata(batch)
     num_packs = len(batch.packs)
     prefix_len = np.asarray([p.prefix_len for p in batch.packs], dtype=np.int64)  # [num_packs]
@@ -102,17 +101,23 @@ def build_metadata(batch: Batch) -> MultiItemMetadata:
     positions = _positions_in_items(batch.segments)  # [num_tokens]; packs start their suffix with a delimiter
     padded = np.zeros((num_packs, width), dtype=np.int64)  # [num_packs, width]
     padded[pack[in_suffix], column[in_suffix]] = positions[in_suffix]
+    return _metadata(batch, padded, index, stored=_stored(batch))
+
+
+def _metadata(batch: Batch, padded: np.ndarray, kv_indices: np.ndarray, **paging) -> MultiItemMetadata:
+    """The plan arguments of a batch from its padded token_pos_in_items [num_packs, width] and its KV pages."""
     max_item_len = padded.max(axis=1, initial=0)  # [num_packs]
-    _check_item_lengths(max_item_len)
+    if max_item_len.max(initial=0) > MAX_ITEM_TOKENS:
+        raise ValueError(f"an item is longer than {MAX_ITEM_TOKENS:,} tokens, FlashInfer's multi-item limit")
     return MultiItemMetadata(
         qo_indptr=batch.cu_seqlens.astype(np.int32),
-        kv_indices=index.astype(np.int32),
-        kv_last_page_len=np.ones(num_packs, dtype=np.int32),
-        prefix_len=prefix_len.astype(np.uint32),
+        kv_indices=kv_indices.astype(np.int32),
+        kv_last_page_len=np.ones(len(batch.packs), dtype=np.int32),
+        prefix_len=np.asarray([p.prefix_len for p in batch.packs], dtype=np.uint32),
         token_pos_in_items=padded.astype(np.uint16).reshape(-1),
-        token_pos_in_items_len=width,
+        token_pos_in_items_len=padded.shape[1],
         max_item_len=max_item_len.astype(np.uint16),
-        stored=_stored(batch),
+        **paging,
     )
 
 
@@ -122,18 +127,8 @@ def _stored(batch: Batch) -> tuple[StoredQuery, ...]:
     return tuple(
         StoredQuery(p.query_key, int(starts[i]), p.prefix_len)
         for i, p in enumerate(batch.packs)
-        if getattr(p, "query_key", None) is not None and not _cached(p)
+        if p.stores_query
     )
-
-
-def _cached(pack: Pack) -> bool:
-    """Whether the pack reads its query K/V from the QueryCache (Pack.query_cached; absent: False)."""
-    return bool(getattr(pack, "query_cached", False))
-
-
-def _check_item_lengths(max_item_len: np.ndarray) -> None:
-    if max_item_len.max(initial=0) > MAX_ITEM_TOKENS:
-        raise ValueError(f"an item is longer than {MAX_ITEM_TOKENS:,} tokens, FlashInfer's multi-item limit")
 
 
 def _build_cached_metadata(batch: Batch) -> MultiItemMetadata:
@@ -146,7 +141,7 @@ def _build_cached_metadata(batch: Batch) -> MultiItemMetadata:
     kv_pages, kv_lens, suffixes = [], [], []
     for i, pack in enumerate(batch.packs):
         own = np.arange(starts[i], starts[i + 1], dtype=np.int64)  # [len] the pack's own pages
-        if _cached(pack):
+        if pack.query_cached:
             q = pack.prefix_len
             if pack.query_key in in_batch:  # the storing pack's query rows, in this batch's own K/V
                 first = in_batch[pack.query_key].start
@@ -164,17 +159,11 @@ def _build_cached_metadata(batch: Batch) -> MultiItemMetadata:
     padded = np.zeros((len(batch.packs), width), dtype=np.int64)  # [num_packs, width]
     for i, suffix in enumerate(suffixes):
         padded[i, : suffix.shape[0]] = suffix
-    max_item_len = padded.max(axis=1, initial=0)
-    _check_item_lengths(max_item_len)
     kv_indptr = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
-    return MultiItemMetadata(
-        qo_indptr=batch.cu_seqlens.astype(np.int32),
-        kv_indices=np.concatenate(kv_pages).astype(np.int32),
-        kv_last_page_len=np.ones(len(batch.packs), dtype=np.int32),
-        prefix_len=np.asarray([p.prefix_len for p in batch.packs], dtype=np.uint32),
-        token_pos_in_items=padded.astype(np.uint16).reshape(-1),
-        token_pos_in_items_len=width,
-        max_item_len=max_item_len.astype(np.uint16),
+    return _metadata(
+        batch,
+        padded,
+        np.concatenate(kv_pages),
         kv_indptr_=kv_indptr,
         num_pages=next_page,
         cached=tuple(cached.values()),

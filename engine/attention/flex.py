@@ -52,9 +52,8 @@ class FlexPlan:
         self._device = device
         self._backend = backend
         self._block_masks: dict[int | None, object] = {}
-        self._buffers: dict[
-            tuple, torch.Tensor
-        ] = {}  # (role, heads, head_dim, dtype) → [1, heads, length, d]
+        # (role, heads, head_dim, dtype) → a zero-tailed [1, heads, length, d] buffer
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
     def _block_mask(self, sliding_window: int | None):
         """The BlockMask for one window size (docs/semantics.md, Attention mask)."""
@@ -70,14 +69,9 @@ class FlexPlan:
                     allowed = allowed & (position[q_idx] - position[kv_idx] < sliding_window)
                 return allowed
 
+            length = self._length
             self._block_masks[sliding_window] = self._backend.create_block_mask(
-                mask_mod,
-                None,
-                None,
-                self._length,
-                self._length,
-                device=self._device,
-                BLOCK_SIZE=FLEX_BLOCK_SIZE,
+                mask_mod, None, None, length, length, device=self._device, BLOCK_SIZE=FLEX_BLOCK_SIZE
             )
         return self._block_masks[sliding_window]
 
@@ -89,18 +83,14 @@ class FlexPlan:
         block_mask = self._block_mask(sliding_window)
         num_tokens = query.shape[2]
         query, key, value = (self._padded(role, x) for role, x in (("q", query), ("k", key), ("v", value)))
+        score_mod = None if softcap is None else _soft_cap_mod(softcap)
+        gqa = key.shape[1] != query.shape[1]
         with warnings.catch_warnings():
             # Uncompiled flex (the CPU default) warns that it materializes scores; that is the intent there.
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            output = self._backend.flex_attention(
-                query,
-                key,
-                value,
-                score_mod=None if softcap is None else _soft_cap_mod(softcap),
-                block_mask=block_mask,
-                scale=scaling,
-                enable_gqa=key.shape[1] != query.shape[1],
-            )  # [1, num_heads, length, head_dim]
+            output = self._backend.flex_attention(  # [1, num_heads, length, head_dim]
+                query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=gqa
+            )
         return output[:, :, :num_tokens].transpose(1, 2)  # [1, num_tokens, num_heads, head_dim], a view
 
     def _padded(self, role: str, x: torch.Tensor) -> torch.Tensor:

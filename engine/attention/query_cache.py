@@ -30,9 +30,8 @@ class QueryCache:
     """Per-layer query K/V of the groups whose cached packs have not all run yet."""
 
     def __init__(self, batches: Iterable[Batch]) -> None:
-        self._pending: Counter[int] = Counter(
-            p.query_key for b in batches for p in b.packs if p.query_cached
-        )  # key → cached packs still to run
+        # key → cached packs still to run
+        self._pending: Counter[int] = Counter(p.query_key for b in batches for p in b.packs if p.query_cached)
         self._entries: dict[tuple[int, int], object] = {}  # (key, layer) → the backend's value
 
     def put(self, key: int, layer: int, value: object) -> None:

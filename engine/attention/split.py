@@ -84,15 +84,6 @@ def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: in
     )
 
 
-def _item_gather(flat: torch.Tensor, n: int, width: int):
-    """A function taking [heads, num_tokens, d] to the items' padded blocks [items, heads, width, d]."""
-
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        return t[:, flat].reshape(t.shape[0], n, width, -1).transpose(0, 1)
-
-    return gather
-
-
 def merged_parts_apply(query: torch.Tensor, sliding_window: int | None, softcap: float | None) -> bool:
     """Whether item rows take the two-part log-sum-exp path (CPU fp32/bf16, no cap, no window)."""
     return (
@@ -175,20 +166,21 @@ class SplitPlan:
             if layout.item_index is None:
                 continue
             if merged_parts_apply(query, sliding_window, softcap):
-                output[:, layout.item_rows] = _items_by_merged_parts(
-                    q_all, k_all, v_all, k_query, v_query, layout, scaling
-                )
-                continue
-            output[:, layout.item_rows] = _items_by_mask(
-                q_all, k_all, v_all, k_query, v_query, layout, scaling, softcap
-            )
+                item_output = _items_by_merged_parts(q_all, k_all, v_all, k_query, v_query, layout, scaling)
+            else:
+                item_output = _items_by_mask(q_all, k_all, v_all, k_query, v_query, layout, scaling, softcap)
+            output[:, layout.item_rows] = item_output
         return output.unsqueeze(0).transpose(1, 2)
 
 
 def _items_by_mask(q_all, k_all, v_all, k_query, v_query, layout: _PackLayout, scaling, softcap):
     """Attention output of a pack's real item tokens [heads, item_tokens, d]: one masked SDPA per item block."""
     n, width = layout.item_index.shape
-    gather = _item_gather(layout.item_index.reshape(-1), n, width)
+    flat = layout.item_index.reshape(-1)
+
+    def gather(t: torch.Tensor) -> torch.Tensor:  # [heads, num_tokens, d] → [items, heads, width, d]
+        return t[:, flat].reshape(t.shape[0], n, width, -1).transpose(0, 1)
+
     k_items = torch.cat([k_query.unsqueeze(0).expand(n, -1, -1, -1), gather(k_all)], dim=2)
     v_items = torch.cat([v_query.unsqueeze(0).expand(n, -1, -1, -1), gather(v_all)], dim=2)
     # [items, kv_heads, q + width, d] keys and values; output [items, heads, width, head_dim]
