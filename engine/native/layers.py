@@ -160,9 +160,8 @@ class NativeDecoder(nn.Module):
     ) -> torch.Tensor:  # [rows, hidden]
         """One prefill-only forward; only `rows` come out of the last layer."""
         hidden = F.embedding(input_ids, self.embed_tokens.weight)  # [tokens, hidden]
-        rope = self.ops.rope_tables(
-            positions, self.rope.covering(max_position), hidden.dtype
-        )  # every layer's
+        # what every layer's RoPE reads for these positions
+        rope = self.ops.rope_tables(positions, self.rope.covering(max_position), hidden.dtype)
         residual = None
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):

@@ -16,13 +16,6 @@ from score_batch.engine.native.weights import CheckpointReader, backbone_prefix,
 log = logging.getLogger(__name__)
 
 
-def read_config(model_dir: Path, trust_remote_code: bool):
-    """transformers' config object of a model directory (configuration code only, no modeling module)."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
-
-
 def _ties(reader: CheckpointReader, prefix: str, model_dir: Path) -> bool:
     """Whether a tie_word_embeddings checkpoint's LM head is its embedding matrix, as transformers decides it:
     an lm_head.weight that differs from the embeddings is kept as the head (with a warning)."""
@@ -30,9 +23,7 @@ def _ties(reader: CheckpointReader, prefix: str, model_dir: Path) -> bool:
     if reader.has("lm_head.weight") and not reader.has(embedding):
         reader.alias(embedding, "lm_head.weight")  # transformers ties the embeddings to the saved head
         return True
-    if not reader.has("lm_head.weight"):
-        return True
-    if torch.equal(reader.read("lm_head.weight"), reader.read(embedding)):
+    if not reader.has("lm_head.weight") or torch.equal(reader.read("lm_head.weight"), reader.read(embedding)):
         return True
     log.warning(
         "%s: tie_word_embeddings is set but lm_head.weight differs from the embeddings; the checkpoint's "
@@ -52,7 +43,9 @@ def load_native(
     trust_remote_code: bool,
 ) -> tuple[NativeDecoder, Linear, DecoderSpec]:
     """(backbone, head, spec): the head is the LM head (kind 'causal') or the classifier's `score`."""
-    config = read_config(model_dir, trust_remote_code)
+    from transformers import AutoConfig  # configuration code only, no modeling module
+
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
     spec = decoder_spec(config)
     inv_freq, scaling = inverse_frequencies(config, spec.head_dim)
     ops = make_ops(ops_name, device)

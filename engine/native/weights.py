@@ -8,14 +8,13 @@ the embedding matrix as the LM head.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from score_batch.engine.errors import ScoringInputError
-from score_batch.engine.model_source import SAFETENSORS_INDEX
+from score_batch.engine.model_source import weight_files
 
 BACKBONE_PREFIX = "model."
 # Checkpoint names of each fused parameter's parts, in the order they are concatenated.
@@ -23,15 +22,6 @@ FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
-
-
-def shard_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a checkpoint in transformers' order: model.safetensors, else the index's shards."""
-    single, index = model_dir / "model.safetensors", model_dir / SAFETENSORS_INDEX
-    if single.exists() or not index.exists():
-        return [single]
-    weight_map = json.loads(index.read_text())["weight_map"]
-    return [model_dir / name for name in sorted(set(weight_map.values()))]
 
 
 class CheckpointReader:
@@ -43,7 +33,7 @@ class CheckpointReader:
         self._dtype, self._device = dtype, device
         self._files = {}
         self._where: dict[str, object] = {}
-        for path in shard_files(model_dir):
+        for path in weight_files(model_dir)[1]:  # model.safetensors, else the index's shards
             handle = safe_open(str(path), framework="pt", device="cpu")
             self._files[path] = handle
             for name in handle.keys():
