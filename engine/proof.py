@@ -53,9 +53,7 @@ def prove_ops(
     cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)  # [positions, head_dim] float32
 
     def q_heads(kernel: Ops) -> torch.Tensor:
-        q = qkv[:, : heads * head_dim].view(
-            tokens, heads, head_dim
-        )  # q norm's strided view of the fused output
+        q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)  # strided view, as the q norm reads it
         return kernel.rms_norm(q, weight[:head_dim], 1e-6)
 
     def rope(kernel: Ops) -> torch.Tensor:

@@ -55,26 +55,23 @@ class ResultTable:
 
     def put(self, ref: ItemRef, raw: np.ndarray, scores: np.ndarray, pooled: np.ndarray | None) -> None:
         """Store one item's outputs ([num_scores], [num_scores], [hidden] or None)."""
-        self.raw[ref.group][ref.item] = raw
-        self.scores[ref.group][ref.item] = scores
-        if pooled is not None and self.pooled[ref.group] is not None:
-            self.pooled[ref.group][ref.item] = pooled
+        for column, value in zip((self.raw, self.scores, self.pooled), (raw, scores, pooled)):
+            if value is not None and column[ref.group] is not None:
+                column[ref.group][ref.item] = value
 
     def fail(self, ref: ItemRef, raw: np.ndarray, name: str | None = None) -> None:
         """Mark an item whose output is non-finite on its own: an item error, NaN everywhere (name: see
         non_finite_message)."""
         self.item_errors[ref.group][ref.item] = non_finite_message(raw, ref.item, name)
-        self.raw[ref.group][ref.item] = np.nan
-        self.scores[ref.group][ref.item] = np.nan
-        if self.pooled[ref.group] is not None:
-            self.pooled[ref.group][ref.item] = np.nan
+        for column in (self.raw, self.scores, self.pooled):  # a group's pooled is None when none are kept
+            if column[ref.group] is not None:
+                column[ref.group][ref.item] = np.nan
 
     def copy(self, original: ItemRef, repeat: ItemRef, name: str | None = None) -> None:
         """Give a repeated sequence its original's outputs (and, when it failed, the failure in its own name)."""
-        self.raw[repeat.group][repeat.item] = self.raw[original.group][original.item]
-        self.scores[repeat.group][repeat.item] = self.scores[original.group][original.item]
-        if self.pooled[repeat.group] is not None:
-            self.pooled[repeat.group][repeat.item] = self.pooled[original.group][original.item]
+        for column in (self.raw, self.scores, self.pooled):
+            if column[repeat.group] is not None:
+                column[repeat.group][repeat.item] = column[original.group][original.item]
         if self.item_errors[original.group][original.item] is not None:
             raw = self.raw[original.group][original.item]
             self.item_errors[repeat.group][repeat.item] = non_finite_message(raw, repeat.item, name)

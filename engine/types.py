@@ -30,9 +30,7 @@ class GroupResult:
     pooled: np.ndarray | None  # [num_items, hidden] float32, only when asked for
     errors: list[str | None]
     item_errors: tuple[str | None, ...] = ()  # one per item when set: "non-finite score (nan) for item 2"
-    raw: np.ndarray | None = (
-        None  # [num_items, num_scores] float32 before activation/softmax (classifier logits)
-    )
+    raw: np.ndarray | None = None  # [num_items, num_scores] float32 before activation (classifier logits)
     # [num_items] int32 under truncate="chunk": the chunks each item was scored as (1 for an item that fit its
     # limit, 0 for an item that failed before scoring); None otherwise. The other fields are then the
     # aggregate of the item's chunks (ScoringConfig.chunk_aggregate; engine/chunking.py).
