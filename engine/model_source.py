@@ -51,10 +51,8 @@ def hub_id_of(path: str | Path) -> str | None:
     return f"{org}/{name}" if org and name else None
 
 
-def _find_model_dir(
-    name: str | Path, cache_dir: str | Path | None = None, revision: str | None = None
-) -> Path:
-    """A local model directory, or the cached snapshot of a hub id."""
+def _find_model_dir(name: str | Path, cache_dir: str | Path | None, revision: str | None) -> Path:
+    """A local model directory, or the cached snapshot of a hub id (see resolve_model_dir)."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path

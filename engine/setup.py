@@ -205,31 +205,18 @@ def resolve_ops(
         return "none"
     if config.ops == "torch":
         return "torch"
-    if config.ops == "flashinfer":
-        if config.compile:
-            raise SettingError(
-                "EngineConfig.ops",
-                config.ops,
-                "cannot be combined with compile, which compiles the torch ops",
-            )
-        if device.type != "cuda":
-            raise SettingError("EngineConfig.ops", config.ops, f"runs on CUDA only, not on {device.type}")
-        if dtype not in FLASHINFER_OPS_DTYPES:
-            raise SettingError(
-                "EngineConfig.ops", config.ops, f"needs EngineConfig.dtype bfloat16 or float16, not {dtype}"
-            )
-        failure = import_error(OPS_MODULE)
-        if failure is not None:
-            raise SettingError("EngineConfig.ops", config.ops, f"cannot import {OPS_MODULE} ({failure})")
-        return "flashinfer"
-    if (
-        device.type == "cuda"
-        and dtype in FLASHINFER_OPS_DTYPES
-        and not config.compile
-        and import_error(OPS_MODULE) is None
-    ):
-        return "flashinfer"
-    return "torch"
+    problem = None  # why flashinfer cannot run here: an explicit setting fails on it, auto takes torch
+    if config.compile:
+        problem = "cannot be combined with compile, which compiles the torch ops"
+    elif device.type != "cuda":
+        problem = f"runs on CUDA only, not on {device.type}"
+    elif dtype not in FLASHINFER_OPS_DTYPES:
+        problem = f"needs EngineConfig.dtype bfloat16 or float16, not {dtype}"
+    elif (failure := import_error(OPS_MODULE)) is not None:
+        problem = f"cannot import {OPS_MODULE} ({failure})"
+    if problem is not None and config.ops == "flashinfer":
+        raise SettingError("EngineConfig.ops", config.ops, problem)
+    return "torch" if problem is not None else "flashinfer"
 
 
 def resolve_setup(
