@@ -26,11 +26,9 @@ def resolve_model_dir(
     revision: str | None = None,
 ) -> Path:
     """A local model directory, or the cached snapshot of a hub id ('org/name' or 'org/name@revision').
-
     With check_weights, the directory's weight files are checked too (see check_weight_files), so a
     missing or damaged file is refused before any tokenizer or weight load. cache_dir: the hub cache to look
-    in (default: hub_cache_dir()); revision: the revision of a hub id given without '@revision'.
-    """
+    in (default: hub_cache_dir()); revision: the revision of a hub id given without '@revision'."""
     path = _find_model_dir(name, cache_dir, revision)
     if check_weights and (path / "config.json").is_file():  # without it, read_model_info says what is wrong
         check_weight_files(path)
@@ -39,10 +37,8 @@ def resolve_model_dir(
 
 def hub_id_of(path: str | Path) -> str | None:
     """The hub id of a snapshot directory in a Hugging Face cache, or None.
-
     `…/models--Qwen--Qwen3-Reranker-0.6B/snapshots/<hash>` → "Qwen/Qwen3-Reranker-0.6B" (the cache names a
-    repository folder `models--` + its id with "/" written "--"; hub ids never contain "--").
-    """
+    repository folder `models--` + its id with "/" written "--"; hub ids never contain "--")."""
     path = Path(path).expanduser().absolute()
     repo, snapshots = path.parent.parent.name, path.parent.name
     if snapshots != "snapshots" or not repo.startswith("models--"):
@@ -87,11 +83,9 @@ WEIGHT_FILES = "model.safetensors, model-*.safetensors + model.safetensors.index
 
 def check_weight_files(path: str | Path) -> str:
     """Check the weight files transformers would load from a model directory, before any load.
-
     Returns "safetensors" or "pickle" (pytorch_model*.bin). Raises ScoringInputError naming the file
     when weights are missing, unreadable, truncated or not weight files at all. Reads headers only:
-    safetensors headers through safe_open, the zip directory of torch.save files.
-    """
+    safetensors headers through safe_open, the zip directory of torch.save files."""
     path = Path(path)
     kind, files = weight_files(path)
     check = _check_safetensors if kind == "safetensors" else _check_pickle
