@@ -43,10 +43,9 @@ def split_chunks(
 ) -> tuple[list[list[int]], str | None]:
     """The chunks of one templated item of at most `limit` tokens each, or ([], why it cannot be split).
     content: indices into ids of the tokens holding the item's text, a token straddling the template
-    boundary included (all of them for token-id input).
-    The tokens before the first content token (template prefix, special tokens) and after the last one
-    (template suffix) wrap every chunk; the content tokens in between are split by chunk_spans into runs of
-    limit − len(prefix) − len(suffix) tokens. An item within the limit is its own single chunk."""
+    boundary included (all of them for token-id input). The tokens before the first content token and after
+    the last one (template, special tokens) wrap every chunk; the content in between is split by chunk_spans
+    into runs of limit − len(prefix) − len(suffix) tokens. An item within the limit is its one chunk."""
     if len(ids) <= limit:
         return [list(ids)], None
     if limit <= 0:

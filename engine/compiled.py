@@ -4,9 +4,8 @@ MLP, and inside the attention module the q/k norms and RoPE with their projectio
 not traced: our AttentionInterface function takes a per-batch plan object, so the attention module's
 compiled forward breaks its graph exactly at the plan's `attend` (see OpaquePlan) and resumes after it.
 
-Compiling whole decoder layers is avoided on purpose: a layer calls attention, and dynamo would guard on
-the plan object passed down as a keyword. The compiled pieces are each decoder layer's norms and dense
-MLP, its attention module, and the final norm.
+Whole decoder layers are not compiled: a layer calls attention, and dynamo would guard on the plan object
+passed down as a keyword (compilable_modules names the pieces that are).
 
 Token counts: the token dimension (dim 1 of our [1, tokens, …] forward) is marked dynamic, so one graph
 serves every batch size (the attention module's resume graph turns dynamic at the second size). Padding

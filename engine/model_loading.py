@@ -86,6 +86,7 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         (not layer_types or model_type == "mistral")  # Mistral's attention windows every layer regardless
         and getattr(text_config, "use_sliding_window", True)
     )
+    decoder_classifier = kind == "classifier" and not encoder
     return ModelInfo(
         path=path,
         kind=kind,
@@ -102,9 +103,7 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         sliding_window=getattr(text_config, "sliding_window", None) if uses_windows and not encoder else None,
         max_length=max_positions,
         native_refusal=native_refusal,
-        unscored_tail_id=getattr(text_config, "pad_token_id", None)
-        if kind == "classifier" and not encoder
-        else None,
+        unscored_tail_id=getattr(text_config, "pad_token_id", None) if decoder_classifier else None,
     )
 
 

@@ -82,10 +82,9 @@ WEIGHT_FILES = "model.safetensors, model-*.safetensors + model.safetensors.index
 
 
 def check_weight_files(path: str | Path) -> str:
-    """Check the weight files transformers would load from a model directory, before any load.
-    Returns "safetensors" or "pickle" (pytorch_model*.bin). Raises ScoringInputError naming the file
-    when weights are missing, unreadable, truncated or not weight files at all. Reads headers only:
-    safetensors headers through safe_open, the zip directory of torch.save files."""
+    """Check the weight files transformers would load from a model directory, before any load: "safetensors"
+    or "pickle" (pytorch_model*.bin), or a ScoringInputError naming a file that is missing, unreadable,
+    truncated or no weight file. Reads headers only (safe_open's, the zip directory of torch.save files)."""
     path = Path(path)
     kind, files = weight_files(path)
     check = _check_safetensors if kind == "safetensors" else _check_pickle
@@ -106,17 +105,15 @@ def weight_files(path: Path) -> tuple[str, list[Path]]:
         if os.path.lexists(path / index_name):
             return kind, [path / shard for shard in _index_shards(path / index_name)]
     stray = sorted(p.name for p in path.glob("*.safetensors")) + sorted(p.name for p in path.glob("*.bin"))
-    found = (
-        f"; it has {', '.join(stray[:5])}{' …' if len(stray) > 5 else ''}, but sharded weights need their "
-        "index file and other names are not loaded as the model's weights"
-        if stray
-        else ""
-    )
+    found = ""
+    if stray:
+        found = f"; it has {', '.join(stray[:5])}{' …' if len(stray) > 5 else ''}, but sharded weights need "
+        found += "their index file and other names are not loaded as the model's weights"
     raise ScoringInputError(f"no weight files ({WEIGHT_FILES}) in {str(path)!r}{found}")
 
 
 def _check_readable(file: Path, directory: Path) -> None:
-    """Refuse a weight file that is missing, a broken link, not a regular file, or whose first byte cannot be read."""
+    """Refuse a weight file that is missing, a broken link, not a regular file, or unreadable (first byte)."""
     where = f"{file.name} in {str(directory)!r}"
     if not os.path.lexists(file):
         raise ScoringInputError(f"{file.name} is missing from {str(directory)!r}")
@@ -211,8 +208,7 @@ def _scoring_files(model_dir: Path) -> list[Path]:
         files = weight_files(model_dir)[1]
     except ScoringInputError:
         files = []
-    folders = [model_dir, *_module_folders(model_dir)]
-    for folder in folders:
+    for folder in [model_dir, *_module_folders(model_dir)]:
         files.extend(p for p in sorted(folder.iterdir()) if p.suffix in MODEL_FILE_SUFFIXES and p.is_file())
     return files
 

@@ -79,14 +79,14 @@ class PackedRunner:
     def run_sequences(
         self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
     ) -> list[GroupResult]:
-        """run() before aggregation: one result row per scored sequence (plan.scored_group's items; under
+        """run() before aggregation: one result row per scored sequence (plan.scored's items; under
         truncate="chunk" every chunk, else every item). on_items counts finished input items.
         Each batch is launched before the previous one's outputs are read (on CUDA through pinned buffers,
         copied behind the forward; on the CPU the launch is the forward itself), so the next batch's host work
         (attention plan, inputs) overlaps the device's work on the previous one."""
         cfg = self.cfg
         table = ResultTable(
-            [len(plan.scored_group(g).item_ids) for g in range(len(plan.tokenized))],
+            [len(group.item_ids) for group in plan.scored],
             self.setup.num_scores,
             self.setup.info.hidden_size if cfg.pooled_hidden_states else None,
         )
@@ -109,7 +109,7 @@ class PackedRunner:
         for original, repeats in plan.copies.items():  # duplicate (query, item) pairs: scored once
             for repeat in repeats:
                 table.copy(original, repeat, plan.item_name(repeat))
-        errors = [plan.scored_group(g).errors for g in range(len(plan.tokenized))]
+        errors = [group.errors for group in plan.scored]
         return table.results(errors, self.setup.activation, cfg.score_index)
 
     def _store(
@@ -144,7 +144,7 @@ class PackedRunner:
 
     def _score_alone(self, plan: PackedPlan, ref, table: ResultTable) -> None:
         """Score one item as its own reference sequence in its own batch; fail it if still non-finite."""
-        sequence = plan.scored_group(ref.group).reference_sequence(ref.item)
+        sequence = plan.scored[ref.group].reference_sequence(ref.item)
         raw, scores, pooled = self._launch(collate([single_pack(sequence, ref)])).read()
         if non_finite_rows(raw)[0]:
             table.fail(ref, raw[0], plan.item_name(ref))

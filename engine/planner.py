@@ -67,11 +67,6 @@ class PackedPlan:
     # a scored sequence → the later ones equal to it (same query and item tokens): those are not packed
     copies: dict[ItemRef, tuple[ItemRef, ...]] = field(default_factory=dict)
 
-    def scored_group(self, group: int) -> TokenizedGroup:
-        """The group whose items the packs score (ItemRef.item indexes it): its chunks under truncate="chunk", else its
-        items as read (without a classifier's pad-id tails)."""
-        return self.scored[group]
-
     def item_name(self, ref: ItemRef) -> str:
         """A scored item as error messages name it: "item 3", or "item 3 (chunk 2 of 5)" under chunk."""
         return f"item {ref.item}" if self.chunked is None else self.chunked[ref.group].chunk_name(ref.item)

@@ -2,10 +2,9 @@
 load_planner(prove=True) runs this at load, and falls back or fails on the cause).
 `import flashinfer` succeeds without nvcc; its kernels are built by a JIT at their first call, which then
 raises ("Could not find nvcc", "Ninja build failed") after the model has loaded, and FlashInfer's
-functools.cache does not remember the failure. So when a resolved setup names FlashInfer (the native layers'
-ops, or the attention backend), the load runs each of those kernels once on a tiny input of the model's widths,
-compares it with the torch reference in the same dtype and synchronizes the device, before any weight loads.
-"""
+functools.cache does not remember the failure. So when a resolved setup names FlashInfer (the native
+layers' ops, or the attention backend), the load runs each of those kernels once on a tiny input of the
+model's widths against the torch reference in the same dtype, device synchronized, before weights load."""
 
 from __future__ import annotations
 

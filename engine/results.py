@@ -78,20 +78,18 @@ class ResultTable:
         self, errors: list[list[str | None]], activation: ResolvedActivation, score_index: int
     ) -> list[GroupResult]:
         """GroupResults in group order; `score` is the activated value of each item (docs/semantics.md)."""
-        out = []
-        for g, group_errors in enumerate(errors):
-            source = self.scores[g] if activation.name == "none" else self.raw[g]
-            out.append(
-                GroupResult(
-                    scores=self.scores[g],
-                    score=activate(source, activation.name, score_index),
-                    pooled=self.pooled[g],
-                    errors=list(group_errors),
-                    item_errors=tuple(self.item_errors[g]),
-                    raw=self.raw[g],
-                )
+        activated = self.scores if activation.name == "none" else self.raw  # what `score` is computed from
+        return [
+            GroupResult(
+                scores=self.scores[g],
+                score=activate(activated[g], activation.name, score_index),
+                pooled=self.pooled[g],
+                errors=list(group_errors),
+                item_errors=tuple(self.item_errors[g]),
+                raw=self.raw[g],
             )
-        return out
+            for g, group_errors in enumerate(errors)
+        ]
 
 
 def planned_results(plan, pooled_dim: int | None) -> list[GroupResult]:
@@ -104,9 +102,5 @@ def planned_results(plan, pooled_dim: int | None) -> list[GroupResult]:
         scores = np.full((count, 1), np.nan, np.float32)  # [items, 1]
         pooled = None if pooled_dim is None else np.full((count, pooled_dim), np.nan, np.float32)
         chunks = None if plan.chunked is None else np.asarray(plan.chunked[index].counts, np.int32)
-        results.append(
-            GroupResult(
-                scores=scores, score=scores[:, 0], pooled=pooled, errors=list(group.errors), chunks=chunks
-            )
-        )
+        results.append(GroupResult(scores, scores[:, 0], pooled, list(group.errors), chunks=chunks))
     return results

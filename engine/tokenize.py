@@ -179,14 +179,13 @@ def tokenize_group(
     chunks: list[list[list[int]]] | None = [] if cfg.truncate == "chunk" else None
     for index, item in enumerate(items):
         error = _check_ids(item.ids, vocab_size, f"item {index}")
-        ids = None
+        ids, item_chunks = None, []
         if error is None and chunks is not None:
             ids, item_chunks, error = _chunk(item, item_limit, cfg.chunk_overlap, f"item {index}", item_why)
-            chunks.append(item_chunks)
-        elif chunks is not None:
-            chunks.append([])
         elif error is None:
             ids, error = _fit(item, item_limit, f"item {index}", cfg.truncate, "item-tail", item_why)
+        if chunks is not None:
+            chunks.append(item_chunks)
         if error is None and cfg.item_first and not ids and not query_ids:
             error = f"item {index} and the query are both empty"
         item_ids.append(ids if error is None else None)

@@ -27,11 +27,10 @@ def _score_batch_attention(module, query, key, value, attention_mask, scaling=No
 
 
 def register_with_transformers() -> None:
-    """Register our attention function under HF_ATTENTION_NAME (idempotent).
-    No mask builder is registered on purpose: transformers' mask functions return None at once for an
-    attention name missing from its mask registry (masking_utils._preprocess_mask_arguments), before
-    find_packed_sequence_indices, whose `.all()` would cost a device→host sync per forward. The plan
-    holds the mask."""
+    """Register our attention function under HF_ATTENTION_NAME (idempotent). No mask builder on purpose (the
+    plan holds the mask): for an attention name missing from transformers' mask registry its mask functions
+    return None at once (masking_utils._preprocess_mask_arguments), before find_packed_sequence_indices,
+    whose `.all()` would cost a device→host sync per forward."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(HF_ATTENTION_NAME, _score_batch_attention)

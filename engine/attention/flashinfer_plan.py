@@ -103,7 +103,7 @@ def build_metadata(batch: Batch) -> MultiItemMetadata:
 
 
 def _metadata(batch: Batch, padded: np.ndarray, kv_indices: np.ndarray, **paging) -> MultiItemMetadata:
-    """The plan arguments of a batch from its padded token_pos_in_items [num_packs, width] and its KV pages."""
+    """A batch's plan arguments from its padded token_pos_in_items [num_packs, width] and its KV pages."""
     max_item_len = padded.max(axis=1, initial=0)  # [num_packs]
     if max_item_len.max(initial=0) > MAX_ITEM_TOKENS:
         raise ValueError(f"an item is longer than {MAX_ITEM_TOKENS:,} tokens, FlashInfer's multi-item limit")
