@@ -1,11 +1,13 @@
 """`truncate="chunk"`: an over-long item scored as chunks of its tokens, one result per item (docs/semantics.md:
 Truncation). Pure code, no model.
+
 The chunks are those of a Hugging Face fast tokenizer's `return_overflowing_tokens=True` with
 `max_length=size, stride=overlap` over the item's content tokens (the Rust `Encoding.truncate` rule: chunks
 start at 0, size − overlap, 2·(size − overlap), …, each `size` tokens long, the last one ending at the item's end
 and possibly shorter); the item template's own tokens before and after the content wrap every chunk.
 Every chunk is scored as an item of its group (the query shared); `aggregate` turns the chunks' results back
-into one result per item: max (the chunk with the highest `score`), first, or mean (each column averaged)."""
+into one result per item: max (the chunk with the highest `score`), first, or mean (each column averaged).
+"""
 
 from __future__ import annotations
 

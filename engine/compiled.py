@@ -1,4 +1,5 @@
 """Compiled decoder layers around attention (EngineConfig.compile).
+
 torch.compile fuses the element-wise work of every decoder layer: the RMSNorms and the SiLU·mul of the
 MLP, and inside the attention module the q/k norms and RoPE with their projections. Attention itself is
 not traced: our AttentionInterface function takes a per-batch plan object, so the attention module's
@@ -15,7 +16,8 @@ which it silently runs eager; and on CPU it was slower than eager (padding copie
 Modules of the same class share their graphs (dynamo treats their parameters as inputs).
 
 torch._dynamo (about 1.7 s to import) is imported only when compilation is asked for: by compile_backbone
-and by the first OpaquePlan."""
+and by the first OpaquePlan.
+"""
 
 from __future__ import annotations
 

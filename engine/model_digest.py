@@ -1,4 +1,5 @@
 """Files by content: the SHA-256 of each file, cached by its (device, inode, size, mtime, ctime).
+
 A model's identity (engine/model_source.model_identity) is the content of its files, so a model rewritten in
 place with its size and modification time restored (what `cp -p`, tar and reproducible deploys leave) is a
 new model. Hashing gigabytes on every run would cost seconds, so each digest is kept in a small cache file;
@@ -6,7 +7,8 @@ the inode change time (ctime) is in its key because no copy or restore can set i
 `$SCORE_BATCH_CACHE_DIR`, else `$XDG_CACHE_HOME/score-batch`, else `~/.cache/score-batch`: one JSON file
 per (device, inode), replaced atomically, so concurrent runs never read half an entry; when it cannot be
 written (a read-only home) the files are simply read again next time. Reading runs on a few threads and
-stops within one chunk when the calling thread is interrupted (a SIGTERM while a run starts)."""
+stops within one chunk when the calling thread is interrupted (a SIGTERM while a run starts).
+"""
 
 from __future__ import annotations
 

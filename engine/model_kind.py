@@ -1,6 +1,8 @@
 """What kind of model a directory holds, from its config.json alone (no torch, no transformers).
+
 The `models` command and read_model_info share these checks: CausalLM or sequence classifier, encoder or
-decoder, and why multi-item packing would be wrong for it."""
+decoder, and why multi-item packing would be wrong for it.
+"""
 
 from __future__ import annotations
 

@@ -81,9 +81,12 @@ class PackedRunner:
     ) -> list[GroupResult]:
         """run() before aggregation: one result row per scored sequence (plan.scored's items; under
         truncate="chunk" every chunk, else every item). on_items counts finished input items.
-        Each batch is launched before the previous one's outputs are read (on CUDA through pinned buffers,
-        copied behind the forward; on the CPU the launch is the forward itself), so the next batch's host work
-        (attention plan, inputs) overlaps the device's work on the previous one."""
+
+        The device never waits for the host between batches: each batch is launched before the previous one's
+        outputs are read (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU
+        the launch is the forward itself), so the next batch's host work (its attention plan, its inputs)
+        overlaps the device's work on the previous one.
+        """
         cfg = self.cfg
         table = ResultTable(
             [len(group.item_ids) for group in plan.scored],

@@ -1,8 +1,10 @@
 """Encoder cross-encoders: (query, item) text pairs → length-sorted padded batches (no packing).
+
 Bidirectional attention lets every token see every other, so items cannot share a sequence; the
 pairs of a group are encoded by the model's own tokenizer in one batch call (`tokenizer([(query,
 item), …])`, with token_type_ids where the tokenizer makes them), exactly what sentence-transformers'
-CrossEncoder feeds its model."""
+CrossEncoder feeds its model.
+"""
 
 from __future__ import annotations
 

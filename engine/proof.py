@@ -1,5 +1,6 @@
 """FlashInfer proven on the device: each kernel runs once on a tiny input against torch (engine/setup.py's
 load_planner(prove=True) runs this at load, and falls back or fails on the cause).
+
 `import flashinfer` succeeds without nvcc; its kernels are built by a JIT at their first call, which then
 raises ("Could not find nvcc", "Ninja build failed") after the model has loaded, and FlashInfer's
 functools.cache does not remember the failure. So when a resolved setup names FlashInfer (the native

@@ -1,6 +1,8 @@
 """Rankings of scored items (pure; no torch): rank 1 = highest score, ties by input order, failed items unranked.
+
 Shared by the Python API (`Scorer.rank`) and the job layer (its rank and top-k options), so both order items the same
-way. A failed item has the score None or NaN: it gets no rank and is never in a top-k."""
+way. A failed item has the score None or NaN: it gets no rank and is never in a top-k.
+"""
 
 from __future__ import annotations
 

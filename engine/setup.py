@@ -1,5 +1,7 @@
 """Setup resolution: an EngineConfig and a model directory → devices, budgets, packing, labels, activation, runner.
-Everything here runs before any weight loads (dry runs and the Ray driver use it alone)."""
+
+Everything here runs before any weight loads (dry runs and the Ray driver use it alone).
+"""
 
 from __future__ import annotations
 
@@ -286,9 +288,11 @@ def label_free_scoring(
     """A CausalLM given no label tokens is scored as CrossEncoder 6.2 scores it: by its LogitScore,
     logit["yes"] − logit["no"] at the last token of query + item (a saved LogitScore's tokens; a saved
     default prompt as the query template). (config, None) for labels and classifiers.
+
     Refused, naming the label tokens, where CrossEncoder's text is not query + item (a chat template, a
     pair encoding that adds tokens between the texts) and no templates or item_first say what to score,
-    and where CrossEncoder refuses the model too (no "yes"/"no" tokens)."""
+    and where CrossEncoder refuses the model too (no "yes"/"no" tokens).
+    """
     cfg = config.scoring
     if info.kind != "causal" or cfg.label_tokens or cfg.label_token_ids:
         return config, None

@@ -15,10 +15,12 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
     """The group read where transformers' *ForSequenceClassification reads a decoder classifier: at the last
     token of each reference sequence that is not tail_id, its pad id (PlanLimits.unscored_tail_id); at the
     first token when every token is tail_id.
+
     Trailing tail_id tokens of items and chunks are dropped; an item left empty is read at the query's
     end. The query's own tail_id tokens move to the front of every non-empty item, so an empty item is read at
     the query's last token that is not tail_id while the others still see the whole query. Under item_first
-    the query ends every sequence: its tail is dropped, and the items' too when nothing else is left."""
+    the query ends every sequence: its tail is dropped, and the items' too when nothing else is left.
+    """
     if tail_id is None:
         return group
 
@@ -302,14 +304,18 @@ def _longest_first(
     max_positions: int | None,
 ) -> TokenizedGroup:
     """truncate="longest-first": each (query, item) pair cut by a Hugging Face tokenizer's longest_first rule.
+
     A pair may hold the smallest of pack_limit (max_pack_tokens less the item's delimiters), the position
     limit and the tokenizer's model_max_length (CrossEncoder's limit). max_query_tokens / max_item_tokens,
-    when set, first cut that side's content tail; then, as engine/st_model.longest_first_lengths, the longer
-    content loses its tail until the pair fits (the shorter keeps half the room when both must be cut);
-    templates and special tokens are kept.
-    An item whose pair needs the query cut sees a shorter query than its neighbours: the shared query is cut
-    to the shortest cut, and each item carries the rest of its own query (template included) at its head, so
-    that query_ids + item_ids is exactly its cut pair. Under item_first the pair is all the item's."""
+    when set, first cut that side's content tail. Then, as the tokenizer truncates a pair
+    (engine/st_model.longest_first_lengths), the longer content loses its tail until the pair fits, both
+    when both must (the shorter keeps half the room); templates and special tokens are kept.
+
+    An item whose pair needs the query cut sees a shorter query than its neighbours: the group's shared
+    query is then cut to the shortest cut, and each item carries the rest of its own query (its tail
+    tokens, template included) at its head, so that query_ids + item_ids is exactly its cut pair. Under
+    item_first the whole pair is the item's and the shared query is empty.
+    """
     from score_batch.engine.st_model import UNLIMITED, longest_first_lengths
 
     limit, why = pack_limit, "the pack limit (max_pack_tokens less the delimiters)"

@@ -1,4 +1,5 @@
 """FlashInfer backend: multi-item-scoring paged prefill (page size 1 over the batch's own K/V), CUDA only.
+
 Only BatchPrefillWithPagedKVCacheWrapper applies the multi-item mask (the ragged wrapper accepts the
 same plan() arguments and ignores them), so K/V of the batch are viewed as a paged cache of one-token
 pages. RoPE is applied by the model from the pack positions before attention (pos_encoding_mode="NONE").
@@ -20,7 +21,8 @@ Neither has run on a GPU yet: tests/gpu/test_flashinfer.py checks both against t
 
 Cached packs (the query computed once per group) are OFF unless FlashInferBackend(cache_query=True):
 see flashinfer_plan.py for their pages; the plan copies cached queries' K/V from the QueryCache into pages
-after the batch's own in every layer, and puts every storing pack's query K/V ([q, 1, kv_heads, d] copies)."""
+after the batch's own in every layer, and puts every storing pack's query K/V ([q, 1, kv_heads, d] copies).
+"""
 
 from __future__ import annotations
 

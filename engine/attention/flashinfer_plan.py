@@ -1,4 +1,5 @@
 """CPU-built metadata for FlashInfer's multi-item-scoring paged prefill (pure numpy, testable without a GPU).
+
 For each pack (one request): prefix_len = the query length; token_pos_in_items covers the tokens from
 the first delimiter to the end: 0 at every delimiter, 1, 2, … inside each item; requests are
 concatenated, each zero-padded to a common length; max_item_len = the longest item. The kernel's
@@ -10,7 +11,8 @@ way FlashInfer's own multi-item benchmark plans a cached prefix: the request's Q
 tokens, its KV pages are the query's pages followed by the pack's own, and prefix_len is the query length.
 The kernel places Q row r at KV position r + kv_len - qo_len (= r + q), so its rule is unchanged. The
 query's pages are the storing pack's query rows when that pack is in the same batch (no copy), else pages
-appended after the batch's own tokens that the plan fills from the QueryCache in every layer."""
+appended after the batch's own tokens that the plan fills from the QueryCache in every layer.
+"""
 
 from __future__ import annotations
 

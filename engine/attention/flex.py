@@ -1,4 +1,5 @@
 """flex_attention backend: one block-sparse mask over the ragged batch, from the same pack metadata.
+
 Compiled (the CUDA default), the kernel runs at a bucketed token count so that any number of batch
 sizes compiles a bounded number of times (dynamo turns the padded length dynamic after the second
 size); padded tokens see only themselves and their rows are never read.
@@ -7,7 +8,8 @@ Padding costs one allocation per batch: the plan keeps zeroed [length] buffers f
 layer copies its rows into their heads (no per-layer allocation or zero fill); the output is returned as
 a view of its first rows. Two alternatives were rejected: padding the model's inputs would run every
 MLP on the padding (up to a quarter more tokens), and cropping the block mask to the batch
-(BlockMask._adjust) puts the exact length into the mask's guarded seq_lengths, one compile per size."""
+(BlockMask._adjust) puts the exact length into the mask's guarded seq_lengths, one compile per size.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """The query computed once per group: its per-layer K/V, stored by the group's first pack for its cached packs.
+
 A group whose items need several packs runs its query only in its first pack (`Pack.stores_query`); its
 later packs (`Pack.query_cached`) hold no query tokens, and their attention reads the query's keys and
 values that the first pack stored, layer by layer. make_batches runs a cached pack in its storing pack's
@@ -11,7 +12,8 @@ batch or a later one. One QueryCache serves one plan's batches, in order:
         cache.release(batch)
 
 Values are opaque: each backend stores the layout it attends with. The torch helpers below store the
-SDPA backends' layout, (key, value) tensors [kv_heads, q, head_dim]."""
+SDPA backends' layout, (key, value) tensors [kv_heads, q, head_dim].
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
 """CPU fast path: per pack, causal SDPA over the query, then all items at once against query + own K/V.
+
 Same mask as the dense reference, without its quadratic cost in the number of items: item rows only
 ever look at the query and their own item, so they are gathered into an [items, item_len] block.
 Delimiter rows are never read and never attended to; their outputs are left at zero.
@@ -9,7 +10,8 @@ each item causally against its own K/V. Nothing is copied per item, where the ge
 the query's K/V to every item's block and runs one masked SDPA.
 
 A cached pack (Pack.query_cached) holds no query rows: its items take the query's K/V of this layer from
-the run's QueryCache, where the group's storing pack put them, through the same two paths."""
+the run's QueryCache, where the group's storing pack put them, through the same two paths.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 """The native decoder: embeddings, decoder layers with fused QKV and gate/up projections, final norm.
+
 Tokens are one ragged row [tokens, hidden] (no batch dimension, no padding); attention is the batch's
 AttentionPlan, called once per layer with the layer's index. The residual stream follows SGLang's
 layout: each norm takes the previous block's output and the residual and returns both, so the add
 and the norm are one kernel where the ops fuse them. The last layer runs its output projection and
-MLP only on the rows whose hidden states are read (the score rows): attention still sees every token."""
+MLP only on the rows whose hidden states are read (the score rows): attention still sees every token.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 """The element-wise kernels of the native decoder layers behind one interface, chosen per device.
+
 `TorchOps` runs everywhere and computes exactly what transformers' Llama/Qwen modules compute (RMSNorm
 in float32, the residual added in the model's dtype, RoPE as q·cos + rotate_half(q)·sin with cos/sin
 cast to the model's dtype, silu(gate)·up), so fp32 results equal plain transformers'. `FlashInferOps`
 runs FlashInfer's fused CUDA kernels (the ones SGLang's layers call): RMSNorm with the residual add
-fused in place, RoPE in place from the float32 cos/sin cache, SiLU·mul in one pass."""
+fused in place, RoPE in place from the float32 cos/sin cache, SiLU·mul in one pass.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Rotary position embeddings: the frequencies transformers computes for a config, as a cos/sin cache by position.
+
 The cache is float32 [positions, head_dim]: cos of each frequency in the first half, sin in the second
 (FlashInfer's `cos_sin_cache` layout), already multiplied by the RoPE kind's attention scaling (YaRN).
-Its values are transformers' own: position * inv_freq in float32, then cos/sin, then the scaling."""
+Its values are transformers' own: position * inv_freq in float32, then cos/sin, then the scaling.
+"""
 
 from __future__ import annotations
 

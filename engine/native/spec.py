@@ -1,9 +1,11 @@
 """A decoder's shape for the native layers, read from its transformers config object; why not, when it cannot run there.
+
 Only what the Llama, Mistral, Qwen2 and Qwen3 decoders use in released checkpoints is implemented;
 anything else (another family, another activation, a RoPE kind that depends on the sequence length,
 quantized weights, remote code) keeps transformers' modeling code, and `native_refusal` says why.
 The config object is transformers' own (AutoConfig): its defaults, `layer_types` and `rope_parameters`
-are the ones transformers' modeling code would use, without importing any modeling module."""
+are the ones transformers' modeling code would use, without importing any modeling module.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """Checkpoint tensors (safetensors, sharded or not) → the native decoder's parameters, fused where it fuses them.
+
 Names are transformers' (`model.layers.0.self_attn.q_proj.weight`, `lm_head.weight`, `score.weight`);
 q/k/v are concatenated into `qkv_proj` and gate/up into `gate_up_proj`. A tensor the model needs and the
 checkpoint lacks, or one of the wrong shape, is refused (never left random); tied embeddings reuse
-the embedding matrix as the LM head."""
+the embedding matrix as the LM head.
+"""
 
 from __future__ import annotations
 
