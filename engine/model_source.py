@@ -26,9 +26,11 @@ def resolve_model_dir(
     revision: str | None = None,
 ) -> Path:
     """A local model directory, or the cached snapshot of a hub id ('org/name' or 'org/name@revision').
+
     With check_weights, the directory's weight files are checked too (see check_weight_files), so a
     missing or damaged file is refused before any tokenizer or weight load. cache_dir: the hub cache to look
-    in (default: hub_cache_dir()); revision: the revision of a hub id given without '@revision'."""
+    in (default: hub_cache_dir()); revision: the revision of a hub id given without '@revision'.
+    """
     path = _find_model_dir(name, cache_dir, revision)
     if check_weights and (path / "config.json").is_file():  # without it, read_model_info says what is wrong
         check_weight_files(path)
@@ -37,8 +39,10 @@ def resolve_model_dir(
 
 def hub_id_of(path: str | Path) -> str | None:
     """The hub id of a snapshot directory in a Hugging Face cache, or None.
+
     `…/models--Qwen--Qwen3-Reranker-0.6B/snapshots/<hash>` → "Qwen/Qwen3-Reranker-0.6B" (the cache names a
-    repository folder `models--` + its id with "/" written "--"; hub ids never contain "--")."""
+    repository folder `models--` + its id with "/" written "--"; hub ids never contain "--").
+    """
     path = Path(path).expanduser().absolute()
     repo, snapshots = path.parent.parent.name, path.parent.name
     if snapshots != "snapshots" or not repo.startswith("models--"):
@@ -82,9 +86,12 @@ WEIGHT_FILES = "model.safetensors, model-*.safetensors + model.safetensors.index
 
 
 def check_weight_files(path: str | Path) -> str:
-    """Check the weight files transformers would load from a model directory, before any load: "safetensors"
-    or "pickle" (pytorch_model*.bin), or a ScoringInputError naming a file that is missing, unreadable,
-    truncated or no weight file. Reads headers only (safe_open's, the zip directory of torch.save files)."""
+    """Check the weight files transformers would load from a model directory, before any load.
+
+    Returns "safetensors" or "pickle" (pytorch_model*.bin). Raises ScoringInputError naming the file
+    when weights are missing, unreadable, truncated or not weight files at all. Reads headers only:
+    safetensors headers through safe_open, the zip directory of torch.save files.
+    """
     path = Path(path)
     kind, files = weight_files(path)
     check = _check_safetensors if kind == "safetensors" else _check_pickle
@@ -105,15 +112,17 @@ def weight_files(path: Path) -> tuple[str, list[Path]]:
         if os.path.lexists(path / index_name):
             return kind, [path / shard for shard in _index_shards(path / index_name)]
     stray = sorted(p.name for p in path.glob("*.safetensors")) + sorted(p.name for p in path.glob("*.bin"))
-    found = ""
-    if stray:
-        found = f"; it has {', '.join(stray[:5])}{' …' if len(stray) > 5 else ''}, but sharded weights need "
-        found += "their index file and other names are not loaded as the model's weights"
+    found = (
+        f"; it has {', '.join(stray[:5])}{' …' if len(stray) > 5 else ''}, but sharded weights need their "
+        "index file and other names are not loaded as the model's weights"
+        if stray
+        else ""
+    )
     raise ScoringInputError(f"no weight files ({WEIGHT_FILES}) in {str(path)!r}{found}")
 
 
 def _check_readable(file: Path, directory: Path) -> None:
-    """Refuse a weight file that is missing, a broken link, not a regular file, or unreadable (first byte)."""
+    """Refuse a weight file that is missing, a broken link, not a regular file, or whose first byte cannot be read."""
     where = f"{file.name} in {str(directory)!r}"
     if not os.path.lexists(file):
         raise ScoringInputError(f"{file.name} is missing from {str(directory)!r}")
@@ -208,7 +217,8 @@ def _scoring_files(model_dir: Path) -> list[Path]:
         files = weight_files(model_dir)[1]
     except ScoringInputError:
         files = []
-    for folder in [model_dir, *_module_folders(model_dir)]:
+    folders = [model_dir, *_module_folders(model_dir)]
+    for folder in folders:
         files.extend(p for p in sorted(folder.iterdir()) if p.suffix in MODEL_FILE_SUFFIXES and p.is_file())
     return files
 

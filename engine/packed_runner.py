@@ -66,10 +66,12 @@ class PackedRunner:
 
     def run(self, plan: PackedPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
         """Run a plan's batches and assemble per-group results in input order.
+
         A pack with a non-finite output has each of its items scored again alone (its own reference
         sequence, its own batch), so a NaN that leaked through masked attention cannot cost a neighbour its
         score; only items non-finite on their own become item errors. Under truncate="chunk" each item's
-        chunks are aggregated into its one result (engine/chunking.py), with their count in `chunks`."""
+        chunks are aggregated into its one result (engine/chunking.py), with their count in `chunks`.
+        """
         results = self.run_sequences(plan, on_items)
         if plan.chunked is None:
             return results

@@ -86,8 +86,10 @@ def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "sing
 
 def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, tokenizer) -> int | None:
     """The longest encoder pair (None for decoders), refusing limits that only packing knows.
+
     The smallest of the model's positions, max_pack_tokens and the tokenizer's model_max_length (a
-    CrossEncoder saved with max_length=32 stores 32 there, and CrossEncoder truncates at it)."""
+    CrossEncoder saved with max_length=32 stores 32 there, and CrossEncoder truncates at it).
+    """
     if not info.encoder:
         return None
     packing_only = {
@@ -221,8 +223,9 @@ def resolve_setup(
     info: ModelInfo, config: EngineConfig, tokenizer, logit_score: LogitScoreSpec | None = None
 ) -> ResolvedSetup:
     """Check the model against the config and resolve devices, budgets, packing, labels and activation.
-    logit_score: a CausalLM scored by its LogitScore, which runs as a one-label scorer
-    (label_free_scoring)."""
+
+    logit_score: a CausalLM scored by its LogitScore, which runs as a one-label scorer (label_free_scoring).
+    """
     cfg = config.scoring
     if logit_score is not None:
         info = replace(info, kind="classifier", num_labels=1)
@@ -339,9 +342,10 @@ def _caches_query(backend: str) -> bool:
 
 def load_planner(model_dir, config: EngineConfig, prove: bool = False) -> tuple[Planner, ResolvedSetup]:
     """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights.
+
     prove: run the FlashInfer kernels the setup names once on the device first (engine/proof.py), so that an
-    auto fallback is settled before the planner is built (a fallback backend may not read cached query
-    K/V)."""
+    auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
+    """
     model_dir = resolve_model_dir(model_dir)
     info = read_model_info(model_dir, config.trust_remote_code)
     tokenizer = load_tokenizer(model_dir, config.trust_remote_code)

@@ -199,9 +199,10 @@ def _chunk(
     encoded: _Encoded, limit: int, overlap: int, what: str, why: str
 ) -> tuple[list[int], list[list[int]], str | None]:
     """truncate="chunk": (the item's whole ids, its chunks of at most limit tokens, None) or an error.
+
     An item within the limit is its one chunk; a longer one is split by engine/chunking.split_chunks (the
-    template's tokens around every chunk, content chunks as a Hugging Face tokenizer's overflow makes
-    them)."""
+    template's tokens around every chunk, content chunks as a Hugging Face tokenizer's overflow makes them).
+    """
     chunks, reason = split_chunks(encoded.ids, encoded.touching(), limit, overlap)
     if reason is None:
         return encoded.ids, chunks, None

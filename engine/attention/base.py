@@ -70,8 +70,10 @@ class AttentionPlan(Protocol):
         layer: int = 0,  # the decoder layer's index: the QueryCache entry of this layer
     ) -> torch.Tensor:  # [1, num_tokens, num_heads, head_dim]
         """Attention of every batch token under the multi-item mask.
+
         With a QueryCache, storing packs put this layer's query K/V first; cached packs' rows then attend
-        over [cached query K/V ; their own K/V] under the mask the inline pack would give."""
+        over [cached query K/V ; their own K/V] under the mask the inline pack would give.
+        """
         ...
 
 
@@ -85,5 +87,7 @@ class AttentionBackend(Protocol):
         self, batch: Batch, device: torch.device, query_cache: QueryCache | None = None
     ) -> AttentionPlan:
         """Build the per-batch plan from CPU metadata (the only host work per batch).
-        query_cache: the run's QueryCache; needed when the batch has a cached pack (Pack.query_cached)."""
+
+        query_cache: the run's QueryCache; needed when the batch has a cached pack (Pack.query_cached).
+        """
         ...
