@@ -34,11 +34,6 @@ class StopSignals:
         self.immediate = immediate
         self._previous: dict[int, object] = {}
 
-    @property
-    def signum(self) -> int | None:
-        """The signal received (None: none)."""
-        return StopSignals._received
-
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self  # handlers can only be set from the main thread; signals then act as before
