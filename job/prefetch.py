@@ -1,7 +1,6 @@
-"""Overlap: the next window is read, hashed, grouped and planned on a worker thread while this one runs.
-
-run_local starts the worker before the model loads: the first window is read, hashed and grouped while
-the tokenizer and weights load, and planned once the tokenizer is there.
+"""Overlap: the next window is read, hashed, grouped and planned on a worker thread while this one runs
+(run_local starts it before the model loads: the first window is read while the tokenizer and weights load,
+and planned once the tokenizer is there).
 """
 
 from __future__ import annotations

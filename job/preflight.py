@@ -1,9 +1,8 @@
 """Preflight: every check that needs no model weights, run before any model is loaded.
 
-Paths and collisions, column names and types from the input's metadata (or its JSONL lines), the
-partition columns and the --reuse outputs; job.run checks the reserved output names (contract.check_kept_columns) and opens the
-input (its existence) just before. A failure here is a one-line exit 2 with the report written, and no
-model was loaded.
+Paths and collisions, column names and types from the input's metadata (or its JSONL lines), the partition
+columns and the --reuse outputs (job.run checks the reserved output names and opens the input just before).
+A failure here is a one-line exit 2 with the report written, and no model loaded.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ def preflight(config: RunConfig, source: InputSource, directory: bool = False) -
 
 
 def output_contract(config: RunConfig, mapping: ColumnMapping, types: dict, pooled_dim: int | None):
-    """The output contract of this run (pooled_dim: the model's hidden size, when pooled states are asked for)."""
+    """This run's output contract (pooled_dim: the model's hidden size, when pooled states are asked for)."""
     return OutputContract.from_types(
         mapping, types, pooled_dim, config.on_error, config.rank, config.top_k, config.chunked
     )
