@@ -22,7 +22,7 @@ def lock_path(destination: Target) -> Target:
 
 class OutputLock:
     """Held while a run writes an output; a lock left by a dead process on this host is taken over. Created
-    atomically by Target.create_exclusive: O_EXCL locally, a conditional write on S3 (see io_formats.remote)."""
+    atomically by Target.create_exclusive: O_EXCL locally, a conditional write on S3 (io_formats.remote)."""
 
     def __init__(self, path: Target) -> None:
         self.path = path

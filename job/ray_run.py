@@ -29,12 +29,7 @@ from score_batch.engine.setup import load_planner
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.readers import (
-    InputSource,
-    ReadUnit,
-    read_unit,
-    read_units,
-)
+from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units
 from score_batch.io_formats.target import Target
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
@@ -60,10 +55,7 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
-TALLIES = [
-    pa.field(REUSED_FLAG, pa.bool_()),
-    pa.field(DUPLICATES, pa.int32()),
-]  # per row, counted, not written
+TALLIES = [pa.field(REUSED_FLAG, pa.bool_()), pa.field(DUPLICATES, pa.int32())]  # counted, never written
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:

@@ -78,7 +78,7 @@ class RunReport:
         self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)
 
     def add_usage(self, price_per_hour: float | None) -> None:
-        """The usage object (the field's comment lists it); a dry run computes nothing: planned tokens only."""
+        """The usage object (its field's comment lists it); a dry run computes nothing: planned tokens only."""
         tokens = "planned_tokens" if self.dry_run else "computed_tokens"
         usage = {"input_tokens": self.pairwise_tokens, tokens: self.packed_tokens}
         usage["device"] = device_name(self.device)

@@ -46,6 +46,7 @@ KEY_ROWS = 65_536  # keys per written batch
 TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
 PAIRS_MEMORY = 256 << 20  # bytes of scored values a run keeps for later repeats (ScoredPairs)
 KEY_BYTES = 200  # a held key: its 32-character string and its dict entry
+KEY_SCHEMA = pa.schema([(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
 
 
 def score_identity(config: RunConfig, setup) -> bytes:
@@ -127,8 +128,7 @@ class EarlierScores:
             joined = directory / "reused.parquet"
             outputs = open_earlier(config.reuse, config.storage_options, config.reuse_missing_ok, warn=False)
             if not outputs:  # every one missing (preflight warned): nothing to join, no key pass
-                index = [(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())]
-                pq.write_table(pa.schema([*index, *values]).empty_table(), joined)
+                pq.write_table(pa.schema([*KEY_SCHEMA, *values]).empty_table(), joined)
                 return cls(directory, joined, 0)
             keys = directory / "keys.parquet"
             _write_keys(config, source, identity, keys)
@@ -259,9 +259,8 @@ class _HeldWindow:
 
 def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:
     """One pass over the input: (row_index, item_pos, score_key) of every readable pair, to a Parquet file."""
-    schema = pa.schema([(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
     _, windows = read_windows(source, config.columns, config.window_rows)
-    with pq.ParquetWriter(path, schema) as writer:
+    with pq.ParquetWriter(path, KEY_SCHEMA) as writer:
         for rows in windows:
             indexes, positions, keys = [], [], []
             for row, row_keys in zip(rows, pair_keys(rows, identity)):
@@ -270,7 +269,7 @@ def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: P
                         indexes.append(row.index)
                         positions.append(item_pos)
                         keys.append(key)
-            writer.write_table(pa.table([indexes, positions, keys], schema=schema))
+            writer.write_table(pa.table([indexes, positions, keys], schema=KEY_SCHEMA))
 
 
 def _remove_stale_directories() -> None:

@@ -84,11 +84,6 @@ class ScoreStats:
         keep = slots.size - 1 - last_from_end
         self._sample[slots[keep]] = values[keep]
 
-    @property
-    def exact(self) -> bool:
-        """True while every finite score is kept (the quantiles are exact)."""
-        return self.count <= self.sample_size
-
     def summary(self) -> dict:
         """The report's numbers: count, min, p01 … p99, max, mean (finite scores), items per query."""
         scores: dict = {"count": self.count, "non_finite": self.non_finite}
@@ -98,7 +93,8 @@ class ScoreStats:
             scores.update({quantile_name(q): float(v) for q, v in zip(QUANTILES, quantiles)})
             scores["max"] = self._max
             scores["mean"] = self._sum / self.count
-        scores["quantiles"] = "exact" if self.exact else f"sampled ({self.sample_size} scores)"
+        exact = self.count <= self.sample_size  # every finite score is kept
+        scores["quantiles"] = "exact" if exact else f"sampled ({self.sample_size} scores)"
         return {"scores": scores, "items_per_query": self.queries.summary()}
 
 

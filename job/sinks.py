@@ -18,6 +18,7 @@ from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import (
     COMMON_METADATA,
+    STDOUT,
     StdoutJsonlWriter,
     output_format,
     write_partitioned,
@@ -380,9 +381,9 @@ class StagedDirectorySink:
 
 
 def open_sink(config: RunConfig, paths: RunPaths) -> NullSink | StdoutSink | PartsSink:
-    """The sink the config names, writing to the run's paths."""
-    if config.sink == "none":
+    """A dry run's NullSink, stdout's streamed JSONL, or an output file's checkpointed parts."""
+    if config.dry_run:
         return NullSink()
-    if config.sink == "stdout" or paths.output is None:
+    if config.output == STDOUT or paths.output is None:
         return StdoutSink(paths)
     return PartsSink(config, paths)

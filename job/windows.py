@@ -168,11 +168,8 @@ def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int
 
 def _ids(query_id: Any, item_id: Any) -> str:
     """The ids of a failed row, for its message (empty when the input has none)."""
-    named = [
-        f"{name}={value!r}"
-        for name, value in (("query_id", query_id), ("item_id", item_id))
-        if value is not None
-    ]
+    ids = {"query_id": query_id, "item_id": item_id}
+    named = [f"{name}={value!r}" for name, value in ids.items() if value is not None]
     return f" ({', '.join(named)})" if named else ""
 
 
