@@ -8,8 +8,8 @@
    reserved output names, partition columns) → `Checked` with the run's `RunPaths`;
 4. lock: `OUTPUT.lock`; a --resume on an output completed with the same fingerprint ends here ("already
    complete"); leftovers of an interrupted run are removed;
-5. score windows and publish: the runner (local: windows → engine → checkpointed parts → one publish;
-   Ray: read units → actor pool → staged directory → one publish);
+5. score windows and publish: the runner (local: windows → engine → checkpointed parts; Ray: read units →
+   actor pool → staged directory; then one publish);
 6. report: written however the run ends (SIGINT/SIGTERM: at once before scoring, at a safe point during it).
 """
 
@@ -78,8 +78,7 @@ def run(config: RunConfig) -> RunReport:
 
 
 def _run_phases(config: RunConfig, report: RunReport):
-    """resolve → preflight → lock → score windows → publish (the report is the caller's); the errors file's
-    Target (RunPaths.errors), for the closing warning."""
+    """resolve → preflight → lock → score → publish; the errors file (RunPaths.errors), for the warning."""
     ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
     check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled, chunked=config.chunked)
     source = open_source(config.inputs, config.storage_options, config.hive_types)
@@ -117,8 +116,7 @@ def _resolve(config: RunConfig, source) -> Runner:
 
 
 def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
-    """--resume on an output an earlier run completed: True (nothing to do) when model, settings and input
-    content are the same; InputError when they are not; False when the output is not complete."""
+    """True for --resume on an output completed with the same model, settings and input (else InputError)."""
     completion = checked.paths.completion
     if not config.resume or completion is None or not completion.exists():
         return False

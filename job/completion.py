@@ -68,8 +68,7 @@ class Stamp:
 
 
 class Completion:
-    """The completion record of one output (a local path or an object-store URI; dataset: a --partition-by
-    directory)."""
+    """The completion record of one output (a path or URI; dataset: a --partition-by directory)."""
 
     def __init__(self, output: Target, dataset: bool) -> None:
         self.output = output

@@ -35,8 +35,7 @@ from score_batch.io_formats.schema import ColumnMapping
 
 
 def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chunked: bool = False) -> None:
-    """--keep-columns may not name a column the job writes itself (OutputContract.written_columns); needs no
-    weights and no input, so preflight runs it before anything loads."""
+    """--keep-columns may not name a column the job writes (needs no weights or input: preflight runs it)."""
     for name in OutputContract.written_columns(ranked=ranked, pooled=pooled, chunked=chunked):
         if name not in keep:
             continue

@@ -29,8 +29,7 @@ from score_batch.job.windows import WindowGroups, group_window, output_columns, 
 
 
 def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
-    """Score windows on this machine and publish (the output locked, leftovers removed), filling report;
-    UserError for user mistakes, Stopped on signals."""
+    """Score windows on this machine and publish (the output locked, leftovers removed), filling report."""
     sink = open_sink(config, checked.paths)
     config = config.reads_windows_of(sink.resumed_record())  # a resumed run reads its parts' windows
     mapping, windows = read_windows(checked.source, config.columns, config.window_rows)
@@ -87,8 +86,7 @@ def _tools(config: RunConfig, checked: Checked, planner: Planner, setup) -> Wind
 def _stages(
     ready: Future[WindowTools], listed: frozenset[int], content
 ) -> tuple[Callable[[tuple[int, list]], Prepared], Callable[[Prepared], Prepared]]:
-    """The workers' two jobs for one numbered window: its hash, groups, keys, reused and copied values; then
-    its plan (none for a listed window)."""
+    """The workers' two jobs for a numbered window: its hash, groups, keys and copied values; its plan."""
 
     def read(numbered: tuple[int, list]) -> Prepared:
         number, rows = numbered

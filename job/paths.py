@@ -122,8 +122,7 @@ class RunPaths:
 def check_run_paths(
     config: RunConfig, input_files: tuple, destination: Target | None, input_directories: tuple = ()
 ) -> RunPaths:
-    """Before any work: no written path may touch a read path or another written path; the errors file
-    writable. Returns the run's paths, resolved once."""
+    """Refuse written paths that touch a read path or each other, and an unwritable errors file; the paths."""
     paths = RunPaths.resolve(config, destination)
     reads: dict[str, object] = {f"input file {i}": path for i, path in enumerate(input_files)}
     for i, directory in enumerate(input_directories):

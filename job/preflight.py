@@ -38,8 +38,7 @@ class Checked:
 
 
 def preflight(config: RunConfig, source: InputSource, directory: bool = False) -> Checked:
-    """Check a table run on its open input before any model load (directory: the output is a directory of
-    Parquet files, as for Ray)."""
+    """Check a table run on its open input before any model load (directory: a Ray run's directory output)."""
     destination = check_destination(config, directory=directory)
     paths = check_run_paths(config, source.files, destination, source.directories)
     mapping = input_mapping(source, config.columns)
@@ -59,7 +58,6 @@ def output_contract(config: RunConfig, mapping: ColumnMapping, types: dict, pool
 
 
 def run_contract(config: RunConfig, checked: Checked, setup) -> OutputContract:
-    """The run's output contract once the model is known (setup: its ResolvedSetup): the pooled column's
-    width when pooled states are asked for, the chunks column under --truncate chunk."""
+    """The run's output contract once the model is known (setup: its ResolvedSetup, for the pooled width)."""
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
     return output_contract(config, checked.mapping, checked.types, pooled_dim)

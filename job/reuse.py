@@ -1,17 +1,16 @@
 """--reuse: the score key every output row carries, and earlier outputs' scores joined to this run's pairs.
 
-A pair's score key is a 128-bit keyed BLAKE2b digest of its query and item (text or token ids, as read);
-the key of the hash is the run's score identity: the model (config and weight files: names, sizes,
-modification times), every setting that can change a score (templates, labels, truncation, chunking,
-packing, pooling, activation, …), the resolved device type, dtype, attention backend, decoder layers and
-element-wise ops, and the versions of score-batch, torch, transformers and flashinfer. Settings that leave
-scores within the batch-invariance bound (the batch token budget, window rows, prefetch, threads) are
-not in it. Equal keys therefore mean the same pair scored the same way.
+A pair's score key is a 128-bit BLAKE2b digest of its query and item (text or token ids, as read), keyed with
+the run's score identity: the model (config and weight files: names, sizes, modification times), every
+setting that can change a score (templates, labels, truncation, chunking, packing, pooling, activation, …),
+the resolved device type, dtype, attention backend, decoder layers and element-wise ops, and the versions of
+score-batch, torch, transformers and flashinfer; not settings that leave scores within the batch-invariance
+bound (batch token budget, window rows, prefetch, threads). Equal keys mean the same pair scored the same way.
 
-The join is streamed and bounded in memory: this run's keys are written to a temporary Parquet file in one
-pass over the input, the earlier outputs are scanned in record batches, and DuckDB joins them
-(io_formats/earlier.join_earlier, spilling to disk past its memory limit) into a file of (row_index, item
-position, values) in input order, which the run then reads window by window.
+The join is streamed and bounded in memory: this run's keys go to a temporary Parquet file in one pass over
+the input, and DuckDB joins them to the earlier outputs, scanned in record batches (io_formats/earlier,
+spilling to disk past its memory limit), into a file of (row_index, item position, values) in input order,
+which the run reads window by window.
 """
 
 from __future__ import annotations
@@ -78,11 +77,8 @@ def score_identity(config: RunConfig, setup) -> bytes:
 
 
 def pair_keys(rows: list[InputRow], identity: bytes) -> list[list[str | None]]:
-    """Per row, per item: the pair's score key (hex), None for a row that cannot be read.
-
-    The key hashes the JSON text `[query,item]`; each distinct query is encoded and hashed once per window
-    and its hash state copied per item.
-    """
+    """Per row, per item: the pair's score key (hex), None for a row that cannot be read. The key hashes the
+    JSON text `[query,item]`; a window's distinct queries are hashed once, their hash state copied per item."""
     keys = []
     states: dict = {}  # a window's distinct queries → the hash state after "[query,"
     dumps, blake2b = json.dumps, hashlib.blake2b

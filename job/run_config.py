@@ -163,8 +163,7 @@ class Fingerprint:
         """What differs from an earlier record, in words ('' when unknown: an output of an older version)."""
         if not isinstance(earlier, dict) or any(k not in earlier for k in RECORD_PARTS):
             return ""
-        before = dict(earlier["software"])
-        now = dict(self.record["software"])
+        before, now = dict(earlier["software"]), dict(self.record["software"])
         said = _changed_settings(earlier["settings"], self.record["settings"])
         # Another score-batch may digest the same model or input differently: then only its version is named.
         same_build = before.get("score-batch") == now.get("score-batch")

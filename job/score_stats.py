@@ -1,12 +1,10 @@
 """The distribution of a run's scores and of its items per query, for the report (alerting on a drifted model).
 
-Memory is bounded whatever the run's size: count, min, max and mean are exact; the quantiles are exact up to
-SAMPLE_SIZE finite scores and beyond that come from a uniform random sample of SAMPLE_SIZE scores (reservoir
-sampling with a fixed seed, so the same input gives the same report). Items per query are counted per distinct
-query over the whole run (its id when the input has an id column, else its text: a ranking group), whatever the
-windows and the input order, by a 64-bit hash of the query: 16 bytes a query, for at most MAX_QUERIES queries
-(64 MiB; twice that for a moment while a batch of new queries is merged in); queries past that are not counted,
-and the report says so.
+Memory is bounded: count, min, max and mean are exact; the quantiles are exact up to SAMPLE_SIZE finite
+scores, then from a uniform random sample of them (reservoir sampling with a fixed seed: the same input
+gives the same report). Items per query are counted per distinct query of the run (a ranking group), whatever
+the windows and input order, by a 64-bit hash: 16 bytes a query for at most MAX_QUERIES queries (64 MiB;
+twice that while new queries are merged in); the report says when queries past that were left out.
 """
 
 from __future__ import annotations
@@ -99,8 +97,7 @@ class ScoreStats:
 
 
 def written_scores(directory: str, filesystem: pafs.FileSystem) -> Iterator[pa.Array]:
-    """The `score` column of a directory of Parquet files (an unranked Ray run's output, whose scores are never
-    gathered in one place), streamed batch by batch."""
+    """The `score` column of an unranked Ray run's output directory, streamed batch by batch."""
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s)
 
     dataset = ds.dataset(directory, filesystem=filesystem, format="parquet")

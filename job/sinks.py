@@ -177,8 +177,7 @@ class PartsSink:
     def commit(
         self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
     ) -> int:
-        """Merge the parts in window order into OUTPUT (temporary file or directory, published in one step),
-        list skipped rows, drop parts."""
+        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts."""
         errors = ErrorsSink(self.paths.errors)
         try:
             tables = self._final_tables(contract, check, errors)
@@ -329,8 +328,7 @@ class ErrorsSink:
 
 
 class LinesSink:
-    """Response lines of a batch file: a staging file published onto the destination in one step (a local
-    rename or an object-store upload), stdout, or nowhere (a dry run)."""
+    """A batch file's response lines: a staging file published in one step, stdout, or nowhere (a dry run)."""
 
     def __init__(self, destination: Target | None, stdout: bool) -> None:
         self.stdout = stdout
