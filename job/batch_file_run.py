@@ -152,11 +152,10 @@ Owners = dict[int, list[_Part]]  # request number → its parts
 def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], Owners]:
     """The engine groups of a window's good requests, and per request its (group index, item positions).
 
-    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts (cut_texts); then a
-    pair over truncate_prompt_tokens N is scored on N of its tokens (_truncated), or, with TEI's truncate, a
-    pair over the model's limit is cut longest first (_tei_truncated); each such pair is its own group. A
-    request whose settings cannot be honoured gets its error here.
-    """
+    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts; then a pair over
+    truncate_prompt_tokens N is scored on N of its tokens, or, with TEI's truncate, a pair over the model's
+    limit is cut longest first; each such pair is its own group. A request whose settings cannot be honoured
+    gets its error here."""
     groups: list[Group] = []
     owners: Owners = {}
     for number, request in enumerate(window):

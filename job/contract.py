@@ -1,7 +1,6 @@
 """The output contract: every schema the job writes, how failed rows are split out, the errors-file lines.
-
-One object answers for the checkpoint parts, the final file, stdout, the Ray output directory and the
-errors file, so a local run and a Ray run write the same columns with the same types.
+One object answers for parts, the final file, stdout, the Ray output and the errors file, so a local run and
+a Ray run write the same columns with the same types.
 """
 
 from __future__ import annotations
@@ -45,9 +44,7 @@ def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chu
             raise InputError(
                 f"--keep-columns {name!r}: that name is taken by a column the job writes; rename the input column"
             )
-        when = (
-            " with --rank / --top-k" if name == RANK else " with --truncate chunk" if name == CHUNKS else ""
-        )
+        when = {RANK: " with --rank / --top-k", CHUNKS: " with --truncate chunk"}.get(name, "")
         raise InputError(
             f"--keep-columns {name!r} would overwrite the output column of the same name{when}; "
             "rename the input column"

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 from score_batch.engine.model_source import model_identity
 from score_batch.engine.planner import Planner, WorkPlan
+from score_batch.engine.results import planned_results
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import completion_fingerprint
 from score_batch.job.contract import OutputContract
-from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
+from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, run_contract
@@ -135,7 +136,10 @@ def _score_windows(config, checked, report, sink, engine, mapping, prefetch, con
             plan = plan or planner.plan(todo.groups)
             copies = window.copies | late
             phase.advance(len(window.reused) + len(copies))  # copied pairs are done already
-            results = score_plan(scorer, plan, phase, contract.pooled_dim)
+            if scorer is None:  # a dry run: NaN scores and the plan's per-item errors
+                results = planned_results(plan, contract.pooled_dim)
+            else:
+                results = scorer.run(plan, phase.advance)
             columns = output_columns(rows, todo, results, contract, window.keys, window.reused | copies)
             part = contract.part_table(columns)
             failed = part.num_rows - part[ERROR].null_count

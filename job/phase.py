@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
-from score_batch.engine.planner import Planner, WorkPlan
-from score_batch.engine.results import planned_results
+from score_batch.engine.planner import Planner
 from score_batch.engine.scorer import Scorer
 from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.errors import UserError
@@ -130,10 +129,8 @@ class ScoringPhase:
 def load_engine(
     config: RunConfig, report: RunReport, on_planner: Callable[[Planner, ResolvedSetup], None] | None = None
 ) -> tuple[Scorer | None, Planner, ResolvedSetup]:
-    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup.
-
-    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load.
-    """
+    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup;
+    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load."""
     started = time.perf_counter()
     # proven before the keys and plans use it: an auto fallback is in the score identity and the planner
     planner, setup = load_planner(config.model_dir, config.engine, prove=not config.dry_run)
@@ -143,10 +140,3 @@ def load_engine(
     report.seconds_load = round(time.perf_counter() - started, 3)
     report.add_setup(setup)  # as proven: auto's fallbacks included
     return scorer, planner, setup
-
-
-def score_plan(scorer: Scorer | None, plan: WorkPlan, phase: ScoringPhase, pooled_dim: int | None):
-    """The plan's results: the engine's, or for a dry run (no scorer) engine/results.planned_results."""
-    if scorer is None:
-        return planned_results(plan, pooled_dim)
-    return scorer.run(plan, phase.advance)

@@ -16,11 +16,8 @@ _END = object()
 
 class Prefetch(Generic[In, Out]):
     """prepare(item) for each item, in order, one item ahead on a worker thread (inline when not enabled).
-
-    start(prepare) submits the first item at once; iterating yields the prepared items, and the worker's
-    exceptions are raised there, at the item they belong to. close() (or leaving the `with` block) waits
-    for the one item in flight and drops the rest.
-    """
+    Iterating yields the prepared items and raises the worker's exceptions at the item they belong to; close()
+    (or leaving the `with` block) waits for the one item in flight and drops the rest."""
 
     def __init__(self, items: Iterable[In], enabled: bool) -> None:
         self._source = iter(items)

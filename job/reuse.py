@@ -226,8 +226,7 @@ class ScoredPairs:
                     del self._windows[serial]
 
     def take(self, grouped, keys: list[list[str | None]]) -> dict[tuple[int, int], dict]:
-        """The remembered values of a window's pairs still to score (grouped: job/windows.WindowGroups;
-        keys: pair_keys of its rows): (row position, item position) → {score, scores, …}."""
+        """The remembered values of a window's pairs still to score: (row position, item position) → values."""
         wanted: dict[int, list[tuple[tuple[int, int], int]]] = {}  # window serial → (ref, row)
         with self._lock:
             for refs in grouped.refs:

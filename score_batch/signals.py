@@ -21,9 +21,8 @@ class Stopped(BaseException):
 
 class StopSignals:
     """Handles SIGINT/SIGTERM while active. immediate: raise Stopped from the handler (nothing to leave in
-    a clean state); else record the signal and raise it from check() at the next safe point.
-
-    A signal is remembered by every StopSignals nested in the outermost one, so check() raises it again at
+    a clean state); else record the signal and raise it from check() at the next safe point. A signal is
+    remembered by every StopSignals nested in the outermost one, so check() raises it again at
     the next safe point when the Stopped an immediate handler raised could not propagate (it came inside a
     weakref callback or a __del__, where Python only reports it: the outermost one hides that report)."""
 
