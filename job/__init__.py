@@ -1,19 +1,16 @@
 """The batch job around the engine: read windows, score, write through one output contract, report.
 
-`run(config)` is the one entry point and the one run loop; its phases, in order:
+`run(config)` is the one entry point and the one run loop (imports engine and io_formats, never the CLI):
 
 1. report path: `--report` must be writable (a bad one exits 2 first, with no report);
 2. resolve: which runner (local, Ray, or an OpenAI-style batch file);
 3. preflight: every check that needs no weights (paths and collisions, inputs, column names and types,
    reserved output names, partition columns) → `Checked` with the run's `RunPaths`;
-4. lock: `OUTPUT.lock`; a --resume on an output already completed with the same fingerprint ends here
-   ("already complete"); leftovers of an interrupted run are removed;
-5. score windows and publish: the runner (local: windows → engine → checkpointed parts → one publish;
-   Ray: read units → actor pool → staged directory → one publish);
-6. report: written however the run ends (SIGINT/SIGTERM included: at once before scoring, at the next
-   safe point during it).
-
-Imports engine and io_formats, never the CLI.
+4. lock: `OUTPUT.lock`; a --resume on an output completed with the same fingerprint ends here ("already
+   complete"); leftovers of an interrupted run are removed;
+5. score windows and publish: the runner (local: windows → engine → checkpointed parts; Ray: read units →
+   actor pool → staged directory; then one publish);
+6. report: written however the run ends (SIGINT/SIGTERM: at once before scoring, at a safe point during it).
 """
 
 import contextlib
@@ -81,8 +78,7 @@ def run(config: RunConfig) -> RunReport:
 
 
 def _run_phases(config: RunConfig, report: RunReport):
-    """resolve → preflight → lock → score windows → publish (the report is the caller's); the errors file's
-    Target (RunPaths.errors), for the closing warning."""
+    """resolve → preflight → lock → score → publish; the errors file (RunPaths.errors), for the warning."""
     ranked, pooled = config.rank or config.top_k is not None, bool(config.engine.scoring.pooled_hidden_states)
     check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled, chunked=config.chunked)
     source = open_source(config.inputs, config.storage_options, config.hive_types)
@@ -120,12 +116,9 @@ def _resolve(config: RunConfig, source) -> Runner:
 
 
 def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
-    """--resume on an output an earlier run completed: True (nothing to do) when model, settings and input
-    content are the same; InputError when they are not; False when the output is not complete."""
+    """True for --resume on an output completed with the same model, settings and input (else InputError)."""
     completion = checked.paths.completion
-    if not config.resume or completion is None:
-        return False
-    if not completion.exists():
+    if not config.resume or completion is None or not completion.exists():
         return False
     completion.check_rerun(config, checked.source)
     report.already_complete = True

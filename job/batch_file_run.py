@@ -1,9 +1,9 @@
 """An OpenAI-style batch file run: request lines → engine groups → one response line per request.
 
-A runner of job.run's loop (preflight: batch_preflight; score and publish: run_batch_file), so the
-same guarantees as a local table run hold: paths checked and the output locked before scoring, lines written to an exclusive temporary file and published by atomic rename,
-nothing partial at the destination, counts and timings in the report. A request that cannot be
-parsed or scored gets an error line and the run goes on (the batch format's own error handling).
+A runner of job.run's loop (batch_preflight, run_batch_file) with a table run's guarantees: paths checked and
+the output locked before scoring, lines written to an exclusive temporary file and published by atomic rename
+(nothing partial at the destination), counts and timings in the report. A request that cannot be parsed or
+scored gets an error line and the run goes on (the batch format's own error handling).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def check_batch_config(config: RunConfig) -> None:
         "--ray": config.ray is not None,
         "--resume": config.resume,
         "--reuse": bool(config.reuse),
-        "--top-k (use top_n in rerank requests)": getattr(config, "top_k", None) is not None,
-        "--rank (rerank requests return their results sorted)": getattr(config, "rank", False),
+        "--top-k (use top_n in rerank requests)": config.top_k is not None,
+        "--rank (rerank requests return their results sorted)": config.rank,
         "--pooled-hidden-states": config.engine.scoring.pooled_hidden_states,
         "column options (--query-col, --keep-columns, ...)": config.columns != ColumnOverrides(),
     }
@@ -86,9 +86,8 @@ def check_batch_config(config: RunConfig) -> None:
 
 
 def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
-    """The batch-file runner's score-and-publish phase (job.run holds the lock and removed leftovers): the
-    engine loaded, every request scored (stdin: read from the opened source's spool), one response line
-    each, published in one step."""
+    """The batch-file runner's score-and-publish phase (job.run holds the lock, leftovers removed): every
+    request scored (stdin: read from the source's spool), one response line each, published in one step."""
     batch, destination = readers.batch_reader(checked.source), checked.destination
     scorer, planner, setup = load_engine(config, report)
     model, created = str(config.model_dir), int(time.time())
@@ -120,15 +119,12 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
             phase.check()
         phase.commit()
     if report.requests_failed:
-        log.warning(
-            "%d of %d requests failed; their output lines carry the error",
-            report.requests_failed,
-            report.rows_read,
-        )
+        failed = (report.requests_failed, report.rows_read)
+        log.warning("%d of %d requests failed; their output lines carry the error", *failed)
 
 
 def _windows(requests, window_items: int):
-    """Lists of requests holding about window_items items (or that many requests) each; a request is never split."""
+    """Lists of about window_items items (or that many requests) each; a request is never split."""
     window: list[BatchRequest] = []
     items = 0
     for request in requests:
@@ -156,11 +152,10 @@ Owners = dict[int, list[_Part]]  # request number → its parts
 def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], Owners]:
     """The engine groups of a window's good requests, and per request its (group index, item positions).
 
-    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts (cut_texts); then a
-    pair over truncate_prompt_tokens N is scored on N of its tokens (_truncated), or, with TEI's truncate, a
-    pair over the model's limit is cut longest first (_tei_truncated); each such pair is its own group. A
-    request whose settings cannot be honoured gets its error here.
-    """
+    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts; then a pair over
+    truncate_prompt_tokens N is scored on N of its tokens, or, with TEI's truncate, a pair over the model's
+    limit is cut longest first; each such pair is its own group. A request whose settings cannot be honoured
+    gets its error here."""
     groups: list[Group] = []
     owners: Owners = {}
     for number, request in enumerate(window):

@@ -1,15 +1,14 @@
-"""Idempotent reruns: how a finished output records what produced it and what it published, and the check of
-a rerun.
+"""Idempotent reruns: how a finished output records what produced it and what it published; a rerun's check.
 
 Every published output carries its completion fingerprint (model, settings and a digest of the input's
 rows, whatever the window size) and what was published: a Parquet file its fingerprint in its schema
 metadata and its row count in its footer (a rewrite by another tool drops it); a partitioned dataset both in
-its `_common_metadata` (trusted only with `_SUCCESS`), with every file's path, rows and bytes. JSONL has no
-place for it, so a --resume run writing JSONL records it in OUTPUT.done beside the output, with the output's
-size and time. Rerunning the same command with --resume (a cron job, an Airflow "clear and rerun") reads
-the input again (no model is loaded) and, when the fingerprints match and the output is still what was
-published, exits 0 "already complete" without touching the output. A changed input, model or setting, or
-an output changed since (filtered in place, a partition gone), is refused as an existing output always was.
+its `_common_metadata` (trusted only with `_SUCCESS`), with every file's path, rows and bytes; a --resume
+run writing JSONL (no place for it) in OUTPUT.done beside the output, with the output's size and time.
+Rerunning the same command with --resume (a cron job, an Airflow "clear and rerun") reads the input again
+(no model is loaded) and, when the fingerprints match and the output is still what was published, exits 0
+"already complete" without touching it. A changed input, model or setting, or an output changed since
+(filtered in place, a partition gone), is refused as an existing output always was.
 """
 
 from __future__ import annotations
@@ -69,18 +68,13 @@ class Stamp:
 
 
 class Completion:
-    """The completion record of one output (a local path or an object-store URI; dataset: a --partition-by
-    directory)."""
+    """The completion record of one output (a path or URI; dataset: a --partition-by directory)."""
 
     def __init__(self, output: Target, dataset: bool) -> None:
         self.output = output
         self.dataset = dataset
         self.sidecar = not dataset and _names_jsonl(output.path)
         self.record = output.sibling(SIDECAR)
-
-    def recorded(self) -> str | None:
-        """The fingerprint the existing output was completed with (None: no completed output here)."""
-        return self._stamp().fingerprint
 
     def _stamp(self) -> Stamp:
         """The existing output's fingerprint, its record, and how it changed since it was published."""
@@ -141,7 +135,7 @@ class Completion:
 
     def exists(self) -> bool:
         """True when an earlier run completed this output."""
-        return self.recorded() is not None
+        return self._stamp().fingerprint is not None
 
     def check_rerun(self, config: RunConfig, source: InputSource) -> None:
         """Refuse a rerun on a completed output unless model, settings and input content are the same and the

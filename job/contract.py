@@ -1,7 +1,6 @@
 """The output contract: every schema the job writes, how failed rows are split out, the errors-file lines.
-
-One object answers for the checkpoint parts, the final file, stdout, the Ray output directory and the
-errors file, so a local run and a Ray run write the same columns with the same types.
+One object answers for parts, the final file, stdout, the Ray output and the errors file, so a local run and
+a Ray run write the same columns with the same types.
 """
 
 from __future__ import annotations
@@ -33,12 +32,9 @@ from score_batch.io_formats.columns import (
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
 
-PARTITION_IDS = ID_COLUMNS  # --partition-by may name these and the kept columns
-
 
 def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chunked: bool = False) -> None:
-    """--keep-columns may not name a column the job writes itself (OutputContract.written_columns); needs no
-    weights and no input, so preflight runs it before anything loads."""
+    """--keep-columns may not name a column the job writes (needs no weights or input: preflight runs it)."""
     for name in OutputContract.written_columns(ranked=ranked, pooled=pooled, chunked=chunked):
         if name not in keep:
             continue
@@ -48,9 +44,7 @@ def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chu
             raise InputError(
                 f"--keep-columns {name!r}: that name is taken by a column the job writes; rename the input column"
             )
-        when = (
-            " with --rank / --top-k" if name == RANK else " with --truncate chunk" if name == CHUNKS else ""
-        )
+        when = {RANK: " with --rank / --top-k", CHUNKS: " with --truncate chunk"}.get(name, "")
         raise InputError(
             f"--keep-columns {name!r} would overwrite the output column of the same name{when}; "
             "rename the input column"
@@ -59,7 +53,7 @@ def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chu
 
 def check_partition_by(partition_by: tuple[str, ...], keep: tuple[str, ...]) -> None:
     """--partition-by names output columns that identify rows: the ids or kept columns, each once."""
-    allowed = (*PARTITION_IDS, *keep)
+    allowed = (*ID_COLUMNS, *keep)
     for i, name in enumerate(partition_by):
         if name not in allowed:
             raise InputError(
@@ -95,9 +89,7 @@ class OutputContract:
         chunked: bool = False,
     ) -> OutputContract:
         """Types of the whole input (io_formats.readers.column_types); absent ids are row indexes (int64).
-
-        Refuses kept columns that would overwrite a written column (check_kept_columns).
-        """
+        Refuses kept columns that would overwrite a written column (check_kept_columns)."""
         ranked = rank or top_k is not None
         check_kept_columns(mapping.keep, ranked=ranked, pooled=pooled_dim is not None, chunked=chunked)
 
@@ -181,8 +173,8 @@ class OutputContract:
             try:
                 if isinstance(values, pa.Array):  # built from numpy (job/windows.output_columns)
                     arrays.append(values if values.type == field.type else values.cast(field.type))
-                    continue
-                arrays.append(pa.array(values, type=field.type))
+                else:
+                    arrays.append(pa.array(values, type=field.type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:
                 raise InputError(
                     f"column {field.name!r} changes type within the input (expected {field.type}): {error}"
@@ -197,20 +189,17 @@ class OutputContract:
         return part.filter(pc.invert(failed)), part.filter(failed)
 
     def final_view(self, part: pa.Table) -> pa.Table:
-        """Part rows in the final schema."""
-        return _view(part, self.final_schema())
+        """Part rows in the final schema: its columns, in its order and types."""
+        schema = self.final_schema()
+        return part.select(schema.names).cast(schema)
 
     def ray_view(self, part: pa.Table) -> pa.Table:
         """Part rows in the Ray output schema."""
-        return _view(part, self.ray_schema())
+        schema = self.ray_schema()
+        return part.select(schema.names).cast(schema)
 
     @staticmethod
     def error_lines(failed: pa.Table) -> list[str]:
         """The errors-file JSONL lines of failed rows: row_index, query_id, item_id, error."""
         rows = failed.select(list(ERROR_FIELDS)).to_pylist()
         return [json.dumps(row, default=str, ensure_ascii=False) + "\n" for row in rows]
-
-
-def _view(part: pa.Table, schema: pa.Schema) -> pa.Table:
-    """The columns of schema, in its order and types."""
-    return part.select(schema.names).cast(schema)

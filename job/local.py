@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from score_batch.engine.model_source import model_identity
 from score_batch.engine.planner import Planner, WorkPlan
+from score_batch.engine.results import planned_results
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.job.completion import completion_fingerprint
 from score_batch.job.contract import OutputContract
-from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine, score_plan
+from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, run_contract
@@ -28,17 +28,12 @@ from score_batch.job.run_config import RunConfig
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
 
-log = logging.getLogger(__name__)
-
 
 def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
-    """Score windows on this machine and publish (the output locked, leftovers removed), filling report;
-    UserError for user mistakes, Stopped on signals."""
-    source = checked.source
-    completion = checked.paths.completion
+    """Score windows on this machine and publish (the output locked, leftovers removed), filling report."""
     sink = open_sink(config, checked.paths)
     config = config.reads_windows_of(sink.resumed_record())  # a resumed run reads its parts' windows
-    mapping, windows = read_windows(source, config.columns, config.window_rows)
+    mapping, windows = read_windows(checked.source, config.columns, config.window_rows)
     listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
     ready: Future[WindowTools] = Future()
     content = hashlib.sha256()  # the input's rows, for the completion record
@@ -58,14 +53,12 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
                 engine = load_engine(
                     config,
                     report,
-                    lambda planner, setup: ready.set_result(_tools(config, checked, planner, setup, report)),
+                    lambda planner, setup: ready.set_result(_tools(config, checked, planner, setup)),
                 )
             finally:
                 if not ready.done():  # the load failed before the tokenizer: the worker stops waiting
                     ready.set_exception(RuntimeError("the engine did not load"))
-            _score_windows(
-                config, checked, report, sink, completion, engine, mapping, prefetch, content, ready
-            )
+            _score_windows(config, checked, report, sink, engine, mapping, prefetch, content, ready)
     finally:
         if ready.done() and ready.exception() is None and ready.result().earlier is not None:
             ready.result().earlier.close()
@@ -73,8 +66,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
 
 @dataclass(frozen=True)
 class WindowTools:
-    """What the worker needs to make a window ready (and the loop to write it): the planner, the output contract,
-    the score identity, earlier scores, this run's written pairs."""
+    """What the worker needs to make a window ready (and the loop to write it)."""
 
     planner: Planner
     contract: OutputContract  # the run's output (job/preflight.run_contract)
@@ -83,7 +75,7 @@ class WindowTools:
     pairs: ScoredPairs  # the values of pairs written by earlier windows of this run
 
 
-def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report: RunReport) -> WindowTools:
+def _tools(config: RunConfig, checked: Checked, planner: Planner, setup) -> WindowTools:
     """The worker's tools once the tokenizer is there; under --reuse the earlier outputs are joined first."""
     identity, contract = score_identity(config, setup), run_contract(config, checked, setup)
     earlier = None
@@ -95,8 +87,7 @@ def _tools(config: RunConfig, checked: Checked, planner: Planner, setup, report:
 def _stages(
     ready: Future[WindowTools], listed: frozenset[int], content
 ) -> tuple[Callable[[tuple[int, list]], Prepared], Callable[[Prepared], Prepared]]:
-    """The workers' two jobs for one numbered window: its hash, groups, keys, reused and copied values; then
-    its plan (none for a listed window)."""
+    """The workers' two jobs for a numbered window: its hash, groups, keys and copied values; its plan."""
 
     def read(numbered: tuple[int, list]) -> Prepared:
         number, rows = numbered
@@ -116,11 +107,9 @@ def _stages(
     return read, plan
 
 
-def _score_windows(
-    config, checked, report, sink, completion, engine, mapping, prefetch, content, ready
-) -> None:
+def _score_windows(config, checked, report, sink, engine, mapping, prefetch, content, ready) -> None:
     """Score the prefetched windows into the sink and publish (see run_local)."""
-    source = checked.source
+    source, completion = checked.source, checked.paths.completion
     scorer, planner, _ = engine
     contract, pairs = ready.result().contract, ready.result().pairs
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
@@ -147,7 +136,10 @@ def _score_windows(
             plan = plan or planner.plan(todo.groups)
             copies = window.copies | late
             phase.advance(len(window.reused) + len(copies))  # copied pairs are done already
-            results = score_plan(scorer, plan, phase, contract.pooled_dim)
+            if scorer is None:  # a dry run: NaN scores and the plan's per-item errors
+                results = planned_results(plan, contract.pooled_dim)
+            else:
+                results = scorer.run(plan, phase.advance)
             columns = output_columns(rows, todo, results, contract, window.keys, window.reused | copies)
             part = contract.part_table(columns)
             failed = part.num_rows - part[ERROR].null_count

@@ -21,10 +21,8 @@ def lock_path(destination: Target) -> Target:
 
 
 class OutputLock:
-    """Held while a run writes an output; a lock left by a dead process on this host is taken over.
-
-    Created with Target.create_exclusive: O_EXCL locally, a conditional write on S3 (see io_formats.remote).
-    """
+    """Held while a run writes an output; a lock left by a dead process on this host is taken over. Created
+    atomically by Target.create_exclusive: O_EXCL locally, a conditional write on S3 (io_formats.remote)."""
 
     def __init__(self, path: Target) -> None:
         self.path = path
@@ -40,15 +38,17 @@ class OutputLock:
     def acquire(self) -> None:
         """Create the lock file exclusively, or take over a stale one; exit 2 naming a live holder."""
         for _ in range(3):
-            if self._create():
+            if self.path.create_exclusive(json.dumps(_holder_record()).encode()):
+                self.held = True
                 return
             holder = self._holder()
-            if holder is None and self._abandoned():
-                log.warning("removing the unreadable lock %s (a run died while writing it)", self.path)
-                self.path.delete()
-                continue
-            if holder is None:  # vanished or still being written: look again
-                time.sleep(0.05)
+            if holder is None:
+                age = self.path.age_seconds()  # None where the store does not say
+                if age is not None and age > UNREADABLE_LOCK_SECONDS:
+                    log.warning("removing the unreadable lock %s (a run died while writing it)", self.path)
+                    self.path.delete()
+                else:  # vanished or still being written: look again
+                    time.sleep(0.05)
                 continue
             if not self._stale(holder):
                 raise InputError(
@@ -59,7 +59,8 @@ class OutputLock:
             log.warning(
                 "taking over the lock %s left by pid %s (no longer running)", self.path, holder.get("pid")
             )
-            self._remove_if_unchanged(holder)
+            if self._holder() == holder:  # unless another run replaced it meanwhile
+                self.path.delete()
         raise InputError(f"could not take the lock {self.path}; another run keeps racing for it")
 
     def release(self) -> None:
@@ -67,18 +68,6 @@ class OutputLock:
         if self.held:
             self.path.delete()
             self.held = False
-
-    def _create(self) -> bool:
-        """Atomically create the lock file with this process as holder; False when it exists."""
-        if not self.path.create_exclusive(json.dumps(_holder_record()).encode()):
-            return False
-        self.held = True
-        return True
-
-    def _abandoned(self) -> bool:
-        """True for a lock file that is still unreadable long after it was created (where its age is known)."""
-        age = self.path.age_seconds()
-        return age is not None and age > UNREADABLE_LOCK_SECONDS
 
     def _holder(self) -> dict | None:
         """The lock file's record, or None when it cannot be read."""
@@ -93,11 +82,6 @@ class OutputLock:
         """True when the holder ran on this host and its process is gone."""
         pid = holder.get("pid")
         return holder.get("host") == socket.gethostname() and isinstance(pid, int) and process_gone(pid)
-
-    def _remove_if_unchanged(self, holder: dict) -> None:
-        """Remove a stale lock unless another run replaced it meanwhile."""
-        if self._holder() == holder:
-            self.path.delete()
 
 
 def process_gone(pid: int) -> bool:

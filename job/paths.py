@@ -1,8 +1,7 @@
-"""Every path a run writes (RunPaths, resolved once in preflight), checked against every path it reads
-and against each other before any scoring.
-
-Paths are compared as normalized URIs: local paths with `..` and symlinks resolved (also for the parts
-that do not exist yet), object-store paths as scheme://bucket/key with `.` and `..` folded.
+"""Every path a run writes (RunPaths, resolved once in preflight), checked against every path it reads and
+against each other before any scoring. Paths are compared as normalized URIs: local paths with `..` and
+symlinks resolved (also for parts that do not exist yet), object-store ones as scheme://bucket/key with `.`
+and `..` folded.
 """
 
 from __future__ import annotations
@@ -123,8 +122,7 @@ class RunPaths:
 def check_run_paths(
     config: RunConfig, input_files: tuple, destination: Target | None, input_directories: tuple = ()
 ) -> RunPaths:
-    """Before any work: no written path may touch a read path or another written path; the errors file
-    writable. Returns the run's paths, resolved once."""
+    """Refuse written paths that touch a read path or each other, and an unwritable errors file; the paths."""
     paths = RunPaths.resolve(config, destination)
     reads: dict[str, object] = {f"input file {i}": path for i, path in enumerate(input_files)}
     for i, directory in enumerate(input_directories):
@@ -150,8 +148,7 @@ def check_report_path(config: RunConfig) -> None:
     if config.report == STDOUT:
         return
     report = {"report": LocalTarget(config.report)}
-    named = _named_paths(config)
-    for name, where in named.items():
+    for name, where in _named_paths(config).items():
         if name.startswith(("input", "model")):
             check_collisions(report, {name: where})
         else:
@@ -164,18 +161,15 @@ def _named_paths(config: RunConfig) -> dict[str, object]:
     for i, text in enumerate(config.inputs):
         if text != STDOUT:
             base = _glob_base(text)
-            named[
-                f"input file {i}" if base == text and not os.path.isdir(text) else f"input directory {i}"
-            ] = base
+            kind = "file" if base == text and not os.path.isdir(text) else "directory"
+            named[f"input {kind} {i}"] = base
     try:
         output = None if config.output == STDOUT else target(config.output, config.storage_options)
         errors = target(config.errors_file, config.storage_options) if config.errors_file else None
     except InputError:  # preflight names the bad path, with the report written
         return named
     if output is not None:
-        named.update(
-            output=output, **{"checkpoint directory": parts_dir(output), "lock file": lock_path(output)}
-        )
+        named |= {"output": output, "checkpoint directory": parts_dir(output), "lock file": lock_path(output)}
         named["errors file"] = errors or default_errors_path(output)
     elif errors is not None:
         named["errors file"] = errors

@@ -1,10 +1,9 @@
 """The scoring phase every runner shares: the engine loaded once, progress, stop signals, the sink's commit or
 abort, and the report built from the scored windows (runners never fill the report's counts by hand).
 
-A runner (job/local.py, job/batch_file_run.py, job/ray_run.py) says where windows come from, where they are
-scored and what a scored window is; inside `ScoringPhase` it hands each one to `add` and ends with
-`commit`. However the phase ends, the report holds the scoring time and score statistics so far; a user
-mistake drops the sink's checkpoints (the input or settings must change), anything else keeps them for
+A runner (local.py, batch_file_run.py, ray_run.py) hands each scored window to `ScoringPhase.add` and ends
+with `commit`. However the phase ends, the report holds the scoring time and score statistics so far; a
+user mistake drops the sink's checkpoints (the input or settings must change), anything else keeps them for
 --resume.
 """
 
@@ -14,8 +13,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
-from score_batch.engine.planner import Planner, WorkPlan
-from score_batch.engine.results import planned_results
+from score_batch.engine.planner import Planner
 from score_batch.engine.scorer import Scorer
 from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.errors import UserError
@@ -62,19 +60,18 @@ class ScoringPhase:
         self._started = time.perf_counter()
         quiet = self.config.quiet or not self.show_progress
         self.progress = Progress(self.total_items, quiet, self.config.progress_seconds)
-        self._signals = StopSignals(immediate=self.immediate_stop)
+        self._signals = StopSignals(immediate=self.immediate_stop).__enter__()
         self._sizes_added = False
-        self._stop = self._signals.__enter__()
         return self
 
     def advance(self, items: int) -> None:
         """Items finished inside a window (the engine's callback): progress, and a pending stop is raised."""
         self.progress.update(items)
-        self._stop.check()
+        self.check()
 
     def check(self) -> None:
         """Raise Stopped at this safe point when a signal came."""
-        self._stop.check()
+        self._signals.check()
 
     def add(self, window: ScoredWindow) -> None:
         """Count a finished window into the report and the score statistics."""
@@ -126,16 +123,14 @@ class ScoringPhase:
             self._close_timing()  # a stopped or failed run reports what it did until then
             self.report.finish()
         if error is None:
-            self._stop.check()  # a signal after the last safe point (the publish): still a stop, 130/143
+            self.check()  # a signal after the last safe point (the publish): still a stop, 130/143
 
 
 def load_engine(
     config: RunConfig, report: RunReport, on_planner: Callable[[Planner, ResolvedSetup], None] | None = None
 ) -> tuple[Scorer | None, Planner, ResolvedSetup]:
-    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup.
-
-    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load.
-    """
+    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup;
+    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load."""
     started = time.perf_counter()
     # proven before the keys and plans use it: an auto fallback is in the score identity and the planner
     planner, setup = load_planner(config.model_dir, config.engine, prove=not config.dry_run)
@@ -145,10 +140,3 @@ def load_engine(
     report.seconds_load = round(time.perf_counter() - started, 3)
     report.add_setup(setup)  # as proven: auto's fallbacks included
     return scorer, planner, setup
-
-
-def score_plan(scorer: Scorer | None, plan: WorkPlan, phase: ScoringPhase, pooled_dim: int | None):
-    """The plan's results: the engine's, or for a dry run (no scorer) engine/results.planned_results."""
-    if scorer is None:
-        return planned_results(plan, pooled_dim)
-    return scorer.run(plan, phase.advance)

@@ -14,6 +14,7 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import MANIFEST
 from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
+from score_batch.job.completion import Completion
 from score_batch.job.contract import OutputContract, check_partition_by
 from score_batch.job.paths import parts_dir
 from score_batch.job.run_config import RunConfig
@@ -23,11 +24,8 @@ KEEP_GOING = "(use --on-error record or skip to keep going)"
 
 
 def check_destination(config: RunConfig, directory: bool) -> Target | None:
-    """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output.
-
-    With --partition-by the output is a directory too, and the partition columns must be ids or kept
-    columns.
-    """
+    """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output (with
+    --partition-by the output is a directory too, and the partition columns must be ids or kept columns)."""
     partitioned = bool(config.partition_by)
     if partitioned:
         check_partition_by(config.partition_by, config.columns.keep_columns)
@@ -60,27 +58,18 @@ def check_destination(config: RunConfig, directory: bool) -> Target | None:
     ):
         log.info("%s holds a publish of this output cut off midway; this run replaces it", destination)
         return destination
-    if kind != FileType.NotFound and not config.overwrite and not completed(config, destination):
-        raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-    if kind == FileType.Directory and dataset and config.overwrite:  # only a dataset is replaced
-        _check_replaceable_dataset(config.output, destination.list_names() + destination.list_directories())
+    if kind != FileType.NotFound and not config.overwrite:
+        # an output --resume finds recorded as complete goes on (job.run checks it against the input)
+        if not (config.resume and Completion(destination, partitioned).exists()):
+            raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
+    if kind == FileType.Directory and dataset and config.overwrite:  # only an empty or finished dataset
+        names = destination.list_names() + destination.list_directories()
+        if names and SUCCESS not in names:
+            raise InputError(
+                f"output {config.output!r} is a directory without a {SUCCESS} marker, so not a dataset this "
+                "tool wrote; --overwrite will not delete it: remove it yourself or choose another path"
+            )
     return destination
-
-
-def completed(config: RunConfig, destination: Target) -> bool:
-    """True when --resume finds the existing output recorded as complete (checked against the input later)."""
-    from score_batch.job.completion import Completion
-
-    return config.resume and Completion(destination, bool(config.partition_by)).exists()
-
-
-def _check_replaceable_dataset(output: str, names: list[str]) -> None:
-    """--overwrite replaces a directory only when it is empty or a finished dataset (it holds _SUCCESS)."""
-    if names and SUCCESS not in names:
-        raise InputError(
-            f"output {output!r} is a directory without a {SUCCESS} marker, so not a dataset this tool "
-            "wrote; --overwrite will not delete it: remove it yourself or choose another path"
-        )
 
 
 def _unfinished_publish(destination: Target) -> bool:

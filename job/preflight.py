@@ -1,9 +1,8 @@
 """Preflight: every check that needs no model weights, run before any model is loaded.
 
-Paths and collisions, column names and types from the input's metadata (or its JSONL lines), the
-partition columns and the --reuse outputs; job.run checks the reserved output names (contract.check_kept_columns) and opens the
-input (its existence) just before. A failure here is a one-line exit 2 with the report written, and no
-model was loaded.
+Paths and collisions, column names and types from the input's metadata (or its JSONL lines), the partition
+columns and the --reuse outputs (job.run checks the reserved output names and opens the input just before).
+A failure here is a one-line exit 2 with the report written, and no model loaded.
 """
 
 from __future__ import annotations
@@ -39,8 +38,7 @@ class Checked:
 
 
 def preflight(config: RunConfig, source: InputSource, directory: bool = False) -> Checked:
-    """Check a table run on its open input before any model load (directory: the output is a directory of
-    Parquet files, as for Ray)."""
+    """Check a table run on its open input before any model load (directory: a Ray run's directory output)."""
     destination = check_destination(config, directory=directory)
     paths = check_run_paths(config, source.files, destination, source.directories)
     mapping = input_mapping(source, config.columns)
@@ -53,14 +51,13 @@ def preflight(config: RunConfig, source: InputSource, directory: bool = False) -
 
 
 def output_contract(config: RunConfig, mapping: ColumnMapping, types: dict, pooled_dim: int | None):
-    """The output contract of this run (pooled_dim: the model's hidden size, when pooled states are asked for)."""
+    """This run's output contract (pooled_dim: the model's hidden size, when pooled states are asked for)."""
     return OutputContract.from_types(
         mapping, types, pooled_dim, config.on_error, config.rank, config.top_k, config.chunked
     )
 
 
 def run_contract(config: RunConfig, checked: Checked, setup) -> OutputContract:
-    """The run's output contract once the model is known (setup: its ResolvedSetup): the pooled column's
-    width when pooled states are asked for, the chunks column under --truncate chunk."""
+    """The run's output contract once the model is known (setup: its ResolvedSetup, for the pooled width)."""
     pooled_dim = setup.info.hidden_size if config.engine.scoring.pooled_hidden_states else None
     return output_contract(config, checked.mapping, checked.types, pooled_dim)

@@ -25,7 +25,6 @@ class Progress:
         self.items = 0
         self.rows = 0
         self.every = every_seconds
-        self.quiet = quiet
         self._started = self._last = time.monotonic()
         terminal = sys.stderr.isatty()
         self._bar = tqdm(
@@ -68,27 +67,19 @@ class Progress:
         self._bar.close()
 
 
-def failed_items_warning(report: RunReport, config: RunConfig, errors: Target | None) -> str | None:
-    """One line saying how many items failed and where they went (errors: RunPaths.errors); None when every
-    item was scored, and for batch files (their runner counts failed requests in its own line)."""
+def warn_failed_items(report: RunReport, config: RunConfig, errors: Target | None) -> None:
+    """Log at WARNING how many items failed and where they went (errors: RunPaths.errors), so a run that lost
+    or flagged rows never ends silently; nothing for batch files (their runner logs failed requests)."""
     if not report.items_failed or report.requests:
-        return None
+        return
     count = f"{report.items_failed} of {report.items} items"
     if config.dry_run:
-        return f"dry run: {count} would fail (--on-error {config.on_error})"
-    if config.on_error == "skip":
-        where = (
-            "the log above, one line each (pass --errors-file to keep them in a file)"  # -o - without a file
-            if errors is None
-            else errors.uri
-        )
-        return f"{count} failed and were left out of the output; they are listed in {where}"
-    output = "the output" if config.output == STDOUT else config.output
-    return f"{count} failed; their rows in {output} carry the error"
-
-
-def warn_failed_items(report: RunReport, config: RunConfig, errors: Target | None) -> None:
-    """Log the failed-items line at WARNING (a run that lost or flagged rows never ends silently)."""
-    message = failed_items_warning(report, config, errors)
-    if message is not None:
-        log.warning("%s", message)
+        message = f"dry run: {count} would fail (--on-error {config.on_error})"
+    elif config.on_error == "skip":  # no errors file (-o - without --errors-file): the log lists them
+        logged = "the log above, one line each (pass --errors-file to keep them in a file)"
+        where = logged if errors is None else errors.uri
+        message = f"{count} failed and were left out of the output; they are listed in {where}"
+    else:
+        output = "the output" if config.output == STDOUT else config.output
+        message = f"{count} failed; their rows in {output} carry the error"
+    log.warning("%s", message)

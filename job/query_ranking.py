@@ -49,8 +49,7 @@ def with_group_ids(part: pa.Table, contract: OutputContract) -> pa.Table:
 def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
     """Rows of every query (input order in, across all windows) → queries in order of first appearance,
     each query's scored items best first with their rank (only the best top_k under top_k), then its
-    failed items (rank null, input order). The whole output is held in memory while it is ranked.
-    """
+    failed items (rank null, input order). The whole output is held in memory while it is ranked."""
     keys = part[QUERY_KEY].to_pylist()
     scores = part[SCORE].to_pylist()
     members: dict[str, list[int]] = {}
@@ -73,10 +72,8 @@ def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
 
 
 def rank_parts(parts: list[pa.Table], contract: OutputContract) -> tuple[pa.Table, pa.Table]:
-    """Part tables of a whole run (input order) → (the output rows ranked, the failed rows to list).
-
-    Both carry the group ids (with_group_ids), so a skipped row's query_id matches its query's output rows.
-    """
+    """Part tables of a whole run (input order) → (the output rows ranked, the failed rows to list); both
+    carry the group ids (with_group_ids), so a skipped row's query_id matches its query's output rows."""
     whole = pa.concat_tables(parts or [contract.part_schema().empty_table()])
     kept, failed = contract.split(with_group_ids(whole, contract))
     return rank_rows(kept, contract), failed

@@ -29,12 +29,7 @@ from score_batch.engine.setup import load_planner
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.readers import (
-    InputSource,
-    ReadUnit,
-    read_unit,
-    read_units,
-)
+from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units
 from score_batch.io_formats.target import Target
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
@@ -60,10 +55,7 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
-TALLIES = [
-    pa.field(REUSED_FLAG, pa.bool_()),
-    pa.field(DUPLICATES, pa.int32()),
-]  # per row, counted, not written
+TALLIES = [pa.field(REUSED_FLAG, pa.bool_()), pa.field(DUPLICATES, pa.int32())]  # counted, never written
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
@@ -195,8 +187,7 @@ def check_ray_preflight(config: RunConfig, source: InputSource) -> Checked:
 
 
 def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
-    """Score on Ray Data and publish a directory of Parquet files at the checked destination (a local
-    directory or an object-store prefix; the output locked), filling report."""
+    """Score on Ray Data and publish a directory of Parquet files (local or object store), filling report."""
     import ray
 
     options = config.ray or RayOptions()
@@ -223,8 +214,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
                 log_to_driver=not config.quiet,
                 logging_level=logging.ERROR if config.quiet else logging.INFO,
             )
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = not config.quiet
+    ray.data.DataContext.get_current().enable_progress_bars = not config.quiet
     if config.quiet:  # Ray Data's own lines on stderr (its log file keeps them)
         for handler in logging.getLogger("ray.data").handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
@@ -241,9 +231,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
             dataset = _dataset(config, checked, options, units, contract, gpus, reused, total_rows)
             with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
                 with _user_errors():
-                    counts = _score_on_ray(
-                        dataset, contract, sink.staging, partitioning, sink.errors, phase, source
-                    )
+                    counts = _score_on_ray(dataset, contract, sink, partitioning, phase, source.label)
                 items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
                 reused_pairs, duplicates = (sum(c[name] for c in counts) for name in ("reused", "duplicates"))
                 phase.add(ScoredWindow(total_rows, items, failed, reused=reused_pairs, duplicates=duplicates))
@@ -301,11 +289,11 @@ def _dataset(config, checked, options, units, contract, gpus, reused, total_rows
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
 
 
-def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, source) -> list[dict]:
-    """Run the dataset: failed rows checked (fail) or listed (skip), scored blocks written into staging; the
-    counts of every written block."""
+def _score_on_ray(dataset, contract, sink, partitioning, phase, label: str) -> list[dict]:
+    """Run the dataset (failed rows checked or listed, blocks written to staging); every block's counts."""
     import ray
 
+    staging, errors = sink.staging, sink.errors
     if contract.on_error != "record":
         # Failed rows come back as data (exceptions lose their cause on the way from a worker): under
         # fail the first one in input order stops the run, under skip they are listed.
@@ -314,7 +302,7 @@ def _score_on_ray(dataset, contract, staging, partitioning, errors, phase, sourc
             lambda part: part.filter(pc.is_valid(part[ERROR])), batch_format="pyarrow"
         ).take_all()
         failed = pa.Table.from_pylist(sorted(taken, key=lambda row: row[ROW_INDEX]), contract.part_schema())
-        enforce_fail(contract, failed, source.label)
+        enforce_fail(contract, failed, label)
         if not contract.ranked:  # ranked runs list them with their query's generated id
             errors.write(failed)
     if contract.ranked:  # rankings span the whole output: gathered and ranked on the driver
@@ -410,8 +398,7 @@ def _write_files(
 
 
 def _counts(part: pa.Table) -> pa.Table:
-    """A scored block's items, failed items (as a local run counts them, before --on-error skip), reused pairs
-    and duplicates."""
+    """A block's items, failed items (before --on-error skip, as a local run), reused pairs and duplicates."""
     failed = part.num_rows - part[ERROR].null_count
     reused, duplicates = (pc.sum(part[name]).as_py() or 0 for name in (REUSED_FLAG, DUPLICATES))
     return pa.table(

@@ -43,9 +43,7 @@ class RunReport:
     batches: int = 0
     packed_tokens: int = 0
     pairwise_tokens: int = 0
-    sequences: int = (
-        0  # sequences scored: the items, or under --truncate chunk their chunks (also as "windows")
-    )
+    sequences: int = 0  # sequences scored: the items, or with --truncate chunk their chunks (also "windows")
     duplicates: int = 0  # (query, item) pairs equal to an earlier one of the run: scored once, copied
     reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
     seconds_load: float = 0.0
@@ -80,31 +78,21 @@ class RunReport:
         self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)
 
     def add_usage(self, price_per_hour: float | None) -> None:
-        """The usage object: tokens asked for and computed, the device and its seconds, and the cost at a price.
-
-        A dry run computes nothing: its usage is the tokens a run would compute (planned_tokens), no
-        computed_tokens, device seconds or cost.
-        """
+        """The usage object (its field's comment lists it); a dry run computes nothing: planned tokens only."""
+        tokens = "planned_tokens" if self.dry_run else "computed_tokens"
+        usage = {"input_tokens": self.pairwise_tokens, tokens: self.packed_tokens}
+        usage["device"] = device_name(self.device)
         if self.dry_run:
-            self.usage = {
-                "input_tokens": self.pairwise_tokens,
-                "planned_tokens": self.packed_tokens,
-                "device": device_name(self.device),
-            }
+            self.usage = usage
             return
         workers = self.ray_workers or 1
-        usage = {
-            "input_tokens": self.pairwise_tokens,
-            "computed_tokens": self.packed_tokens,
-            "device": device_name(self.device),
-            "device_seconds": round(self.seconds_scoring * workers, 3),
-            "items_per_second": self.items_per_second,
-        }
+        usage["device_seconds"] = round(self.seconds_scoring * workers, 3)
+        usage["items_per_second"] = self.items_per_second
         if price_per_hour is not None:
             cost = price_per_hour * self.seconds_total * workers / 3600
-            usage.update(price_per_hour=price_per_hour, cost=round(cost, 6))
-            usage["cost_per_million_items"] = (
-                round(cost * 1e6 / self.items_scored, 6) if self.items_scored else None
+            per_million = round(cost * 1e6 / self.items_scored, 6) if self.items_scored else None
+            usage.update(
+                price_per_hour=price_per_hour, cost=round(cost, 6), cost_per_million_items=per_million
             )
         self.usage = usage
 
@@ -176,10 +164,8 @@ def report_failure(
     report: str | None, error: BaseException, *, overwrite: bool, resume: bool = False
 ) -> None:
     """Write the report of a run that failed before it started (e.g. the caller's settings did not resolve).
-
-    Nothing when report is None; a report path that may not be written (a directory, a missing
-    directory, a succeeded report without --overwrite) is left alone, so the original error stands.
-    """
+    A report path that may not be written (a directory, a missing directory, a succeeded report without
+    --overwrite) is left alone, so the original error stands."""
     if not report:
         return
     from score_batch.job.paths import check_report_file

@@ -1,17 +1,16 @@
 """--reuse: the score key every output row carries, and earlier outputs' scores joined to this run's pairs.
 
-A pair's score key is a 128-bit keyed BLAKE2b digest of its query and item (text or token ids, as read);
-the key of the hash is the run's score identity: the model (config and weight files: names, sizes,
-modification times), every setting that can change a score (templates, labels, truncation, chunking,
-packing, pooling, activation, …), the resolved device type, dtype, attention backend, decoder layers and
-element-wise ops, and the versions of score-batch, torch, transformers and flashinfer. Settings that leave
-scores within the batch-invariance bound (the batch token budget, window rows, prefetch, threads) are
-not in it. Equal keys therefore mean the same pair scored the same way.
+A pair's score key is a 128-bit BLAKE2b digest of its query and item (text or token ids, as read), keyed with
+the run's score identity: the model (config and weight files: names, sizes, modification times), every
+setting that can change a score (templates, labels, truncation, chunking, packing, pooling, activation, …),
+the resolved device type, dtype, attention backend, decoder layers and element-wise ops, and the versions of
+score-batch, torch, transformers and flashinfer; not settings that leave scores within the batch-invariance
+bound (batch token budget, window rows, prefetch, threads). Equal keys mean the same pair scored the same way.
 
-The join is streamed and bounded in memory: this run's keys are written to a temporary Parquet file in one
-pass over the input, the earlier outputs are scanned in record batches, and DuckDB joins them
-(io_formats/earlier.join_earlier, spilling to disk past its memory limit) into a file of (row_index, item
-position, values) in input order, which the run then reads window by window.
+The join is streamed and bounded in memory: this run's keys go to a temporary Parquet file in one pass over
+the input, and DuckDB joins them to the earlier outputs, scanned in record batches (io_formats/earlier,
+spilling to disk past its memory limit), into a file of (row_index, item position, values) in input order,
+which the run reads window by window.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ KEY_ROWS = 65_536  # keys per written batch
 TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
 PAIRS_MEMORY = 256 << 20  # bytes of scored values a run keeps for later repeats (ScoredPairs)
 KEY_BYTES = 200  # a held key: its 32-character string and its dict entry
+KEY_SCHEMA = pa.schema([(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
 
 
 def score_identity(config: RunConfig, setup) -> bytes:
@@ -77,11 +77,8 @@ def score_identity(config: RunConfig, setup) -> bytes:
 
 
 def pair_keys(rows: list[InputRow], identity: bytes) -> list[list[str | None]]:
-    """Per row, per item: the pair's score key (hex), None for a row that cannot be read.
-
-    The key hashes the JSON text `[query,item]`; each distinct query is encoded and hashed once per window
-    and its hash state copied per item.
-    """
+    """Per row, per item: the pair's score key (hex), None for a row that cannot be read. The key hashes the
+    JSON text `[query,item]`; a window's distinct queries are hashed once, their hash state copied per item."""
     keys = []
     states: dict = {}  # a window's distinct queries → the hash state after "[query,"
     dumps, blake2b = json.dumps, hashlib.blake2b
@@ -127,8 +124,7 @@ class EarlierScores:
             joined = directory / "reused.parquet"
             outputs = open_earlier(config.reuse, config.storage_options, config.reuse_missing_ok, warn=False)
             if not outputs:  # every one missing (preflight warned): nothing to join, no key pass
-                index = [(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())]
-                pq.write_table(pa.schema([*index, *values]).empty_table(), joined)
+                pq.write_table(pa.schema([*KEY_SCHEMA, *values]).empty_table(), joined)
                 return cls(directory, joined, 0)
             keys = directory / "keys.parquet"
             _write_keys(config, source, identity, keys)
@@ -230,8 +226,7 @@ class ScoredPairs:
                     del self._windows[serial]
 
     def take(self, grouped, keys: list[list[str | None]]) -> dict[tuple[int, int], dict]:
-        """The remembered values of a window's pairs still to score (grouped: job/windows.WindowGroups;
-        keys: pair_keys of its rows): (row position, item position) → {score, scores, …}."""
+        """The remembered values of a window's pairs still to score: (row position, item position) → values."""
         wanted: dict[int, list[tuple[tuple[int, int], int]]] = {}  # window serial → (ref, row)
         with self._lock:
             for refs in grouped.refs:
@@ -259,9 +254,8 @@ class _HeldWindow:
 
 def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:
     """One pass over the input: (row_index, item_pos, score_key) of every readable pair, to a Parquet file."""
-    schema = pa.schema([(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
     _, windows = read_windows(source, config.columns, config.window_rows)
-    with pq.ParquetWriter(path, schema) as writer:
+    with pq.ParquetWriter(path, KEY_SCHEMA) as writer:
         for rows in windows:
             indexes, positions, keys = [], [], []
             for row, row_keys in zip(rows, pair_keys(rows, identity)):
@@ -270,7 +264,7 @@ def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: P
                         indexes.append(row.index)
                         positions.append(item_pos)
                         keys.append(key)
-            writer.write_table(pa.table([indexes, positions, keys], schema=schema))
+            writer.write_table(pa.table([indexes, positions, keys], schema=KEY_SCHEMA))
 
 
 def _remove_stale_directories() -> None:

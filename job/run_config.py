@@ -105,13 +105,6 @@ class RunConfig:
         """Whether over-long items are scored as chunks (--truncate chunk): the output gets a chunks column."""
         return self.engine.scoring.truncate == "chunk"
 
-    @property
-    def sink(self) -> str:
-        """Where scored rows go: 'none' (dry run), 'stdout' (streamed JSONL) or 'parts' (checkpointed file)."""
-        if self.dry_run:
-            return "none"
-        return "stdout" if self.output == STDOUT else "parts"
-
     def fingerprint(self, model_identity: list, input_identity: list) -> Fingerprint:
         """Everything that decides the output rows, for refusing a mismatched --resume (and saying what differs)."""
         settings = dataclasses.asdict(self)
@@ -121,8 +114,7 @@ class RunConfig:
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)
         record = {"settings": settings, "model": model_identity, "input": input_identity}
-        record["layout"] = {"window_rows": self.window_rows}
-        record["software"] = software_identity()
+        record.update(layout={"window_rows": self.window_rows}, software=software_identity())
         return Fingerprint.of(json.loads(json.dumps(record, sort_keys=True, default=str)))
 
     def reads_windows_of(self, record: dict | None) -> RunConfig:
@@ -171,8 +163,7 @@ class Fingerprint:
         """What differs from an earlier record, in words ('' when unknown: an output of an older version)."""
         if not isinstance(earlier, dict) or any(k not in earlier for k in RECORD_PARTS):
             return ""
-        before = dict(earlier["software"])
-        now = dict(self.record["software"])
+        before, now = dict(earlier["software"]), dict(self.record["software"])
         said = _changed_settings(earlier["settings"], self.record["settings"])
         # Another score-batch may digest the same model or input differently: then only its version is named.
         same_build = before.get("score-batch") == now.get("score-batch")
@@ -180,7 +171,6 @@ class Fingerprint:
             said.append("the model's files changed (their content)")
         if earlier["input"] != self.record["input"] and same_build:
             said.append("the input changed")
-
         said.extend(
             f"{name} {before.get(name)} → {version}"
             for name, version in self.record["software"]
@@ -202,9 +192,8 @@ def _changed_settings(before: dict, now: dict, prefix: str = "") -> list[str]:
 
 
 SCORING_SOFTWARE = ("score-batch", "torch", "transformers", "tokenizers", "flashinfer-python")
-FINGERPRINTED = (
-    "model, input, settings or score-batch/torch/transformers/tokenizers version"  # for refusal messages
-)
+# for refusal messages
+FINGERPRINTED = "model, input, settings or score-batch/torch/transformers/tokenizers version"
 
 
 def software_identity() -> list:

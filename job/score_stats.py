@@ -1,12 +1,10 @@
 """The distribution of a run's scores and of its items per query, for the report (alerting on a drifted model).
 
-Memory is bounded whatever the run's size: count, min, max and mean are exact; the quantiles are exact up to
-SAMPLE_SIZE finite scores and beyond that come from a uniform random sample of SAMPLE_SIZE scores (reservoir
-sampling with a fixed seed, so the same input gives the same report). Items per query are counted per distinct
-query over the whole run (its id when the input has an id column, else its text: a ranking group), whatever the
-windows and the input order, by a 64-bit hash of the query: 16 bytes a query, for at most MAX_QUERIES queries
-(64 MiB; twice that for a moment while a batch of new queries is merged in); queries past that are not counted,
-and the report says so.
+Memory is bounded: count, min, max and mean are exact; the quantiles are exact up to SAMPLE_SIZE finite
+scores, then from a uniform random sample of them (reservoir sampling with a fixed seed: the same input
+gives the same report). Items per query are counted per distinct query of the run (a ranking group), whatever
+the windows and input order, by a 64-bit hash: 16 bytes a query for at most MAX_QUERIES queries (64 MiB;
+twice that while new queries are merged in); the report says when queries past that were left out.
 """
 
 from __future__ import annotations
@@ -84,11 +82,6 @@ class ScoreStats:
         keep = slots.size - 1 - last_from_end
         self._sample[slots[keep]] = values[keep]
 
-    @property
-    def exact(self) -> bool:
-        """True while every finite score is kept (the quantiles are exact)."""
-        return self.count <= self.sample_size
-
     def summary(self) -> dict:
         """The report's numbers: count, min, p01 … p99, max, mean (finite scores), items per query."""
         scores: dict = {"count": self.count, "non_finite": self.non_finite}
@@ -98,13 +91,13 @@ class ScoreStats:
             scores.update({quantile_name(q): float(v) for q, v in zip(QUANTILES, quantiles)})
             scores["max"] = self._max
             scores["mean"] = self._sum / self.count
-        scores["quantiles"] = "exact" if self.exact else f"sampled ({self.sample_size} scores)"
+        exact = self.count <= self.sample_size  # every finite score is kept
+        scores["quantiles"] = "exact" if exact else f"sampled ({self.sample_size} scores)"
         return {"scores": scores, "items_per_query": self.queries.summary()}
 
 
 def written_scores(directory: str, filesystem: pafs.FileSystem) -> Iterator[pa.Array]:
-    """The `score` column of a directory of Parquet files (an unranked Ray run's output, whose scores are never
-    gathered in one place), streamed batch by batch."""
+    """The `score` column of an unranked Ray run's output directory, streamed batch by batch."""
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s)
 
     dataset = ds.dataset(directory, filesystem=filesystem, format="parquet")

@@ -18,6 +18,7 @@ from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import (
     COMMON_METADATA,
+    STDOUT,
     StdoutJsonlWriter,
     output_format,
     write_partitioned,
@@ -176,8 +177,7 @@ class PartsSink:
     def commit(
         self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
     ) -> int:
-        """Merge the parts in window order into OUTPUT (temporary file or directory, published in one step),
-        list skipped rows, drop parts."""
+        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts."""
         errors = ErrorsSink(self.paths.errors)
         try:
             tables = self._final_tables(contract, check, errors)
@@ -328,8 +328,7 @@ class ErrorsSink:
 
 
 class LinesSink:
-    """Response lines of a batch file: a staging file published onto the destination in one step (a local
-    rename or an object-store upload), stdout, or nowhere (a dry run)."""
+    """A batch file's response lines: a staging file published in one step, stdout, or nowhere (a dry run)."""
 
     def __init__(self, destination: Target | None, stdout: bool) -> None:
         self.stdout = stdout
@@ -380,9 +379,9 @@ class StagedDirectorySink:
 
 
 def open_sink(config: RunConfig, paths: RunPaths) -> NullSink | StdoutSink | PartsSink:
-    """The sink the config names, writing to the run's paths."""
-    if config.sink == "none":
+    """A dry run's NullSink, stdout's streamed JSONL, or an output file's checkpointed parts."""
+    if config.dry_run:
         return NullSink()
-    if config.sink == "stdout" or paths.output is None:
+    if config.output == STDOUT or paths.output is None:
         return StdoutSink(paths)
     return PartsSink(config, paths)

@@ -86,11 +86,9 @@ def output_columns(
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
     A null id stays null when the input has an id column; without one, the row index is the query id. Under
-    --truncate chunk (contract.chunked) each item's row also has its chunk count (GroupResult.chunks).
-    keys: each pair's score key (job/reuse.pair_keys); reused: the values of pairs copied from an earlier
-    output (job/reuse.EarlierScores.take), which grouped and results leave out. The score, scores and pooled
-    columns are Arrow arrays built from numpy (no Python object per number).
-    """
+    --truncate chunk each item also has its chunk count. keys: each pair's score key (job/reuse.pair_keys);
+    reused: the values of pairs copied from earlier (grouped and results leave them out). The score, scores
+    and pooled columns are Arrow arrays built from numpy (no Python object per number)."""
     keep, dim = contract.keep, contract.pooled_dim
     starts = list(itertools.accumulate((len(row.item_ids) for row in rows), initial=0))
     n = starts[-1]
@@ -168,11 +166,8 @@ def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int
 
 def _ids(query_id: Any, item_id: Any) -> str:
     """The ids of a failed row, for its message (empty when the input has none)."""
-    named = [
-        f"{name}={value!r}"
-        for name, value in (("query_id", query_id), ("item_id", item_id))
-        if value is not None
-    ]
+    ids = {"query_id": query_id, "item_id": item_id}
+    named = [f"{name}={value!r}" for name, value in ids.items() if value is not None]
     return f" ({', '.join(named)})" if named else ""
 
 
@@ -183,8 +178,7 @@ def window_hash(rows: list[InputRow], content=None) -> str:
     Each row is the JSON of its fields (dataclass order) with the query replaced by the SHA-256 of its JSON:
     a query is encoded and hashed once per window however many rows repeat it. The window is one JSON list;
     content takes its rows joined by ", " (the list's own separator) and one after the last, so the stream is
-    the same however the input is cut into windows.
-    """
+    the same however the input is cut into windows."""
     digests: dict = {}
 
     def query_digest(query) -> str:

@@ -1,8 +1,7 @@
 """score-batch's public namespace: the version, the error classes, and the Python API (`Scorer`, `demo_model_path`).
 
-The code lives in the checkout's top-level folders (cli/, engine/, io_formats/, job/); they are
-installed as subpackages of score_batch (score_batch.engine, ...) so that a user's own folder named
-`engine/` or `job/` beside their script cannot shadow them.
+The checkout's cli/, engine/, io_formats/ and job/ are its subpackages (score_batch.engine, ...), so a user's
+own `engine/` or `job/` folder beside their script cannot shadow them.
 """
 
 from __future__ import annotations
@@ -19,9 +18,8 @@ if _IN_CHECKOUT:  # a source checkout or an editable install: the subpackages si
 
 
 def _version() -> str:
-    """The version a checkout's pyproject.toml names (an editable install's metadata keeps the version it was
-    installed at, and the version is part of every score key and resume fingerprint), else the installed
-    package's."""
+    """A checkout's pyproject.toml version (an editable install's metadata keeps the one it was installed
+    at, and the version is in every score key and resume fingerprint), else the installed package's."""
     import re
 
     try:

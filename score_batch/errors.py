@@ -11,10 +11,8 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """A setting of a config dataclass is invalid; `setting` names it as Owner.field, e.g. ScoringConfig.score_index.
-
-    conflicts: the other settings (Owner.field) whose values make this one invalid, if any.
-    """
+    """A setting of a config dataclass is invalid; `setting` names it as Owner.field (e.g.
+    ScoringConfig.score_index), `conflicts` the other settings whose values make this one invalid, if any."""
 
     def __init__(self, setting: str, value: object, problem: str, conflicts: tuple[str, ...] = ()) -> None:
         super().__init__(f"{setting}={value!r} {problem}")
@@ -25,10 +23,6 @@ class ConfigError(UserError):
 
     def __reduce__(self):
         return type(self), (self.setting, self.value, self.problem, self.conflicts)
-
-
-class EnvironmentFault(Exception):
-    """The machine refused: disk full, permission denied, read-only file system (exit 3, retry after fixing)."""
 
 
 EXIT_OK, EXIT_BUG, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
@@ -43,19 +37,14 @@ REMOTE_FAILURE = re.compile(
 def is_environment_error(error: BaseException) -> bool:
     """True for refusals of the machine: disk full, quota, permission, read-only file system, I/O error,
     and an object store or network that refuses (no credentials, access denied, unreachable endpoint)."""
-    if isinstance(error, EnvironmentFault):
-        return True
     if not isinstance(error, OSError):
         return False
     return error.errno in ENVIRONMENT_ERRNOS or REMOTE_FAILURE.search(str(error)) is not None
 
 
 def exit_code(error: BaseException | None) -> int:
-    """The process exit code for a run that ended with error (None: success).
-
-    0 success (a closed stdout pipe included), 1 a bug, 2 a user mistake, 3 the machine refused,
-    128 + N stopped by signal N.
-    """
+    """The exit code of a run that ended with error (None: success): 0 success (a closed stdout pipe
+    included), 1 a bug, 2 a user mistake, 3 the machine refused, 128 + N stopped by signal N."""
     if error is None or isinstance(error, BrokenPipeError):
         return EXIT_OK
     if isinstance(getattr(error, "signum", None), int):

@@ -21,9 +21,8 @@ class Stopped(BaseException):
 
 class StopSignals:
     """Handles SIGINT/SIGTERM while active. immediate: raise Stopped from the handler (nothing to leave in
-    a clean state); else record the signal and raise it from check() at the next safe point.
-
-    A signal is remembered by every StopSignals nested in the outermost one, so check() raises it again at
+    a clean state); else record the signal and raise it from check() at the next safe point. A signal is
+    remembered by every StopSignals nested in the outermost one, so check() raises it again at
     the next safe point when the Stopped an immediate handler raised could not propagate (it came inside a
     weakref callback or a __del__, where Python only reports it: the outermost one hides that report)."""
 
@@ -33,11 +32,6 @@ class StopSignals:
     def __init__(self, immediate: bool = False) -> None:
         self.immediate = immediate
         self._previous: dict[int, object] = {}
-
-    @property
-    def signum(self) -> int | None:
-        """The signal received (None: none)."""
-        return StopSignals._received
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
