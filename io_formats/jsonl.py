@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,11 +188,7 @@ class JsonlReader:
         """(line, record) per non-blank line of one file, its partition values added."""
         file = self.files[index] if self.files else None
         several = len(self.files) > 1
-        for number, raw in enumerate(self._lines(index), start=1):
-            if number == 1 and raw.startswith(BOM):
-                raw = raw[len(BOM) :]
-            if not raw.strip():
-                continue
+        for number, raw in nonblank_lines(self._lines(index)):
             where = f"{number} of {file}" if several else str(number)
             record = _parse_line(raw, where)
             if file is not None and isinstance(record, dict):
@@ -205,6 +201,15 @@ class JsonlReader:
     def _lines(self, index: int) -> Iterator[bytes]:
         """The raw lines of the index-th file, decompressed by its suffix."""
         return file_lines(self.files[index])
+
+
+def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
+    for number, raw in enumerate(lines, start=1):
+        if number == 1:
+            raw = raw.removeprefix(BOM)
+        if raw.strip():
+            yield number, raw
 
 
 def file_lines(file: InputFile) -> Iterator[bytes]:
