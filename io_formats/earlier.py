@@ -31,9 +31,8 @@ log = logging.getLogger(__name__)
 SCAN_BATCH_ROWS = 65_536
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to disk
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
-COMPLETION_RECORD = (
-    b"score_batch.completion_record"  # a Parquet output's record of what wrote it (job/completion)
-)
+# A Parquet output's record of what wrote it (job/completion).
+COMPLETION_RECORD = b"score_batch.completion_record"
 
 
 class _ParquetOutput:
@@ -148,12 +147,7 @@ def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, w
 
 
 def join_earlier(
-    outputs: list,
-    keys: Path,
-    values: pa.Schema,
-    directory: Path,
-    joined: Path,
-    threads: int,
+    outputs: list, keys: Path, values: pa.Schema, directory: Path, joined: Path, threads: int
 ) -> int:
     """DuckDB: a run's keys (keys: a Parquet file of row_index, item_pos, score_key) ⋈ the earlier outputs'
     (open_earlier's) rows, in input order, to the Parquet file joined (row_index, item_pos, score_key, then values: the reused

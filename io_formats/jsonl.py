@@ -257,7 +257,7 @@ class StdinReader(JsonlReader):
         """The spool file (stdin is copied into it on the first call)."""
         if self._spool is None:
             handle, name = tempfile.mkstemp(prefix="score-batch-stdin-", suffix=".jsonl")
-            self._cleanup = weakref.finalize(self, _remove, name)
+            self._cleanup = weakref.finalize(self, Path(name).unlink, missing_ok=True)
             with os.fdopen(handle, "wb") as spool:
                 stream = getattr(sys.stdin, "buffer", None)
                 if stream is not None:
@@ -285,14 +285,6 @@ class StdinReader(JsonlReader):
             raise InputError(f"{self.label}: cannot read ({error.strerror or error})") from None
         with stream:
             yield from stream
-
-
-def _remove(name: str) -> None:
-    """Delete a spool file (already gone is fine)."""
-    try:
-        os.unlink(name)
-    except FileNotFoundError:
-        pass
 
 
 def _parse_line(raw: bytes, line: str) -> dict | BadLine:

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 from score_batch.io_formats.errors import InputError
 
-LAYOUTS = ("long", "nested")
-
 
 @dataclass(frozen=True)
 class ColumnOverrides:
@@ -101,15 +99,9 @@ def _empty_input_mapping(overrides: ColumnOverrides) -> ColumnMapping:
     query = overrides.query_col or "query"
     nested = overrides.items_col is not None and overrides.item_col is None
     items = overrides.items_col if nested else (overrides.item_col or "item")
-    _check_keep(overrides.keep_columns, overrides.query_id_col, overrides.item_id_col)
-    return ColumnMapping(
-        "nested" if nested else "long",
-        query,
-        items,
-        overrides.query_id_col,
-        overrides.item_id_col,
-        tuple(overrides.keep_columns),
-    )
+    ids, keep = (overrides.query_id_col, overrides.item_id_col), tuple(overrides.keep_columns)
+    _check_keep(keep, *ids)
+    return ColumnMapping("nested" if nested else "long", query, items, *ids, keep)
 
 
 def _list(names) -> str:

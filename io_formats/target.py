@@ -40,9 +40,8 @@ class Target(ABC):
     """One file or directory a run writes (or a key prefix on an object store)."""
 
     uri: str  # how messages name it (never holds a secret)
-    publishes_in_steps = (
-        False  # a directory appears file by file (object stores): a cut-off publish can remain
-    )
+    # A directory appears file by file (object stores): a cut-off publish can remain.
+    publishes_in_steps = False
 
     @abstractmethod
     def missing_container(self) -> str | None:

@@ -244,8 +244,7 @@ def _fsync_all(paths: list[Path]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="score-batch-fsync") as pool:
-        for _ in pool.map(_fsync, paths):
-            pass
+        list(pool.map(_fsync, paths))  # raises the first failure
 
 
 def _fsync(path: Path) -> None:
