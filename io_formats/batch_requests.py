@@ -53,10 +53,6 @@ class BatchError:
     message: str
     http: bool = True
 
-    def record(self) -> dict:
-        """The line's `error` object."""
-        return {"code": self.code, "message": self.message}
-
 
 @dataclass
 class BatchRequest:
@@ -93,11 +89,9 @@ class BatchRequest:
 
 def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
     """True when path (a local path, or a listed JSONL input file on any store) is a file whose first
-    non-blank line is a JSON object with custom_id, url and body.
+    non-blank line (a byte order mark and CRLF allowed) is a JSON object with custom_id, url and body.
 
-    A UTF-8 byte order mark and CRLF line ends (files saved by Windows editors) are allowed. Directories,
-    Parquet files and anything unreadable are not batch files; stdin ("-") is sniffed by the caller on
-    its spool (io_formats.readers.InputSource.spool_path).
+    Directories, Parquet files and anything unreadable are not; stdin ("-") is sniffed on its spool.
     """
     if str(path) == STDIN:
         return False
@@ -223,12 +217,6 @@ class _BodyError(Exception):
         self.message = message
 
 
-def _check_unsupported(body: dict) -> None:
-    for name, why in UNSUPPORTED_FIELDS.items():
-        if body.get(name) is not None:
-            raise _BodyError("unsupported_parameter", f"body.{name} is not supported: {why}")
-
-
 def _switch(body: dict, name: str) -> bool | None:
     """body.NAME as true or false (None: absent or null); any other value is refused."""
     value = body.get(name)
@@ -239,7 +227,9 @@ def _switch(body: dict, name: str) -> bool | None:
 
 def _parse_switches(request: BatchRequest, body: dict) -> None:
     """The per-request settings both endpoints share: activation and truncation (vLLM's and TEI's names)."""
-    _check_unsupported(body)
+    for name, why in UNSUPPORTED_FIELDS.items():
+        if body.get(name) is not None:
+            raise _BodyError("unsupported_parameter", f"body.{name} is not supported: {why}")
     switches = {name: _switch(body, name) for name in (*ACTIVATION_FIELDS, "raw_scores")}
     given = [(name, switches[name]) for name in ACTIVATION_FIELDS if switches[name] is not None]
     use_activation = given[0][1] if given else None
@@ -314,10 +304,9 @@ def _parse_score(request: BatchRequest, body: dict) -> None:
     first_field, second_field = present[0]
     firsts = _texts(body[first_field], first_field)
     seconds = _texts(body[second_field], second_field)
-    if not firsts:
-        raise _BodyError("invalid_body", f"body.{first_field} is empty: give at least one text")
-    if not seconds:
-        raise _BodyError("invalid_body", f"body.{second_field} is empty: give at least one text")
+    for name, texts in ((first_field, firsts), (second_field, seconds)):
+        if not texts:
+            raise _BodyError("invalid_body", f"body.{name} is empty: give at least one text")
     if len(firsts) > 1 and len(firsts) != len(seconds):
         raise _BodyError(
             "invalid_body",
@@ -348,9 +337,7 @@ def _parse_rerank(request: BatchRequest, body: dict) -> None:
     documents = _texts(body[documents_field], documents_field)
     if not documents:
         raise _BodyError("invalid_body", f"body.{documents_field} is empty: give at least one document")
-    top_n = body.get("top_n", 0)
-    if top_n is None:
-        top_n = 0
+    top_n = 0 if body.get("top_n") is None else body["top_n"]
     if not isinstance(top_n, int) or isinstance(top_n, bool):
         raise _BodyError("invalid_body", f"body.top_n must be an integer, not {_json_type(top_n)}")
     return_documents = True
@@ -419,11 +406,10 @@ def rerank_body(request: BatchRequest, scores: list[float], prompt_tokens: int, 
     order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep document order
     if 0 < request.top_n < len(order):
         order = order[: request.top_n]
-    results = []
-    for i in order:
-        document = {"text": request.items[i] if request.return_documents else None}
-        result: dict[str, Any] = {"index": i, "document": document, "relevance_score": _finite(scores[i])}
-        results.append(result)
+    texts = request.items if request.return_documents else [None] * len(scores)
+    results = [
+        {"index": i, "document": {"text": texts[i]}, "relevance_score": _finite(scores[i])} for i in order
+    ]
     return {
         "id": f"rerank-{request.index}",
         "model": model,
@@ -440,7 +426,7 @@ def success_line(request: BatchRequest, body: dict) -> str:
 def error_line(request: BatchRequest, error: BatchError) -> str:
     """The output line of a request that failed: response null (not a request) or status 400, and the error."""
     response = {"status_code": 400, "request_id": request_id(request), "body": None} if error.http else None
-    return _line(request, response, error.record())
+    return _line(request, response, {"code": error.code, "message": error.message})
 
 
 def _line(request: BatchRequest, response: dict | None, error: dict | None) -> str:
