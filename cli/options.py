@@ -35,10 +35,7 @@ InputArg = Annotated[
 
 
 def _option(panel: str | None, help: str, *names: str, **settings) -> typer.models.OptionInfo:
-    """A typer.Option listed in --help's panel (None: the plain Options panel).
-
-    An option whose default is None shows no default in --help whatever show_default says.
-    """
+    """A typer.Option in a --help panel (None: Options); a default of None never shows in --help."""
     return typer.Option(*names, help=help, rich_help_panel=panel, **settings)
 
 

@@ -3,8 +3,7 @@
 A first pass over every line (`JsonlReader.scan`) learns the columns in order of first appearance and the
 type of each column's values; reading then yields one record per non-blank line: an object with its
 file's partition values added, or a BadLine saying why the line is not one. Standard input is spooled
-to a temporary file on first read, so it can be read twice like a file; `close()` (or the reader being
-garbage collected, or the interpreter exiting) deletes the spool.
+to a temporary file (StdinReader), deleted by `close()`, garbage collection or the interpreter's exit.
 """
 
 from __future__ import annotations

@@ -94,8 +94,7 @@ def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: 
     split = urllib.parse.urlsplit(text)
     scheme = _SCHEMES.get(split.scheme.lower())
     host = split.netloc.rpartition("@")[2]  # credentials are never shown (and are refused below)
-    shown = urllib.parse.urlunsplit((split.scheme, host, split.path, "", ""))
-    shown = shown + ("?…" if split.query else "")
+    shown = urllib.parse.urlunsplit((split.scheme, host, split.path, "", "")) + ("?…" if split.query else "")
     if scheme is None:
         raise InputError(
             f"{shown!r}: unknown scheme {split.scheme!r}; use a local path, file://, s3://, gs://, https:// or hf://"

@@ -80,10 +80,8 @@ class TableReader(Protocol):
 
 
 class _SourceState:
-    """The source's reader (footers, the JSONL scan, the stdin spool it has learned so far).
-
-    Not pickled: a copy sent to another process starts empty and learns again what it needs.
-    """
+    """The source's reader (footers, the JSONL scan, the stdin spool it has learned so far); not pickled: a
+    copy sent to another process starts empty and learns again what it needs."""
 
     def __init__(self) -> None:
         self.reader: TableReader | None = None
@@ -184,13 +182,8 @@ def open_source(
     storage_options: tuple[tuple[str, str], ...] = (),
     hive_types: HiveTypes = "infer",
 ) -> InputSource:
-    """Check the INPUT arguments and say which format and files they mean (see io_formats.listing).
-
-    Each is a local path, file://, s3://, gs://, https:// or hf:// URI naming a file, a directory (its
-    data files and hive partition directories; names starting with `.` or `_` are left out) or a glob;
-    `-` is JSONL on stdin (alone). All files must be of one format (Parquet, or JSONL plain or compressed).
-    Hive partition values are typed over all the files (io_formats.listing.type_partitions).
-    """
+    """Check the INPUT arguments (files, directories or globs, see io_formats.listing; `-` alone for JSONL on
+    stdin) and say which files they mean, all of one format, with their hive partition values typed."""
     given = [paths] if isinstance(paths, str) else list(paths)
     if not given:
         raise InputError("give at least one INPUT")
@@ -224,9 +217,8 @@ def read_windows(
 ) -> tuple[ColumnMapping, Iterator[list[InputRow]]]:
     """The column mapping and an iterator over windows of at most window_rows input rows.
 
-    The whole input's column types are checked first (see column_types), so an input that cannot be
-    given one type per column fails here, before scoring; id and kept values are then converted to
-    those types (an integer id in a float64 id column becomes a float).
+    The whole input's column types are checked first (column_types), so an input that cannot be given one
+    type per column fails here, before scoring; id and kept values then take those types.
     """
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)

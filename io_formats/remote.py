@@ -95,12 +95,8 @@ def upload_directory(local: Path, destination: Location, check: Callable[[], Non
 
 
 def move_into_place(staging: Location, destination: Location) -> None:
-    """Objects written under a staging prefix moved under destination (server-side copies), `_SUCCESS` last.
-
-    An old dataset at destination (replaced under --overwrite, already checked) loses its `_SUCCESS`
-    first, so a reader that waits for the marker never mixes old and new files; one that lists the
-    prefix before the marker appears may see part of the new files.
-    """
+    """Objects written under a staging prefix moved under destination (server-side copies), replacing an old
+    dataset there (--overwrite, already checked) as _replace does: `_SUCCESS` removed first, written last."""
     base = staging.path.rstrip("/")
     selector = pafs.FileSelector(base, recursive=True)
     names = sorted(

@@ -59,8 +59,7 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
 
     query = pick(overrides.query_col, ("query", "query_tokens"), "query", True)
     nested_override = overrides.items_col is not None
-    item_candidates = () if nested_override else ("item", "item_tokens")
-    item = pick(overrides.item_col, item_candidates, "item", False) if not nested_override else None
+    item = None if nested_override else pick(overrides.item_col, ("item", "item_tokens"), "item", False)
     if item is None:
         items = pick(overrides.items_col, ("items", "items_tokens"), "item or items", True)
         layout = "nested"
