@@ -39,9 +39,8 @@ class ScoreByDefault(TyperGroup):
             raise
         except Stopped as error:
             code = exit_code_for(error)
-            report_stop(
-                error, ctx.meta.get(ARGS, []), os.environ
-            )  # when the run wrote none: the flags name it
+            # A stop before the run wrote its report: the command line (flags or environment) names it.
+            report_stop(error, ctx.meta.get(ARGS, []), os.environ)
             raise typer.Exit(code) from None
         except Exception as error:  # noqa: BLE001 - the table decides, broken pipes and bugs included
             raise typer.Exit(exit_code_for(error)) from None

@@ -16,6 +16,7 @@ from typer._click.exceptions import BadParameter
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
 
+from score_batch.cli.logs import flag_value, say
 from score_batch.errors import UserError
 from score_batch.signals import Stopped
 
@@ -155,8 +156,6 @@ def write_failure_report(report: str, error: BaseException, *, overwrite: bool) 
     try:
         from score_batch.job import report_failure
     except ImportError:  # a job package without early-failure reports: say so rather than skip it silently
-        from score_batch.cli.logs import say
-
         say(f"--report {report} was not written (not supported here)", "warning")
         return
     report_failure(report, error, overwrite=overwrite)
@@ -169,26 +168,11 @@ def report_stop(stopped: Stopped, args: list[str], environ) -> None:
     wrote one: while the command line was imported or parsed."""
     if stopped.reported:
         return
-    report = _flag_value(args, "--report") or environ.get(f"{ENV_PREFIX}_REPORT")
+    report = flag_value(args, "--report") or environ.get(f"{ENV_PREFIX}_REPORT")
     if not report:
         return
     overwrite = "--overwrite" in args or environ.get(f"{ENV_PREFIX}_OVERWRITE", "").lower() in TRUE_WORDS
     try:
         write_failure_report(report, stopped, overwrite=overwrite)
     except UserError as refused:  # a bad report path: the stop is what to show
-        from score_batch.cli.logs import say
-
         say(f"--report {report} was not written: {refused}", "warning")
-
-
-def _flag_value(args: list[str], flag: str) -> str | None:
-    """The value given to a flag (`--report r.json` or `--report=r.json`; the last wins), or None."""
-    value = None
-    for number, arg in enumerate(args):
-        if arg == "--":
-            break
-        if arg == flag and number + 1 < len(args):
-            value = args[number + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
-    return value

@@ -21,9 +21,9 @@ def exit_code_for(error: BaseException) -> int:
     elif isinstance(getattr(error, "signum", None), int):  # job.Stopped, by the rule exit_code() uses
         log.error("stopped by %s; completed windows are checkpointed: rerun with --resume to continue", error)
     elif isinstance(error, UserError):
-        _say(user_message(error))
+        say(user_message(error))
     elif is_environment_error(error):
-        _say(f"{error} (the machine refused; fix it and rerun, with --resume where parts were checkpointed)")
+        say(f"{error} (the machine refused; fix it and rerun, with --resume where parts were checkpointed)")
     else:
         log.error("unexpected failure (a bug: please report it)", exc_info=error)
     return exit_code(error)
@@ -45,10 +45,5 @@ def usage_error(error) -> int:
     message = error.format_message().replace("Value error, ", "")  # pydantic's prefix on choice values
     ctx = getattr(error, "ctx", None)
     command = ctx.command_path if ctx is not None else "score-batch"
-    _say(f"{message.rstrip('.')} ({command} -h lists every option)")
+    say(f"{message.rstrip('.')} ({command} -h lists every option)")
     return error.exit_code or EXIT_USAGE
-
-
-def _say(message: str) -> None:
-    """One error line on stderr (a JSON object under --log-format json)."""
-    say(message)

@@ -32,15 +32,23 @@ class JsonLines(logging.Formatter):
 def requested_format(args: list[str], environ) -> LogFormat:
     """--log-format as the command line (or its environment variable) gives it, read before click parses the
     options, so that lines written before then (a usage error) take the format too; text unless json."""
-    value = environ.get(FORMAT_VARIABLE)
-    for index, arg in enumerate(args):
+    value = flag_value(args, "--log-format")
+    if value is None:
+        value = environ.get(FORMAT_VARIABLE)
+    return "json" if value == "json" else "text"
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value given to a flag (`--report r.json` or `--report=r.json`; the last wins), or None."""
+    value = None
+    for number, arg in enumerate(args):
         if arg == "--":
             break
-        if arg == "--log-format" and index + 1 < len(args):
-            value = args[index + 1]
-        elif arg.startswith("--log-format="):
-            value = arg.partition("=")[2]
-    return "json" if value == "json" else "text"
+        if arg == flag and number + 1 < len(args):
+            value = args[number + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
 
 
 def say(message: str, level: str | None = "error") -> None:

@@ -32,457 +32,333 @@ InputArg = Annotated[
         show_default=False,
     ),
 ]
+
+
+def _option(panel: str | None, help: str, *names: str, **settings) -> typer.models.OptionInfo:
+    """A typer.Option in a --help panel (None: Options); a default of None never shows in --help."""
+    return typer.Option(*names, help=help, rich_help_panel=panel, **settings)
+
+
 InputFileOpt = Annotated[
     str,
-    typer.Option(
+    _option(
+        None,
+        "The batch file: JSONL of /v1/score and /v1/rerank requests (vLLM's run-batch format), or - for stdin.",
         "-i",
         "--input-file",
-        help="The batch file: JSONL of /v1/score and /v1/rerank requests (vLLM's run-batch format), or - for "
-        "stdin.",
-        show_default=False,
     ),
 ]
 OutputOpt = Annotated[
     str,
-    typer.Option(
+    _option(
+        None,
+        "A .parquet or .jsonl path (local, file://, s3://, gs://), or - for JSONL on stdout.",
         "-o",
         "--output",
-        help="A .parquet or .jsonl path (local, file://, s3://, gs://), or - for JSONL on stdout.",
     ),
 ]
 OutputFileOpt = Annotated[
-    str,
-    typer.Option(
-        "-o", "--output", "--output-file", help="The output JSONL file, or - for stdout.", show_default=False
-    ),
+    str, _option(None, "The output JSONL file, or - for stdout.", "-o", "--output", "--output-file")
 ]
 StorageOpt = Annotated[
     list[str] | None,
-    typer.Option(
-        "--storage-option",
-        help="key=value for the object-store filesystem, repeatable: endpoint_override=host:9000, region=…, "
+    _option(
+        None,
+        "key=value for the object-store filesystem, repeatable: endpoint_override=host:9000, region=…, "
         "scheme=http (credentials come from the standard chain, never from here).",
-        show_default=False,
+        "--storage-option",
     ),
 ]
 ModelOpt = Annotated[
     str | None,
-    typer.Option(
-        "--model",
-        help="A local model directory, or a hub id (org/name) already in the Hugging Face cache; "
+    _option(
+        None,
+        "A local model directory, or a hub id (org/name) already in the Hugging Face cache; "
         "nothing is downloaded \\[default: the bundled demo reranker].",
-        show_default=False,
+        "--model",
     ),
 ]
 ProfileOpt = Annotated[
     str | None,
-    typer.Option(
-        help="Scoring profile: a built-in name (see `score-batch models`) or a JSON file. Default: the "
+    _option(
+        SCORING,
+        "Scoring profile: a built-in name (see `score-batch models`) or a JSON file. Default: the "
         "model's score_batch.json, else a built-in profile matching the model's name. Flags override it.",
-        rich_help_panel=SCORING,
-        show_default=False,
     ),
 ]
-
-
-def _column(help: str) -> typer.models.OptionInfo:
-    """An input-column option."""
-    return typer.Option(help=help, rich_help_panel=COLUMNS, show_default=False)
-
-
-QueryColOpt = Annotated[str | None, _column("Query column (default: query, or query_tokens).")]
-ItemColOpt = Annotated[str | None, _column("Item column of the long layout (default: item, or item_tokens).")]
-ItemsColOpt = Annotated[
-    str | None, _column("List-of-items column of the nested layout (default: items, or items_tokens).")
+QueryColOpt = Annotated[str | None, _option(COLUMNS, "Query column (default: query, or query_tokens).")]
+ItemColOpt = Annotated[
+    str | None, _option(COLUMNS, "Item column of the long layout (default: item, or item_tokens).")
 ]
-QueryIdColOpt = Annotated[str | None, _column("Query id column (default: query_id if present).")]
-ItemIdColOpt = Annotated[str | None, _column("Item id column (long: item_id; nested: item_ids).")]
-KeepColumnsOpt = Annotated[str | None, _column("Comma-separated input columns to copy to the output.")]
+ItemsColOpt = Annotated[
+    str | None,
+    _option(COLUMNS, "List-of-items column of the nested layout (default: items, or items_tokens)."),
+]
+QueryIdColOpt = Annotated[str | None, _option(COLUMNS, "Query id column (default: query_id if present).")]
+ItemIdColOpt = Annotated[str | None, _option(COLUMNS, "Item id column (long: item_id; nested: item_ids).")]
+KeepColumnsOpt = Annotated[
+    str | None, _option(COLUMNS, "Comma-separated input columns to copy to the output.")
+]
 InputFormatOpt = Annotated[
     choices.RequestedFormat,
-    typer.Option(
-        help="table (query/item rows), openai-batch (vLLM-style /v1/score and /v1/rerank batch file, as "
+    _option(
+        COLUMNS,
+        "table (query/item rows), openai-batch (vLLM-style /v1/score and /v1/rerank batch file, as "
         "`score-batch run-batch`), or auto (openai-batch when the lines are batch requests).",
-        rich_help_panel=COLUMNS,
     ),
 ]
 HiveTypesOpt = Annotated[
     choices.HiveTypes,
-    typer.Option(
-        help="Values of key=value partition directories: infer (integers, dates, … as DuckDB and polars type "
+    _option(
+        COLUMNS,
+        "Values of key=value partition directories: infer (integers, dates, … as DuckDB and polars type "
         "them) or string (keep the text).",
-        rich_help_panel=COLUMNS,
     ),
 ]
 PartitionByOpt = Annotated[
     str | None,
-    typer.Option(
-        help="Write OUTPUT as a directory of Parquet files partitioned (hive style, col=value/) by these "
+    _option(
+        JOB,
+        "Write OUTPUT as a directory of Parquet files partitioned (hive style, col=value/) by these "
         "comma-separated output columns (ids or kept columns).",
-        rich_help_panel=JOB,
-        show_default=False,
     ),
 ]
 LabelTokensOpt = Annotated[
     list[str] | None,
-    typer.Option(
-        help="CausalLM label tokens, each exactly one token; repeat the flag: --label-tokens ' no' "
+    _option(
+        SCORING,
+        "CausalLM label tokens, each exactly one token; repeat the flag: --label-tokens ' no' "
         "--label-tokens ' yes'.",
-        rich_help_panel=SCORING,
-        show_default=False,
     ),
 ]
-LabelTokenIdsOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="CausalLM label token ids, e.g. 2152,9693.", rich_help_panel=SCORING, show_default=False
-    ),
-]
+LabelTokenIdsOpt = Annotated[str | None, _option(SCORING, "CausalLM label token ids, e.g. 2152,9693.")]
 ApplySoftmaxOpt = Annotated[
     bool | None,
-    typer.Option(
+    _option(
+        SCORING,
+        "Softmax over the label logits (CausalLM) or the class logits (classifier) in scores.",
         "--apply-softmax/--no-apply-softmax",
-        help="Softmax over the label logits (CausalLM) or the class logits (classifier) in scores.",
-        rich_help_panel=SCORING,
-        show_default=False,
     ),
 ]
 ActivationOpt = Annotated[
     choices.ActivationChoice | None,
-    typer.Option(
-        help="How score is made from a classifier's logits (scores stays raw): auto (as sentence-transformers' "
+    _option(
+        SCORING,
+        "How score is made from a classifier's logits (scores stays raw): auto (as sentence-transformers' "
         "CrossEncoder: the model's activation_fn, else sigmoid for one label, else the softmax probability of "
         "the --score-index class), none (the raw value), sigmoid or softmax \\[default: auto].",
-        rich_help_panel=SCORING,
-        show_default=False,
     ),
 ]
 LabelScoreOpt = Annotated[
     choices.LabelScore | None,
-    typer.Option(
-        help="CausalLM label scores: probability (P(label) over the vocabulary, or over the labels with "
+    _option(
+        SCORING,
+        "CausalLM label scores: probability (P(label) over the vocabulary, or over the labels with "
         "--apply-softmax), logit (the label token's raw logit, as FlagEmbedding's LLM rerankers return it) or "
         "sigmoid (of that logit: FlagEmbedding's normalize=True) \\[default: probability].",
-        rich_help_panel=SCORING,
-        show_default=False,
     ),
 ]
 ScoreIndexOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Which entry of scores becomes score \\[default: -1, the last].",
-        rich_help_panel=SCORING,
-        show_default=False,
-    ),
+    int | None, _option(SCORING, "Which entry of scores becomes score \\[default: -1, the last].")
 ]
 PooledOpt = Annotated[
     bool | None,
-    typer.Option(
+    _option(
+        SCORING,
+        "Also write each item's final hidden state (LAST pooling, after the final norm).",
         "--pooled-hidden-states",
-        help="Also write each item's final hidden state (LAST pooling, after the final norm).",
-        rich_help_panel=SCORING,
-        show_default=False,
     ),
 ]
 NormalizeOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--normalize",
-        help="L2-normalize the pooled hidden states.",
-        rich_help_panel=SCORING,
-        show_default=False,
-    ),
+    bool | None, _option(SCORING, "L2-normalize the pooled hidden states.", "--normalize")
 ]
-QueryTemplateOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Template around each query, with {query}.", rich_help_panel=SCORING, show_default=False
-    ),
-]
-ItemTemplateOpt = Annotated[
-    str | None,
-    typer.Option(help="Template around each item, with {item}.", rich_help_panel=SCORING, show_default=False),
-]
+QueryTemplateOpt = Annotated[str | None, _option(SCORING, "Template around each query, with {query}.")]
+ItemTemplateOpt = Annotated[str | None, _option(SCORING, "Template around each item, with {item}.")]
 ItemFirstOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--item-first",
-        help="Reference sequence is item then query (runs unpacked).",
-        rich_help_panel=SCORING,
-        show_default=False,
-    ),
+    bool | None, _option(SCORING, "Reference sequence is item then query (runs unpacked).", "--item-first")
 ]
 PackingOpt = Annotated[
     choices.Packing | None,
-    typer.Option(
-        help="mis: one packed sequence per query; single: one sequence per pair; auto: mis when the "
+    _option(
+        SCORING,
+        "mis: one packed sequence per query; single: one sequence per pair; auto: mis when the "
         "model allows it (decoders), else single (encoders, recurrent layers).",
-        rich_help_panel=SCORING,
         show_default="auto",
     ),
 ]
 DelimiterOpt = Annotated[
     int | None,
-    typer.Option(
-        help="Delimiter id between packed items (default 9999, or pad/eos when out of range).",
-        rich_help_panel=SCORING,
-        show_default=False,
-    ),
+    _option(SCORING, "Delimiter id between packed items (default 9999, or pad/eos when out of range)."),
 ]
 MaxQueryTokensOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Longest query, in tokens (default: what the pack allows).",
-        rich_help_panel=SCORING,
-        show_default=False,
-    ),
+    int | None, _option(SCORING, "Longest query, in tokens (default: what the pack allows).")
 ]
 MaxItemTokensOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Longest item, in tokens (default: what the pack allows).",
-        rich_help_panel=SCORING,
-        show_default=False,
-    ),
+    int | None, _option(SCORING, "Longest item, in tokens (default: what the pack allows).")
 ]
 TruncateOpt = Annotated[
     choices.Truncate | None,
-    typer.Option(
-        help="Over-long input: error (a row error), item-tail (cut the item's end), query-head (cut the "
+    _option(
+        SCORING,
+        "Over-long input: error (a row error), item-tail (cut the item's end), query-head (cut the "
         "query's start), longest-first (CrossEncoder's rule: cut the longer of query and item), chunk (score "
         "an over-long item as chunks of --max-item-tokens, one output row per item: see --chunk-aggregate).",
-        rich_help_panel=SCORING,
         show_default="error",
     ),
 ]
 ChunkOverlapOpt = Annotated[
     int | None,
-    typer.Option(
-        help="With --truncate chunk: tokens each chunk shares with the one before it.",
-        rich_help_panel=SCORING,
-        show_default="0",
+    _option(
+        SCORING, "With --truncate chunk: tokens each chunk shares with the one before it.", show_default="0"
     ),
 ]
 ChunkAggregateOpt = Annotated[
     choices.ChunkAggregate | None,
-    typer.Option(
-        help="With --truncate chunk: the item's score is its best chunk's (max; that chunk also gives "
+    _option(
+        SCORING,
+        "With --truncate chunk: the item's score is its best chunk's (max; that chunk also gives "
         "scores and the pooled vector), its first chunk's, or the mean of every column.",
-        rich_help_panel=SCORING,
         show_default="max",
     ),
 ]
 TopKOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Keep the N best items of each query, best first, with a rank column.",
-        rich_help_panel=SCORING,
-        show_default=False,
-    ),
+    int | None, _option(SCORING, "Keep the N best items of each query, best first, with a rank column.")
 ]
 RankOpt = Annotated[
-    bool,
-    typer.Option(
-        "--rank",
-        help="Add a rank column (1 = best); each query's items come out best first.",
-        rich_help_panel=SCORING,
-    ),
+    bool, _option(SCORING, "Add a rank column (1 = best); each query's items come out best first.", "--rank")
 ]
-DeviceOpt = Annotated[choices.Device, typer.Option(help="Where to run.", rich_help_panel=ENGINE)]
-DtypeOpt = Annotated[
-    choices.Dtype, typer.Option(help="auto: bf16 on CUDA, fp32 on CPU.", rich_help_panel=ENGINE)
-]
+DeviceOpt = Annotated[choices.Device, _option(ENGINE, "Where to run.")]
+DtypeOpt = Annotated[choices.Dtype, _option(ENGINE, "auto: bf16 on CUDA, fp32 on CPU.")]
 BackendOpt = Annotated[
-    choices.Backend,
-    typer.Option(help="Attention: sdpa is the reference; flashinfer needs CUDA.", rich_help_panel=ENGINE),
+    choices.Backend, _option(ENGINE, "Attention: sdpa is the reference; flashinfer needs CUDA.")
 ]
 MaxBatchTokensOpt = Annotated[
-    int | None,
-    typer.Option(
-        help="Tokens per forward pass \\[default: 4096 on CPU, 65536 on CUDA].",
-        rich_help_panel=ENGINE,
-        show_default=False,
-    ),
+    int | None, _option(ENGINE, "Tokens per forward pass \\[default: 4096 on CPU, 65536 on CUDA].")
 ]
-MaxPackTokensOpt = Annotated[
-    int, typer.Option(help="Longest packed sequence; larger groups are split.", rich_help_panel=ENGINE)
-]
+MaxPackTokensOpt = Annotated[int, _option(ENGINE, "Longest packed sequence; larger groups are split.")]
 TrustRemoteCodeOpt = Annotated[
-    bool,
-    typer.Option(
-        "--trust-remote-code", help="Allow model code from the model directory.", rich_help_panel=ENGINE
-    ),
+    bool, _option(ENGINE, "Allow model code from the model directory.", "--trust-remote-code")
 ]
 AllowPickleOpt = Annotated[
-    bool,
-    typer.Option(
-        "--allow-pickle",
-        help="Allow pickle (.bin) weights, which can run code when loaded.",
-        rich_help_panel=ENGINE,
-    ),
+    bool, _option(ENGINE, "Allow pickle (.bin) weights, which can run code when loaded.", "--allow-pickle")
 ]
 CompileOpt = Annotated[
     bool,
-    typer.Option(
-        "--compile",
-        help="torch.compile the decoder layers' norms, MLPs and attention projections + RoPE into fused "
+    _option(
+        ENGINE,
+        "torch.compile the decoder layers' norms, MLPs and attention projections + RoPE into fused "
         "kernels (the first batches compile, for seconds to minutes; every batch size reuses them).",
-        rich_help_panel=ENGINE,
+        "--compile",
     ),
 ]
 LayersOpt = Annotated[
     choices.Layers,
-    typer.Option(
-        help="Decoder layers: native (our own fused Llama/Mistral/Qwen2/Qwen3 layers) or transformers' "
-        "modeling code; auto: native when the model's config is fully implemented there (else one log line says why not).",
-        rich_help_panel=ENGINE,
+    _option(
+        ENGINE,
+        "Decoder layers: native (our own fused Llama/Mistral/Qwen2/Qwen3 layers) or transformers' "
+        "modeling code; auto: native when the model's config is fully implemented there (else one log line "
+        "says why not).",
     ),
 ]
 OpsOpt = Annotated[
     choices.Ops,
-    typer.Option(
-        help="Element-wise kernels of native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer "
+    _option(
+        ENGINE,
+        "Element-wise kernels of native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer "
         "on CUDA when installed, torch elsewhere.",
-        rich_help_panel=ENGINE,
     ),
 ]
 ThreadsOpt = Annotated[
     int | None,
-    typer.Option(
-        help="Torch threads \\[default: the CPUs this process may use (affinity and cgroup quota)].",
-        rich_help_panel=ENGINE,
-        show_default=False,
-    ),
+    _option(ENGINE, "Torch threads \\[default: the CPUs this process may use (affinity and cgroup quota)]."),
 ]
-WindowRowsOpt = Annotated[
-    int, typer.Option(help="Input rows held in memory and checkpointed at a time.", rich_help_panel=JOB)
-]
+WindowRowsOpt = Annotated[int, _option(JOB, "Input rows held in memory and checkpointed at a time.")]
 OnErrorOpt = Annotated[
     choices.OnError,
-    typer.Option(
-        help="A row that cannot be scored: fail (exit 2), record (error column), skip (errors file).",
-        rich_help_panel=JOB,
-    ),
+    _option(JOB, "A row that cannot be scored: fail (exit 2), record (error column), skip (errors file)."),
 ]
 ErrorsFileOpt = Annotated[
     str | None,
-    typer.Option(
-        help="Where --on-error skip lists skipped rows \\[default: OUTPUT.errors.jsonl; with -o -, stderr].",
-        rich_help_panel=JOB,
-        show_default=False,
+    _option(
+        JOB, "Where --on-error skip lists skipped rows \\[default: OUTPUT.errors.jsonl; with -o -, stderr]."
     ),
 ]
-ResumeOpt = Annotated[
-    bool,
-    typer.Option("--resume", help="Continue a killed run from its checkpointed parts.", rich_help_panel=JOB),
-]
-OverwriteOpt = Annotated[
-    bool,
-    typer.Option("--overwrite", help="Replace an existing output (and stale parts).", rich_help_panel=JOB),
-]
-ReportOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Write a JSON run report to this file, however the run ends.",
-        rich_help_panel=JOB,
-        show_default=False,
-    ),
-]
+ResumeOpt = Annotated[bool, _option(JOB, "Continue a killed run from its checkpointed parts.", "--resume")]
+OverwriteOpt = Annotated[bool, _option(JOB, "Replace an existing output (and stale parts).", "--overwrite")]
+ReportOpt = Annotated[str | None, _option(JOB, "Write a JSON run report to this file, however the run ends.")]
 DryRunOpt = Annotated[
-    bool,
-    typer.Option(
-        "--dry-run", help="Read and plan without loading the model; print the counts.", rich_help_panel=JOB
-    ),
+    bool, _option(JOB, "Read and plan without loading the model; print the counts.", "--dry-run")
 ]
 QuietOpt = Annotated[
     bool,
-    typer.Option(
+    _option(
+        JOB,
+        "No progress and no summary; warnings (skipped or failed rows) and errors still show.",
         "-q",
         "--quiet",
-        help="No progress and no summary; warnings (skipped or failed rows) and errors still show.",
-        rich_help_panel=JOB,
     ),
 ]
 PipelineOpt = Annotated[
     bool,
-    typer.Option(
+    _option(
+        JOB,
+        "Read and plan the next window on a worker thread while the current one is scored.",
         "--pipeline/--no-pipeline",
-        help="Read and plan the next window on a worker thread while the current one is scored.",
-        rich_help_panel=JOB,
     ),
 ]
 ProgressSecondsOpt = Annotated[
     float,
-    typer.Option(
-        help="When stderr is not a terminal: a progress log line (rows, items/s, ETA) every N seconds.",
-        rich_help_panel=JOB,
-    ),
+    _option(JOB, "When stderr is not a terminal: a progress log line (rows, items/s, ETA) every N seconds."),
 ]
 PricePerHourOpt = Annotated[
     float | None,
-    typer.Option(
-        help="The machine's price per hour (any currency): the report's usage then gives the run's cost and "
+    _option(
+        JOB,
+        "The machine's price per hour (any currency): the report's usage then gives the run's cost and "
         "the cost per million items.",
-        rich_help_panel=JOB,
-        show_default=False,
     ),
 ]
 ReuseOpt = Annotated[
     list[str] | None,
-    typer.Option(
-        "--reuse",
-        metavar="PATH|URI",
-        help="Earlier score-batch outputs, as INPUT takes them (files, partitioned directories, globs, s3://…; "
+    _option(
+        JOB,
+        "Earlier score-batch outputs, as INPUT takes them (files, partitioned directories, globs, s3://…; "
         "repeatable or comma-separated): pairs whose score key matches (same query, item, model content and "
         "scoring settings) copy their score, scores and pooled vectors bit for bit; only the rest is scored "
         "(docs/operations.md).",
-        rich_help_panel=JOB,
-        show_default=False,
+        "--reuse",
+        metavar="PATH|URI",
     ),
 ]
 ReuseMissingOkOpt = Annotated[
     bool,
-    typer.Option(
-        "--reuse-missing-ok",
-        help="A --reuse output that is not there (the earlier run failed) is a warning, and its pairs are "
+    _option(
+        JOB,
+        "A --reuse output that is not there (the earlier run failed) is a warning, and its pairs are "
         "scored, instead of exit 2.",
-        rich_help_panel=JOB,
+        "--reuse-missing-ok",
     ),
 ]
 LogFormatOpt = Annotated[
-    choices.LogFormat,
-    typer.Option(help="Log lines on stderr: text or json (one object per line).", rich_help_panel=JOB),
+    choices.LogFormat, _option(JOB, "Log lines on stderr: text or json (one object per line).")
 ]
 RayOpt = Annotated[
     bool,
-    typer.Option(
-        "--ray",
-        help="Run on Ray Data: -o names a directory of Parquet files (with a row_index column).",
-        rich_help_panel=RAY,
+    _option(
+        RAY, "Run on Ray Data: -o names a directory of Parquet files (with a row_index column).", "--ray"
     ),
 ]
 RayAddressOpt = Annotated[
     str | None,
-    typer.Option(
-        help="Ray cluster to join: auto (the running cluster) or ray://host:port \\[default: a local Ray].",
-        rich_help_panel=RAY,
-        show_default=False,
+    _option(
+        RAY, "Ray cluster to join: auto (the running cluster) or ray://host:port \\[default: a local Ray]."
     ),
 ]
-NumWorkersOpt = Annotated[
-    int, typer.Option(help="Scoring actors, each holding one loaded model.", rich_help_panel=RAY)
-]
+NumWorkersOpt = Annotated[int, _option(RAY, "Scoring actors, each holding one loaded model.")]
 GpusPerWorkerOpt = Annotated[
-    float | None,
-    typer.Option(
-        help="GPUs per actor \\[default: 1 when the cluster has GPUs, else 0].",
-        rich_help_panel=RAY,
-        show_default=False,
-    ),
+    float | None, _option(RAY, "GPUs per actor \\[default: 1 when the cluster has GPUs, else 0].")
 ]
-CpusPerWorkerOpt = Annotated[
-    float, typer.Option(help="CPUs per actor (also its torch threads).", rich_help_panel=RAY)
-]
+CpusPerWorkerOpt = Annotated[float, _option(RAY, "CPUs per actor (also its torch threads).")]
 
 
 @dataclass(frozen=True)

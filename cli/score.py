@@ -99,10 +99,8 @@ def run_config(options: ScoreOptions):
     profile = choose_profile(options.profile, name, model_dir)
     if profile is not None:
         log.info("scoring profile: %s (%s)", profile.name, profile.source)
-    try:
-        scoring = scoring_config(
-            profile, from_options(options, ScoringConfig)
-        )  # None: not given, the profile's
+    try:  # an option left None: the profile's value
+        scoring = scoring_config(profile, from_options(options, ScoringConfig))
     except ConfigError as error:
         raise profile_noted(error, options, profile) from None
     for name in ("chunk_overlap", "chunk_aggregate"):  # a flag that would do nothing is refused, not ignored

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from score_batch.io_formats.jsonl import file_lines
+from score_batch.io_formats.jsonl import BOM, file_lines, nonblank_lines
 from score_batch.io_formats.listing import InputFile
+from score_batch.io_formats.rows import value_kind
 
 STDIN = "-"
 SCORE_URLS = ("/v1/score", "/score")
@@ -33,7 +34,15 @@ ACTIVATION_FIELDS = ("softmax", "activation", "use_activation")
 # TEI's TruncationDirection as its serde aliases spell it (router/src/http/types.rs).
 TEI_DIRECTIONS = ("Right", "right", "Left", "left")
 DETECT_LIMIT = 64 << 20  # bytes of the first non-blank line read to detect the format
-BOM = b"\xef\xbb\xbf"
+_JSON_TYPES = {  # rows.value_kind → the JSON type's name in messages
+    None: "null",
+    "bool": "a boolean",
+    "int": "a number",
+    "float": "a number",
+    "text": "a string",
+    "list": "an array",
+    "object": "an object",
+}
 
 
 @dataclass(frozen=True)
@@ -43,10 +52,6 @@ class BatchError:
     code: str
     message: str
     http: bool = True
-
-    def record(self) -> dict:
-        """The line's `error` object."""
-        return {"code": self.code, "message": self.message}
 
 
 @dataclass
@@ -65,14 +70,12 @@ class BatchRequest:
     return_documents: bool = True  # rerank: include each document's text
     use_activation: bool | None = None  # None: the run's own score; False: the raw value; True: activated
     truncate_prompt_tokens: int | None = None  # cut each (query, item) pair to N tokens; None: off
-    truncation_side: str = (
-        "left"  # vLLM's, for truncate_prompt_tokens: left keeps the last N, right the first N
-    )
+    # vLLM's, for truncate_prompt_tokens: left keeps the last N, right the first N
+    truncation_side: str = "left"
     max_tokens_per_query: int = 0  # vLLM: the query text cut to its first N tokens (0: off)
     max_tokens_per_doc: int = 0  # vLLM: each item text cut to its first N tokens (0: off)
-    truncate: bool = (
-        False  # TEI: cut an over-long pair to the model's limit (longest first) instead of failing
-    )
+    # TEI: cut an over-long pair to the model's limit (longest first) instead of failing
+    truncate: bool = False
     truncation_direction: str = "right"  # TEI, with truncate: right cuts the ends, left the starts
     error: BatchError | None = None
 
@@ -86,11 +89,9 @@ class BatchRequest:
 
 def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
     """True when path (a local path, or a listed JSONL input file on any store) is a file whose first
-    non-blank line is a JSON object with custom_id, url and body.
+    non-blank line (a byte order mark and CRLF allowed) is a JSON object with custom_id, url and body.
 
-    A UTF-8 byte order mark and CRLF line ends (files saved by Windows editors) are allowed. Directories,
-    Parquet files and anything unreadable are not batch files; stdin ("-") is sniffed by the caller on
-    its spool (io_formats.readers.InputSource.spool_path).
+    Directories, Parquet files and anything unreadable are not; stdin ("-") is sniffed on its spool.
     """
     if str(path) == STDIN:
         return False
@@ -100,17 +101,10 @@ def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
         return False
     try:
         with _open_binary(path) as handle:
-            first = True
-            while True:
+            raw = handle.readline(DETECT_LIMIT).removeprefix(BOM)
+            while raw and not raw.strip():
                 raw = handle.readline(DETECT_LIMIT)
-                if first and raw.startswith(BOM):
-                    raw = raw[len(BOM) :]
-                first = False
-                if not raw:
-                    return False
-                if raw.strip():
-                    break
-        return is_request_record(json.loads(raw.decode("utf-8")))
+        return bool(raw) and is_request_record(json.loads(raw.decode("utf-8")))
     except (OSError, ValueError):
         return False
 
@@ -128,27 +122,20 @@ class BatchFileReader:
     path: str | Path | InputFile
 
     def requests(self) -> Iterator[BatchRequest]:
-        """The request lines in order, parsed (see read_requests)."""
-        return read_requests(self.path)
-
-
-def read_requests(path: str | Path | InputFile) -> Iterator[BatchRequest]:
-    """The request lines of a batch file (or stdin), parsed; blank lines are skipped, bad lines carry an error."""
-    index = 0
-    for line, raw in _nonblank_lines(path):
-        yield parse_request(raw, line, index)
-        index += 1
+        """The request lines in order, parsed; blank lines are skipped, bad lines carry an error."""
+        for index, (line, raw) in enumerate(_nonblank_lines(self.path)):
+            yield parse_request(raw, line, index)
 
 
 def _nonblank_lines(path: str | Path | InputFile) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
     if str(path) == STDIN:
-        yield from _numbered(sys.stdin.buffer)
+        yield from nonblank_lines(sys.stdin.buffer)
     elif isinstance(path, InputFile):  # read as the table reader reads a JSONL file (codec, errors)
-        yield from _numbered(file_lines(path))
+        yield from nonblank_lines(file_lines(path))
     else:
         with open(path, "rb") as handle:
-            yield from _numbered(handle)
+            yield from nonblank_lines(handle)
 
 
 def _open_binary(path: str | Path | InputFile) -> BinaryIO:
@@ -158,14 +145,6 @@ def _open_binary(path: str | Path | InputFile) -> BinaryIO:
         location = path.location
         return io.BufferedReader(location.fs.open_input_stream(location.path, compression=path.compression))
     return open(path, "rb")
-
-
-def _numbered(handle) -> Iterator[tuple[int, bytes]]:
-    for number, raw in enumerate(handle, start=1):
-        if number == 1 and raw.startswith(BOM):
-            raw = raw[len(BOM) :]
-        if raw.strip():
-            yield number, raw
 
 
 def parse_request(raw: bytes | str, line: int, index: int) -> BatchRequest:
@@ -238,30 +217,31 @@ class _BodyError(Exception):
         self.message = message
 
 
-def _check_unsupported(body: dict) -> None:
-    for name, why in UNSUPPORTED_FIELDS.items():
-        if body.get(name) is not None:
-            raise _BodyError("unsupported_parameter", f"body.{name} is not supported: {why}")
+def _switch(body: dict, name: str) -> bool | None:
+    """body.NAME as true or false (None: absent or null); any other value is refused."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise _BodyError("invalid_body", f"body.{name} must be true or false, not {_json_type(value)}")
+    return value
 
 
 def _parse_switches(request: BatchRequest, body: dict) -> None:
     """The per-request settings both endpoints share: activation and truncation (vLLM's and TEI's names)."""
-    _check_unsupported(body)
-    for name in (*ACTIVATION_FIELDS, "raw_scores"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise _BodyError("invalid_body", f"body.{name} must be true or false, not {_json_type(value)}")
-    given = [(name, body[name]) for name in ACTIVATION_FIELDS if body.get(name) is not None]
+    for name, why in UNSUPPORTED_FIELDS.items():
+        if body.get(name) is not None:
+            raise _BodyError("unsupported_parameter", f"body.{name} is not supported: {why}")
+    switches = {name: _switch(body, name) for name in (*ACTIVATION_FIELDS, "raw_scores")}
+    given = [(name, switches[name]) for name in ACTIVATION_FIELDS if switches[name] is not None]
     use_activation = given[0][1] if given else None
-    if body.get("raw_scores") is not None:  # TEI: raw_scores true is use_activation false
-        activated = not body["raw_scores"]
-        if use_activation is not None and use_activation != activated:
+    raw_scores = switches["raw_scores"]
+    if raw_scores is not None:  # TEI: raw_scores true is use_activation false
+        if use_activation is not None and use_activation == raw_scores:
             raise _BodyError(
                 "invalid_body",
-                f"body.raw_scores {_json_bool(body['raw_scores'])} contradicts body.{given[0][0]} "
-                f"{_json_bool(use_activation)}",
+                f"body.raw_scores {json.dumps(raw_scores)} contradicts body.{given[0][0]} "
+                f"{json.dumps(use_activation)}",
             )
-        use_activation = activated
+        use_activation = not raw_scores
     request.use_activation = use_activation
     truncate = body.get("truncate_prompt_tokens")
     if truncate is not None:
@@ -293,13 +273,7 @@ def _parse_truncation(request: BatchRequest, body: dict) -> None:
                 f"body.{name} must be a non-negative integer (0: no cut), not {json.dumps(value)}",
             )
         setattr(request, name, value)
-    truncate = body.get("truncate")
-    if truncate is not None:
-        if not isinstance(truncate, bool):
-            raise _BodyError(
-                "invalid_body", f"body.truncate must be true or false, not {_json_type(truncate)}"
-            )
-        request.truncate = truncate
+    request.truncate = bool(_switch(body, "truncate"))
     direction = body.get("truncation_direction")
     if direction is not None:
         if direction not in TEI_DIRECTIONS:
@@ -330,10 +304,9 @@ def _parse_score(request: BatchRequest, body: dict) -> None:
     first_field, second_field = present[0]
     firsts = _texts(body[first_field], first_field)
     seconds = _texts(body[second_field], second_field)
-    if not firsts:
-        raise _BodyError("invalid_body", f"body.{first_field} is empty: give at least one text")
-    if not seconds:
-        raise _BodyError("invalid_body", f"body.{second_field} is empty: give at least one text")
+    for name, texts in ((first_field, firsts), (second_field, seconds)):
+        if not texts:
+            raise _BodyError("invalid_body", f"body.{name} is empty: give at least one text")
     if len(firsts) > 1 and len(firsts) != len(seconds):
         raise _BodyError(
             "invalid_body",
@@ -364,19 +337,14 @@ def _parse_rerank(request: BatchRequest, body: dict) -> None:
     documents = _texts(body[documents_field], documents_field)
     if not documents:
         raise _BodyError("invalid_body", f"body.{documents_field} is empty: give at least one document")
-    top_n = body.get("top_n", 0)
-    if top_n is None:
-        top_n = 0
+    top_n = 0 if body.get("top_n") is None else body["top_n"]
     if not isinstance(top_n, int) or isinstance(top_n, bool):
         raise _BodyError("invalid_body", f"body.top_n must be an integer, not {_json_type(top_n)}")
     return_documents = True
     for name in ("return_text", "return_documents"):  # TEI's name, then vLLM/Cohere's (it wins)
-        value = body.get(name)
-        if value is None:
-            continue
-        if not isinstance(value, bool):
-            raise _BodyError("invalid_body", f"body.{name} must be true or false, not {_json_type(value)}")
-        return_documents = value
+        value = _switch(body, name)
+        if value is not None:
+            return_documents = value
     request.item_field = documents_field
     request.queries, request.items, request.item_query = [query], documents, [0] * len(documents)
     request.top_n = max(top_n, 0)
@@ -401,31 +369,12 @@ def _texts(value: Any, name: str) -> list[str]:
     )
 
 
-def _json_bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
 def _json_type(value: Any) -> str:
     """The JSON type name of a parsed value, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+    return _JSON_TYPES[value_kind(value)]
 
 
 # Responses ----------------------------------------------------------------------------------------
-
-
-def output_id(request: BatchRequest) -> str:
-    """The output line's id (deterministic: the request's position)."""
-    return f"score-batch-{request.index}"
 
 
 def request_id(request: BatchRequest) -> str:
@@ -457,11 +406,10 @@ def rerank_body(request: BatchRequest, scores: list[float], prompt_tokens: int, 
     order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep document order
     if 0 < request.top_n < len(order):
         order = order[: request.top_n]
-    results = []
-    for i in order:
-        document = {"text": request.items[i] if request.return_documents else None}
-        result: dict[str, Any] = {"index": i, "document": document, "relevance_score": _finite(scores[i])}
-        results.append(result)
+    texts = request.items if request.return_documents else [None] * len(scores)
+    results = [
+        {"index": i, "document": {"text": texts[i]}, "relevance_score": _finite(scores[i])} for i in order
+    ]
     return {
         "id": f"rerank-{request.index}",
         "model": model,
@@ -472,31 +420,19 @@ def rerank_body(request: BatchRequest, scores: list[float], prompt_tokens: int, 
 
 def success_line(request: BatchRequest, body: dict) -> str:
     """The output line of a request that was scored."""
-    return _dump(
-        {
-            "id": output_id(request),
-            "custom_id": request.custom_id,
-            "response": {"status_code": 200, "request_id": request_id(request), "body": body},
-            "error": None,
-        }
-    )
+    return _line(request, {"status_code": 200, "request_id": request_id(request), "body": body}, None)
 
 
 def error_line(request: BatchRequest, error: BatchError) -> str:
     """The output line of a request that failed: response null (not a request) or status 400, and the error."""
     response = {"status_code": 400, "request_id": request_id(request), "body": None} if error.http else None
-    return _dump(
-        {
-            "id": output_id(request),
-            "custom_id": request.custom_id,
-            "response": response,
-            "error": error.record(),
-        }
-    )
+    return _line(request, response, {"code": error.code, "message": error.message})
 
 
-def _dump(record: dict) -> str:
-    return json.dumps(record, ensure_ascii=False) + "\n"
+def _line(request: BatchRequest, response: dict | None, error: dict | None) -> str:
+    """One output line; its id is deterministic (the request's position)."""
+    record = {"id": f"score-batch-{request.index}", "custom_id": request.custom_id, "response": response}
+    return json.dumps({**record, "error": error}, ensure_ascii=False) + "\n"
 
 
 def _finite(value: float) -> float | None:

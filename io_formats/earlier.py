@@ -1,13 +1,10 @@
 """Earlier score-batch outputs read back for --reuse: one stream of (score key, score values) rows.
 
-Each --reuse argument is what an INPUT may be (io_formats/listing): a file, a directory with hive partition
-directories (`_SUCCESS`, `_common_metadata` and hidden names skipped), a glob, or several of those separated
-by commas, on a local disk or an object store; every file it means is one earlier output (Parquet, or JSONL
-plain or .gz/.zst/.bz2). One that is not there is an error, or (missing_ok) a warning and nothing to reuse.
-Rows are read in record batches (pyarrow's dataset scanner, or its streaming JSON reader), never held whole,
-and come out in the types the current run writes, so a value read back is the value written, bit for bit. A
-column whose values cannot take this run's type (another model's pooled width) comes out null: such rows
-were scored under another score identity, so their keys cannot match.
+Each --reuse argument is what an INPUT may be (io_formats/listing), or several of those separated by
+commas; every file it means is one earlier output (Parquet, or JSONL plain or compressed). Rows are read
+in record batches, never held whole, in the types the current run writes, so a value read back is the
+value written, bit for bit. A column whose values cannot take this run's type (another model's pooled
+width) comes out null: such rows were scored under another score identity, so their keys cannot match.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ log = logging.getLogger(__name__)
 SCAN_BATCH_ROWS = 65_536
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to disk
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
-COMPLETION_RECORD = (
-    b"score_batch.completion_record"  # a Parquet output's record of what wrote it (job/completion)
-)
+# A Parquet output's record of what wrote it (job/completion).
+COMPLETION_RECORD = b"score_batch.completion_record"
 
 
 class _ParquetOutput:
@@ -148,18 +144,12 @@ def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, w
 
 
 def join_earlier(
-    outputs: list,
-    keys: Path,
-    values: pa.Schema,
-    directory: Path,
-    joined: Path,
-    threads: int,
+    outputs: list, keys: Path, values: pa.Schema, directory: Path, joined: Path, threads: int
 ) -> int:
-    """DuckDB: a run's keys (keys: a Parquet file of row_index, item_pos, score_key) ⋈ the earlier outputs'
-    (open_earlier's) rows, in input order, to the Parquet file joined (row_index, item_pos, score_key, then values: the reused
-    columns in this run's types); the number of pairs matched. Streamed: the outputs are scanned in record
-    batches and DuckDB spills to directory past JOIN_MEMORY. A key held by several earlier rows takes the
-    first output's, the lowest score there."""
+    """DuckDB: a run's keys (a Parquet file of row_index, item_pos, score_key) ⋈ the earlier outputs' rows, in
+    input order, to the Parquet file joined (those three, then the value columns in this run's types); the
+    number of pairs matched. Streamed: DuckDB spills to directory past JOIN_MEMORY. A key held by several
+    earlier rows takes the first output's, the lowest score there."""
     import pyarrow.parquet as pq
 
     try:

@@ -3,8 +3,7 @@
 A first pass over every line (`JsonlReader.scan`) learns the columns in order of first appearance and the
 type of each column's values; reading then yields one record per non-blank line: an object with its
 file's partition values added, or a BadLine saying why the line is not one. Standard input is spooled
-to a temporary file on first read, so it can be read twice like a file; `close()` (or the reader being
-garbage collected, or the interpreter exiting) deletes the spool.
+to a temporary file (StdinReader), deleted by `close()`, garbage collection or the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,11 +187,7 @@ class JsonlReader:
         """(line, record) per non-blank line of one file, its partition values added."""
         file = self.files[index] if self.files else None
         several = len(self.files) > 1
-        for number, raw in enumerate(self._lines(index), start=1):
-            if number == 1 and raw.startswith(BOM):
-                raw = raw[len(BOM) :]
-            if not raw.strip():
-                continue
+        for number, raw in nonblank_lines(self._lines(index)):
             where = f"{number} of {file}" if several else str(number)
             record = _parse_line(raw, where)
             if file is not None and isinstance(record, dict):
@@ -205,6 +200,15 @@ class JsonlReader:
     def _lines(self, index: int) -> Iterator[bytes]:
         """The raw lines of the index-th file, decompressed by its suffix."""
         return file_lines(self.files[index])
+
+
+def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
+    for number, raw in enumerate(lines, start=1):
+        if number == 1:
+            raw = raw.removeprefix(BOM)
+        if raw.strip():
+            yield number, raw
 
 
 def file_lines(file: InputFile) -> Iterator[bytes]:
@@ -252,7 +256,7 @@ class StdinReader(JsonlReader):
         """The spool file (stdin is copied into it on the first call)."""
         if self._spool is None:
             handle, name = tempfile.mkstemp(prefix="score-batch-stdin-", suffix=".jsonl")
-            self._cleanup = weakref.finalize(self, _remove, name)
+            self._cleanup = weakref.finalize(self, Path(name).unlink, missing_ok=True)
             with os.fdopen(handle, "wb") as spool:
                 stream = getattr(sys.stdin, "buffer", None)
                 if stream is not None:
@@ -280,14 +284,6 @@ class StdinReader(JsonlReader):
             raise InputError(f"{self.label}: cannot read ({error.strerror or error})") from None
         with stream:
             yield from stream
-
-
-def _remove(name: str) -> None:
-    """Delete a spool file (already gone is fine)."""
-    try:
-        os.unlink(name)
-    except FileNotFoundError:
-        pass
 
 
 def _parse_line(raw: bytes, line: str) -> dict | BadLine:

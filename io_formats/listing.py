@@ -7,8 +7,7 @@ glob (`*`, `?`, `[…]` in any segment; `**` for any depth) means the data files
 `_` names left out. Order: the INPUTs as given, each one's files sorted by path; rows follow in file
 order, and row_index counts rows over all of them. Every `key=value` directory in a file's path becomes
 a column `key` (a column the file itself holds wins), typed over all the files' values as DuckDB's
-hive_types_autocast and polars type them: dates (YYYY-MM-DD) → date32, timestamps → timestamp[us],
-integers → int64, anything else (or a mix) → string; `hive_types="string"` keeps every value a string.
+hive_types_autocast and polars type them (type_partitions).
 """
 
 from __future__ import annotations
@@ -102,8 +101,8 @@ def type_partitions(
 ) -> tuple[list[InputFile], dict[str, pa.DataType]]:
     """The files with their partition values typed over all of them, and each partition key's Arrow type.
 
-    A key is a date, timestamp or integer column when every non-null value of it parses as one (the first
-    such type, in DuckDB's order); otherwise, or with hive_types "string", its values stay strings.
+    A key is a date32 (YYYY-MM-DD), timestamp[us] or int64 column when every non-null value of it parses
+    as one (the first such type, in DuckDB's order); otherwise, or with hive_types "string", strings.
     """
     values: dict[str, list[str]] = {}
     for file in files:

@@ -15,7 +15,6 @@ import posixpath
 import re
 import urllib.parse
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow.fs as pafs
 
@@ -47,10 +46,6 @@ class Location:
         path = urllib.parse.urlsplit(self.path).path if self.scheme == HTTP else self.path
         return posixpath.basename(path.rstrip("/"))
 
-    def local_path(self) -> Path:
-        """The local path (local locations only)."""
-        return Path(self.path)
-
     def sibling(self, suffix: str) -> Location:
         """OUTPUT + suffix on the same filesystem (OUTPUT.parts, OUTPUT.lock, OUTPUT.errors.jsonl)."""
         return Location(self.fs, self.path + suffix, self.uri + suffix, self.scheme)
@@ -71,12 +66,6 @@ class Location:
 
     def exists(self) -> bool:
         return self.info().type != pafs.FileType.NotFound
-
-    def is_dir(self) -> bool:
-        return self.info().type == pafs.FileType.Directory
-
-    def is_file(self) -> bool:
-        return self.info().type == pafs.FileType.File
 
     def key(self) -> str:
         """A normalized URI for comparing locations (local paths with `..` and symlinks resolved)."""
@@ -105,8 +94,7 @@ def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: 
     split = urllib.parse.urlsplit(text)
     scheme = _SCHEMES.get(split.scheme.lower())
     host = split.netloc.rpartition("@")[2]  # credentials are never shown (and are refused below)
-    shown = urllib.parse.urlunsplit((split.scheme, host, split.path, "", ""))
-    shown = shown + ("?…" if split.query else "")
+    shown = urllib.parse.urlunsplit((split.scheme, host, split.path, "", "")) + ("?…" if split.query else "")
     if scheme is None:
         raise InputError(
             f"{shown!r}: unknown scheme {split.scheme!r}; use a local path, file://, s3://, gs://, https:// or hf://"

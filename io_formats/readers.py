@@ -10,11 +10,6 @@ are not UTF-8, a value that cannot be written) becomes an InputRow with an `erro
 item), never an exception and never a missing row. Problems of the whole input (a corrupt Parquet
 file, files that disagree on a column's type, a column mixing numbers and text) are InputErrors
 (exit 2) raised before scoring.
-
-Column types come from the whole input (`column_types`): Parquet from the schemas of all files,
-unified; JSONL from a first pass over every line. Standard input is spooled to a temporary file on
-first read, so it can be read twice like a file; `InputSource.close()` (or the source being garbage
-collected, or the interpreter exiting) deletes the spool.
 """
 
 from __future__ import annotations
@@ -30,13 +25,7 @@ from score_batch.choices import HiveTypes, RequestedFormat
 from score_batch.io_formats.batch_requests import BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader
-from score_batch.io_formats.listing import (
-    FileFormat,
-    InputFile,
-    check_one_format,
-    expand,
-    type_partitions,
-)
+from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
 from score_batch.io_formats.rows import BadLine, InputRow, Record, long_rows, to_row
@@ -91,10 +80,8 @@ class TableReader(Protocol):
 
 
 class _SourceState:
-    """The source's reader (footers, the JSONL scan, the stdin spool it has learned so far).
-
-    Not pickled: a copy sent to another process starts empty and learns again what it needs.
-    """
+    """The source's reader (footers, the JSONL scan, the stdin spool it has learned so far); not pickled: a
+    copy sent to another process starts empty and learns again what it needs."""
 
     def __init__(self) -> None:
         self.reader: TableReader | None = None
@@ -168,9 +155,7 @@ def reader(source: InputSource) -> TableReader:
 def input_format(source: InputSource, requested: RequestedFormat = "auto") -> FileFormat:
     """What the input holds: `table` → its files' format; `openai-batch` → batch requests; `auto` → batch
     requests when the input is one file (local or a URI), or stdin, whose first non-blank line is a request."""
-    if requested == "openai-batch":
-        return FileFormat.OPENAI_BATCH
-    if requested == "auto" and _sniff_batch(source):
+    if requested == "openai-batch" or (requested == "auto" and _sniff_batch(source)):
         return FileFormat.OPENAI_BATCH
     return source.format
 
@@ -197,13 +182,8 @@ def open_source(
     storage_options: tuple[tuple[str, str], ...] = (),
     hive_types: HiveTypes = "infer",
 ) -> InputSource:
-    """Check the INPUT arguments and say which format and files they mean (see io_formats.listing).
-
-    Each is a local path, file://, s3://, gs://, https:// or hf:// URI naming a file, a directory (its
-    data files and hive partition directories; names starting with `.` or `_` are left out) or a glob;
-    `-` is JSONL on stdin (alone). All files must be of one format (Parquet, or JSONL plain or compressed).
-    Hive partition values are typed over all the files (io_formats.listing.type_partitions).
-    """
+    """Check the INPUT arguments (files, directories or globs, see io_formats.listing; `-` alone for JSONL on
+    stdin) and say which files they mean, all of one format, with their hive partition values typed."""
     given = [paths] if isinstance(paths, str) else list(paths)
     if not given:
         raise InputError("give at least one INPUT")
@@ -237,9 +217,8 @@ def read_windows(
 ) -> tuple[ColumnMapping, Iterator[list[InputRow]]]:
     """The column mapping and an iterator over windows of at most window_rows input rows.
 
-    The whole input's column types are checked first (see column_types), so an input that cannot be
-    given one type per column fails here, before scoring; id and kept values are then converted to
-    those types (an integer id in a float64 id column becomes a float).
+    The whole input's column types are checked first (column_types), so an input that cannot be given one
+    type per column fails here, before scoring; id and kept values then take those types.
     """
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
@@ -297,18 +276,14 @@ def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapp
 
 
 def column_types(source: InputSource, mapping: ColumnMapping) -> dict[str, pa.DataType]:
-    """The Arrow type of each id and kept column over the whole input.
+    """The Arrow type of each id and kept column over the whole input (nested layout's item ids: the lists'
+    element type; a column null everywhere: pa.null()).
 
-    Keys: the query-id column, the item-id column (nested layout: the type of the elements of the
-    item-ids lists) and each kept column; columns the mapping does not have are not in the dict, and a
-    column that is null everywhere maps to pa.null().
-
-    Parquet: the files' schemas unified (nulls take the other files' type; integers widen, integers
-    and floats become floats; a change that could lose values, e.g. int64 with uint64, is refused).
-    JSONL: every line's values: integers with floats → float64, booleans → bool, text → string,
-    lists and objects → pyarrow's inference over all of them. Raises InputError when a column cannot
-    be given one type (numbers and text in one column, files that disagree, a column missing from
-    some files, an integer beyond 64 bits), naming the column and the files or lines.
+    Parquet: the files' schemas unified (integers widen, integers and floats become floats; int64 with
+    uint64, which could lose values, is refused). JSONL: every line's values (integers with floats →
+    float64, lists and objects → pyarrow's inference over all of them). InputError, naming the column and
+    the files or lines, when a column cannot take one type (numbers and text, files that disagree, a
+    column missing from some files, an integer beyond 64 bits).
     """
     table = reader(source)
     types = {name: table.column_type(name) for name in _typed_columns(mapping)}

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import shutil
@@ -43,11 +44,9 @@ def temp_sibling(destination: Location) -> Location:
 
 def upload(local: Path, destination: Location, options: tuple[tuple[str, str], ...] = ()) -> None:
     """Publish a finished local file at destination in one step (see the module docstring)."""
-    client = (
-        _s3_client(options, "S3 outputs are copied into place (at most 5 GB)")
-        if destination.scheme == S3
-        else None
-    )
+    client = None
+    if destination.scheme == S3:
+        client = _s3_client(options, "S3 outputs are copied into place (at most 5 GB)")
     if client is not None:
         from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
@@ -96,12 +95,8 @@ def upload_directory(local: Path, destination: Location, check: Callable[[], Non
 
 
 def move_into_place(staging: Location, destination: Location) -> None:
-    """Objects written under a staging prefix moved under destination (server-side copies), `_SUCCESS` last.
-
-    An old dataset at destination (replaced under --overwrite, already checked) loses its `_SUCCESS`
-    first, so a reader that waits for the marker never mixes old and new files; one that lists the
-    prefix before the marker appears may see part of the new files.
-    """
+    """Objects written under a staging prefix moved under destination (server-side copies), replacing an old
+    dataset there (--overwrite, already checked) as _replace does: `_SUCCESS` removed first, written last."""
     base = staging.path.rstrip("/")
     selector = pafs.FileSelector(base, recursive=True)
     names = sorted(
@@ -130,18 +125,14 @@ def write_object(location: Location, data: bytes) -> None:
 
 def delete(location: Location) -> None:
     """Delete an object (already gone is fine)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         location.fs.delete_file(location.path)
-    except FileNotFoundError:
-        pass
 
 
 def delete_dir(location: Location) -> None:
     """Delete a directory prefix and everything under it (already gone is fine)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         location.fs.delete_dir(location.path)
-    except FileNotFoundError:
-        pass
 
 
 def create_exclusive(location: Location, data: bytes, options: tuple[tuple[str, str], ...]) -> bool:

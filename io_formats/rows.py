@@ -40,12 +40,7 @@ class BadLine:
 Record = dict | BadLine  # what a reader yields per row
 
 
-def to_row(
-    index: int,
-    record: Record,
-    mapping: ColumnMapping,
-    types: dict[str, pa.DataType],
-) -> InputRow:
+def to_row(index: int, record: Record, mapping: ColumnMapping, types: dict[str, pa.DataType]) -> InputRow:
     """Validate one record against the mapping; problems become the row's error, not an exception."""
     if isinstance(record, BadLine):
         return InputRow(index, None, [None], None, [None], {}, f"line {record.line}: {record.message}")
@@ -80,24 +75,9 @@ def to_row(
         if mapping.item_id:
             raw_ids = record.get(mapping.item_id)
             if not isinstance(raw_ids, list) or len(raw_ids) != len(items):
-                return InputRow(
-                    index,
-                    query,
-                    items,
-                    query_id,
-                    [None] * len(items),
-                    kept,
-                    f"column {mapping.item_id!r} must be a list as long as {mapping.items!r}",
-                )
-            element = types.get(mapping.item_id)
-            item_ids = []
-            for raw in raw_ids:
-                if has_surrogate(raw):
-                    problems.append(
-                        f"column {mapping.item_id!r} holds a lone surrogate, which cannot be written as UTF-8"
-                    )
-                    raw = None
-                item_ids.append(_convert(raw, element))
+                error = f"column {mapping.item_id!r} must be a list as long as {mapping.items!r}"
+                return InputRow(index, query, items, query_id, [None] * len(items), kept, error)
+            item_ids = [value(mapping.item_id, raw) for raw in raw_ids]  # typed as the lists' elements
         else:
             item_ids = list(range(len(items)))
     error = _value_error(query, mapping.query) or next(
@@ -110,14 +90,8 @@ def to_row(
 
 def _convert(value: Any, dtype: pa.DataType | None) -> Any:
     """An integer in a float64 column as a float (so equal ids compare and group equal); else as is."""
-    if (
-        dtype is not None
-        and pa.types.is_floating(dtype)
-        and isinstance(value, int)
-        and not isinstance(value, bool)
-    ):
-        return float(value)
-    return value
+    is_integer = isinstance(value, int) and not isinstance(value, bool)
+    return float(value) if is_integer and dtype is not None and pa.types.is_floating(dtype) else value
 
 
 def value_kind(value: Any) -> str | None:

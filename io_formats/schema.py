@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 from score_batch.io_formats.errors import InputError
 
-LAYOUTS = ("long", "nested")
-
 
 @dataclass(frozen=True)
 class ColumnOverrides:
@@ -61,8 +59,7 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
 
     query = pick(overrides.query_col, ("query", "query_tokens"), "query", True)
     nested_override = overrides.items_col is not None
-    item_candidates = () if nested_override else ("item", "item_tokens")
-    item = pick(overrides.item_col, item_candidates, "item", False) if not nested_override else None
+    item = None if nested_override else pick(overrides.item_col, ("item", "item_tokens"), "item", False)
     if item is None:
         items = pick(overrides.items_col, ("items", "items_tokens"), "item or items", True)
         layout = "nested"
@@ -101,15 +98,9 @@ def _empty_input_mapping(overrides: ColumnOverrides) -> ColumnMapping:
     query = overrides.query_col or "query"
     nested = overrides.items_col is not None and overrides.item_col is None
     items = overrides.items_col if nested else (overrides.item_col or "item")
-    _check_keep(overrides.keep_columns, overrides.query_id_col, overrides.item_id_col)
-    return ColumnMapping(
-        "nested" if nested else "long",
-        query,
-        items,
-        overrides.query_id_col,
-        overrides.item_id_col,
-        tuple(overrides.keep_columns),
-    )
+    ids, keep = (overrides.query_id_col, overrides.item_id_col), tuple(overrides.keep_columns)
+    _check_keep(keep, *ids)
+    return ColumnMapping("nested" if nested else "long", query, items, *ids, keep)
 
 
 def _list(names) -> str:

@@ -33,6 +33,7 @@ from score_batch.io_formats.writers import (
     durable_replace,
     exclusive_temp,
     fsync_directory,
+    local_temp_file,
 )
 
 
@@ -40,9 +41,8 @@ class Target(ABC):
     """One file or directory a run writes (or a key prefix on an object store)."""
 
     uri: str  # how messages name it (never holds a secret)
-    publishes_in_steps = (
-        False  # a directory appears file by file (object stores): a cut-off publish can remain
-    )
+    # A directory appears file by file (object stores): a cut-off publish can remain.
+    publishes_in_steps = False
 
     @abstractmethod
     def missing_container(self) -> str | None:
@@ -388,10 +388,3 @@ def target(text: str, storage_options: tuple[tuple[str, str], ...] = ()) -> Targ
     if location.local:
         return LocalTarget(location.path, text)
     return ObjectTarget(location, storage_options)
-
-
-def local_temp_file() -> Path:
-    """A local temporary file for something published to a target when finished (object stores upload it)."""
-    handle, name = tempfile.mkstemp(prefix="score-batch-")
-    os.close(handle)
-    return Path(name)

@@ -75,6 +75,13 @@ def exclusive_temp(destination: Path, directory: bool = False) -> Path:
     return Path(name)
 
 
+def local_temp_file(prefix: str = "score-batch-") -> Path:
+    """A local temporary file for something published to a target when finished (object stores upload it)."""
+    handle, name = tempfile.mkstemp(prefix=prefix)
+    os.close(handle)
+    return Path(name)
+
+
 def _umask() -> int:
     """The process umask (read by setting and restoring it)."""
     mask = os.umask(0o022)
@@ -105,12 +112,7 @@ class AtomicTableWriter:
         self.fmt = fmt
         self.schema = schema
         self._publish = publish or durable_replace
-        if publish is None:
-            self.tmp = exclusive_temp(self.path)
-        else:
-            handle, name = tempfile.mkstemp(prefix="score-batch-output-")
-            os.close(handle)
-            self.tmp = Path(name)
+        self.tmp = exclusive_temp(self.path) if publish is None else local_temp_file("score-batch-output-")
         self._parquet = None
         if fmt == "parquet":
             self._parquet = pq.ParquetWriter(self.tmp, schema, use_dictionary=dictionary_columns(schema))
@@ -244,8 +246,7 @@ def _fsync_all(paths: list[Path]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="score-batch-fsync") as pool:
-        for _ in pool.map(_fsync, paths):
-            pass
+        list(pool.map(_fsync, paths))  # raises the first failure
 
 
 def _fsync(path: Path) -> None:
