@@ -1,11 +1,9 @@
-"""sentence-transformers' CrossEncoder API on a Scorer (CrossEncoderAPI: predict, rank, rank_many) and its
-conventions: constructor arguments, input shapes, default activations, output types, and the shared-prefix groups
-that score CrossEncoder's own token sequences with the engine.
+"""sentence-transformers' CrossEncoder API on a Scorer: predict, rank and rank_many (CrossEncoderAPI).
 
-`predict` and `rank` follow CrossEncoder 6.2 (shapes, types, activations, dict keys, truncation) over the
-engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs are the token sequences
-CrossEncoder itself would build (engine/st_model.py) and a CausalLM is scored with its LogitScore
-(logit["yes"] - logit["no"]).
+They follow CrossEncoder 6.2 (constructor arguments, input shapes, activations, output types, dict keys,
+truncation) over the engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs are
+the token sequences CrossEncoder itself builds (engine/st_model.py), scored in shared-prefix groups, and a
+CausalLM is scored with its LogitScore (logit["yes"] - logit["no"]).
 """
 
 from __future__ import annotations
@@ -135,9 +133,8 @@ def pair_of(pair, index: int) -> tuple[Text, Text]:
     """One (query, item) of predict's input, checked."""
     if isinstance(pair, str | bytes) or not isinstance(pair, Sequence | np.ndarray) or len(pair) != 2:
         raise ScoringInputError(f"pairs[{index}] must be a (query, item) pair, got {pair!r:.80}")
-    return text_of(pair[0], f"pairs[{index}][0] (the query)"), text_of(
-        pair[1], f"pairs[{index}][1] (the item)"
-    )
+    query, item = pair
+    return text_of(query, f"pairs[{index}][0] (the query)"), text_of(item, f"pairs[{index}][1] (the item)")
 
 
 def ranking_group(entry, index: int) -> Group:
@@ -156,9 +153,8 @@ def ranking_group(entry, index: int) -> Group:
     )
 
 
-_ITEM_NUMBER = re.compile(
-    r"\bitem \d+\b"
-)  # the item's index inside an internal group means nothing to the caller
+# The item's index inside an internal group means nothing to the caller.
+_ITEM_NUMBER = re.compile(r"\bitem \d+\b")
 # torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
 ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
 # CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
@@ -190,7 +186,9 @@ class CrossEncoderAPI:
         """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation."""
         self._spec = spec
         self._hf_config = None
-        self._activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        # The activation predict and rank apply by default (CrossEncoder's activation_fn); None for a CausalLM
+        # label scorer (labels from a profile or keyword arguments): its `score` needs none.
+        self.activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
         self._ce_tokens = self._uses_ce_tokens()
 
     def _attach_prompts(self, spec: CrossEncoderSpec | None, prompt_template: bool) -> None:
@@ -200,18 +198,6 @@ class CrossEncoderAPI:
         self._prompt_template = prompt_template
         if spec and spec.default_prompt and (failure := self._prompt_failure()):
             log.warning("the default prompt %r is not applied: %s", spec.default_prompt, failure)
-
-    @property
-    def activation_fn(self) -> Callable | None:
-        """The activation predict and rank apply by default (CrossEncoder's activation_fn).
-
-        None for a CausalLM label scorer (labels from a profile or keyword arguments): its `score` needs none.
-        """
-        return self._activation_fn
-
-    @activation_fn.setter
-    def activation_fn(self, value: Callable | None) -> None:
-        self._activation_fn = value
 
     @property
     def num_labels(self) -> int:
@@ -354,23 +340,19 @@ class CrossEncoderAPI:
         raw, score, pair_errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
         values = self._ranking_values(raw, score, activation_fn)
         rankings = []
-        errors: list[str | None] = []
         start = 0
-        for number, group in enumerate(groups):
-            stop = start + len(group.items)
+        for group in groups:
             records = [
-                {"corpus_id": i, "score": values[start + i]}
-                | ({"text": group.items[i]} if return_documents else {})
-                for i in range(len(group.items))
+                {"corpus_id": i, "score": values[start + i]} | ({"text": item} if return_documents else {})
+                for i, item in enumerate(group.items)
                 if not np.isnan(values[start + i])
             ]
             rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
-            errors.extend(
-                None if e is None else f"queries_and_documents[{number}]: {e}"
-                for e in pair_errors[start:stop]
-            )
-            start = stop
-        _warn_failed(errors)
+            start += len(group.items)
+        numbers = [number for number, group in enumerate(groups) for _ in group.items]
+        _warn_failed(
+            [None if e is None else f"queries_and_documents[{n}]: {e}" for n, e in zip(numbers, pair_errors)]
+        )
         return rankings
 
     # --- helpers -------------------------------------------------------------------------------------
@@ -387,32 +369,27 @@ class CrossEncoderAPI:
         are encoded as CrossEncoder's batches by their pair runner anyway (engine/pairs.py).
         """
         spec, cfg = self._spec, self.scoring
-        if spec is None or self.setup.info.encoder or self._label_scorer:
+        if spec is None or self.setup.info.encoder or self._label_scorer or cfg.item_first:
             return False
-        if (
-            cfg.query_template
-            or cfg.item_template
-            or cfg.item_first
-            or cfg.truncate not in ("longest-first", "error")
-        ):
+        if cfg.query_template or cfg.item_template or cfg.truncate not in ("longest-first", "error"):
             return False
-        if spec.chat is not None:
-            failure = pair_roles_failure(self.tokenizer, spec.chat.message_format, spec.chat.template_kwargs)
-            if failure is not None:
-                log.warning(
-                    "CrossEncoder would refuse pairs for this model: its chat template cannot carry a "
-                    "query/document pair (%s); pairs are encoded as query + item instead",
-                    failure,
-                )
-                return False
-        return True
+        if spec.chat is None:
+            return True
+        failure = pair_roles_failure(self.tokenizer, spec.chat.message_format, spec.chat.template_kwargs)
+        if failure is not None:
+            log.warning(
+                "CrossEncoder would refuse pairs for this model: its chat template cannot carry a "
+                "query/document pair (%s); pairs are encoded as query + item instead",
+                failure,
+            )
+        return failure is None
 
     def _ce_logits(
         self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
     ) -> tuple[np.ndarray, Callable]:
         """What CrossEncoder's activation runs on ([n, labels]) and the activation, for this model."""
         if not self._label_scorer:
-            return raw, activation_fn if activation_fn is not None else self._activation_fn
+            return raw, activation_fn if activation_fn is not None else self.activation_fn
         if activation_fn is None:
             return score[:, None], torch.nn.Identity()  # [n, 1] the `score` column, as the CLI's
         return self._label_logit(raw)[:, None], activation_fn
@@ -424,7 +401,7 @@ class CrossEncoderAPI:
         vocabulary divides both by the same sum), differences of logits, logits of sigmoids.
         """
         cfg = self.scoring
-        kind = getattr(cfg, "label_score", "probability")
+        kind = cfg.label_score
         values = raw.astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             if kind == "probability":
@@ -529,12 +506,10 @@ class CrossEncoderAPI:
         raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
         score = np.full(len(pairs), np.nan, np.float32)
         errors: list[str | None] = [None] * len(pairs)
+        # Text pairs as CrossEncoder's token sequences where it applies; the others grouped by query.
         text = [i for i, (q, d) in enumerate(checked) if isinstance(q, str) and isinstance(d, str)]
-        groups: list[tuple[Text, list[Text], list[int]]] = []
-        planned = set()
-        if self._ce_tokens and text:
-            groups.extend(self._ce_token_groups(spec, checked, text, errors))
-            planned.update(text)
+        planned = set(text) if self._ce_tokens else set()
+        groups = self._ce_token_groups(spec, checked, text, errors) if planned else []
         by_query: dict[object, tuple[Text, list[Text], list[int]]] = {}
         for index, (query, item) in enumerate(checked):
             if index in planned:
@@ -696,18 +671,16 @@ def ce_engine_config(
         config = replace(config, device=_device_name(device))
     if trust_remote_code is not None:
         config = replace(config, trust_remote_code=bool(trust_remote_code))
-    if backend is not None:
-        if backend in BACKENDS:
-            config = replace(config, backend=backend)
-        elif backend in ("torch", "onnx", "openvino"):
-            if backend != "torch":
-                log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
-        else:
-            raise SettingError(
-                "backend",
-                backend,
-                f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
-            )
+    if backend in BACKENDS:
+        config = replace(config, backend=backend)
+    elif backend in ("onnx", "openvino"):
+        log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
+    elif backend not in (None, "torch"):
+        raise SettingError(
+            "backend",
+            backend,
+            f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
+        )
     kwargs = dict(model_kwargs or {})
     dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
     if dtype is not None:

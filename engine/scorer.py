@@ -1,9 +1,8 @@
 """The engine's facade: load a model once, then plan, run and score groups.
 
-`Scorer(model, device=...)` resolves scoring profiles as the command line does and takes sentence-transformers'
-CrossEncoder constructor arguments; CrossEncoder's `predict` and `rank` come from CrossEncoderAPI
-(engine/crossencoder.py), over `score`, which takes `Group`s. The work happens in a runner chosen once at
-load: packed decoders (engine/packed_runner.py) or encoder pairs (engine/pair_runner.py).
+`Scorer(model, device=...)` resolves scoring profiles as the command line does and takes CrossEncoder's
+constructor arguments; `predict` and `rank` come from CrossEncoderAPI (engine/crossencoder.py). The work
+happens in a runner chosen once at load: packed decoders (packed_runner.py) or encoder pairs (pair_runner.py).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from score_batch.engine.pair_runner import PairRunner
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.profiles import Profile, resolve_scoring
 from score_batch.engine.setup import PLANNERS, ResolvedSetup, label_free_scoring, load_planner, resolve_setup
-from score_batch.engine.st_model import CrossEncoderSpec, read_cross_encoder
+from score_batch.engine.st_model import read_cross_encoder
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
@@ -141,9 +140,10 @@ class Scorer(CrossEncoderAPI):
         setup = resolve_setup(info, config, tokenizer, spec.logit_score if logit_score else None)
         log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
         planner = PLANNERS[setup.runner](tokenizer, replace(scoring, packing=setup.packing), setup.limits)
-        runner = _load_runner(model_dir, config, (planner, setup), info)
-        self._attach(runner, config, spec if ce_defaults else None, activation_fn)
+        self._runner = _load_runner(model_dir, config, (planner, setup), info)
+        self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
+        self._attach_crossencoder(spec if ce_defaults else None, activation_fn)
         self._attach_prompts(spec, prompt_template)
 
     @classmethod
@@ -176,22 +176,12 @@ class Scorer(CrossEncoderAPI):
         planned: the (planner, setup) load_planner already gave for this model and config (not read again).
         """
         scorer = cls.__new__(cls)
-        scorer._attach(_load_runner(model, config, planned), config, None, None)
+        scorer._runner = _load_runner(model, config, planned)
+        scorer.engine_config = config
         scorer.profile = None
+        scorer._attach_crossencoder(None, None)
         scorer._attach_prompts(None, False)
         return scorer
-
-    def _attach(
-        self,
-        runner: Runner,
-        config: EngineConfig,
-        spec: CrossEncoderSpec | None,
-        activation_fn: Callable | None,
-    ) -> None:
-        """Hold the runner chosen at load, and decide how predict/rank encode text pairs."""
-        self._runner = runner
-        self.engine_config = config
-        self._attach_crossencoder(spec, activation_fn)
 
     # --- what was loaded ----------------------------------------------------------------------------
 
@@ -273,7 +263,7 @@ def _load_runner(
     scorer whose head is LogitScoreHead; read again when not given).
     """
     # FlashInfer's kernels run once in load_planner(prove=True): auto falls back, explicit fails (a planned
-    # setup comes from the caller's own load_planner(prove=True))
+    # setup comes from the caller's own load_planner(prove=True)).
     planner, setup = planned or load_planner(model, config, prove=True)
     logit_score = setup.logit_score
     if logit_score is not None and load_info is None:
