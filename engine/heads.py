@@ -37,16 +37,12 @@ def label_scores(
             return torch.sigmoid(logits)
         return torch.softmax(logits, dim=-1)
     out = torch.empty(rows.shape[0], label_ids.shape[0], dtype=torch.float32, device=rows.device)
-    step = chunk_rows(weight.shape[0], rows.element_size(), budget_bytes)
+    # Rows whose logits (model dtype, then float32) fit the budget; at least one.
+    step = max(1, budget_bytes // (weight.shape[0] * (rows.element_size() + 4)))
     for start in range(0, rows.shape[0], step):
         logits = head_logits(rows[start : start + step], weight, bias, softcap)  # [step, vocab] float32
         out[start : start + step] = (logits[:, label_ids] - logits.logsumexp(dim=-1, keepdim=True)).exp()
     return out
-
-
-def chunk_rows(vocab_size: int, element_size: int, budget_bytes: int) -> int:
-    """Rows whose logits (model dtype, then float32) fit the budget; at least one."""
-    return max(1, budget_bytes // (vocab_size * (element_size + 4)))
 
 
 def head_logits(

@@ -19,9 +19,8 @@ from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-Outputs = tuple[
-    np.ndarray, np.ndarray, np.ndarray | None
-]  # raw [rows, scores], scores [rows, scores], pooled
+# raw [rows, scores], scores [rows, scores], pooled [rows, hidden]
+Outputs = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class PairRunner:
