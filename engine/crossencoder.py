@@ -521,16 +521,11 @@ class CrossEncoderAPI:
         others = list(by_query.values())
         progress = _progress(len(pairs)) if show_progress_bar else None
         on_items = progress.update if progress is not None else None
+        # CrossEncoder's token sequences are truncated already: planned with truncate="error", never cut again.
+        as_given = replace(self._runner.planner, cfg=replace(self._runner.planner.cfg, truncate="error"))
         try:
-            results = self._score_chunked(
-                [Group(q, items) for q, items, _ in groups], batch_size_hint, on_items, as_given=True
-            )
-            results += self._score_chunked(
-                [Group(q, items) for q, items, _ in others],
-                batch_size_hint,
-                on_items,
-                planner=None if planner is self._runner.planner else planner,
-            )
+            results = self._score_chunked(groups, batch_size_hint, on_items, as_given)
+            results += self._score_chunked(others, batch_size_hint, on_items, planner)
         finally:
             if progress is not None:
                 progress.close()
@@ -588,41 +583,28 @@ class CrossEncoderAPI:
 
     def _score_chunked(
         self,
-        groups: list[Group],
+        groups: list[tuple[Text, list[Text], list[int]]],
         batch_size_hint: int | None,
-        on_items: Callable[[int], None] | None = None,
-        as_given: bool = False,
-        planner: Planner | None = None,
+        on_items: Callable[[int], None] | None,
+        planner: Planner,
     ) -> list[GroupResult]:
-        """score() over runs of whole groups of about batch_size_hint items each (None: all at once).
-
-        as_given: the groups are CrossEncoder token sequences, already truncated: planned with
-        truncate="error" so that the engine never cuts them again. planner: plans the other groups (default:
-        the runner's).
-        """
+        """(query, items, positions) groups planned by planner and run in runs of whole groups of about
+        batch_size_hint items each (None: all at once)."""
         if batch_size_hint is not None and (
             isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
         ):
             raise ScoringInputError(
                 f"batch_size_hint must be a positive integer or None, got {batch_size_hint!r}"
             )
-        chunks: list[list[Group]] = [[]]
+        chunks: list[list[Group]] = []
         size = 0
-        for group in groups:
-            if chunks[-1] and batch_size_hint is not None and size + len(group.items) > batch_size_hint:
+        for query, items, _ in groups:
+            if not chunks or (batch_size_hint is not None and size + len(items) > batch_size_hint):
                 chunks.append([])
                 size = 0
-            chunks[-1].append(group)
-            size += len(group.items)
-        if as_given:
-            planner = planner or self._runner.planner
-            planner = replace(planner, cfg=replace(planner.cfg, truncate="error"))
-        results: list[GroupResult] = []
-        for chunk in (chunk for chunk in chunks if chunk):
-            results.extend(
-                self.score(chunk, on_items) if planner is None else self.run(planner.plan(chunk), on_items)
-            )
-        return results
+            chunks[-1].append(Group(query, items))
+            size += len(items)
+        return [result for chunk in chunks for result in self.run(planner.plan(chunk), on_items)]
 
 
 def ce_arguments(overrides: dict, *values, num_labels: int | None = None) -> tuple:
