@@ -1,9 +1,9 @@
 """sentence-transformers' CrossEncoder API on a Scorer: predict, rank and rank_many (CrossEncoderAPI).
 
 They follow CrossEncoder 6.2 (constructor arguments, input shapes, activations, output types, dict keys,
-truncation) over the engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs are
-the token sequences CrossEncoder itself builds (engine/st_model.py), scored in shared-prefix groups, and a
-CausalLM is scored with its LogitScore (logit["yes"] - logit["no"]).
+truncation) over the engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs
+are the token sequences CrossEncoder itself builds (engine/st_model.py), scored in shared-prefix groups, and
+a CausalLM is scored with its LogitScore (logit["yes"] - logit["no"]).
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def prefix_groups(
 ) -> list[tuple[list[int], list[tuple[int, list[int]]]]]:
     """Token sequences of one query as engine groups: (shared query ids, [(position, item ids)]).
 
-    The query is the sequences' longest common prefix, so query + item is each sequence exactly (an item
-    may be empty: its score row is the query's last token). Sequences with no common first token are split
-    by their first token; an empty sequence stays alone (it fails as an empty query).
+    The query is the sequences' longest common prefix, so query + item is each sequence exactly (an empty
+    item's score row is the query's last token). Sequences are grouped by their first token; an empty
+    sequence stays alone (it fails as an empty query).
     """
     by_first: dict[int | None, list[tuple[int, list[int]]]] = {}
     for position, ids in sequences:
@@ -100,10 +100,9 @@ def ce_outputs(
     singular: bool,
 ):
     """CrossEncoder.predict's post-processing and return types over raw outputs."""
-    num_labels = raw.shape[1]
     if raw.shape[0]:
         scores = activation_fn(torch.from_numpy(np.ascontiguousarray(raw)).to(device))  # [n, labels]
-        if num_labels == 1 and scores.ndim > 1:
+        if raw.shape[1] == 1 and scores.ndim > 1:
             scores = scores.squeeze(-1)  # [n]
         if apply_softmax and scores.ndim > 1:
             scores = torch.nn.functional.softmax(scores, dim=1)
@@ -177,10 +176,7 @@ _ARGUMENTS = ("model_kwargs", "tokenizer_kwargs", "config_kwargs", "cache_folder
 
 
 class CrossEncoderAPI:
-    """CrossEncoder's predict and rank (and rank_many) on the Scorer that inherits them (engine/scorer.py).
-
-    Uses only the Scorer's facade: setup, scoring, planner, tokenizer, score and run.
-    """
+    """CrossEncoder's predict, rank and rank_many on the Scorer that inherits them (engine/scorer.py)."""
 
     def _attach_crossencoder(self, spec: CrossEncoderSpec | None, activation_fn: Callable | None) -> None:
         """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation."""
@@ -213,10 +209,7 @@ class CrossEncoderAPI:
 
     @property
     def config(self):
-        """The model's transformers config (transformers.PretrainedConfig), as CrossEncoder.config.
-
-        The engine's settings are `engine_config` (an EngineConfig) and `scoring`.
-        """
+        """The model's transformers config, as CrossEncoder.config (ours: engine_config and scoring)."""
         if self._hf_config is None:
             loaded = getattr(self._runner.model.model, "config", None)
             if loaded is None:  # native decoder layers: no transformers module is built
@@ -251,19 +244,16 @@ class CrossEncoderAPI:
     ):
         """CrossEncoder.predict: the score of each (query, item) pair, in input order.
 
-        Returns a float32 array of shape (n,) for one-label models and every CausalLM scorer, and (n, labels)
-        for multi-label heads; a scalar (or a (labels,) row) for one pair given as a single (query, item); a
-        tensor with convert_to_tensor; a list of tensors with convert_to_numpy=False. activation_fn (a
-        callable on the logits tensor) defaults to `self.activation_fn`: CrossEncoder's (the model's
-        activation_fn, else a sigmoid for one label, else none), or ScoringConfig.activation when that is set.
-        A CausalLM with a LogitScore (no labels) is scored as CrossEncoder scores it: its logit is
-        logit["yes"] - logit["no"]. A CausalLM label scorer (labels from a profile) returns its `score`;
-        with activation_fn, that function of the labels' log-odds (two labels, or one raw logit). Pairs with
-        the same query are scored as one group (multi-item scoring). prompt / prompt_name: as CrossEncoder's
-        (neither: the default prompt, if any). batch_size, device, pool and chunk_size
-        only tune CrossEncoder's own batching and are accepted and ignored (ours plans by tokens);
-        batch_size_hint: at most about this many pairs planned at a time. Failed pairs are NaN
-        (return_errors=True also returns the reason per pair).
+        Returns float32 of shape (n,) for one-label models and every CausalLM scorer, (n, labels) for
+        multi-label heads; a scalar (or a (labels,) row) for a single (query, item); a tensor with
+        convert_to_tensor; a list of tensors with convert_to_numpy=False. activation_fn (a callable on the
+        logits tensor) defaults to `self.activation_fn`. A CausalLM with a LogitScore (no labels) scores
+        logit["yes"] - logit["no"], as CrossEncoder; a label scorer (labels from a profile) returns its
+        `score`, or with activation_fn, that function of the labels' log-odds (two labels, or one raw logit).
+        Pairs with the same query are scored as one group. prompt / prompt_name: as CrossEncoder's (neither:
+        the default prompt, if any). batch_size, device, pool and chunk_size tune CrossEncoder's own batching
+        and are ignored (ours plans by tokens); batch_size_hint: at most about this many pairs planned at a
+        time. Failed pairs are NaN (return_errors=True also returns the reason per pair).
         """
         prompt = self._resolve_prompt(prompt, prompt_name)
         _check_batch_size(batch_size)
@@ -302,11 +292,10 @@ class CrossEncoderAPI:
     ) -> list[dict]:
         """CrossEncoder.rank: documents sorted best first as {"corpus_id", "score"} (+ "text" with return_documents).
 
-        Scores are predict's (with the same activation_fn) for one-label models and CausalLM scorers; a
-        multi-label head (which CrossEncoder refuses) ranks by the `score` column (the activated score_index
-        class), or by activation_fn's score_index column when given. Equal scores keep input order; top_k keeps
-        the best top_k; documents that failed are left out. apply_softmax, convert_to_numpy and
-        convert_to_tensor have no effect, as in CrossEncoder.
+        Scores are predict's for one-label models and CausalLM scorers; a multi-label head (which CrossEncoder
+        refuses) ranks by the `score` column (the activated score_index class), or by activation_fn's
+        score_index column when given. Equal scores keep input order; failed documents are left out.
+        apply_softmax, convert_to_numpy and convert_to_tensor have no effect, as in CrossEncoder.
         """
         _ignore_kwargs("rank", kwargs)
         return self.rank_many(
@@ -363,11 +352,9 @@ class CrossEncoderAPI:
         return self.setup.info.kind == "causal"
 
     def _uses_ce_tokens(self) -> bool:
-        """Whether predict/rank encode text pairs as CrossEncoder does (engine/st_model.py: pair_tokens).
-
-        For decoders without labels, templates or item_first, under truncate longest-first or error; encoders
-        are encoded as CrossEncoder's batches by their pair runner anyway (engine/pairs.py).
-        """
+        """Whether predict/rank encode text pairs as CrossEncoder does (st_model.pair_tokens): for decoders
+        without labels, templates or item_first, under truncate longest-first or error (encoders' pair runner
+        encodes as CrossEncoder anyway)."""
         spec, cfg = self._spec, self.scoring
         if spec is None or self.setup.info.encoder or self._label_scorer or cfg.item_first:
             return False
@@ -397,8 +384,8 @@ class CrossEncoderAPI:
     def _label_logit(self, raw: np.ndarray) -> np.ndarray:  # raw: [n, labels] → [n] float32
         """A label scorer's logit as LogitScore defines it: logit[true] - logit[false], or logit[true] alone.
 
-        From the label scores: log-probability ratios for probabilities (a softmax over the labels or the whole
-        vocabulary divides both by the same sum), differences of logits, logits of sigmoids.
+        From probabilities, their log ratio (a softmax over the labels or the vocabulary divides both by the
+        same sum); from logits, their difference; from sigmoids, their logits.
         """
         cfg = self.scoring
         kind = cfg.label_score
@@ -497,10 +484,8 @@ class CrossEncoderAPI:
         show_progress_bar: bool | None,
         prompt: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query.
-
-        prompt: predict's prompt, resolved (_resolve_prompt); put before each query as CrossEncoder puts it.
-        """
+        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query; prompt
+        (resolved) goes before each query as CrossEncoder puts it."""
         spec, planner = self._prompted(prompt)
         checked = [pair_of(pair, index) for index, pair in enumerate(pairs)]
         raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
@@ -521,7 +506,7 @@ class CrossEncoderAPI:
         others = list(by_query.values())
         progress = _progress(len(pairs)) if show_progress_bar else None
         on_items = progress.update if progress is not None else None
-        # CrossEncoder's token sequences are truncated already: planned with truncate="error", never cut again.
+        # CrossEncoder's token sequences are cut already: planned with truncate="error", never cut again.
         as_given = replace(self._runner.planner, cfg=replace(self._runner.planner.cfg, truncate="error"))
         try:
             results = self._score_chunked(groups, batch_size_hint, on_items, as_given)
@@ -558,23 +543,20 @@ class CrossEncoderAPI:
             fits = min(fits, limits.max_positions)
         by_query: dict[str, list[tuple[int, list[int]]]] = {}
         for index, ids in zip(text, sequences):
-            error = None
             if not ids:
-                error = "pair is empty after tokenization"
+                errors[index] = "pair is empty after tokenization"
             elif not truncate and self.max_length is not None and len(ids) > self.max_length:
-                error = (
+                errors[index] = (
                     f"pair has {len(ids)} tokens, over the model's limit of {self.max_length} (set truncate to "
                     "longest-first to cut it as CrossEncoder does)"
                 )
             elif len(ids) > fits:
-                error = (
+                errors[index] = (
                     f"pair has {len(ids)} tokens, more than a pack holds ({fits}); raise max_pack_tokens "
                     "(Scorer(model, max_pack_tokens=…)), or lower max_length"
                 )
-            if error is not None:
-                errors[index] = error
-                continue
-            by_query.setdefault(checked[index][0], []).append((index, ids))
+            else:
+                by_query.setdefault(checked[index][0], []).append((index, ids))
         groups = []
         for sequences_of_query in by_query.values():
             for query_ids, items in prefix_groups(sequences_of_query):
@@ -608,10 +590,8 @@ class CrossEncoderAPI:
 
 
 def ce_arguments(overrides: dict, *values, num_labels: int | None = None) -> tuple:
-    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, no-ops taken out.
-
-    overrides: the constructor's other keywords (changed: what CrossEncoder accepts for nothing is removed).
-    """
+    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, and no-ops taken
+    out of overrides (the constructor's other keywords)."""
     named = dict(zip(_ARGUMENTS, values))
     for old, new in _RENAMED.items():
         if old in overrides:
@@ -643,10 +623,8 @@ def ce_engine_config(
     backend: str | None,
     model_kwargs: dict | None,
 ) -> EngineConfig:
-    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend, dtype).
-
-    overrides: the constructor's keywords; EngineConfig's fields among them are taken out and applied.
-    """
+    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend,
+    dtype) and of EngineConfig's fields among the constructor's keywords (overrides: taken out of it)."""
     engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
     config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
     if device is not None:
