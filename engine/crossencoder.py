@@ -413,8 +413,7 @@ class CrossEncoderAPI:
         self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
     ) -> list[float]:
         """The values rank sorts by (rank's doc), as Python floats of float32 values."""
-        one_label = raw.ndim == 2 and raw.shape[1] == 1
-        if not self._label_scorer and activation_fn is None and not one_label:
+        if not self._label_scorer and activation_fn is None and raw.shape[1] != 1:
             return score.astype(np.float32).tolist()
         values, fn = self._ce_logits(raw, score, activation_fn)
         if not len(values):

@@ -24,8 +24,7 @@ def truncate_text_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if len(encoding["input_ids"]) <= max_tokens:
         return text
-    char_end = encoding["offset_mapping"][max_tokens - 1][1]
-    return text[:char_end]
+    return text[: encoding["offset_mapping"][max_tokens - 1][1]]
 
 
 class RequestRefused(ValueError):
@@ -103,17 +102,15 @@ def truncated_pairs(
         sequence = measured.reference_sequence(k)
         if len(sequence) <= keep:
             continue
-        if side == "right":
-            cut[k] = _head_group(
-                sequence[:keep], len(measured.query_ids), len(ids), measured.item_first, keep
-            )
-            continue
         tail = sequence[-keep:]
-        query_len = min(len(measured.query_ids), keep)
-        if measured.item_first:  # item then query: the query keeps its last tokens
-            cut[k] = Group(tail[len(tail) - query_len :], [tail[: len(tail) - query_len]])
+        query_len = len(measured.query_ids)
+        if side == "right":
+            cut[k] = _head_group(sequence[:keep], query_len, len(ids), measured.item_first, keep)
+        elif measured.item_first:  # item then query: the query keeps its last tokens
+            split = len(tail) - min(query_len, keep)
+            cut[k] = Group(tail[split:], [tail[:split]])
         else:  # query then item: what is left of the query (at least one token) leads
-            lead = max(1, len(measured.query_ids) - (len(sequence) - keep))
+            lead = max(1, query_len - (len(sequence) - keep))
             cut[k] = Group(tail[:lead], [tail[lead:]])
     return cut
 

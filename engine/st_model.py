@@ -330,16 +330,14 @@ def longest_first_lengths(first: int, second: int, limit: int) -> tuple[int, int
         return first, second
     if limit <= 0:
         return 0, 0
-    n1, n2, swap = first, second, first > second
-    if swap:
-        n1, n2 = n2, n1
-    n2 = n1 if n1 > limit else max(n1, limit - n1)
-    if n1 + n2 > limit:
-        n1 = limit // 2
-        n2 = n1 + limit % 2
-    if swap:
-        n1, n2 = n2, n1
-    return min(first, n1), min(second, n2)
+    shorter = min(first, second)
+    if 2 * shorter > limit:  # both are cut
+        shorter_keeps, longer_keeps = limit // 2, limit - limit // 2
+    else:  # the longer alone absorbs the excess
+        shorter_keeps, longer_keeps = shorter, limit - shorter
+    if first > second:
+        return min(first, longer_keeps), min(second, shorter_keeps)
+    return min(first, shorter_keeps), min(second, longer_keeps)
 
 
 def _chat_format(tokenizer, model_type: str, transformer_config: dict, processing: dict) -> ChatFormat | None:
