@@ -91,12 +91,10 @@ class RequestActivation:
 def model_activation_fn(model_dir: str | Path, saved: bool | None = None) -> tuple[str, str] | None:
     """The activation function a model's files name for CrossEncoder, as (dotted path, where), or None.
 
-    Looked up as CrossEncoder does: config_sentence_transformers.json "activation_fn" first, then
-    config.json "sentence_transformers": {"activation_fn": …}, then config.json
-    "sbert_ce_default_activation_function" (sentence-transformers < 4). saved: whether the directory is a
-    saved CrossEncoder (modules.json with "model_type": "CrossEncoder"); CrossEncoder 6.2 reads
-    config_sentence_transformers.json only then (engine/st_model.py passes it). None reads the file whenever
-    it is there.
+    Looked up as CrossEncoder does: config_sentence_transformers.json "activation_fn", then config.json
+    "sentence_transformers": {"activation_fn": …}, then config.json "sbert_ce_default_activation_function"
+    (sentence-transformers < 4). saved: whether the directory is a saved CrossEncoder, the only case in which
+    CrossEncoder 6.2 reads config_sentence_transformers.json (None: read it whenever it is there).
     """
     model_dir = Path(model_dir)
     st_config = json_object(model_dir / "config_sentence_transformers.json")

@@ -133,12 +133,11 @@ def tei_truncated_pairs(
     query: str, items: list[str], direction: str, planner: Planner
 ) -> dict[int, Group | str]:
     """TEI's truncate: per item whose (query, item) pair is over the run's length, the pair cut as TEI cuts it
-    (core/src/tokenization.rs encode_input: the tokenizer's own truncation, longest_first, to max_input_length,
+    (core/src/tokenization.rs encode_input: the tokenizer's own longest_first truncation to max_input_length,
     special tokens counted, in the given direction), or why it cannot be.
 
-    Decoders get TEI's kept tokens as a token-id group (the query's special tokens in front). An encoder
-    cross-encoder takes text: the texts are cut at the kept tokens' offsets, and the cut is used only when the
-    model's tokenizer encodes the cut pair to exactly TEI's tokens (else the pair gets an error).
+    Decoders get TEI's kept tokens as a token-id group (the query's special tokens in front); an encoder gets
+    the texts cut at the kept tokens' offsets, when they encode back to exactly TEI's tokens (_tei_text_pair).
     """
     cfg, limits = planner.cfg, planner.limits
     encoder = limits.pair_max_length is not None

@@ -198,8 +198,7 @@ def resolve_scoring(
     """The ScoringConfig of a Python caller, resolved as the command line does, and the profile used.
 
     A non-default explicit ScoringConfig wins over every profile (none is looked up); otherwise the profile
-    is chosen like the CLI's (explicit name or file, score_batch.json beside the model, built-in match).
-    Keyword overrides then replace single values, like flags.
+    is chosen as the CLI's (choose_profile). Keyword overrides then replace single values, like flags.
     """
     overrides = checked_overrides(overrides)
     if explicit is not None and explicit != ScoringConfig():

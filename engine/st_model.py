@@ -102,9 +102,7 @@ def read_cross_encoder(
 ) -> CrossEncoderSpec:
     """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…, prompts=…) would.
 
-    tokenizer: the directory's Hugging Face tokenizer (its model_max_length, chat template and vocabulary
-    are read, never changed). architecture, model_type: config.json's (engine.model_loading.ModelInfo). prompts,
-    default_prompt_name: the constructor's, merged with the saved ones as CrossEncoder merges them (ce_prompts).
+    tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's.
     """
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
@@ -182,8 +180,8 @@ def ce_prompts(
 ) -> tuple[dict[str, str], str | None]:
     """CrossEncoder's prompts and default prompt name: the given ones first, the saved ones for what they leave.
 
-    A saved prompt fills a name the constructor did not give (or gave as None); a name still None is "";
-    the default name must be one of the prompts' names (CrossEncoder raises ValueError otherwise).
+    A saved prompt fills a name not given (or given as None); a name still None is ""; the default name must
+    be one of the prompts' names (CrossEncoder raises ValueError otherwise).
     """
     merged = dict(given or {})
     saved_prompts = saved_config.get("prompts")
