@@ -189,11 +189,7 @@ def checked_overrides(overrides: dict) -> dict:
 
 
 def resolve_scoring(
-    model_name: str,
-    model_dir: Path,
-    explicit: ScoringConfig | None,
-    profile: str | None,
-    overrides: dict,
+    model_name: str, model_dir: Path, explicit: ScoringConfig | None, profile: str | None, overrides: dict
 ) -> tuple[ScoringConfig, Profile | None]:
     """The ScoringConfig of a Python caller, resolved as the command line does, and the profile used.
 

@@ -148,11 +148,7 @@ class Scorer(CrossEncoderAPI):
 
     @classmethod
     def from_pretrained(
-        cls,
-        model: str | Path,
-        config: EngineConfig | None = None,
-        profile: str | None = None,
-        **overrides,
+        cls, model: str | Path, config: EngineConfig | None = None, profile: str | None = None, **overrides
     ) -> Scorer:
         """Load a model directory or a cached hub id for scoring, with its scoring profile applied as the CLI does.
 
