@@ -46,11 +46,9 @@ def ce_default_activation_fn(
     model_activation: tuple[str, str] | None,
     trust_remote_code: bool = False,
 ) -> Callable:
-    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins).
-
-    As CrossEncoder: the model's own activation_fn when its path starts with "torch." (any path with
-    trust_remote_code), else Sigmoid for one label and Identity otherwise.
-    """
+    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins):
+    the model's own activation_fn when its path starts with "torch." (any path with trust_remote_code), else
+    Sigmoid for one label and Identity otherwise."""
     if kind == "causal" or requested == "none":
         return torch.nn.Identity()
     if requested == "sigmoid":
@@ -383,12 +381,9 @@ class CrossEncoderAPI:
 
     def _label_logit(self, raw: np.ndarray) -> np.ndarray:  # raw: [n, labels] → [n] float32
         """A label scorer's logit as LogitScore defines it: logit[true] - logit[false], or logit[true] alone.
-
         From probabilities, their log ratio (a softmax over the labels or the vocabulary divides both by the
-        same sum); from logits, their difference; from sigmoids, their logits.
-        """
-        cfg = self.scoring
-        kind = cfg.label_score
+        same sum); from logits, their difference; from sigmoids, their logits."""
+        kind = self.scoring.label_score
         values = raw.astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             if kind == "probability":
@@ -399,7 +394,7 @@ class CrossEncoderAPI:
                 logs = values
         labels = values.shape[1]
         if labels == 2:
-            true = cfg.score_index % 2
+            true = self.scoring.score_index % 2
             return (logs[:, true] - logs[:, 1 - true]).astype(np.float32)
         if labels == 1 and kind != "probability":
             return logs[:, 0].astype(np.float32)
@@ -529,11 +524,8 @@ class CrossEncoderAPI:
         text: list[int],
         errors: list[str | None],
     ) -> list[tuple[list[int], list[list[int]], list[int]]]:
-        """Text pairs as CrossEncoder's token sequences, in groups sharing their longest common prefix.
-
-        A sequence that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets
-        its error here and no group.
-        """
+        """Text pairs as CrossEncoder's token sequences, grouped by their longest common prefix; a sequence that
+        cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error."""
         truncate = self.scoring.truncate == "longest-first"
         sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
         limits = self.setup.limits
@@ -626,8 +618,10 @@ def ce_engine_config(
     dtype) and of EngineConfig's fields among the constructor's keywords (overrides: taken out of it)."""
     engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
     config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
-    if device is not None:
-        config = replace(config, device=_device_name(device))
+    if device is not None:  # CrossEncoder-style: auto, cpu, cuda or cuda:0
+        if str(device) not in ("auto", "cpu", "cuda", "cuda:0"):
+            raise SettingError("EngineConfig.device", str(device), "is not one of auto, cpu, cuda")
+        config = replace(config, device=str(device).removesuffix(":0"))
     if trust_remote_code is not None:
         config = replace(config, trust_remote_code=bool(trust_remote_code))
     if backend in BACKENDS:
@@ -675,14 +669,6 @@ def check_num_labels(num_labels: int | None, info) -> None:
             f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
             "head; score-batch scores with the trained one only",
         )
-
-
-def _device_name(device) -> str:
-    """A CrossEncoder-style device argument as EngineConfig.device (auto, cpu or cuda)."""
-    text = str(device)
-    if text in ("auto", "cpu", "cuda", "cuda:0"):
-        return text.removesuffix(":0")
-    raise SettingError("EngineConfig.device", text, "is not one of auto, cpu, cuda")
 
 
 def _ignore_kwargs(method: str, kwargs: dict) -> None:

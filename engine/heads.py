@@ -21,10 +21,9 @@ def label_scores(
     """CausalLM label scores without [n, vocab] logits for the whole batch (docs/semantics.md, Label scores).
 
     label_score "probability" (default): P(label) = exp(logit[label] - logsumexp(logits)), the log-sum-exp
-    taken over the vocabulary in chunks of rows whose logits fit budget_bytes; with apply_softmax, the softmax
-    over the label logits only. "logit": the label tokens' logits themselves (soft-capped when the model caps
-    its final logits, as its own forward returns them); "sigmoid": the sigmoid of each. The last three come
-    from the label rows of the head alone.
+    over the vocabulary in chunks of rows whose logits fit budget_bytes; with apply_softmax, the softmax over
+    the label logits only. "logit": the label tokens' logits (soft-capped when the model caps its final
+    logits); "sigmoid": the sigmoid of each. The last three need only the head's label rows.
     """
     if label_score not in ("probability", "logit", "sigmoid"):
         raise ValueError(f"label_score must be probability, logit or sigmoid, not {label_score!r}")
@@ -73,11 +72,9 @@ def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 class LogitScoreHead(torch.nn.Module):
-    """sentence-transformers' LogitScore on score rows: logit[true] - logit[false] (logit[true] alone), [n, 1].
-
-    The two rows of the LM head only, in the model's dtype as its own forward computes them, soft-capped when
-    the model caps its final logits; the runner upcasts the difference to float32 as CrossEncoder does.
-    """
+    """sentence-transformers' LogitScore on score rows: logit[true] - logit[false] (or logit[true]), [n, 1];
+    the LM head's two rows only, in the model's dtype as its own forward computes them, soft-capped when the
+    model caps its final logits (the runner upcasts the difference to float32 as CrossEncoder does)."""
 
     def __init__(self, lm_head: torch.nn.Module, true_id: int, false_id: int | None, softcap: float | None):
         super().__init__()

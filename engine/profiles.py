@@ -164,9 +164,8 @@ def scoring_config(profile: Profile | None, overrides: dict) -> ScoringConfig:
 
 
 def checked_overrides(overrides: dict) -> dict:
-    """Keyword overrides of ScoringConfig fields from Python: known names only, values of the field's type.
-
-    None means "not given" (the profile's value stays), as for an absent command-line flag; lists become tuples.
+    """Keyword overrides of ScoringConfig fields from Python: known names only, values of the field's type;
+    None means "not given" (the profile's value stays), as an absent command-line flag; lists become tuples.
     """
     checked = {}
     for key, value in overrides.items():

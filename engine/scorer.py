@@ -98,8 +98,7 @@ class Scorer(CrossEncoderAPI):
         given = {key for key, value in overrides.items() if value is not None}
         if ce_defaults and "truncate" not in set(chosen.settings if chosen else {}) | given:
             scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder
-        has_labels = bool(scoring.label_tokens or scoring.label_token_ids)
-        logit_score = info.kind == "causal" and not has_labels
+        logit_score = info.kind == "causal" and not (scoring.label_tokens or scoring.label_token_ids)
         fn_name = ACTIVATION_NAMES.get(type(activation_fn))
         labels = 1 if logit_score else info.num_labels
         if fn_name and overrides.get("activation") is None and (info.kind == "classifier" or logit_score):
@@ -166,10 +165,8 @@ class Scorer(CrossEncoderAPI):
     def load(
         cls, model: str | Path, config: EngineConfig, planned: tuple[Planner, ResolvedSetup] | None = None
     ) -> Scorer:
-        """Load a model directory or a cached hub id with exactly `config` (no profile is looked up).
-
-        planned: the (planner, setup) load_planner already gave for this model and config (not read again).
-        """
+        """Load a model directory or a cached hub id with exactly `config` (no profile is looked up); planned:
+        the (planner, setup) load_planner already gave for this model and config (not read again)."""
         scorer = cls.__new__(cls)
         scorer._runner = _load_runner(model, config, planned)
         scorer.engine_config = config

@@ -212,10 +212,8 @@ def ce_max_length(tokenizer, model_dir: Path, given: int | None) -> int | None:
 def pair_tokens(
     spec: CrossEncoderSpec, tokenizer, pairs: Sequence[tuple[str, str]], truncate: bool
 ) -> list[list[int]]:
-    """The token ids CrossEncoder feeds its model for each (query, document) pair (module doc).
-
-    truncate=False encodes without truncation (the caller checks the lengths against spec.max_length).
-    """
+    """The token ids CrossEncoder feeds its model for each (query, document) pair (module doc); truncate=False
+    encodes without truncation (the caller checks the lengths against spec.max_length)."""
     if not pairs:
         return []
     prompt = spec.default_prompt or ""
