@@ -525,7 +525,8 @@ class CrossEncoderAPI:
         errors: list[str | None],
     ) -> list[tuple[list[int], list[list[int]], list[int]]]:
         """Text pairs as CrossEncoder's token sequences, grouped by their longest common prefix; a sequence
-        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error."""
+        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error.
+        """
         truncate = self.scoring.truncate == "longest-first"
         sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
         limits = self.setup.limits
