@@ -1,7 +1,6 @@
 """The `score` column's activation: which one a model gets (`auto`) and the math (numpy only, no torch).
 
-`auto` follows sentence-transformers' CrossEncoder: the model's own `sentence_transformers.activation_fn`
-(config_sentence_transformers.json, config.json, or the older `sbert_ce_default_activation_function`) wins;
+`auto` follows sentence-transformers' CrossEncoder: the model's own activation_fn (model_activation_fn) wins;
 else a one-label head gets a sigmoid. Where CrossEncoder keeps a multi-label head's raw logits, `auto` takes
 the softmax probability of the `score_index` class, so that ranking by `score` is a relevance order.
 CausalLM label scores are probabilities already and are never activated again (docs/semantics.md).

@@ -209,16 +209,15 @@ class CrossEncoderAPI:
     def config(self):
         """The model's transformers config, as CrossEncoder.config (ours: engine_config and scoring)."""
         if self._hf_config is None:
-            loaded = getattr(self._runner.model.model, "config", None)
-            if loaded is None:  # native decoder layers: no transformers module is built
-                from transformers import AutoConfig
+            self._hf_config = getattr(self._runner.model.model, "config", None)
+        if self._hf_config is None:  # native decoder layers: no transformers module is built
+            from transformers import AutoConfig
 
-                loaded = AutoConfig.from_pretrained(
-                    self.setup.info.path,
-                    trust_remote_code=self.engine_config.trust_remote_code,
-                    local_files_only=True,
-                )
-            self._hf_config = loaded
+            self._hf_config = AutoConfig.from_pretrained(
+                self.setup.info.path,
+                trust_remote_code=self.engine_config.trust_remote_code,
+                local_files_only=True,
+            )
         return self._hf_config
 
     def predict(
