@@ -68,8 +68,7 @@ class RequestActivation:
     None: the run's own `score`. False: the raw value, entry score_index of `scores`. True: the run's `score`
     when the run applies an activation (`auto` by default, as vLLM's default use_activation=true), else a
     sigmoid (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit
-    applies none (its scores are raw logits); under label_score sigmoid there is no raw value to give (a
-    request asking for one is refused before scoring).
+    applies none; under label_score sigmoid there is no raw value (such a request is refused before scoring).
     """
 
     run_activation: str  # the run's ScoringConfig.activation (auto | none | sigmoid | softmax)

@@ -44,10 +44,9 @@ Runner = PackedRunner | PairRunner
 class Scorer(CrossEncoderAPI):
     """Scores (query, item) pairs with one loaded model; safe to call repeatedly.
 
-    Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI
-    does (see from_pretrained); keyword arguments named like ScoringConfig's fields override the profile, and
-    those named like EngineConfig's (max_pack_tokens, max_batch_tokens, dtype, …) set the engine.
-    CrossEncoder's constructor arguments are accepted too (docs/python-api.md, "Loading").
+    Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI does
+    (from_pretrained); keywords named like ScoringConfig's fields override the profile, those named like
+    EngineConfig's (max_pack_tokens, dtype, …) set the engine; CrossEncoder's arguments are accepted too.
     """
 
     def __init__(

@@ -6,9 +6,8 @@ CrossEncoder takes its modules from modules.json when config_sentence_transforme
 `read_cross_encoder` says what CrossEncoder would build (CrossEncoderSpec); `pair_tokens` encodes (query,
 document) pairs to the exact token ids CrossEncoder's batch would feed its model:
 
-- the maximum length: a `max_length` given to the constructor (or `model_max_length` in the tokenizer
-  kwargs or the saved Transformer config), else the tokenizer's `model_max_length` capped at the config's
-  `max_position_embeddings` (a CrossEncoder saved with `max_length=32` stores 32 there);
+- the maximum length: the constructor's `max_length` (or `model_max_length` in the tokenizer kwargs or the
+  saved Transformer config), else the tokenizer's `model_max_length` capped at `max_position_embeddings`;
 - the text: with a `message` modality (a saved modality_config, or the tokenizer's chat template), the
   messages `[{"role": "query", …}, {"role": "document", …}]` rendered by the chat template, cut from the
   right at the maximum length with the template's suffix written back over the last tokens; otherwise the
@@ -116,8 +115,10 @@ def read_cross_encoder(
     if saved:
         types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
         for module, name in zip(modules, types):
-            if name == TRANSFORMER:
-                transformer_config = _transformer_config(path / str(module.get("path", "")))
+            if name == TRANSFORMER:  # its config file, or the first legacy name CrossEncoder still tries
+                module_dir = path / str(module.get("path", ""))
+                configs = (json_object(module_dir / file) for file in TRANSFORMER_CONFIGS)
+                transformer_config = next((config for config in configs if config), {})
             elif name == LOGIT_SCORE:
                 settings = json_object(path / str(module.get("path", "")) / "config.json")
                 if isinstance(settings.get("true_token_id"), int):
@@ -362,15 +363,6 @@ def _chat_format(tokenizer, model_type: str, transformer_config: dict, processin
     for key in CHAT_SIZE_KEYS:
         kwargs.pop(key, None)
     return ChatFormat(message_format, kwargs, restore)
-
-
-def _transformer_config(module_dir: Path) -> dict:
-    """The saved Transformer module's settings (sentence_bert_config.json or a legacy name)."""
-    for name in TRANSFORMER_CONFIGS:
-        config = json_object(module_dir / name)
-        if config:
-            return config
-    return {}
 
 
 def _token_id(tokenizer, token: str) -> int | None:
