@@ -660,9 +660,8 @@ def apply_tokenizer_kwargs(tokenizer, kwargs: dict | None) -> dict:
 
 def check_num_labels(num_labels: int | None, info) -> None:
     """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
-    if num_labels is None or info.kind == "causal":
-        return  # a CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore
-    if num_labels != info.num_labels:
+    # A CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore.
+    if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
         raise SettingError(
             "num_labels",
             num_labels,

@@ -1,9 +1,9 @@
 """Requests' own truncation settings applied to (query, item) pairs, as vLLM and TEI apply them.
 
-vLLM's max_tokens_per_query / max_tokens_per_doc cut texts (cut_texts, truncate_text_to_tokens), its
-truncate_prompt_tokens keeps N tokens of each whole pair (truncated_pairs), and TEI's truncate cuts a pair
-over the model's length longest first (tei_truncated_pairs). A cut pair becomes its own Group (token ids
-for decoders, texts for encoder cross-encoders); a pair that cannot be cut gets the reason instead.
+vLLM's max_tokens_per_query / max_tokens_per_doc cut texts (cut_texts), its truncate_prompt_tokens keeps N
+tokens of each whole pair (truncated_pairs), and TEI's truncate cuts a pair over the model's length longest
+first (tei_truncated_pairs). A cut pair becomes its own Group (token ids for decoders, texts for encoder
+cross-encoders); a pair that cannot be cut gets the reason instead.
 """
 
 from __future__ import annotations

@@ -152,11 +152,10 @@ class Scorer(CrossEncoderAPI):
 
         The profile is the first that applies: `profile` (a built-in name or a JSON file); score_batch.json in
         the model directory; a built-in profile whose `models` name the hub id (an HF-cache snapshot's too) or
-        the directory. Keyword arguments named like ScoringConfig's fields (apply_softmax=False, …) override
-        the profile's values, as flags do; None leaves a value to the profile. CrossEncoder's constructor
-        arguments are accepted as in Scorer(). A config whose `scoring` is not the default ScoringConfig() is
-        taken as given: no profile is looked up (keyword overrides apply; `profile` with it is an error).
-        `Scorer.load` never looks one up.
+        the directory. Keywords named like ScoringConfig's fields (apply_softmax=False, …) override the
+        profile's values, as flags do; None leaves a value to the profile. CrossEncoder's arguments work as in
+        Scorer(). A config whose `scoring` is not the default ScoringConfig() is taken as given: no profile is
+        looked up (overrides apply; `profile` with it is an error). Scorer.load never uses a profile.
         """
         return cls(model, config=config, profile=profile, **overrides)
 

@@ -121,11 +121,9 @@ def read_cross_encoder(
                 transformer_config = next((config for config in configs if config), {})
             elif name == LOGIT_SCORE:
                 settings = json_object(path / str(module.get("path", "")) / "config.json")
-                if isinstance(settings.get("true_token_id"), int):
-                    false_id = settings.get("false_token_id")
-                    logit_score = LogitScoreSpec(
-                        settings["true_token_id"], None if false_id is None else int(false_id)
-                    )
+                true_id, false_id = settings.get("true_token_id"), settings.get("false_token_id")
+                if isinstance(true_id, int):
+                    logit_score = LogitScoreSpec(true_id, None if false_id is None else int(false_id))
                 else:
                     refusal = f"its LogitScore module ({module.get('path')}/config.json) has no true_token_id"
             else:
