@@ -457,17 +457,18 @@ class CrossEncoderAPI:
             return None
         return "pairs are not CrossEncoder's text here (labels, templates or item_first apply); use query_template"
 
-    def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner]:
-        """The CrossEncoder spec and the planner that put `prompt` (resolved) before each query."""
-        spec, planner = self._spec, self._runner.planner
+    def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner | None]:
+        """The CrossEncoder spec and the planner (None: the runner's) that put `prompt` before each query."""
+        spec = self._spec
         applies = self._prompt_failure() is None
         if (prompt or None) == (spec.default_prompt if applies else None):
-            return spec, planner  # the prompt applied at load
+            return spec, None  # the prompt applied at load
         if not applies:
             raise ScoringInputError(f"prompt {prompt!r} cannot be applied: {self._prompt_failure()}")
         if self._ce_tokens:
-            return replace(spec, default_prompt=prompt or None), planner
+            return replace(spec, default_prompt=prompt or None), None
         template = prompt + "{query}" if prompt else None
+        planner = self._runner.planner
         return spec, replace(planner, cfg=replace(planner.cfg, query_template=template))
 
     def _score_pairs(
@@ -559,10 +560,10 @@ class CrossEncoderAPI:
         groups: list[tuple[Text, list[Text], list[int]]],
         batch_size_hint: int | None,
         on_items: Callable[[int], None] | None,
-        planner: Planner,
+        planner: Planner | None,
     ) -> list[GroupResult]:
-        """(query, items, positions) groups planned by planner and run in runs of whole groups of about
-        batch_size_hint items each (None: all at once)."""
+        """(query, items, positions) groups planned by planner (None: by score()) and run in runs of whole
+        groups of about batch_size_hint items each (None: all at once)."""
         if batch_size_hint is not None and (
             isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
         ):
@@ -577,6 +578,8 @@ class CrossEncoderAPI:
                 size = 0
             chunks[-1].append(Group(query, items))
             size += len(items)
+        if planner is None:
+            return [result for chunk in chunks for result in self.score(chunk, on_items)]
         return [result for chunk in chunks for result in self.run(planner.plan(chunk), on_items)]
 
 

@@ -105,8 +105,11 @@ def read_cross_encoder(
     """
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
-    modules = _json_list(path / "modules.json")
-    saved = modules is not None and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
+    try:
+        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        modules = None
+    saved = isinstance(modules, list) and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
     unsupported: list[str] = []
     transformer_config: dict = {}
     logit_score: LogitScoreSpec | None = None
@@ -370,12 +373,3 @@ def _token_id(tokenizer, token: str) -> int | None:
     except (KeyError, ValueError, TypeError):
         return None
     return value if isinstance(value, int) else None
-
-
-def _json_list(path: Path) -> list | None:
-    """A JSON list file, or None when it is missing or not a list."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, list) else None
