@@ -1,7 +1,6 @@
 """The `score` column's activation: which one a model gets (`auto`) and the math (numpy only, no torch).
 
-`auto` follows sentence-transformers' CrossEncoder: the model's own `sentence_transformers.activation_fn`
-(config_sentence_transformers.json, config.json, or the older `sbert_ce_default_activation_function`) wins;
+`auto` follows sentence-transformers' CrossEncoder: the model's own activation_fn (model_activation_fn) wins;
 else a one-label head gets a sigmoid. Where CrossEncoder keeps a multi-label head's raw logits, `auto` takes
 the softmax probability of the `score_index` class, so that ranking by `score` is a relevance order.
 CausalLM label scores are probabilities already and are never activated again (docs/semantics.md).
@@ -18,6 +17,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from score_batch.choices import ActivationChoice
+from score_batch.engine.errors import SettingError
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,10 @@ def activate(
 class RequestActivation:
     """A request's use_activation applied to a run's results, as vLLM's PoolingParams.use_activation.
 
-    None: the run's own `score` (what a table run writes). False: the raw value, entry score_index of
-    `scores`. True: the activated value: the run's `score` when the run applies an activation (its
-    activation, `auto` by default: the model's own, as vLLM's default use_activation=true), else a sigmoid
-    (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit applies
-    none (its scores are raw logits); under label_score sigmoid there is no raw value to give (a request
-    asking for one is refused before scoring).
+    None: the run's own `score`. False: the raw value, entry score_index of `scores`. True: the run's `score`
+    when the run applies an activation (`auto` by default, as vLLM's default use_activation=true), else a
+    sigmoid (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit
+    applies none; under label_score sigmoid there is no raw value (such a request is refused before scoring).
     """
 
     run_activation: str  # the run's ScoringConfig.activation (auto | none | sigmoid | softmax)
@@ -91,12 +89,10 @@ class RequestActivation:
 def model_activation_fn(model_dir: str | Path, saved: bool | None = None) -> tuple[str, str] | None:
     """The activation function a model's files name for CrossEncoder, as (dotted path, where), or None.
 
-    Looked up as CrossEncoder does: config_sentence_transformers.json "activation_fn" first, then
-    config.json "sentence_transformers": {"activation_fn": …}, then config.json
-    "sbert_ce_default_activation_function" (sentence-transformers < 4). saved: whether the directory is a
-    saved CrossEncoder (modules.json with "model_type": "CrossEncoder"); CrossEncoder 6.2 reads
-    config_sentence_transformers.json only then (engine/st_model.py passes it). None reads the file whenever
-    it is there.
+    Looked up as CrossEncoder does: config_sentence_transformers.json "activation_fn", then config.json
+    "sentence_transformers": {"activation_fn": …}, then config.json "sbert_ce_default_activation_function"
+    (sentence-transformers < 4). saved: whether the directory is a saved CrossEncoder, the only case in which
+    CrossEncoder 6.2 reads config_sentence_transformers.json (None: read it whenever it is there).
     """
     model_dir = Path(model_dir)
     st_config = json_object(model_dir / "config_sentence_transformers.json")
@@ -106,11 +102,8 @@ def model_activation_fn(model_dir: str | Path, saved: bool | None = None) -> tup
     nested = config.get("sentence_transformers")
     if isinstance(nested, dict) and isinstance(nested.get("activation_fn"), str):
         return nested["activation_fn"], "config.json sentence_transformers.activation_fn"
-    if isinstance(config.get("sbert_ce_default_activation_function"), str):
-        return config[
-            "sbert_ce_default_activation_function"
-        ], "config.json sbert_ce_default_activation_function"
-    return None
+    legacy = config.get("sbert_ce_default_activation_function")
+    return (legacy, "config.json sbert_ce_default_activation_function") if isinstance(legacy, str) else None
 
 
 def resolve_activation(
@@ -124,8 +117,6 @@ def resolve_activation(
         if requested in ("auto", "none"):
             what = "P(label token) over the whole vocabulary, or a softmax over the labels with apply_softmax"
             return ResolvedActivation("none", f"CausalLM label scores are probabilities already ({what})")
-        from score_batch.engine.errors import SettingError
-
         raise SettingError(
             "ScoringConfig.activation",
             requested,
@@ -133,8 +124,6 @@ def resolve_activation(
             "ScoringConfig.apply_softmax=True for a softmax over the label tokens",
         )
     if requested == "softmax" and num_labels == 1:
-        from score_batch.engine.errors import SettingError
-
         raise SettingError(
             "ScoringConfig.activation",
             requested,

@@ -33,9 +33,8 @@ class ScoringConfig:
     truncate: choices.Truncate = "error"
     chunk_overlap: int = 0
     chunk_aggregate: choices.ChunkAggregate = "max"
-    activation: choices.ActivationChoice = (
-        "auto"  # of the `score` column; auto: as CrossEncoder (engine/activation.py)
-    )
+    # The `score` column's activation; auto: as CrossEncoder (engine/activation.py).
+    activation: choices.ActivationChoice = "auto"
     # CausalLM label scores (engine/heads.label_scores): probability = P(label) over the whole vocabulary
     # (a softmax over the labels with apply_softmax); logit = the label token's raw logit (FlagEmbedding's LLM
     # rerankers, sentence-transformers' LogitScore with one token); sigmoid = the sigmoid of that logit
@@ -46,14 +45,9 @@ class ScoringConfig:
         _check_choice("ScoringConfig.packing", self.packing, choices.PACKING_MODES)
         _check_choice("ScoringConfig.truncate", self.truncate, choices.TRUNCATE_POLICIES)
         _check_choice("ScoringConfig.chunk_aggregate", self.chunk_aggregate, choices.CHUNK_AGGREGATES)
-        if (
-            isinstance(self.chunk_overlap, bool)
-            or not isinstance(self.chunk_overlap, int)
-            or self.chunk_overlap < 0
-        ):
-            raise SettingError(
-                "ScoringConfig.chunk_overlap", self.chunk_overlap, "must be a whole number >= 0"
-            )
+        overlap = self.chunk_overlap
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
+            raise SettingError("ScoringConfig.chunk_overlap", overlap, "must be a whole number >= 0")
         _check_choice("ScoringConfig.activation", self.activation, choices.ACTIVATION_CHOICES)
         _check_choice("ScoringConfig.label_score", self.label_score, choices.LABEL_SCORES)
         if self.label_score != "probability" and self.apply_softmax:
@@ -84,9 +78,7 @@ class ScoringConfig:
     def deciding(self) -> ScoringConfig:
         """This config as it decides scores: chunk_overlap and chunk_aggregate at their defaults unless truncate
         is chunk (they do nothing then), so that they change no score identity and no fingerprint."""
-        if self.truncate == "chunk":
-            return self
-        return replace(self, chunk_overlap=0, chunk_aggregate="max")
+        return self if self.truncate == "chunk" else replace(self, chunk_overlap=0, chunk_aggregate="max")
 
 
 @dataclass(frozen=True)

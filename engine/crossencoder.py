@@ -1,11 +1,9 @@
-"""sentence-transformers' CrossEncoder API on a Scorer (CrossEncoderAPI: predict, rank, rank_many) and its
-conventions: constructor arguments, input shapes, default activations, output types, and the shared-prefix groups
-that score CrossEncoder's own token sequences with the engine.
+"""sentence-transformers' CrossEncoder API on a Scorer: predict, rank and rank_many (CrossEncoderAPI).
 
-`predict` and `rank` follow CrossEncoder 6.2 (shapes, types, activations, dict keys, truncation) over the
-engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs are the token sequences
-CrossEncoder itself would build (engine/st_model.py) and a CausalLM is scored with its LogitScore
-(logit["yes"] - logit["no"]).
+They follow CrossEncoder 6.2 (constructor arguments, input shapes, activations, output types, dict keys,
+truncation) over the engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs
+are the token sequences CrossEncoder itself builds (engine/st_model.py), scored in shared-prefix groups, and
+a CausalLM is scored with its LogitScore (logit["yes"] - logit["no"]).
 """
 
 from __future__ import annotations
@@ -48,11 +46,9 @@ def ce_default_activation_fn(
     model_activation: tuple[str, str] | None,
     trust_remote_code: bool = False,
 ) -> Callable:
-    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins).
-
-    As CrossEncoder: the model's own activation_fn when its path starts with "torch." (any path with
-    trust_remote_code), else Sigmoid for one label and Identity otherwise.
-    """
+    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins):
+    the model's own activation_fn when its path starts with "torch." (any path with trust_remote_code), else
+    Sigmoid for one label and Identity otherwise."""
     if kind == "causal" or requested == "none":
         return torch.nn.Identity()
     if requested == "sigmoid":
@@ -75,9 +71,9 @@ def prefix_groups(
 ) -> list[tuple[list[int], list[tuple[int, list[int]]]]]:
     """Token sequences of one query as engine groups: (shared query ids, [(position, item ids)]).
 
-    The query is the sequences' longest common prefix, so query + item is each sequence exactly (an item
-    may be empty: its score row is the query's last token). Sequences with no common first token are split
-    by their first token; an empty sequence stays alone (it fails as an empty query).
+    The query is the sequences' longest common prefix, so query + item is each sequence exactly (an empty
+    item's score row is the query's last token). Sequences are grouped by their first token; an empty
+    sequence stays alone (it fails as an empty query).
     """
     by_first: dict[int | None, list[tuple[int, list[int]]]] = {}
     for position, ids in sequences:
@@ -102,10 +98,9 @@ def ce_outputs(
     singular: bool,
 ):
     """CrossEncoder.predict's post-processing and return types over raw outputs."""
-    num_labels = raw.shape[1]
     if raw.shape[0]:
         scores = activation_fn(torch.from_numpy(np.ascontiguousarray(raw)).to(device))  # [n, labels]
-        if num_labels == 1 and scores.ndim > 1:
+        if raw.shape[1] == 1 and scores.ndim > 1:
             scores = scores.squeeze(-1)  # [n]
         if apply_softmax and scores.ndim > 1:
             scores = torch.nn.functional.softmax(scores, dim=1)
@@ -135,9 +130,8 @@ def pair_of(pair, index: int) -> tuple[Text, Text]:
     """One (query, item) of predict's input, checked."""
     if isinstance(pair, str | bytes) or not isinstance(pair, Sequence | np.ndarray) or len(pair) != 2:
         raise ScoringInputError(f"pairs[{index}] must be a (query, item) pair, got {pair!r:.80}")
-    return text_of(pair[0], f"pairs[{index}][0] (the query)"), text_of(
-        pair[1], f"pairs[{index}][1] (the item)"
-    )
+    query, item = pair
+    return text_of(query, f"pairs[{index}][0] (the query)"), text_of(item, f"pairs[{index}][1] (the item)")
 
 
 def ranking_group(entry, index: int) -> Group:
@@ -156,9 +150,8 @@ def ranking_group(entry, index: int) -> Group:
     )
 
 
-_ITEM_NUMBER = re.compile(
-    r"\bitem \d+\b"
-)  # the item's index inside an internal group means nothing to the caller
+# The item's index inside an internal group means nothing to the caller.
+_ITEM_NUMBER = re.compile(r"\bitem \d+\b")
 # torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
 ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
 # CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
@@ -181,16 +174,15 @@ _ARGUMENTS = ("model_kwargs", "tokenizer_kwargs", "config_kwargs", "cache_folder
 
 
 class CrossEncoderAPI:
-    """CrossEncoder's predict and rank (and rank_many) on the Scorer that inherits them (engine/scorer.py).
-
-    Uses only the Scorer's facade: setup, scoring, planner, tokenizer, score and run.
-    """
+    """CrossEncoder's predict, rank and rank_many on the Scorer that inherits them (engine/scorer.py)."""
 
     def _attach_crossencoder(self, spec: CrossEncoderSpec | None, activation_fn: Callable | None) -> None:
         """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation."""
         self._spec = spec
         self._hf_config = None
-        self._activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        # The activation predict and rank apply by default (CrossEncoder's activation_fn); None for a CausalLM
+        # label scorer (labels from a profile or keyword arguments): its `score` needs none.
+        self.activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
         self._ce_tokens = self._uses_ce_tokens()
 
     def _attach_prompts(self, spec: CrossEncoderSpec | None, prompt_template: bool) -> None:
@@ -200,18 +192,6 @@ class CrossEncoderAPI:
         self._prompt_template = prompt_template
         if spec and spec.default_prompt and (failure := self._prompt_failure()):
             log.warning("the default prompt %r is not applied: %s", spec.default_prompt, failure)
-
-    @property
-    def activation_fn(self) -> Callable | None:
-        """The activation predict and rank apply by default (CrossEncoder's activation_fn).
-
-        None for a CausalLM label scorer (labels from a profile or keyword arguments): its `score` needs none.
-        """
-        return self._activation_fn
-
-    @activation_fn.setter
-    def activation_fn(self, value: Callable | None) -> None:
-        self._activation_fn = value
 
     @property
     def num_labels(self) -> int:
@@ -227,21 +207,17 @@ class CrossEncoderAPI:
 
     @property
     def config(self):
-        """The model's transformers config (transformers.PretrainedConfig), as CrossEncoder.config.
-
-        The engine's settings are `engine_config` (an EngineConfig) and `scoring`.
-        """
+        """The model's transformers config, as CrossEncoder.config (ours: engine_config and scoring)."""
         if self._hf_config is None:
-            loaded = getattr(self._runner.model.model, "config", None)
-            if loaded is None:  # native decoder layers: no transformers module is built
-                from transformers import AutoConfig
+            self._hf_config = getattr(self._runner.model.model, "config", None)
+        if self._hf_config is None:  # native decoder layers: no transformers module is built
+            from transformers import AutoConfig
 
-                loaded = AutoConfig.from_pretrained(
-                    self.setup.info.path,
-                    trust_remote_code=self.engine_config.trust_remote_code,
-                    local_files_only=True,
-                )
-            self._hf_config = loaded
+            self._hf_config = AutoConfig.from_pretrained(
+                self.setup.info.path,
+                trust_remote_code=self.engine_config.trust_remote_code,
+                local_files_only=True,
+            )
         return self._hf_config
 
     def predict(
@@ -265,19 +241,16 @@ class CrossEncoderAPI:
     ):
         """CrossEncoder.predict: the score of each (query, item) pair, in input order.
 
-        Returns a float32 array of shape (n,) for one-label models and every CausalLM scorer, and (n, labels)
-        for multi-label heads; a scalar (or a (labels,) row) for one pair given as a single (query, item); a
-        tensor with convert_to_tensor; a list of tensors with convert_to_numpy=False. activation_fn (a
-        callable on the logits tensor) defaults to `self.activation_fn`: CrossEncoder's (the model's
-        activation_fn, else a sigmoid for one label, else none), or ScoringConfig.activation when that is set.
-        A CausalLM with a LogitScore (no labels) is scored as CrossEncoder scores it: its logit is
-        logit["yes"] - logit["no"]. A CausalLM label scorer (labels from a profile) returns its `score`;
-        with activation_fn, that function of the labels' log-odds (two labels, or one raw logit). Pairs with
-        the same query are scored as one group (multi-item scoring). prompt / prompt_name: as CrossEncoder's
-        (neither: the default prompt, if any). batch_size, device, pool and chunk_size
-        only tune CrossEncoder's own batching and are accepted and ignored (ours plans by tokens);
-        batch_size_hint: at most about this many pairs planned at a time. Failed pairs are NaN
-        (return_errors=True also returns the reason per pair).
+        Returns float32 of shape (n,) for one-label models and every CausalLM scorer, (n, labels) for
+        multi-label heads; a scalar (or a (labels,) row) for a single (query, item); a tensor with
+        convert_to_tensor; a list of tensors with convert_to_numpy=False. activation_fn (a callable on the
+        logits tensor) defaults to `self.activation_fn`. A CausalLM with a LogitScore (no labels) scores
+        logit["yes"] - logit["no"], as CrossEncoder; a label scorer (labels from a profile) returns its
+        `score`, or with activation_fn, that function of the labels' log-odds (two labels, or one raw logit).
+        Pairs with the same query are scored as one group. prompt / prompt_name: as CrossEncoder's (neither:
+        the default prompt, if any). batch_size, device, pool and chunk_size tune CrossEncoder's own batching
+        and are ignored (ours plans by tokens); batch_size_hint: at most about this many pairs planned at a
+        time. Failed pairs are NaN (return_errors=True also returns the reason per pair).
         """
         prompt = self._resolve_prompt(prompt, prompt_name)
         _check_batch_size(batch_size)
@@ -316,11 +289,10 @@ class CrossEncoderAPI:
     ) -> list[dict]:
         """CrossEncoder.rank: documents sorted best first as {"corpus_id", "score"} (+ "text" with return_documents).
 
-        Scores are predict's (with the same activation_fn) for one-label models and CausalLM scorers; a
-        multi-label head (which CrossEncoder refuses) ranks by the `score` column (the activated score_index
-        class), or by activation_fn's score_index column when given. Equal scores keep input order; top_k keeps
-        the best top_k; documents that failed are left out. apply_softmax, convert_to_numpy and
-        convert_to_tensor have no effect, as in CrossEncoder.
+        Scores are predict's for one-label models and CausalLM scorers; a multi-label head (which CrossEncoder
+        refuses) ranks by the `score` column (the activated score_index class), or by activation_fn's
+        score_index column when given. Equal scores keep input order; failed documents are left out.
+        apply_softmax, convert_to_numpy and convert_to_tensor have no effect, as in CrossEncoder.
         """
         _ignore_kwargs("rank", kwargs)
         return self.rank_many(
@@ -354,23 +326,19 @@ class CrossEncoderAPI:
         raw, score, pair_errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
         values = self._ranking_values(raw, score, activation_fn)
         rankings = []
-        errors: list[str | None] = []
         start = 0
-        for number, group in enumerate(groups):
-            stop = start + len(group.items)
+        for group in groups:
             records = [
-                {"corpus_id": i, "score": values[start + i]}
-                | ({"text": group.items[i]} if return_documents else {})
-                for i in range(len(group.items))
+                {"corpus_id": i, "score": values[start + i]} | ({"text": item} if return_documents else {})
+                for i, item in enumerate(group.items)
                 if not np.isnan(values[start + i])
             ]
             rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
-            errors.extend(
-                None if e is None else f"queries_and_documents[{number}]: {e}"
-                for e in pair_errors[start:stop]
-            )
-            start = stop
-        _warn_failed(errors)
+            start += len(group.items)
+        numbers = [number for number, group in enumerate(groups) for _ in group.items]
+        _warn_failed(
+            [None if e is None else f"queries_and_documents[{n}]: {e}" for n, e in zip(numbers, pair_errors)]
+        )
         return rankings
 
     # --- helpers -------------------------------------------------------------------------------------
@@ -381,50 +349,40 @@ class CrossEncoderAPI:
         return self.setup.info.kind == "causal"
 
     def _uses_ce_tokens(self) -> bool:
-        """Whether predict/rank encode text pairs as CrossEncoder does (engine/st_model.py: pair_tokens).
-
-        For decoders without labels, templates or item_first, under truncate longest-first or error; encoders
-        are encoded as CrossEncoder's batches by their pair runner anyway (engine/pairs.py).
-        """
+        """Whether predict/rank encode text pairs as CrossEncoder does (st_model.pair_tokens): for decoders
+        without labels, templates or item_first, under truncate longest-first or error (encoders' pair runner
+        encodes as CrossEncoder anyway)."""
         spec, cfg = self._spec, self.scoring
-        if spec is None or self.setup.info.encoder or self._label_scorer:
+        if spec is None or self.setup.info.encoder or self._label_scorer or cfg.item_first:
             return False
-        if (
-            cfg.query_template
-            or cfg.item_template
-            or cfg.item_first
-            or cfg.truncate not in ("longest-first", "error")
-        ):
+        if cfg.query_template or cfg.item_template or cfg.truncate not in ("longest-first", "error"):
             return False
-        if spec.chat is not None:
-            failure = pair_roles_failure(self.tokenizer, spec.chat.message_format, spec.chat.template_kwargs)
-            if failure is not None:
-                log.warning(
-                    "CrossEncoder would refuse pairs for this model: its chat template cannot carry a "
-                    "query/document pair (%s); pairs are encoded as query + item instead",
-                    failure,
-                )
-                return False
-        return True
+        if spec.chat is None:
+            return True
+        failure = pair_roles_failure(self.tokenizer, spec.chat.message_format, spec.chat.template_kwargs)
+        if failure is not None:
+            log.warning(
+                "CrossEncoder would refuse pairs for this model: its chat template cannot carry a "
+                "query/document pair (%s); pairs are encoded as query + item instead",
+                failure,
+            )
+        return failure is None
 
     def _ce_logits(
         self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
     ) -> tuple[np.ndarray, Callable]:
         """What CrossEncoder's activation runs on ([n, labels]) and the activation, for this model."""
         if not self._label_scorer:
-            return raw, activation_fn if activation_fn is not None else self._activation_fn
+            return raw, activation_fn if activation_fn is not None else self.activation_fn
         if activation_fn is None:
             return score[:, None], torch.nn.Identity()  # [n, 1] the `score` column, as the CLI's
         return self._label_logit(raw)[:, None], activation_fn
 
     def _label_logit(self, raw: np.ndarray) -> np.ndarray:  # raw: [n, labels] → [n] float32
         """A label scorer's logit as LogitScore defines it: logit[true] - logit[false], or logit[true] alone.
-
-        From the label scores: log-probability ratios for probabilities (a softmax over the labels or the whole
-        vocabulary divides both by the same sum), differences of logits, logits of sigmoids.
-        """
-        cfg = self.scoring
-        kind = getattr(cfg, "label_score", "probability")
+        From probabilities, their log ratio (a softmax over the labels or the vocabulary divides both by the
+        same sum); from logits, their difference; from sigmoids, their logits."""
+        kind = self.scoring.label_score
         values = raw.astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             if kind == "probability":
@@ -435,7 +393,7 @@ class CrossEncoderAPI:
                 logs = values
         labels = values.shape[1]
         if labels == 2:
-            true = cfg.score_index % 2
+            true = self.scoring.score_index % 2
             return (logs[:, true] - logs[:, 1 - true]).astype(np.float32)
         if labels == 1 and kind != "probability":
             return logs[:, 0].astype(np.float32)
@@ -449,8 +407,7 @@ class CrossEncoderAPI:
         self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
     ) -> list[float]:
         """The values rank sorts by (rank's doc), as Python floats of float32 values."""
-        one_label = raw.ndim == 2 and raw.shape[1] == 1
-        if not self._label_scorer and activation_fn is None and not one_label:
+        if not self._label_scorer and activation_fn is None and raw.shape[1] != 1:
             return score.astype(np.float32).tolist()
         values, fn = self._ce_logits(raw, score, activation_fn)
         if not len(values):
@@ -500,17 +457,18 @@ class CrossEncoderAPI:
             return None
         return "pairs are not CrossEncoder's text here (labels, templates or item_first apply); use query_template"
 
-    def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner]:
-        """The CrossEncoder spec and the planner that put `prompt` (resolved) before each query."""
-        spec, planner = self._spec, self._runner.planner
+    def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner | None]:
+        """The CrossEncoder spec and the planner (None: the runner's) that put `prompt` before each query."""
+        spec = self._spec
         applies = self._prompt_failure() is None
         if (prompt or None) == (spec.default_prompt if applies else None):
-            return spec, planner  # the prompt applied at load
+            return spec, None  # the prompt applied at load
         if not applies:
             raise ScoringInputError(f"prompt {prompt!r} cannot be applied: {self._prompt_failure()}")
         if self._ce_tokens:
-            return replace(spec, default_prompt=prompt or None), planner
+            return replace(spec, default_prompt=prompt or None), None
         template = prompt + "{query}" if prompt else None
+        planner = self._runner.planner
         return spec, replace(planner, cfg=replace(planner.cfg, query_template=template))
 
     def _score_pairs(
@@ -520,21 +478,17 @@ class CrossEncoderAPI:
         show_progress_bar: bool | None,
         prompt: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query.
-
-        prompt: predict's prompt, resolved (_resolve_prompt); put before each query as CrossEncoder puts it.
-        """
+        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query; prompt
+        (resolved) goes before each query as CrossEncoder puts it."""
         spec, planner = self._prompted(prompt)
         checked = [pair_of(pair, index) for index, pair in enumerate(pairs)]
         raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
         score = np.full(len(pairs), np.nan, np.float32)
         errors: list[str | None] = [None] * len(pairs)
+        # Text pairs as CrossEncoder's token sequences where it applies; the others grouped by query.
         text = [i for i, (q, d) in enumerate(checked) if isinstance(q, str) and isinstance(d, str)]
-        groups: list[tuple[Text, list[Text], list[int]]] = []
-        planned = set()
-        if self._ce_tokens and text:
-            groups.extend(self._ce_token_groups(spec, checked, text, errors))
-            planned.update(text)
+        planned = set(text) if self._ce_tokens else set()
+        groups = self._ce_token_groups(spec, checked, text, errors) if planned else []
         by_query: dict[object, tuple[Text, list[Text], list[int]]] = {}
         for index, (query, item) in enumerate(checked):
             if index in planned:
@@ -546,16 +500,11 @@ class CrossEncoderAPI:
         others = list(by_query.values())
         progress = _progress(len(pairs)) if show_progress_bar else None
         on_items = progress.update if progress is not None else None
+        # CrossEncoder's token sequences are cut already: planned with truncate="error", never cut again.
+        as_given = replace(self._runner.planner, cfg=replace(self._runner.planner.cfg, truncate="error"))
         try:
-            results = self._score_chunked(
-                [Group(q, items) for q, items, _ in groups], batch_size_hint, on_items, as_given=True
-            )
-            results += self._score_chunked(
-                [Group(q, items) for q, items, _ in others],
-                batch_size_hint,
-                on_items,
-                planner=None if planner is self._runner.planner else planner,
-            )
+            results = self._score_chunked(groups, batch_size_hint, on_items, as_given)
+            results += self._score_chunked(others, batch_size_hint, on_items, planner)
         finally:
             if progress is not None:
                 progress.close()
@@ -575,10 +524,8 @@ class CrossEncoderAPI:
         text: list[int],
         errors: list[str | None],
     ) -> list[tuple[list[int], list[list[int]], list[int]]]:
-        """Text pairs as CrossEncoder's token sequences, in groups sharing their longest common prefix.
-
-        A sequence that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets
-        its error here and no group.
+        """Text pairs as CrossEncoder's token sequences, grouped by their longest common prefix; a sequence
+        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error.
         """
         truncate = self.scoring.truncate == "longest-first"
         sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
@@ -588,23 +535,20 @@ class CrossEncoderAPI:
             fits = min(fits, limits.max_positions)
         by_query: dict[str, list[tuple[int, list[int]]]] = {}
         for index, ids in zip(text, sequences):
-            error = None
             if not ids:
-                error = "pair is empty after tokenization"
+                errors[index] = "pair is empty after tokenization"
             elif not truncate and self.max_length is not None and len(ids) > self.max_length:
-                error = (
+                errors[index] = (
                     f"pair has {len(ids)} tokens, over the model's limit of {self.max_length} (set truncate to "
                     "longest-first to cut it as CrossEncoder does)"
                 )
             elif len(ids) > fits:
-                error = (
+                errors[index] = (
                     f"pair has {len(ids)} tokens, more than a pack holds ({fits}); raise max_pack_tokens "
                     "(Scorer(model, max_pack_tokens=…)), or lower max_length"
                 )
-            if error is not None:
-                errors[index] = error
-                continue
-            by_query.setdefault(checked[index][0], []).append((index, ids))
+            else:
+                by_query.setdefault(checked[index][0], []).append((index, ids))
         groups = []
         for sequences_of_query in by_query.values():
             for query_ids, items in prefix_groups(sequences_of_query):
@@ -613,48 +557,35 @@ class CrossEncoderAPI:
 
     def _score_chunked(
         self,
-        groups: list[Group],
+        groups: list[tuple[Text, list[Text], list[int]]],
         batch_size_hint: int | None,
-        on_items: Callable[[int], None] | None = None,
-        as_given: bool = False,
-        planner: Planner | None = None,
+        on_items: Callable[[int], None] | None,
+        planner: Planner | None,
     ) -> list[GroupResult]:
-        """score() over runs of whole groups of about batch_size_hint items each (None: all at once).
-
-        as_given: the groups are CrossEncoder token sequences, already truncated: planned with
-        truncate="error" so that the engine never cuts them again. planner: plans the other groups (default:
-        the runner's).
-        """
+        """(query, items, positions) groups planned by planner (None: by score()) and run in runs of whole
+        groups of about batch_size_hint items each (None: all at once)."""
         if batch_size_hint is not None and (
             isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
         ):
             raise ScoringInputError(
                 f"batch_size_hint must be a positive integer or None, got {batch_size_hint!r}"
             )
-        chunks: list[list[Group]] = [[]]
+        chunks: list[list[Group]] = []
         size = 0
-        for group in groups:
-            if chunks[-1] and batch_size_hint is not None and size + len(group.items) > batch_size_hint:
+        for query, items, _ in groups:
+            if not chunks or (batch_size_hint is not None and size + len(items) > batch_size_hint):
                 chunks.append([])
                 size = 0
-            chunks[-1].append(group)
-            size += len(group.items)
-        if as_given:
-            planner = planner or self._runner.planner
-            planner = replace(planner, cfg=replace(planner.cfg, truncate="error"))
-        results: list[GroupResult] = []
-        for chunk in (chunk for chunk in chunks if chunk):
-            results.extend(
-                self.score(chunk, on_items) if planner is None else self.run(planner.plan(chunk), on_items)
-            )
-        return results
+            chunks[-1].append(Group(query, items))
+            size += len(items)
+        if planner is None:
+            return [result for chunk in chunks for result in self.score(chunk, on_items)]
+        return [result for chunk in chunks for result in self.run(planner.plan(chunk), on_items)]
 
 
 def ce_arguments(overrides: dict, *values, num_labels: int | None = None) -> tuple:
-    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, no-ops taken out.
-
-    overrides: the constructor's other keywords (changed: what CrossEncoder accepts for nothing is removed).
-    """
+    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, and no-ops taken
+    out of overrides (the constructor's other keywords)."""
     named = dict(zip(_ARGUMENTS, values))
     for old, new in _RENAMED.items():
         if old in overrides:
@@ -686,28 +617,26 @@ def ce_engine_config(
     backend: str | None,
     model_kwargs: dict | None,
 ) -> EngineConfig:
-    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend, dtype).
-
-    overrides: the constructor's keywords; EngineConfig's fields among them are taken out and applied.
-    """
+    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend,
+    dtype) and of EngineConfig's fields among the constructor's keywords (overrides: taken out of it)."""
     engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
     config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
-    if device is not None:
-        config = replace(config, device=_device_name(device))
+    if device is not None:  # CrossEncoder-style: auto, cpu, cuda or cuda:0
+        if str(device) not in ("auto", "cpu", "cuda", "cuda:0"):
+            raise SettingError("EngineConfig.device", str(device), "is not one of auto, cpu, cuda")
+        config = replace(config, device=str(device).removesuffix(":0"))
     if trust_remote_code is not None:
         config = replace(config, trust_remote_code=bool(trust_remote_code))
-    if backend is not None:
-        if backend in BACKENDS:
-            config = replace(config, backend=backend)
-        elif backend in ("torch", "onnx", "openvino"):
-            if backend != "torch":
-                log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
-        else:
-            raise SettingError(
-                "backend",
-                backend,
-                f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
-            )
+    if backend in BACKENDS:
+        config = replace(config, backend=backend)
+    elif backend in ("onnx", "openvino"):
+        log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
+    elif backend not in (None, "torch"):
+        raise SettingError(
+            "backend",
+            backend,
+            f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
+        )
     kwargs = dict(model_kwargs or {})
     dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
     if dtype is not None:
@@ -734,23 +663,14 @@ def apply_tokenizer_kwargs(tokenizer, kwargs: dict | None) -> dict:
 
 def check_num_labels(num_labels: int | None, info) -> None:
     """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
-    if num_labels is None or info.kind == "causal":
-        return  # a CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore
-    if num_labels != info.num_labels:
+    # A CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore.
+    if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
         raise SettingError(
             "num_labels",
             num_labels,
             f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
             "head; score-batch scores with the trained one only",
         )
-
-
-def _device_name(device) -> str:
-    """A CrossEncoder-style device argument as EngineConfig.device (auto, cpu or cuda)."""
-    text = str(device)
-    if text in ("auto", "cpu", "cuda", "cuda:0"):
-        return text.removesuffix(":0")
-    raise SettingError("EngineConfig.device", text, "is not one of auto, cpu, cuda")
 
 
 def _ignore_kwargs(method: str, kwargs: dict) -> None:

@@ -21,10 +21,9 @@ def label_scores(
     """CausalLM label scores without [n, vocab] logits for the whole batch (docs/semantics.md, Label scores).
 
     label_score "probability" (default): P(label) = exp(logit[label] - logsumexp(logits)), the log-sum-exp
-    taken over the vocabulary in chunks of rows whose logits fit budget_bytes; with apply_softmax, the softmax
-    over the label logits only. "logit": the label tokens' logits themselves (soft-capped when the model caps
-    its final logits, as its own forward returns them); "sigmoid": the sigmoid of each. The last three come
-    from the label rows of the head alone.
+    over the vocabulary in chunks of rows whose logits fit budget_bytes; with apply_softmax, the softmax over
+    the label logits only. "logit": the label tokens' logits (soft-capped when the model caps its final
+    logits); "sigmoid": the sigmoid of each. The last three need only the head's label rows.
     """
     if label_score not in ("probability", "logit", "sigmoid"):
         raise ValueError(f"label_score must be probability, logit or sigmoid, not {label_score!r}")
@@ -37,16 +36,12 @@ def label_scores(
             return torch.sigmoid(logits)
         return torch.softmax(logits, dim=-1)
     out = torch.empty(rows.shape[0], label_ids.shape[0], dtype=torch.float32, device=rows.device)
-    step = chunk_rows(weight.shape[0], rows.element_size(), budget_bytes)
+    # Rows whose logits (model dtype, then float32) fit the budget; at least one.
+    step = max(1, budget_bytes // (weight.shape[0] * (rows.element_size() + 4)))
     for start in range(0, rows.shape[0], step):
         logits = head_logits(rows[start : start + step], weight, bias, softcap)  # [step, vocab] float32
         out[start : start + step] = (logits[:, label_ids] - logits.logsumexp(dim=-1, keepdim=True)).exp()
     return out
-
-
-def chunk_rows(vocab_size: int, element_size: int, budget_bytes: int) -> int:
-    """Rows whose logits (model dtype, then float32) fit the budget; at least one."""
-    return max(1, budget_bytes // (vocab_size * (element_size + 4)))
 
 
 def head_logits(
@@ -77,11 +72,9 @@ def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 
 
 class LogitScoreHead(torch.nn.Module):
-    """sentence-transformers' LogitScore on score rows: logit[true] - logit[false] (logit[true] alone), [n, 1].
-
-    The two rows of the LM head only, in the model's dtype as its own forward computes them, soft-capped when
-    the model caps its final logits; the runner upcasts the difference to float32 as CrossEncoder does.
-    """
+    """sentence-transformers' LogitScore on score rows: logit[true] - logit[false] (or logit[true]), [n, 1];
+    the LM head's two rows only, in the model's dtype as its own forward computes them, soft-capped when the
+    model caps its final logits (the runner upcasts the difference to float32 as CrossEncoder does)."""
 
     def __init__(self, lm_head: torch.nn.Module, true_id: int, false_id: int | None, softcap: float | None):
         super().__init__()

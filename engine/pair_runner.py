@@ -8,7 +8,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from score_batch.engine.config import ScoringConfig
 from score_batch.engine.heads import classifier_scores, pooled_vectors
 from score_batch.engine.model_loading import LoadedModel
 from score_batch.engine.pairs import PairBatch, pad_pairs
@@ -19,9 +18,8 @@ from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-Outputs = tuple[
-    np.ndarray, np.ndarray, np.ndarray | None
-]  # raw [rows, scores], scores [rows, scores], pooled
+# raw [rows, scores], scores [rows, scores], pooled [rows, hidden]
+Outputs = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 
 class PairRunner:
@@ -34,18 +32,13 @@ class PairRunner:
         self.backend = None  # no attention plan: the model's own attention
         self.compiled: list[str] = []  # encoders are never compiled (refused at setup)
 
-    @property
-    def cfg(self) -> ScoringConfig:
-        """The scoring settings the planner encodes with."""
-        return self.planner.cfg
-
     def plan(self, groups: list[Group]) -> PairPlan:
         """Encode and batch the pairs of groups without running the model."""
         return self.planner.plan(groups)
 
     def run(self, plan: PairPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
         """Run a plan's batches; a non-finite row is scored again alone and fails only if it stays so."""
-        cfg = self.cfg
+        cfg = self.planner.cfg
         table = ResultTable(
             [len(g.item_ids) for g in plan.tokenized],
             self.setup.num_scores,
@@ -89,7 +82,7 @@ class PairRunner:
             logits = self.model.model(**inputs).logits.float()  # [rows, num_labels]
         finally:
             hook.remove()
-        cfg = self.cfg
+        cfg = self.planner.cfg
         scores = classifier_scores(logits, cfg.apply_softmax).cpu().numpy()
         if not cfg.pooled_hidden_states:
             return logits.cpu().numpy(), scores, None

@@ -1,9 +1,9 @@
 """Requests' own truncation settings applied to (query, item) pairs, as vLLM and TEI apply them.
 
-vLLM's max_tokens_per_query / max_tokens_per_doc cut texts (cut_texts, truncate_text_to_tokens), its
-truncate_prompt_tokens keeps N tokens of each whole pair (truncated_pairs), and TEI's truncate cuts a pair
-over the model's length longest first (tei_truncated_pairs). A cut pair becomes its own Group (token ids
-for decoders, texts for encoder cross-encoders); a pair that cannot be cut gets the reason instead.
+vLLM's max_tokens_per_query / max_tokens_per_doc cut texts (cut_texts), its truncate_prompt_tokens keeps N
+tokens of each whole pair (truncated_pairs), and TEI's truncate cuts a pair over the model's length longest
+first (tei_truncated_pairs). A cut pair becomes its own Group (token ids for decoders, texts for encoder
+cross-encoders); a pair that cannot be cut gets the reason instead.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ def truncate_text_to_tokens(text: str, tokenizer, max_tokens: int) -> str:
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     if len(encoding["input_ids"]) <= max_tokens:
         return text
-    char_end = encoding["offset_mapping"][max_tokens - 1][1]
-    return text[:char_end]
+    return text[: encoding["offset_mapping"][max_tokens - 1][1]]
 
 
 class RequestRefused(ValueError):
@@ -103,17 +102,15 @@ def truncated_pairs(
         sequence = measured.reference_sequence(k)
         if len(sequence) <= keep:
             continue
-        if side == "right":
-            cut[k] = _head_group(
-                sequence[:keep], len(measured.query_ids), len(ids), measured.item_first, keep
-            )
-            continue
         tail = sequence[-keep:]
-        query_len = min(len(measured.query_ids), keep)
-        if measured.item_first:  # item then query: the query keeps its last tokens
-            cut[k] = Group(tail[len(tail) - query_len :], [tail[: len(tail) - query_len]])
+        query_len = len(measured.query_ids)
+        if side == "right":
+            cut[k] = _head_group(sequence[:keep], query_len, len(ids), measured.item_first, keep)
+        elif measured.item_first:  # item then query: the query keeps its last tokens
+            split = len(tail) - min(query_len, keep)
+            cut[k] = Group(tail[split:], [tail[:split]])
         else:  # query then item: what is left of the query (at least one token) leads
-            lead = max(1, len(measured.query_ids) - (len(sequence) - keep))
+            lead = max(1, query_len - (len(sequence) - keep))
             cut[k] = Group(tail[:lead], [tail[lead:]])
     return cut
 
@@ -136,12 +133,11 @@ def tei_truncated_pairs(
     query: str, items: list[str], direction: str, planner: Planner
 ) -> dict[int, Group | str]:
     """TEI's truncate: per item whose (query, item) pair is over the run's length, the pair cut as TEI cuts it
-    (core/src/tokenization.rs encode_input: the tokenizer's own truncation, longest_first, to max_input_length,
+    (core/src/tokenization.rs encode_input: the tokenizer's own longest_first truncation to max_input_length,
     special tokens counted, in the given direction), or why it cannot be.
 
-    Decoders get TEI's kept tokens as a token-id group (the query's special tokens in front). An encoder
-    cross-encoder takes text: the texts are cut at the kept tokens' offsets, and the cut is used only when the
-    model's tokenizer encodes the cut pair to exactly TEI's tokens (else the pair gets an error).
+    Decoders get TEI's kept tokens as a token-id group (the query's special tokens in front); an encoder gets
+    the texts cut at the kept tokens' offsets, when they encode back to exactly TEI's tokens (_tei_text_pair).
     """
     cfg, limits = planner.cfg, planner.limits
     encoder = limits.pair_max_length is not None

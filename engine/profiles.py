@@ -24,6 +24,9 @@ BUILTIN_PACKAGE = "score_batch.engine.builtin_profiles"
 META_KEYS = ("description", "models")
 FIELD_TYPES = typing.get_type_hints(ScoringConfig)
 PROFILE_KEYS = tuple(f.name for f in dataclasses.fields(ScoringConfig))
+# Plain types in words, for a profile's JSON and for Python keyword arguments (_describe).
+_JSON_NAMES = {bool: "true/false", int: "an integer", str: "a string", type(None): "null"}
+_PYTHON_NAMES = {bool: "True/False", int: "an int", str: "a str", type(None): "None"}
 
 
 @dataclass(frozen=True)
@@ -86,16 +89,20 @@ def _matches(value: Any, expected: Any) -> bool:
     return isinstance(value, expected)
 
 
-def _describe(expected: Any) -> str:
-    """A type annotation in JSON words."""
+def _describe(expected: Any, python: bool = False) -> str:
+    """A type annotation in JSON words, or in Python words (where a tuple field accepts a list or a tuple)."""
     origin = typing.get_origin(expected)
     if origin is typing.Literal:
-        return "one of " + ", ".join(json.dumps(choice) for choice in typing.get_args(expected))
+        quote = repr if python else json.dumps
+        return "one of " + ", ".join(quote(choice) for choice in typing.get_args(expected))
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(option) for option in typing.get_args(expected))
+        return " or ".join(_describe(option, python) for option in typing.get_args(expected))
     if origin is tuple:
-        return f"a list of {_describe(typing.get_args(expected)[0])}s"
-    names = {bool: "true/false", int: "an integer", str: "a string", type(None): "null"}
+        element = typing.get_args(expected)[0]
+        if python:
+            return f"a list or tuple of {getattr(element, '__name__', str(element))}"
+        return f"a list of {_describe(element)}s"
+    names = _PYTHON_NAMES if python else _JSON_NAMES
     return names.get(expected, getattr(expected, "__name__", str(expected)))
 
 
@@ -157,9 +164,8 @@ def scoring_config(profile: Profile | None, overrides: dict) -> ScoringConfig:
 
 
 def checked_overrides(overrides: dict) -> dict:
-    """Keyword overrides of ScoringConfig fields from Python: known names only, values of the field's type.
-
-    None means "not given" (the profile's value stays), as for an absent command-line flag; lists become tuples.
+    """Keyword overrides of ScoringConfig fields from Python: known names only, values of the field's type;
+    None means "not given" (the profile's value stays), as an absent command-line flag; lists become tuples.
     """
     checked = {}
     for key, value in overrides.items():
@@ -174,37 +180,20 @@ def checked_overrides(overrides: dict) -> dict:
         if typing.get_origin(FIELD_TYPES[key]) is typing.Literal and isinstance(value, str):
             pass  # ScoringConfig itself names the choices
         elif not _matches(as_json, FIELD_TYPES[key]):
-            raise SettingError(f"ScoringConfig.{key}", value, f"must be {_describe_python(FIELD_TYPES[key])}")
+            raise SettingError(
+                f"ScoringConfig.{key}", value, f"must be {_describe(FIELD_TYPES[key], python=True)}"
+            )
         checked[key] = tuple(value) if isinstance(value, list | tuple) else value
     return checked
 
 
-def _describe_python(expected: Any) -> str:
-    """A type annotation in Python words (a tuple field accepts a list or a tuple)."""
-    origin = typing.get_origin(expected)
-    if origin is typing.Literal:
-        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(expected))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe_python(option) for option in typing.get_args(expected))
-    if origin is tuple:
-        element = typing.get_args(expected)[0]
-        return f"a list or tuple of {getattr(element, '__name__', str(element))}"
-    names = {bool: "True/False", int: "an int", str: "a str", type(None): "None"}
-    return names.get(expected, getattr(expected, "__name__", str(expected)))
-
-
 def resolve_scoring(
-    model_name: str,
-    model_dir: Path,
-    explicit: ScoringConfig | None,
-    profile: str | None,
-    overrides: dict,
+    model_name: str, model_dir: Path, explicit: ScoringConfig | None, profile: str | None, overrides: dict
 ) -> tuple[ScoringConfig, Profile | None]:
     """The ScoringConfig of a Python caller, resolved as the command line does, and the profile used.
 
     A non-default explicit ScoringConfig wins over every profile (none is looked up); otherwise the profile
-    is chosen like the CLI's (explicit name or file, score_batch.json beside the model, built-in match).
-    Keyword overrides then replace single values, like flags.
+    is chosen as the CLI's (choose_profile). Keyword overrides then replace single values, like flags.
     """
     overrides = checked_overrides(overrides)
     if explicit is not None and explicit != ScoringConfig():
@@ -213,7 +202,7 @@ def resolve_scoring(
                 f"profile={profile!r} was given together with a non-default EngineConfig.scoring; give one: "
                 "the profile (with keyword overrides such as apply_softmax=False), or the full ScoringConfig"
             )
-        base = {f.name: getattr(explicit, f.name) for f in dataclasses.fields(ScoringConfig)}
+        base = {key: getattr(explicit, key) for key in PROFILE_KEYS}
         return ScoringConfig(**merge_profile(base, overrides)), None
     chosen = choose_profile(profile, model_name, model_dir)
     return scoring_config(chosen, overrides), chosen

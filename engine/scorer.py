@@ -1,9 +1,8 @@
 """The engine's facade: load a model once, then plan, run and score groups.
 
-`Scorer(model, device=...)` resolves scoring profiles as the command line does and takes sentence-transformers'
-CrossEncoder constructor arguments; CrossEncoder's `predict` and `rank` come from CrossEncoderAPI
-(engine/crossencoder.py), over `score`, which takes `Group`s. The work happens in a runner chosen once at
-load: packed decoders (engine/packed_runner.py) or encoder pairs (engine/pair_runner.py).
+`Scorer(model, device=...)` resolves scoring profiles as the command line does and takes CrossEncoder's
+constructor arguments; `predict` and `rank` come from CrossEncoderAPI (engine/crossencoder.py). The work
+happens in a runner chosen once at load: packed decoders (packed_runner.py) or encoder pairs (pair_runner.py).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from score_batch.engine.pair_runner import PairRunner
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.profiles import Profile, resolve_scoring
 from score_batch.engine.setup import PLANNERS, ResolvedSetup, label_free_scoring, load_planner, resolve_setup
-from score_batch.engine.st_model import CrossEncoderSpec, read_cross_encoder
+from score_batch.engine.st_model import read_cross_encoder
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
@@ -45,10 +44,9 @@ Runner = PackedRunner | PairRunner
 class Scorer(CrossEncoderAPI):
     """Scores (query, item) pairs with one loaded model; safe to call repeatedly.
 
-    Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI
-    does (see from_pretrained); keyword arguments named like ScoringConfig's fields override the profile, and
-    those named like EngineConfig's (max_pack_tokens, max_batch_tokens, dtype, …) set the engine.
-    CrossEncoder's constructor arguments are accepted too (docs/python-api.md, "Loading").
+    Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI does
+    (from_pretrained); keywords named like ScoringConfig's fields override the profile, those named like
+    EngineConfig's (max_pack_tokens, dtype, …) set the engine; CrossEncoder's arguments are accepted too.
     """
 
     def __init__(
@@ -99,8 +97,7 @@ class Scorer(CrossEncoderAPI):
         given = {key for key, value in overrides.items() if value is not None}
         if ce_defaults and "truncate" not in set(chosen.settings if chosen else {}) | given:
             scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder
-        has_labels = bool(scoring.label_tokens or scoring.label_token_ids)
-        logit_score = info.kind == "causal" and not has_labels
+        logit_score = info.kind == "causal" and not (scoring.label_tokens or scoring.label_token_ids)
         fn_name = ACTIVATION_NAMES.get(type(activation_fn))
         labels = 1 if logit_score else info.num_labels
         if fn_name and overrides.get("activation") is None and (info.kind == "classifier" or logit_score):
@@ -141,29 +138,24 @@ class Scorer(CrossEncoderAPI):
         setup = resolve_setup(info, config, tokenizer, spec.logit_score if logit_score else None)
         log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
         planner = PLANNERS[setup.runner](tokenizer, replace(scoring, packing=setup.packing), setup.limits)
-        runner = _load_runner(model_dir, config, (planner, setup), info)
-        self._attach(runner, config, spec if ce_defaults else None, activation_fn)
+        self._runner = _load_runner(model_dir, config, (planner, setup), info)
+        self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
+        self._attach_crossencoder(spec if ce_defaults else None, activation_fn)
         self._attach_prompts(spec, prompt_template)
 
     @classmethod
     def from_pretrained(
-        cls,
-        model: str | Path,
-        config: EngineConfig | None = None,
-        profile: str | None = None,
-        **overrides,
+        cls, model: str | Path, config: EngineConfig | None = None, profile: str | None = None, **overrides
     ) -> Scorer:
         """Load a model directory or a cached hub id for scoring, with its scoring profile applied as the CLI does.
 
         The profile is the first that applies: `profile` (a built-in name or a JSON file); score_batch.json in
-        the model directory; a built-in profile whose `models` name the hub id, the directory, or the hub id
-        of an HF-cache snapshot directory. Keyword arguments named like ScoringConfig's fields
-        (apply_softmax=False, label_tokens=(" no", " yes"), …) override the profile's values, as flags do;
-        None leaves a value to the profile. CrossEncoder's constructor arguments are accepted as in Scorer().
-
-        A config whose `scoring` is not the default ScoringConfig() is taken as given: no profile is looked up
-        (keyword overrides still apply, and `profile` with it is an error). `Scorer.load` skips profiles always.
+        the model directory; a built-in profile whose `models` name the hub id (an HF-cache snapshot's too) or
+        the directory. Keywords named like ScoringConfig's fields (apply_softmax=False, …) override the
+        profile's values, as flags do; None leaves a value to the profile. CrossEncoder's arguments work as in
+        Scorer(). A config whose `scoring` is not the default ScoringConfig() is taken as given: no profile is
+        looked up (overrides apply; `profile` with it is an error). Scorer.load never uses a profile.
         """
         return cls(model, config=config, profile=profile, **overrides)
 
@@ -171,27 +163,15 @@ class Scorer(CrossEncoderAPI):
     def load(
         cls, model: str | Path, config: EngineConfig, planned: tuple[Planner, ResolvedSetup] | None = None
     ) -> Scorer:
-        """Load a model directory or a cached hub id with exactly `config` (no profile is looked up).
-
-        planned: the (planner, setup) load_planner already gave for this model and config (not read again).
-        """
+        """Load a model directory or a cached hub id with exactly `config` (no profile is looked up); planned:
+        the (planner, setup) load_planner already gave for this model and config (not read again)."""
         scorer = cls.__new__(cls)
-        scorer._attach(_load_runner(model, config, planned), config, None, None)
+        scorer._runner = _load_runner(model, config, planned)
+        scorer.engine_config = config
         scorer.profile = None
+        scorer._attach_crossencoder(None, None)
         scorer._attach_prompts(None, False)
         return scorer
-
-    def _attach(
-        self,
-        runner: Runner,
-        config: EngineConfig,
-        spec: CrossEncoderSpec | None,
-        activation_fn: Callable | None,
-    ) -> None:
-        """Hold the runner chosen at load, and decide how predict/rank encode text pairs."""
-        self._runner = runner
-        self.engine_config = config
-        self._attach_crossencoder(spec, activation_fn)
 
     # --- what was loaded ----------------------------------------------------------------------------
 
@@ -273,7 +253,7 @@ def _load_runner(
     scorer whose head is LogitScoreHead; read again when not given).
     """
     # FlashInfer's kernels run once in load_planner(prove=True): auto falls back, explicit fails (a planned
-    # setup comes from the caller's own load_planner(prove=True))
+    # setup comes from the caller's own load_planner(prove=True)).
     planner, setup = planned or load_planner(model, config, prove=True)
     logit_score = setup.logit_score
     if logit_score is not None and load_info is None:

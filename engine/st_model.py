@@ -1,31 +1,25 @@
 """A model directory read the way sentence-transformers 6.2's CrossEncoder reads it (no torch, no weights).
 
-`CrossEncoder(model_dir)` takes its modules from modules.json when config_sentence_transformers.json says
-`"model_type": "CrossEncoder"`; otherwise it builds its defaults from config.json's architecture: a
-`*ForCausalLM` becomes `Transformer(text-generation)` + `LogitScore(true="yes", false="no")`, anything else a
-`Transformer(sequence-classification)`. `read_cross_encoder` reads the same files in the same order and says
-what CrossEncoder would do with them (CrossEncoderSpec); `pair_tokens` encodes (query, document) pairs to the
-exact token ids CrossEncoder's batch would feed its model:
+CrossEncoder takes its modules from modules.json when config_sentence_transformers.json says
+`"model_type": "CrossEncoder"`; otherwise a `*ForCausalLM` becomes `Transformer(text-generation)` +
+`LogitScore(true="yes", false="no")`, anything else a `Transformer(sequence-classification)`.
+`read_cross_encoder` says what CrossEncoder would build (CrossEncoderSpec); `pair_tokens` encodes (query,
+document) pairs to the exact token ids CrossEncoder's batch would feed its model:
 
-- the maximum length: a `max_length` given to the constructor (or `model_max_length` in the tokenizer
-  kwargs or the saved Transformer config), else the tokenizer's `model_max_length` capped at the config's
-  `max_position_embeddings` (a CrossEncoder saved with `max_length=32` stores 32 there);
-- the text: when the Transformer has a `message` modality (a saved modality_config names it, or the
-  tokenizer has a chat template), each pair becomes the messages `[{"role": "query", …}, {"role":
-  "document", …}]` rendered by the chat template, truncated from the right at the maximum length with the
-  template's suffix written back over the last tokens; otherwise `tokenizer([(query, document), …],
-  truncation="longest_first")`, the tokenizer's own pair encoding;
+- the maximum length: the constructor's `max_length` (or `model_max_length` in the tokenizer kwargs or the
+  saved Transformer config), else the tokenizer's `model_max_length` capped at `max_position_embeddings`;
+- the text: with a `message` modality (a saved modality_config, or the tokenizer's chat template), the
+  messages `[{"role": "query", …}, {"role": "document", …}]` rendered by the chat template, cut from the
+  right at the maximum length with the template's suffix written back over the last tokens; otherwise the
+  tokenizer's own pair encoding, `tokenizer([(query, document), …], truncation="longest_first")`;
 - the score: a LogitScore's `logit[true] - logit[false]` at the last token (`logit[true]` without a
-  false token), num_labels 1; a classifier's logits;
-- the activation: config_sentence_transformers.json's `activation_fn` (saved modules only), else
-  config.json's `sentence_transformers.activation_fn` or `sbert_ce_default_activation_function`, else
-  Sigmoid for one label and Identity otherwise (engine/activation.py: model_activation_fn).
+  false token); a classifier's logits;
+- the activation: engine/activation.py's model_activation_fn, else Sigmoid for one label, else Identity;
+- the prompt: the constructor's `prompts` / `default_prompt_name` merged with the saved ones (ce_prompts),
+  before the query's text, or first as a system message under a chat template.
 
-- the prompt: the constructor's `prompts` / `default_prompt_name` merged with the saved ones (ce_prompts);
-  the default prompt goes before the query's text, or first as a system message under a chat template.
-
-Anything CrossEncoder would apply that score-batch does not reproduce (other modules, lower-casing, query
-expansion) is named in CrossEncoderSpec.unsupported.
+What CrossEncoder would apply that score-batch does not (other modules, lower-casing, query expansion) is
+named in CrossEncoderSpec.unsupported.
 """
 
 from __future__ import annotations
@@ -45,14 +39,9 @@ log = logging.getLogger(__name__)
 TRANSFORMER = "Transformer"
 LOGIT_SCORE = "LogitScore"
 # The Transformer module's config file, and the legacy names CrossEncoder still tries in order.
-TRANSFORMER_CONFIGS = (
-    "sentence_bert_config.json",
-    "sentence_roberta_config.json",
-    "sentence_distilbert_config.json",
-    "sentence_camembert_config.json",
-    "sentence_albert_config.json",
-    "sentence_xlm-roberta_config.json",
-    "sentence_xlnet_config.json",
+TRANSFORMER_CONFIGS = tuple(
+    f"sentence_{name}_config.json"
+    for name in ("bert", "roberta", "distilbert", "camembert", "albert", "xlm-roberta", "xlnet")
 )
 # sentence_transformers.base.modality: model types whose chat templates take flat message content,
 # the pair roles and the probes that check that a chat template renders both roles.
@@ -87,12 +76,8 @@ class ChatFormat:
 class CrossEncoderSpec:
     """What CrossEncoder 6.2 builds from a model directory (module doc)."""
 
-    path: Path
-    saved: bool  # modules.json of a saved CrossEncoder; False: CrossEncoder's defaults for the architecture
-    causal: bool  # Transformer(text-generation) + LogitScore
     logit_score: LogitScoreSpec | None
     max_length: int | None  # the tokenizer's model_max_length as CrossEncoder sets it
-    max_length_given: bool  # set by the caller or the saved config (never capped at the positions)
     activation: tuple[str, str] | None  # the activation_fn the model's files name: (dotted path, where)
     chat: ChatFormat | None  # None: the tokenizer's pair encoding
     text_kwargs: dict = field(default_factory=dict)  # processing_kwargs "common" + "text" (truncation, …)
@@ -101,11 +86,6 @@ class CrossEncoderSpec:
     default_prompt_name: str | None = None
     unsupported: tuple[str, ...] = ()  # what CrossEncoder would apply that score-batch does not
     refusal: str | None = None  # why CrossEncoder itself refuses the directory, or None
-
-    @property
-    def num_labels(self) -> int | None:
-        """1 for a LogitScore model; None: the classifier's own num_labels."""
-        return 1 if self.causal else None
 
 
 def read_cross_encoder(
@@ -121,14 +101,15 @@ def read_cross_encoder(
 ) -> CrossEncoderSpec:
     """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…, prompts=…) would.
 
-    tokenizer: the directory's Hugging Face tokenizer (its model_max_length, chat template and vocabulary
-    are read, never changed). architecture, model_type: config.json's (engine.model_loading.ModelInfo). prompts,
-    default_prompt_name: the constructor's, merged with the saved ones as CrossEncoder merges them (ce_prompts).
+    tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's.
     """
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
-    modules = _json_list(path / "modules.json")
-    saved = modules is not None and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
+    try:
+        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        modules = None
+    saved = isinstance(modules, list) and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
     unsupported: list[str] = []
     transformer_config: dict = {}
     logit_score: LogitScoreSpec | None = None
@@ -137,14 +118,15 @@ def read_cross_encoder(
     if saved:
         types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
         for module, name in zip(modules, types):
-            if name == TRANSFORMER:
-                transformer_config = _transformer_config(path / str(module.get("path", "")))
+            if name == TRANSFORMER:  # its config file, or the first legacy name CrossEncoder still tries
+                module_dir = path / str(module.get("path", ""))
+                configs = (json_object(module_dir / file) for file in TRANSFORMER_CONFIGS)
+                transformer_config = next((config for config in configs if config), {})
             elif name == LOGIT_SCORE:
                 settings = json_object(path / str(module.get("path", "")) / "config.json")
-                if isinstance(settings.get("true_token_id"), int):
-                    logit_score = LogitScoreSpec(
-                        settings["true_token_id"], _optional_int(settings.get("false_token_id"))
-                    )
+                true_id, false_id = settings.get("true_token_id"), settings.get("false_token_id")
+                if isinstance(true_id, int):
+                    logit_score = LogitScoreSpec(true_id, None if false_id is None else int(false_id))
                 else:
                     refusal = f"its LogitScore module ({module.get('path')}/config.json) has no true_token_id"
             else:
@@ -180,18 +162,12 @@ def read_cross_encoder(
     text_kwargs = {**(processing.get("common") or {}), **(processing.get("text") or {})}
     text_kwargs.pop("return_tensors", None)
     text_kwargs.pop("padding", None)
-    chat = _chat_format(tokenizer, model_type, transformer_config, processing)
-    activation = model_activation_fn(path, saved=saved)
     prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
-        path=path,
-        saved=saved,
-        causal=causal,
         logit_score=logit_score,
         max_length=ce_max_length(tokenizer, path, processor_kwargs.get("model_max_length")),
-        max_length_given=processor_kwargs.get("model_max_length") is not None,
-        activation=activation,
-        chat=chat,
+        activation=model_activation_fn(path, saved=saved),
+        chat=_chat_format(tokenizer, model_type, transformer_config, processing),
         text_kwargs=text_kwargs,
         default_prompt=(prompts[prompt_name] or None) if prompt_name else None,
         prompts=prompts,
@@ -206,8 +182,8 @@ def ce_prompts(
 ) -> tuple[dict[str, str], str | None]:
     """CrossEncoder's prompts and default prompt name: the given ones first, the saved ones for what they leave.
 
-    A saved prompt fills a name the constructor did not give (or gave as None); a name still None is "";
-    the default name must be one of the prompts' names (CrossEncoder raises ValueError otherwise).
+    A saved prompt fills a name not given (or given as None); a name still None is ""; the default name must
+    be one of the prompts' names (CrossEncoder raises ValueError otherwise).
     """
     merged = dict(given or {})
     saved_prompts = saved_config.get("prompts")
@@ -238,27 +214,23 @@ def ce_max_length(tokenizer, model_dir: Path, given: int | None) -> int | None:
 def pair_tokens(
     spec: CrossEncoderSpec, tokenizer, pairs: Sequence[tuple[str, str]], truncate: bool
 ) -> list[list[int]]:
-    """The token ids CrossEncoder feeds its model for each (query, document) pair (module doc).
-
-    truncate=False encodes without truncation (the caller checks the lengths against spec.max_length).
-    """
+    """The token ids CrossEncoder feeds its model for each (query, document) pair (module doc); truncate=False
+    encodes without truncation (the caller checks the lengths against spec.max_length)."""
     if not pairs:
         return []
     prompt = spec.default_prompt or ""
     truncation = "longest_first" if truncate else False
     if spec.chat is None:
-        pairs = [(prompt + query, document) for query, document in pairs]  # the prompt goes before the query
-        kwargs = (
-            {"truncation": truncation, **spec.text_kwargs}
-            if truncate
-            else {**spec.text_kwargs, "truncation": False}
-        )
-        encoding = tokenizer([list(pair) for pair in pairs], **kwargs)
+        kwargs = {"truncation": truncation, **spec.text_kwargs}
+        if not truncate:
+            kwargs["truncation"] = False
+        # The prompt goes before the query.
+        encoding = tokenizer([[prompt + query, document] for query, document in pairs], **kwargs)
         return [list(ids) for ids in encoding["input_ids"]]
     conversations = [pair_messages(pair, spec.chat.message_format) for pair in pairs]
     if prompt:  # a system message first, as CrossEncoder adds a prompt to messages
-        content = prompt if spec.chat.message_format == "flat" else [{"type": "text", "text": prompt}]
-        conversations = [[{"role": "system", "content": content}, *messages] for messages in conversations]
+        system = {"role": "system", "content": _content(prompt, spec.chat.message_format != "flat")}
+        conversations = [[system, *messages] for messages in conversations]
     text_kwargs = dict(spec.text_kwargs)
     top_level = {key: text_kwargs.pop(key) for key in CHAT_SIZE_KEYS if key in text_kwargs}
     top_level["truncation"] = top_level.get("truncation", truncation) if truncate else False
@@ -285,11 +257,13 @@ def pair_tokens(
 
 def pair_messages(pair: tuple[str, str], message_format: str) -> list[dict]:
     """A (query, document) pair as CrossEncoder's query/document messages."""
-    if message_format == "flat":
-        return [{"role": role, "content": text} for role, text in zip(PAIR_ROLES, pair)]
-    return [
-        {"role": role, "content": [{"type": "text", "text": text}]} for role, text in zip(PAIR_ROLES, pair)
-    ]
+    structured = message_format != "flat"
+    return [{"role": role, "content": _content(text, structured)} for role, text in zip(PAIR_ROLES, pair)]
+
+
+def _content(text: str, structured: bool) -> str | list[dict]:
+    """A message's content: the text itself (flat), or one text part (structured)."""
+    return [{"type": "text", "text": text}] if structured else text
 
 
 def chat_suffix(tokenizer, conversation: list[dict], template_kwargs: dict, text_kwargs: dict) -> list[int]:
@@ -299,12 +273,7 @@ def chat_suffix(tokenizer, conversation: list[dict], template_kwargs: dict, text
         skeleton = [
             message
             if message.get("role") == "system"
-            else {
-                **message,
-                "content": [{"type": "text", "text": filler}]
-                if isinstance(message.get("content"), list)
-                else filler,
-            }
+            else {**message, "content": _content(filler, isinstance(message.get("content"), list))}
             for message in conversation
         ]
         ids = tokenizer.apply_chat_template(
@@ -359,31 +328,29 @@ def longest_first_lengths(first: int, second: int, limit: int) -> tuple[int, int
         return first, second
     if limit <= 0:
         return 0, 0
-    n1, n2, swap = first, second, first > second
-    if swap:
-        n1, n2 = n2, n1
-    n2 = n1 if n1 > limit else max(n1, limit - n1)
-    if n1 + n2 > limit:
-        n1 = limit // 2
-        n2 = n1 + limit % 2
-    if swap:
-        n1, n2 = n2, n1
-    return min(first, n1), min(second, n2)
+    shorter = min(first, second)
+    if 2 * shorter > limit:  # both are cut
+        shorter_keeps, longer_keeps = limit // 2, limit - limit // 2
+    else:  # the longer alone absorbs the excess
+        shorter_keeps, longer_keeps = shorter, limit - shorter
+    if first > second:
+        return min(first, longer_keeps), min(second, shorter_keeps)
+    return min(first, shorter_keeps), min(second, longer_keeps)
 
 
 def _chat_format(tokenizer, model_type: str, transformer_config: dict, processing: dict) -> ChatFormat | None:
     """The chat rendering CrossEncoder's Transformer uses for text pairs, or None (pair encoding)."""
+    template = getattr(tokenizer, "chat_template", None)
     modality = transformer_config.get("modality_config")
     if isinstance(modality, dict):
         message = modality.get("message")
         if not isinstance(message, dict):
             return None
         requested = message.get("format", "auto")
-    else:  # inferred as CrossEncoder does for a directory without a saved modality_config
-        if getattr(tokenizer, "chat_template", None) is None:
-            return None
+    elif template is None:  # inferred as CrossEncoder does for a directory without a saved modality_config
+        return None
+    else:
         requested = "auto"
-    template = getattr(tokenizer, "chat_template", None)
     if requested in ("flat", "structured"):
         message_format = requested
     elif model_type in FLAT_MESSAGE_MODEL_TYPES:
@@ -399,15 +366,6 @@ def _chat_format(tokenizer, model_type: str, transformer_config: dict, processin
     return ChatFormat(message_format, kwargs, restore)
 
 
-def _transformer_config(module_dir: Path) -> dict:
-    """The saved Transformer module's settings (sentence_bert_config.json or a legacy name)."""
-    for name in TRANSFORMER_CONFIGS:
-        config = json_object(module_dir / name)
-        if config:
-            return config
-    return {}
-
-
 def _token_id(tokenizer, token: str) -> int | None:
     """tokenizer.convert_tokens_to_ids(token), as CrossEncoder looks its yes/no tokens up."""
     try:
@@ -415,17 +373,3 @@ def _token_id(tokenizer, token: str) -> int | None:
     except (KeyError, ValueError, TypeError):
         return None
     return value if isinstance(value, int) else None
-
-
-def _optional_int(value) -> int | None:
-    """An int, or None."""
-    return None if value is None else int(value)
-
-
-def _json_list(path: Path) -> list | None:
-    """A JSON list file, or None when it is missing or not a list."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, list) else None
