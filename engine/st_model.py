@@ -162,12 +162,16 @@ def read_cross_encoder(
     text_kwargs = {**(processing.get("common") or {}), **(processing.get("text") or {})}
     text_kwargs.pop("return_tensors", None)
     text_kwargs.pop("padding", None)
+    chat = _chat_format(
+        tokenizer, model_type, transformer_config, processing
+    )  # (this order: which error wins)
+    activation = model_activation_fn(path, saved=saved)
     prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
         logit_score=logit_score,
         max_length=ce_max_length(tokenizer, path, processor_kwargs.get("model_max_length")),
-        activation=model_activation_fn(path, saved=saved),
-        chat=_chat_format(tokenizer, model_type, transformer_config, processing),
+        activation=activation,
+        chat=chat,
         text_kwargs=text_kwargs,
         default_prompt=(prompts[prompt_name] or None) if prompt_name else None,
         prompts=prompts,

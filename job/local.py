@@ -6,6 +6,8 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from score_batch.engine.model_source import model_identity
@@ -42,6 +44,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
         with (
             Prefetch(enumerate(windows), config.pipeline) as read,
             Prefetch(read, config.pipeline) as prefetch,
+            _released(ready),  # left first, before the workers are joined: none is left waiting for the tools
         ):
             # Two workers, one window ahead each: the first reads, hashes and groups a window (the first one
             # while the tokenizer and weights load) and keys it once the tokenizer (and, under --reuse, the
@@ -49,19 +52,36 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
             # the next window's Python work overlaps them).
             read.start(read_stage)
             prefetch.start(plan_stage)
-            try:
-                engine = load_engine(
-                    config,
-                    report,
-                    lambda planner, setup: ready.set_result(_tools(config, checked, planner, setup)),
-                )
-            finally:
-                if not ready.done():  # the load failed before the tokenizer: the worker stops waiting
-                    ready.set_exception(RuntimeError("the engine did not load"))
+            engine = load_engine(
+                config,
+                report,
+                lambda planner, setup: ready.set_result(_tools(config, checked, planner, setup)),
+            )
             _score_windows(config, checked, report, sink, engine, mapping, prefetch, content, ready)
     finally:
         if ready.done() and ready.exception() is None and ready.result().earlier is not None:
             ready.result().earlier.close()
+
+
+@contextmanager
+def _released(ready: Future[WindowTools]):
+    """On leaving, a run that ended before its tools were made (a failed load, a stop at any instant) fails
+    `ready`, so that a worker waiting for them stops waiting and the workers can be joined."""
+    try:
+        yield
+    finally:
+        if not ready.done():
+            ready.set_exception(RuntimeError("the engine did not load"))
+
+
+def _tools_of(ready: Future[WindowTools]) -> WindowTools:
+    """ready.result(), its state checked again every 0.1 s: a stop raised inside set_result on the main thread
+    can leave the future finished with its waiters never notified."""
+    while True:
+        try:
+            return ready.result(timeout=0.1)
+        except FutureTimeout:
+            continue
 
 
 @dataclass(frozen=True)
@@ -92,7 +112,7 @@ def _stages(
     def read(numbered: tuple[int, list]) -> Prepared:
         number, rows = numbered
         input_hash, grouped = window_hash(rows, content), group_window(rows)
-        tools = ready.result()
+        tools = _tools_of(ready)
         keys = pair_keys(rows, tools.identity)
         reused = {} if tools.earlier is None else tools.earlier.take(rows, keys)
         copies = tools.pairs.take(without(grouped, reused), keys)  # repeats of pairs already written
@@ -102,7 +122,7 @@ def _stages(
     def plan(prepared: Prepared) -> Prepared:
         if prepared.number in listed:
             return prepared
-        return dataclasses.replace(prepared, plan=ready.result().planner.plan(prepared.todo.groups))
+        return dataclasses.replace(prepared, plan=_tools_of(ready).planner.plan(prepared.todo.groups))
 
     return read, plan
 
