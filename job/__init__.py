@@ -53,8 +53,11 @@ def run(config: RunConfig) -> RunReport:
     try:
         # Imports, preflight and the model load stop at once; scoring defers to its safe points.
         with StopSignals(immediate=True) as stop:
-            import torch  # here: importing score_batch.job (its config, signals, report) costs no torch
-
+            # torch's C++ start-up aborts the process when a handler raises inside it: its import defers a stop
+            # (importing score_batch.job itself, its config, signals and report, costs no torch)
+            with StopSignals() as deferred:
+                import torch
+            deferred.check()
             torch.set_num_threads(config.threads or available_cpus())
             errors = _run_phases(config, report)
             stop.check()  # a stop Python could not raise (in a weakref callback) still ends the run

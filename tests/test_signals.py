@@ -214,3 +214,34 @@ def test_a_stop_before_the_tools_are_made_never_leaves_a_worker_waiting(
     runner.join(timeout=60)
     assert not runner.is_alive(), "the run hung waiting for a worker"
     assert len(ended) == 1 and isinstance(ended[0], Stopped)
+
+
+def test_a_stop_while_torch_imports_waits_for_the_import(qwen3_causal, tmp_path):
+    """A handler raising inside torch's C++ start-up aborted the process (SIGABRT, no report): a run imports
+    torch with the stop deferred, then stops. Here the signal lands as torch starts importing."""
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": " a"}])
+    script = f"""
+import importlib.abc, os, signal, sys
+from pathlib import Path
+class SignalAtTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch.functional":  # well inside torch's own start-up
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+sys.meta_path.insert(0, SignalAtTorch())
+from score_batch import job
+from score_batch.engine import EngineConfig, ScoringConfig
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.job.run_config import RunConfig
+from score_batch.signals import Stopped
+engine = EngineConfig(backend="sdpa", scoring=ScoringConfig(label_tokens=(" to", " the")))
+config = RunConfig({str(data)!r}, {str(tmp_path / "o.parquet")!r}, Path({str(qwen3_causal)!r}), ColumnOverrides(),
+                   engine, quiet=True)
+try:
+    job.run(config)
+except Stopped:
+    print("stopped", "torch.nn" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["stopped", "True"], done.stderr[-2000:]
