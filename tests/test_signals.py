@@ -159,61 +159,57 @@ def test_a_stop_at_any_delay_exits_130_or_143_without_a_traceback(qwen3_causal, 
         assert not Path(f"{out}.lock").exists(), said  # (a stop during the publish may come after it)
 
 
-@pytest.mark.parametrize("at", ["second worker's start", "set_result"])
-def test_a_stop_before_the_tools_are_made_never_leaves_a_worker_waiting(
-    qwen3_causal, tmp_path, monkeypatch, at
-):
+# Run in a child process: a regression hangs the run, and its worker threads would keep pytest from exiting.
+_STOPPED_RUN = """
+import signal, sys
+from concurrent.futures import Future
+from pathlib import Path
+from score_batch import job
+from score_batch.engine import EngineConfig, ScoringConfig
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.job import local
+from score_batch.job.prefetch import Prefetch
+from score_batch.job.run_config import RunConfig
+from score_batch.signals import Stopped
+
+if sys.argv[1] == "set_result":
+    class FinishedUnnotified(Future):  # the tools' future as a signal can leave it: finished, waiters not woken
+        def set_result(self, result):
+            with self._condition:
+                self._result, self._state = result, "FINISHED"
+            raise Stopped(signal.SIGTERM)
+
+    local.Future = FinishedUnnotified  # only run_local's own future
+else:
+    started = Prefetch.start
+
+    def stop_at_the_second(self, prepare):
+        if prepare.__name__ == "plan":
+            raise Stopped(signal.SIGTERM)
+        started(self, prepare)
+
+    Prefetch.start = stop_at_the_second
+engine = EngineConfig(backend="sdpa", scoring=ScoringConfig(label_tokens=(" to", " the")))
+config = RunConfig(sys.argv[2], sys.argv[3], Path(sys.argv[4]), ColumnOverrides(), engine, quiet=True)
+try:
+    job.run(config)
+except Stopped:
+    print("stopped")
+"""
+
+
+@pytest.mark.parametrize("at", ["second-worker-start", "set_result"])
+def test_a_stop_before_the_tools_are_made_never_leaves_a_worker_waiting(qwen3_causal, tmp_path, at):
     """The read worker waits for the tools (tokenizer, keys) the load makes. A stop landing after it started but
     before the load's guard (the second worker's start), or inside Future.set_result after the future is
     finished but before its waiters are woken, left it waiting and the run hung at the join forever."""
-    import threading
-    from concurrent.futures import Future
-
-    from score_batch import job
-    from score_batch.engine import EngineConfig, ScoringConfig
-    from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job import local
-    from score_batch.job.prefetch import Prefetch
-    from score_batch.job.run_config import RunConfig
-
-    if at == "set_result":
-
-        class FinishedUnnotified(Future):
-            """The tools' future as a signal can leave it: finished, its waiters not woken."""
-
-            def set_result(self, result):
-                with self._condition:
-                    self._result, self._state = result, "FINISHED"
-                raise Stopped(signal.SIGTERM)
-
-        monkeypatch.setattr(local, "Future", FinishedUnnotified)  # only run_local's own future
-    else:
-        started = Prefetch.start
-
-        def stop_at_the_second(self, prepare):
-            if getattr(prepare, "__name__", "") == "plan":
-                raise Stopped(signal.SIGTERM)
-            started(self, prepare)
-
-        monkeypatch.setattr(Prefetch, "start", stop_at_the_second)
     data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": " a"}, {"query": "q", "item": " b"}])
-    engine = EngineConfig(backend="sdpa", scoring=ScoringConfig(label_tokens=(" to", " the")))
-    config = RunConfig(
-        str(data), str(tmp_path / "o.parquet"), qwen3_causal, ColumnOverrides(), engine, quiet=True
-    )
-    ended: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job.run(config)
-        except BaseException as error:  # noqa: BLE001 - what the run ended with
-            ended.append(error)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    runner.join(timeout=60)
-    assert not runner.is_alive(), "the run hung waiting for a worker"
-    assert len(ended) == 1 and isinstance(ended[0], Stopped)
+    command = [sys.executable, "-c", _STOPPED_RUN, at, data, tmp_path / "o.parquet", qwen3_causal]
+    try:
+        done = subprocess.run([str(arg) for arg in command], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run hung waiting for a worker")
+    assert done.returncode == 0 and done.stdout.split() == ["stopped"], done.stderr[-2000:]
 
 
 def test_a_stop_while_torch_imports_waits_for_the_import(qwen3_causal, tmp_path):
