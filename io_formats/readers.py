@@ -28,8 +28,9 @@ from score_batch.io_formats.jsonl import JsonlReader, StdinReader
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
-from score_batch.io_formats.rows import BadLine, InputRow, Record, long_rows, to_row
+from score_batch.io_formats.rows import BadLine, InputRow, Record, to_row
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
+from score_batch.io_formats.window import Window, concat, from_rows, long_window
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
@@ -214,8 +215,8 @@ def open_source(
 
 def read_windows(
     source: InputSource, overrides: ColumnOverrides, window_rows: int
-) -> tuple[ColumnMapping, Iterator[list[InputRow]]]:
-    """The column mapping and an iterator over windows of at most window_rows input rows.
+) -> tuple[ColumnMapping, Iterator[Window]]:
+    """The column mapping and an iterator over windows of at most window_rows input rows (io_formats/window).
 
     The whole input's column types are checked first (column_types), so an input that cannot be given one
     type per column fails here, before scoring; id and kept values then take those types.
@@ -225,42 +226,51 @@ def read_windows(
 
     read = list(dict.fromkeys(n for n in (mapping.query, mapping.items, *_typed_columns(mapping)) if n))
 
-    def windows() -> Iterator[list[InputRow]]:
-        window: list[InputRow] = []
-        for rows in _row_batches(reader(source), read, mapping, types):
-            window.extend(rows)
-            while len(window) >= window_rows:
-                yield window[:window_rows]
-                window = window[window_rows:]
-        if window:
-            yield window
+    def windows() -> Iterator[Window]:
+        pieces: list[Window] = []
+        held = 0
+        for piece in _window_batches(reader(source), read, mapping, types):
+            pieces.append(piece)
+            held += piece.num_rows
+            if held < window_rows:
+                continue
+            window = concat(pieces)
+            start = 0
+            while window.num_rows - start >= window_rows:
+                yield window.slice(start, start + window_rows)
+                start += window_rows
+            pieces = [window.slice(start, window.num_rows)] if start < window.num_rows else []
+            held = window.num_rows - start
+        if held:
+            yield concat(pieces)
 
     return mapping, windows()
 
 
-def _row_batches(
-    table: TableReader, read: list[str], mapping: ColumnMapping, types
-) -> Iterator[list[InputRow]]:
-    """The input's validated rows, a batch at a time: Parquet's long layout column by column
-    (rows.long_rows), everything else record by record (rows.to_row)."""
+def _window_batches(table: TableReader, read: list[str], mapping: ColumnMapping, types) -> Iterator[Window]:
+    """The input's validated rows, a batch at a time, as windows: Parquet's long layout column by column
+    (window.long_window), everything else record by record (rows.to_row)."""
+    shape = (mapping.query_id is not None, mapping.keep)
     if isinstance(table, ParquetReader) and mapping.layout == "long":
         index = 0
         for file, batch in table.batches(read):
-            rows = long_rows(index, batch, dict(file.partitions), mapping, types)
-            if rows is None:
+            window = long_window(index, batch, dict(file.partitions), mapping, types)
+            if window is None:
                 records = (file.with_partitions(record) for record in batch.to_pylist())
-                rows = [to_row(index + k, record, mapping, types) for k, record in enumerate(records)]
-            index += len(rows)
-            yield rows
+                window = from_rows(
+                    [to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape
+                )
+            index += window.num_rows
+            yield window
         return
     batch: list[InputRow] = []
     for index, (_, record) in enumerate(table.records(read)):
         batch.append(to_row(index, record, mapping, types))
         if len(batch) == BATCH_ROWS:
-            yield batch
+            yield from_rows(batch, *shape)
             batch = []
     if batch:
-        yield batch
+        yield from_rows(batch, *shape)
 
 
 def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapping:

@@ -80,8 +80,8 @@ def to_row(index: int, record: Record, mapping: ColumnMapping, types: dict[str, 
             item_ids = [value(mapping.item_id, raw) for raw in raw_ids]  # typed as the lists' elements
         else:
             item_ids = list(range(len(items)))
-    error = _value_error(query, mapping.query) or next(
-        (e for e in (_value_error(item, mapping.items) for item in items) if e), None
+    error = value_error(query, mapping.query) or next(
+        (e for e in (value_error(item, mapping.items) for item in items) if e), None
     )
     if error is None and problems:
         error = problems[0]
@@ -128,7 +128,7 @@ def has_surrogate(value: Any) -> bool:
     return False
 
 
-def _value_error(value: Any, column: str) -> str | None:
+def value_error(value: Any, column: str) -> str | None:
     """Why a query/item value is unusable (null, wrong type, bad token ids, unencodable text), or None."""
     if value is None:
         return f"column {column!r} is null"
@@ -141,41 +141,3 @@ def _value_error(value: Any, column: str) -> str | None:
             return None
         return f"column {column!r} holds a token id outside 0..2^63-1"
     return f"column {column!r} must hold text or a list of integer token ids, got {type(value).__name__}"
-
-
-def long_rows(
-    first: int, batch: pa.RecordBatch, partitions: dict[str, Any], mapping: ColumnMapping, types
-) -> list[InputRow] | None:
-    """The rows of one Parquet record batch of the long layout, read column by column: what to_row gives for
-    each of its records (partitions: the file's hive values, for columns it lacks), or None when the batch
-    needs to_row's per-value checks (a query or item column that is not text, an id or kept column whose
-    type here is not the input's)."""
-    schema = batch.schema
-    text = (pa.string(), pa.large_string())
-    for name in (mapping.query, mapping.items):
-        if name not in schema.names or schema.field(name).type not in text:
-            return None
-    for name in (mapping.query_id, mapping.item_id, *mapping.keep):
-        if name is not None and name in schema.names and schema.field(name).type != types.get(name):
-            return None  # to_row converts (an integer id in a float column): the per-record path
-
-    n = batch.num_rows
-
-    def column(name: str) -> list:
-        """A column's values (Arrow strings are valid UTF-8: no lone surrogate to look for)."""
-        if name in schema.names:
-            return batch.column(name).to_pylist()
-        return [_convert(partitions.get(name), types.get(name))] * n
-
-    queries, items = column(mapping.query), column(mapping.items)
-    query_ids = column(mapping.query_id) if mapping.query_id else [None] * n
-    item_ids = column(mapping.item_id) if mapping.item_id else range(first, first + n)
-    kept = [(name, column(name)) for name in mapping.keep]
-    missing_query, missing_item = _value_error(None, mapping.query), _value_error(None, mapping.items)
-    rows = []
-    for k in range(n):
-        query, item = queries[k], items[k]
-        error = missing_query if query is None else missing_item if item is None else None
-        kept_values = {name: column_values[k] for name, column_values in kept}
-        rows.append(InputRow(first + k, query, [item], query_ids[k], [item_ids[k]], kept_values, error))
-    return rows

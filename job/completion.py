@@ -13,7 +13,6 @@ Rerunning the same command with --resume (a cron job, an Airflow "clear and reru
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 
@@ -25,9 +24,9 @@ from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.target import Target
+from score_batch.io_formats.window import InputDigest
 from score_batch.io_formats.writers import COMMON_METADATA, PUBLISHED_KEY, ROWS_KEY, SUCCESS, output_format
 from score_batch.job.run_config import FINGERPRINTED, Fingerprint, RunConfig
-from score_batch.job.windows import window_hash
 
 METADATA_KEY = b"score_batch.completion"
 RECORD_KEY = b"score_batch.completion_record"  # what the fingerprint digests, to name a difference
@@ -35,11 +34,11 @@ SIDECAR = ".done"  # JSONL outputs: OUTPUT.done
 
 
 def input_digest(config: RunConfig, source: InputSource) -> str:
-    """Read the whole input (no model) and digest its rows the way a run does (window_hash's content)."""
+    """Read the whole input (no model) and digest its rows the way a run does (io_formats/window.InputDigest)."""
     _, windows = read_windows(source, config.columns, config.window_rows)
-    content = hashlib.sha256()
-    for rows in windows:
-        window_hash(rows, content)
+    content = InputDigest()
+    for window in windows:
+        content.add(window)
     return content.hexdigest()
 
 

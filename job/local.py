@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -17,18 +16,25 @@ from score_batch.errors import UserError
 from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
+from score_batch.io_formats.window import InputDigest, Window, window_digest
 from score_batch.job.completion import completion_fingerprint
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, run_contract
-from score_batch.job.query_ranking import query_identity
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import EarlierScores, ScoredPairs, pair_keys, reused_schema, score_identity
+from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema, score_identity
 from score_batch.job.run_config import RunConfig
 from score_batch.job.sinks import open_sink
-from score_batch.job.windows import WindowGroups, group_window, output_columns, window_hash, without
+from score_batch.job.windows import (
+    WindowGroups,
+    group_sizes,
+    group_window,
+    output_columns,
+    pair_keys,
+    without,
+)
 
 
 def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
@@ -38,7 +44,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     mapping, windows = read_windows(checked.source, config.columns, config.window_rows)
     listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
     ready: Future[WindowTools] = Future()
-    content = hashlib.sha256()  # the input's rows, for the completion record
+    content = InputDigest()  # the input's rows, for the completion record
     try:
         read_stage, plan_stage = _stages(ready, listed, content)
         with (
@@ -109,15 +115,16 @@ def _stages(
 ) -> tuple[Callable[[tuple[int, list]], Prepared], Callable[[Prepared], Prepared]]:
     """The workers' two jobs for a numbered window: its hash, groups, keys and copied values; its plan."""
 
-    def read(numbered: tuple[int, list]) -> Prepared:
-        number, rows = numbered
-        input_hash, grouped = window_hash(rows, content), group_window(rows)
+    def read(numbered: tuple[int, Window]) -> Prepared:
+        number, window = numbered
+        content.add(window)
+        input_hash, grouped = window_digest(window), group_window(window)
         tools = _tools_of(ready)
-        keys = pair_keys(rows, tools.identity)
-        reused = {} if tools.earlier is None else tools.earlier.take(rows, keys)
+        keys = pair_keys(window, tools.identity)
+        reused = {} if tools.earlier is None else tools.earlier.take(window, keys)
         copies = tools.pairs.take(without(grouped, reused), keys)  # repeats of pairs already written
         todo = without(grouped, reused | copies)
-        return Prepared(number, rows, input_hash, grouped, todo, reused, copies, keys, None)
+        return Prepared(number, window, input_hash, grouped, todo, reused, copies, keys, None)
 
     def plan(prepared: Prepared) -> Prepared:
         if prepared.number in listed:
@@ -140,12 +147,14 @@ def _score_windows(config, checked, report, sink, engine, mapping, prefetch, con
         for window in prefetch:
             number, rows, grouped = window.number, window.rows, window.grouped
             windows_read = number + 1
-            sizes = [(query_identity(rows[refs[0][0]], ids_given), len(refs)) for refs in grouped.refs]
+            sizes = group_sizes(rows, grouped, ids_given)
             if sink.done(number, window.input_hash):
-                phase.advance(sum(len(r.item_ids) for r in rows))
+                phase.advance(rows.num_items)
                 part = sink.scored(number)
                 pairs.add(part)
-                phase.add(ScoredWindow(len(rows), 0, 0, scores=part[SCORE], query_items=sizes, resumed=True))
+                phase.add(
+                    ScoredWindow(rows.num_rows, 0, 0, scores=part[SCORE], query_items=sizes, resumed=True)
+                )
                 continue
             if config.on_error == "fail":
                 _fail_on_unreadable_row(rows, source)
@@ -164,7 +173,7 @@ def _score_windows(config, checked, report, sink, engine, mapping, prefetch, con
             part = contract.part_table(columns)
             failed = part.num_rows - part[ERROR].null_count
             scored = ScoredWindow(
-                len(rows),
+                rows.num_rows,
                 part.num_rows,
                 failed,
                 plan.stats,
@@ -195,18 +204,18 @@ class Prepared:
     """One window made ready off the critical path: its rows, their hash, groups, score keys and plan."""
 
     number: int
-    rows: list
+    rows: Window
     input_hash: str
     grouped: WindowGroups  # every readable pair
     todo: WindowGroups  # the pairs to score: grouped less the reused ones
-    reused: dict  # (row position, item position) → values copied from an earlier output (--reuse)
-    copies: dict  # (row position, item position) → values of the same pair in an earlier window of this run
-    keys: list  # per row, per item: the pair's score key
+    reused: dict  # window item index → values copied from an earlier output (--reuse)
+    copies: dict  # window item index → values of the same pair in an earlier window of this run
+    keys: list  # [items] each pair's score key
     plan: WorkPlan | None  # None: listed as finished by an earlier run (planned only if it must rerun)
 
 
-def _fail_on_unreadable_row(rows, source: InputSource) -> None:
+def _fail_on_unreadable_row(window: Window, source: InputSource) -> None:
     """Under --on-error fail, stop at the first unreadable row before scoring anything."""
-    for row in rows:
-        if row.error is not None:
-            raise InputError(f"{source.label}: row {row.index}: {row.error} {KEEP_GOING}")
+    for row, error in enumerate(window.errors):
+        if error is not None:
+            raise InputError(f"{source.label}: row {int(window.index[row])}: {error} {KEEP_GOING}")

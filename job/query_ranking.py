@@ -7,33 +7,12 @@ of a group carries the same generated `query_id`: the row index of the group's f
 
 from __future__ import annotations
 
-import hashlib
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from score_batch.engine.ranking import ranks, top_k_order
 from score_batch.io_formats.columns import QUERY_ID, QUERY_KEY, RANK, ROW_INDEX, SCORE
-from score_batch.io_formats.readers import InputRow
 from score_batch.job.contract import OutputContract
-
-
-def query_identity(row: InputRow, ids_given: bool) -> tuple:
-    """Which query a row belongs to over the whole run: its id when the input has an id column and the row's id
-    is not null; else its text (or token ids); a row that could not be read at all is a query of its own."""
-    if ids_given and row.query_id is not None:
-        return ("id", repr(row.query_id))
-    if row.query is not None:
-        return ("text", row.query if isinstance(row.query, str) else tuple(row.query))
-    return ("row", row.index)
-
-
-def query_key(row: InputRow, contract: OutputContract) -> str:
-    """The ranking group of a row (query_identity), as a short string that survives checkpoint parts."""
-    named = query_identity(row, contract.query_ids_given)
-    if named[0] == "row":
-        return f"row:{row.index}"
-    return hashlib.sha256(repr(named).encode()).hexdigest()[:32]
 
 
 def with_group_ids(part: pa.Table, contract: OutputContract) -> pa.Table:

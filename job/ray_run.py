@@ -31,6 +31,7 @@ from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_I
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units
 from score_batch.io_formats.target import Target
+from score_batch.io_formats.window import from_rows
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
@@ -40,7 +41,6 @@ from score_batch.job.report import RunReport
 from score_batch.job.reuse import (
     EarlierScores,
     ScoredPairs,
-    pair_keys,
     reused_schema,
     reused_values,
     score_identity,
@@ -48,7 +48,7 @@ from score_batch.job.reuse import (
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.job.score_stats import written_scores
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
-from score_batch.job.windows import group_window, output_columns, query_group_key, without
+from score_batch.job.windows import group_window, output_columns, pair_keys, without
 from score_batch.machine import tune_gc, tune_malloc
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _group_key(row, layout: str) -> str:
     """Rows of one long-layout query share a key (as in group_window); other rows stand alone."""
     if layout != "long" or row.error is not None:
         return f"row:{row.index}"
-    return repr(query_group_key(row))
+    return repr((repr(row.query_id), row.query if isinstance(row.query, str) else tuple(row.query)))
 
 
 def _collapse_group(group: pa.Table) -> pa.Table:
@@ -143,24 +143,25 @@ class ScoreActor:
             (entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)),
             key=lambda entry: entry[0].index,
         )
-        rows = [row for row, _ in entries]
-        keys = pair_keys(rows, self.identity)
+        window = from_rows([row for row, _ in entries], self.contract.query_ids_given, self.contract.keep)
+        keys = pair_keys(window, self.identity)
         reused = {}
         for number, (_, joined_rows) in enumerate(entries):
+            start, stop = int(window.offsets[number]), int(window.offsets[number + 1])
             for joined in joined_rows:
-                values = reused_values(joined, keys[number])
+                values = reused_values(joined, keys, start, stop)
                 if values is not None:
-                    reused[(number, joined["item_pos"])] = values
-        todo = without(group_window(rows), reused)
+                    reused[start + joined["item_pos"]] = values
+        todo = without(group_window(window), reused)
         copies = self.pairs.take(todo, keys)
         todo = without(todo, copies)
         plan = self.scorer.plan(todo.groups)
         results = self.scorer.run(plan)
         part = self.contract.part_table(
-            output_columns(rows, todo, results, self.contract, keys, reused | copies)
+            output_columns(window, todo, results, self.contract, keys, reused | copies)
         )
         self.pairs.add(part)
-        refs = [(number, item) for number, row in enumerate(rows) for item in range(len(row.item_ids))]
+        refs = range(window.num_items)
         duplicates = [int(ref in copies) for ref in refs]
         if duplicates:
             duplicates[0] += plan.stats.duplicates

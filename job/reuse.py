@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -33,9 +34,11 @@ import pyarrow.parquet as pq
 from score_batch.engine.model_source import model_identity
 from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.earlier import join_earlier, open_earlier
-from score_batch.io_formats.readers import InputRow, InputSource, read_windows
+from score_batch.io_formats.readers import InputSource, read_windows
+from score_batch.io_formats.window import Window
 from score_batch.job.lock import process_gone
 from score_batch.job.run_config import INVARIANT_SETTINGS, RunConfig, software_identity
+from score_batch.job.windows import pair_keys
 from score_batch.machine import available_cpus, device_name
 
 log = logging.getLogger(__name__)
@@ -76,31 +79,6 @@ def score_identity(config: RunConfig, setup) -> bytes:
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).digest()
 
 
-def pair_keys(rows: list[InputRow], identity: bytes) -> list[list[str | None]]:
-    """Per row, per item: the pair's score key (hex), None for a row that cannot be read. The key hashes the
-    JSON text `[query,item]`; a window's distinct queries are hashed once, their hash state copied per item."""
-    keys = []
-    states: dict = {}  # a window's distinct queries → the hash state after "[query,"
-    dumps, blake2b = json.dumps, hashlib.blake2b
-    for row in rows:
-        if row.error is not None:
-            keys.append([None] * len(row.item_ids))
-            continue
-        query = row.query if isinstance(row.query, str) else tuple(row.query)
-        state = states.get(query)
-        if state is None:
-            state = blake2b(digest_size=16, key=identity)
-            state.update(f"[{dumps(row.query, ensure_ascii=False)},".encode())
-            states[query] = state
-        row_keys = []
-        for item in row.items:
-            pair = state.copy()
-            pair.update(f"{dumps(item, ensure_ascii=False)}]".encode())
-            row_keys.append(pair.hexdigest())
-        keys.append(row_keys)
-    return keys
-
-
 class EarlierScores:
     """The earlier outputs' values for this run's pairs, in input order: `take` hands out one window's."""
 
@@ -135,15 +113,15 @@ class EarlierScores:
             shutil.rmtree(directory, ignore_errors=True)
             raise
 
-    def take(self, rows: list[InputRow], keys: list[list[str | None]]) -> dict[tuple[int, int], dict]:
-        """The reused values of a window's pairs: (row position, item position) → {score, scores, …}, for
-        pairs whose key (keys: pair_keys of rows) is the one joined (an input rewritten since the key pass is
-        scored, never given another pair's value). Windows are taken in input order; rows before this
+    def take(self, window: Window, keys: list[str | None]) -> dict[int, dict]:
+        """The reused values of a window's pairs: window item index → {score, scores, …}, for pairs whose
+        key (keys: job/windows.pair_keys of the window) is the one joined (an input rewritten since the key
+        pass is scored, never given another pair's value). Windows are taken in input order; rows before this
         window's (windows a resumed run skipped) are passed over."""
-        if not rows:
+        if not window.num_rows:
             return {}
-        position = {row.index: number for number, row in enumerate(rows)}
-        last = rows[-1].index
+        first, last = window.first, window.last  # a reader's windows: consecutive rows
+        offsets = window.offsets
         found = {}
         while True:
             if self._next == len(self._rows):
@@ -156,10 +134,12 @@ class EarlierScores:
             if row[ROW_INDEX] > last:
                 return found
             self._next += 1
-            number = position.get(row[ROW_INDEX])
-            values = None if number is None else reused_values(row, keys[number])
+            if row[ROW_INDEX] < first:
+                continue
+            number = row[ROW_INDEX] - first
+            values = reused_values(row, keys, int(offsets[number]), int(offsets[number + 1]))
             if values is not None:
-                found[(number, row["item_pos"])] = values
+                found[int(offsets[number]) + row["item_pos"]] = values
 
     def close(self) -> None:
         """Remove the temporary files."""
@@ -172,11 +152,11 @@ def reused_schema(part_schema: pa.Schema) -> pa.Schema:
     return pa.schema([part_schema.field(name) for name in REUSED if name in part_schema.names])
 
 
-def reused_values(joined: dict, keys: list[str | None]) -> dict | None:
-    """A joined row's values ({score, scores, …}) when its pair's key is still the joined one (keys: the pair
-    keys of the input row it names, as read now); None when the row changed since the key pass."""
-    item = joined["item_pos"]
-    if item < len(keys) and keys[item] == joined[SCORE_KEY]:
+def reused_values(joined: dict, keys: list[str | None], start: int, stop: int) -> dict | None:
+    """A joined row's values ({score, scores, …}) when its pair's key is still the joined one (keys[start:stop]:
+    the pair keys of the input row it names, as read now); None when the row changed since the key pass."""
+    item = start + joined["item_pos"]
+    if item < stop and keys[item] == joined[SCORE_KEY]:
         return {name: joined[name] for name in REUSED if name in joined}
     return None
 
@@ -225,13 +205,16 @@ class ScoredPairs:
                 if oldest.start == len(oldest.keys):
                     del self._windows[serial]
 
-    def take(self, grouped, keys: list[list[str | None]]) -> dict[tuple[int, int], dict]:
-        """The remembered values of a window's pairs still to score: (row position, item position) → values."""
-        wanted: dict[int, list[tuple[tuple[int, int], int]]] = {}  # window serial → (ref, row)
+    def take(self, grouped, keys: list[str | None]) -> dict[int, dict]:
+        """The remembered values of a window's pairs still to score: window item index → values."""
+        wanted: dict[int, list[tuple[int, int]]] = {}  # window serial → (item index, row)
         with self._lock:
+            if not self._where:
+                return {}
+            where_of = self._where.get
             for refs in grouped.refs:
-                for ref in refs:
-                    where = self._where.get(keys[ref[0]][ref[1]])
+                for ref in refs.tolist():
+                    where = where_of(keys[ref])
                     if where is not None:
                         wanted.setdefault(where[0], []).append((ref, where[1]))
             tables = {serial: self._windows[serial].values for serial in wanted}
@@ -256,15 +239,13 @@ def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: P
     """One pass over the input: (row_index, item_pos, score_key) of every readable pair, to a Parquet file."""
     _, windows = read_windows(source, config.columns, config.window_rows)
     with pq.ParquetWriter(path, KEY_SCHEMA) as writer:
-        for rows in windows:
-            indexes, positions, keys = [], [], []
-            for row, row_keys in zip(rows, pair_keys(rows, identity)):
-                for item_pos, key in enumerate(row_keys):
-                    if key is not None:
-                        indexes.append(row.index)
-                        positions.append(item_pos)
-                        keys.append(key)
-            writer.write_table(pa.table([indexes, positions, keys], schema=KEY_SCHEMA))
+        for window in windows:
+            keys = pa.array(pair_keys(window, identity), pa.string())
+            table = pa.table(
+                [window.index[window.item_rows()], window.item_positions().astype(np.int32), keys],
+                schema=KEY_SCHEMA,
+            )
+            writer.write_table(table.filter(pc.is_valid(keys)))
 
 
 def _remove_stale_directories() -> None:

@@ -1,9 +1,8 @@
-"""One window of input rows → groups for the engine → output columns in input row order."""
+"""One window (io_formats/window.Window, columns) → groups for the engine → output columns in input row order."""
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -24,74 +23,83 @@ from score_batch.io_formats.columns import (
     SCORE_KEY,
     SCORES,
 )
-from score_batch.io_formats.readers import InputRow
+from score_batch.io_formats.window import Window, python, query_digest, token_key
 from score_batch.job.contract import OutputContract
-from score_batch.job.query_ranking import query_key
 
 
 @dataclass
 class WindowGroups:
-    """The groups of a window and, for each group item, the (row position, item position) it came from."""
+    """The groups of a window and, per group, the window item index (Window.items) of each of its items."""
 
     groups: list[Group]
-    refs: list[list[tuple[int, int]]]
+    refs: list[np.ndarray]  # per group: [group items] int64
 
 
-def query_group_key(row: InputRow) -> tuple:
-    """Rows with the same query id and query (text or token ids) belong to one group."""
-    return repr(row.query_id), row.query if isinstance(row.query, str) else tuple(row.query)
-
-
-def group_window(rows: list[InputRow]) -> WindowGroups:
-    """Gather the valid rows' items by query (same query id and text) within the window."""
-    index: dict[Any, int] = {}
-    groups: list[tuple[Any, list]] = []
-    refs: list[list[tuple[int, int]]] = []
-    for row_pos, row in enumerate(rows):
-        if row.error is not None:
+def group_codes(window: Window) -> tuple[np.ndarray, list[int]]:
+    """[rows] each readable row's query group (same query id and query), numbered in order of first
+    appearance, -1 for a row that cannot be read; and each group's first row."""
+    codes = np.full(window.num_rows, -1, np.int64)
+    firsts: list[int] = []
+    index: dict = {}
+    ids = window.query_id_values()
+    query_codes = window.query_codes.tolist()
+    for row, (error, query_id, query) in enumerate(zip(window.errors, ids, query_codes)):
+        if error is not None:
             continue
-        key = query_group_key(row)
-        if key not in index:
-            index[key] = len(groups)
-            groups.append((row.query, []))
-            refs.append([])
-        g = index[key]
-        for item_pos, item in enumerate(row.items):
-            groups[g][1].append(item)
-            refs[g].append((row_pos, item_pos))
-    return WindowGroups([Group(q, items) for q, items in groups], refs)
+        key = (repr(query_id), query)
+        code = index.get(key)
+        if code is None:
+            code = index[key] = len(firsts)
+            firsts.append(row)
+        codes[row] = code
+    return codes, firsts
 
 
-def without(grouped: WindowGroups, reused: dict[tuple[int, int], dict]) -> WindowGroups:
-    """The groups of a window less the items --reuse found (groups left with no item are dropped)."""
-    if not reused:
+def group_window(window: Window) -> WindowGroups:
+    """Gather the readable rows' items by query (same query id and query) within the window."""
+    codes, firsts = group_codes(window)
+    item_codes = codes[window.item_rows()]  # [items]
+    readable = np.flatnonzero(item_codes >= 0)
+    order = readable[np.argsort(item_codes[readable], kind="stable")]
+    bounds = np.cumsum(np.bincount(item_codes[readable], minlength=len(firsts)))[:-1]
+    refs = np.split(order, bounds) if firsts else []
+    items = window.items
+    groups = [Group(window.query(row), [items[i] for i in ref.tolist()]) for row, ref in zip(firsts, refs)]
+    return WindowGroups(groups, refs)
+
+
+def without(grouped: WindowGroups, taken: dict[int, dict]) -> WindowGroups:
+    """The groups of a window less the items in taken (by window item index; a group left empty is dropped)."""
+    if not taken:
         return grouped
+    gone = np.fromiter(taken, np.int64, len(taken))
     groups, refs = [], []
     for group, g_refs in zip(grouped.groups, grouped.refs):
-        kept = [k for k, ref in enumerate(g_refs) if ref not in reused]
-        if kept:
-            groups.append(Group(group.query, [group.items[k] for k in kept]))
-            refs.append([g_refs[k] for k in kept])
+        kept = np.flatnonzero(~np.isin(g_refs, gone))
+        if len(kept) == len(g_refs):
+            groups.append(group)
+            refs.append(g_refs)
+        elif len(kept):
+            groups.append(Group(group.query, [group.items[k] for k in kept.tolist()]))
+            refs.append(g_refs[kept])
     return WindowGroups(groups, refs)
 
 
 def output_columns(
-    rows: list[InputRow],
+    window: Window,
     grouped: WindowGroups,
     results: list[GroupResult] | None,
     contract: OutputContract,
-    keys: list[list[str | None]],
-    reused: dict[tuple[int, int], dict] | None = None,
+    keys: list[str | None],
+    reused: dict[int, dict] | None = None,
 ) -> dict[str, list | pa.Array]:
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
     A null id stays null when the input has an id column; without one, the row index is the query id. Under
-    --truncate chunk each item also has its chunk count. keys: each pair's score key (job/reuse.pair_keys);
-    reused: the values of pairs copied from earlier (grouped and results leave them out). The score, scores
-    and pooled columns are Arrow arrays built from numpy (no Python object per number)."""
-    keep, dim = contract.keep, contract.pooled_dim
-    starts = list(itertools.accumulate((len(row.item_ids) for row in rows), initial=0))
-    n = starts[-1]
+    --truncate chunk each item also has its chunk count. keys: each item's score key (pair_keys); reused: the
+    values of items copied from earlier (grouped and results leave them out), by window item index. Ids and
+    kept columns are taken from the window by row; scores and vectors are built from numpy."""
+    dim, n = contract.pooled_dim, window.num_items
     width = _scores_width(results, reused)
     score = np.full(n, np.nan, np.float32)  # [items]
     scores = np.full((n, width), np.nan, np.float32)  # [items, num_scores]
@@ -100,46 +108,47 @@ def output_columns(
     has_vector = np.zeros(n, bool)  # [items]
     errors: list[str | None] = [None] * n
     chunks: list[int | None] = [None] * n
-    for (row_pos, item_pos), values in (reused or {}).items():
-        at = starts[row_pos] + item_pos
+    for at, values in (reused or {}).items():
         score[at], scores[at], has_value[at] = values[SCORE], values[SCORES], True
         if pooled is not None and values.get(POOLED) is not None:
             pooled[at], has_vector[at] = values[POOLED], True
         chunks[at] = values.get(CHUNKS)
-    for g_refs, result in zip(grouped.refs, results or ()):
-        at = np.fromiter((starts[r] + i for r, i in g_refs), np.int64, len(g_refs))  # [group items]
+    for at, result in zip(grouped.refs, results or ()):
         score[at], scores[at], has_value[at] = result.score, result.scores, True
         if pooled is not None and result.pooled is not None:
             pooled[at], has_vector[at] = result.pooled, True
-        for k, error in enumerate(result.failures):  # per item: why it has no score, else None
-            errors[at[k]] = error
+        failures = result.failures  # per item: why it has no score, else None
+        if any(failures):
+            for k, error in enumerate(failures):
+                errors[at[k]] = error
         if result.chunks is not None:
-            for k, count in enumerate(result.chunks.tolist()):
-                chunks[at[k]] = count
-    columns: dict[str, list | pa.Array] = {
-        name: [] for name in (ROW_INDEX, QUERY_ID, ITEM_ID, *keep, SCORE_KEY, QUERY_KEY)
-    }  # by name: OutputContract.part_table puts them in the schema's order
-    for row_pos, row in enumerate(rows):
-        query_id = row.query_id if contract.query_ids_given else row.index
-        key = query_key(row, contract) if contract.ranked else None
-        count = len(row.item_ids)
-        start = starts[row_pos]
-        if row.error is not None:
-            errors[start : start + count] = [row.error] * count
-        columns[ROW_INDEX].extend([row.index] * count)
-        columns[QUERY_ID].extend([query_id] * count)
-        columns[ITEM_ID].extend(row.item_ids)
-        for name in keep:
-            columns[name].extend([row.kept.get(name)] * count)
-        row_errors = errors[start : start + count]
-        columns[SCORE_KEY].extend(
-            None if error is not None else k for error, k in zip(row_errors, keys[row_pos])
-        )
-        columns[QUERY_KEY].extend([key] * count)
-        for item_pos, error in enumerate(row_errors):
-            if error is not None:
-                errors[start + item_pos] = f"row {row.index}: {error}{_ids(query_id, row.item_ids[item_pos])}"
+            for k, count in zip(at.tolist(), result.chunks.tolist()):
+                chunks[k] = count
+    rows = window.item_rows()  # [items]
+    for row, error in enumerate(window.errors):
+        if error is not None:
+            start, stop = int(window.offsets[row]), int(window.offsets[row + 1])
+            errors[start:stop] = [error] * (stop - start)
+    row_index = window.index[rows]  # [items]
+    query_ids = _take(window.query_ids, rows) if contract.query_ids_given else pa.array(row_index)
     failed = np.fromiter((error is not None for error in errors), bool, n)  # [items]
+    columns: dict[str, list | pa.Array] = {
+        ROW_INDEX: pa.array(row_index),
+        QUERY_ID: query_ids,
+        ITEM_ID: window.item_ids,
+        **{name: _take(values, rows) for name, values in window.kept.items()},
+        SCORE_KEY: [None if bad else key for bad, key in zip(failed.tolist(), keys)]
+        if failed.any()
+        else keys,
+        QUERY_KEY: _take(row_query_keys(window, contract.query_ids_given), rows)
+        if contract.ranked
+        else [None] * n,
+    }  # by name: OutputContract.part_table puts them in the schema's order
+    if failed.any():
+        ids = python(query_ids) if contract.query_ids_given else row_index.tolist()
+        item_ids = python(window.item_ids)
+        for k in np.flatnonzero(failed).tolist():
+            errors[k] = f"row {int(row_index[k])}: {errors[k]}{_ids(ids[k], item_ids[k])}"
     null = failed | ~has_value
     columns[SCORE] = pa.array(score, mask=null)
     columns[SCORES] = pa.ListArray.from_arrays(
@@ -153,6 +162,13 @@ def output_columns(
         )
     columns[ERROR] = errors
     return columns
+
+
+def _take(values, rows: np.ndarray):
+    """A per-row column's values for each item (rows: each item's row)."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values.take(pa.array(rows))
+    return [values[r] for r in rows.tolist()]
 
 
 def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int:
@@ -171,40 +187,75 @@ def _ids(query_id: Any, item_id: Any) -> str:
     return f" ({', '.join(named)})" if named else ""
 
 
-def window_hash(rows: list[InputRow], content=None) -> str:
-    """A hash of everything read for a window, so --resume can tell that the input did not change; content
-    (a hashlib object), when given, takes the same rows too: the whole input's digest, whatever the windows.
-
-    Each row is the JSON of its fields (dataclass order) with the query replaced by the SHA-256 of its JSON:
-    a query is encoded and hashed once per window however many rows repeat it. The window is one JSON list;
-    content takes its rows joined by ", " (the list's own separator) and one after the last, so the stream is
-    the same however the input is cut into windows."""
-    digests: dict = {}
-
-    def query_digest(query) -> str:
-        key = query if isinstance(query, str) else _hashable(query)
-        digest = digests.get(key)
-        if digest is None:
-            text = json.dumps(query, default=repr, sort_keys=True).encode()
-            digest = digests[key] = hashlib.sha256(text).hexdigest()
-        return digest
-
-    values = [
-        (row.index, query_digest(row.query), row.items, row.query_id, row.item_ids, row.kept, row.error)
-        for row in rows
-    ]
-    text = json.dumps(values, default=repr, sort_keys=True).encode()
-    if content is not None and values:
-        content.update(text[1:-1])
-        content.update(b", ")
-    return hashlib.sha256(text).hexdigest()
+def pair_keys(window: Window, identity: bytes) -> list[str | None]:
+    """[items] each pair's score key (hex), None for an item of a row that cannot be read: the 128-bit BLAKE2b,
+    keyed with the run's score identity, of the query's digest (io_formats/window.query_digest, once per
+    distinct query) then the item (text as UTF-8 behind a tag byte, token ids as JSON)."""
+    states: dict[int, Any] = {}
+    codes = window.query_codes.copy()
+    for row, error in enumerate(window.errors):
+        if error is not None:
+            codes[row] = -1
+    keys: list[str | None] = []
+    append, blake2b = keys.append, hashlib.blake2b
+    for code, item in zip(codes[window.item_rows()].tolist(), window.items):
+        if code < 0:
+            append(None)
+            continue
+        state = states.get(code)
+        if state is None:
+            state = states[code] = blake2b(
+                query_digest(window.query_values[code]), digest_size=16, key=identity
+            )
+        pair = state.copy()
+        pair.update(_item_bytes(item))
+        append(pair.hexdigest())
+    return keys
 
 
-def _hashable(value: Any) -> Any:
-    """A dict key for a query that is not text: its token ids as a tuple, else its JSON."""
-    if isinstance(value, list):
-        try:
-            return tuple(value) if all(type(v) is int for v in value) else json.dumps(value, default=repr)
-        except TypeError:
-            pass
-    return json.dumps(value, default=repr, sort_keys=True)
+def _item_bytes(item: Any) -> bytes:
+    """An item as the key hashes it."""
+    if isinstance(item, str):
+        return b"t" + item.encode("utf-8", "surrogatepass")
+    return b"i" + json.dumps(item, default=repr).encode()
+
+
+def query_identity(window: Window, row: int, ids_given: bool) -> tuple:
+    """Which query a row belongs to over the whole run: its id when the input has an id column and the row's id
+    is not null; else its text (or token ids); a row that could not be read at all is a query of its own."""
+    query_id = window.query_ids[row] if ids_given else None
+    if isinstance(query_id, pa.Scalar):
+        query_id = query_id.as_py()
+    if query_id is not None:
+        return ("id", repr(query_id))
+    query = window.query(row)
+    if query is not None:
+        return ("text", query if isinstance(query, str) else token_key(query))
+    return ("row", int(window.index[row]))
+
+
+def row_query_keys(window: Window, ids_given: bool) -> list[str]:
+    """[rows] each row's ranking group (query_identity) as a short string that survives checkpoint parts."""
+    cache: dict = {}
+    ids = window.query_id_values() if ids_given else [None] * window.num_rows
+    keys = []
+    for row, (query_id, code) in enumerate(zip(ids, window.query_codes.tolist())):
+        cached = ("id", repr(query_id)) if query_id is not None else ("code", code)
+        key = cache.get(cached)
+        if key is None:
+            named = query_identity(window, row, ids_given)
+            key = (
+                f"row:{named[1]}"
+                if named[0] == "row"
+                else hashlib.sha256(repr(named).encode()).hexdigest()[:32]
+            )
+            if named[0] != "row":
+                cache[cached] = key
+        keys.append(key)
+    return keys
+
+
+def group_sizes(window: Window, grouped: WindowGroups, ids_given: bool) -> list[tuple[Any, int]]:
+    """(query identity, items) per query group of the window, for the report's items per query."""
+    rows = window.item_rows()
+    return [(query_identity(window, int(rows[ref[0]]), ids_given), len(ref)) for ref in grouped.refs]

@@ -115,29 +115,29 @@ def test_scored_pairs_forget_the_oldest_past_their_budget():
     row = table.slice(0, 3).select(["score", "scores"]).nbytes / 3 + KEY_BYTES  # what one held pair costs
     pairs = ScoredPairs(budget=int(2.5 * row))  # two pairs fit
     pairs.add(table)
-    grouped = WindowGroups([Group("q", ["x", "y", "z"])], [[(0, 0), (0, 1), (0, 2)]])
-    found = pairs.take(grouped, [["a", "b", "c"]])
-    assert found == {(0, 1): {"score": 0.2, "scores": [0.2]}, (0, 2): {"score": 0.3, "scores": [0.3]}}
-    assert pairs.take(grouped, [["d", "d", "d"]]) == {}
+    grouped = WindowGroups([Group("q", ["x", "y", "z"])], [np.arange(3)])
+    found = pairs.take(grouped, ["a", "b", "c"])
+    assert found == {1: {"score": 0.2, "scores": [0.2]}, 2: {"score": 0.3, "scores": [0.3]}}
+    assert pairs.take(grouped, ["d", "d", "d"]) == {}
     later = pa.table(
         {"score": [0.4], "scores": [[0.4]], "score_key": ["d"], "error": pa.array([None], pa.string())}
     )
     pairs.add(later)  # a later window's pair pushes out the oldest held one (b), not c
-    assert pairs.take(grouped, [["b", "c", "d"]]) == {
-        (0, 1): {"score": 0.3, "scores": [0.3]},
-        (0, 2): {"score": 0.4, "scores": [0.4]},
+    assert pairs.take(grouped, ["b", "c", "d"]) == {
+        1: {"score": 0.3, "scores": [0.3]},
+        2: {"score": 0.4, "scores": [0.4]},
     }
     too_big = ScoredPairs(budget=int(0.5 * row))  # not one pair fits: none is held
     too_big.add(table)
-    assert too_big.take(grouped, [["a", "b", "c"]]) == {}
+    assert too_big.take(grouped, ["a", "b", "c"]) == {}
     wide = pa.table({"score": [0.5], "scores": [[0.5] * 10_000], "score_key": ["w"], "error": [None]})
     mixed = ScoredPairs(budget=int(2.5 * row))
     mixed.add(wide)  # a window none of whose pairs fits holds nothing, and later evictions pass over it
     mixed.add(table)
     mixed.add(later)
-    assert mixed.take(grouped, [["w", "c", "d"]]) == {
-        (0, 1): {"score": 0.3, "scores": [0.3]},
-        (0, 2): {"score": 0.4, "scores": [0.4]},
+    assert mixed.take(grouped, ["w", "c", "d"]) == {
+        1: {"score": 0.3, "scores": [0.3]},
+        2: {"score": 0.4, "scores": [0.4]},
     }
 
 

@@ -46,7 +46,7 @@ def assert_clean_exit_2(result, *needles):
 def rows_of(source, overrides=ColumnOverrides(), window_rows=1000):
     """All InputRows of a source (with its mapping)."""
     mapping, windows = read_windows(source, overrides, window_rows)
-    return mapping, [row for window in windows for row in window]
+    return mapping, [row for window in windows for row in window.rows()]
 
 
 # ------------------------------------------------------------------------------ Parquet: types

@@ -231,48 +231,56 @@ def test_pickle_weights_refused_without_flag(qwen3_causal, copy_model, tmp_path)
     assert allowed.returncode == 0, allowed.stderr
 
 
-def test_window_hash_sees_every_field_and_the_content_digest_ignores_the_windows():
+def test_window_digest_sees_every_field_and_the_input_digest_ignores_the_windows():
     import dataclasses
     import datetime
     import decimal
-    import hashlib
 
     from score_batch.io_formats.rows import InputRow
-    from score_batch.job.windows import window_hash
+    from score_batch.io_formats.window import InputDigest, from_rows, window_digest
 
     long_query = "q" * 5000
     rows = [
         InputRow(
-            0, long_query, ["a", "b"], 7, ["x", None], {"k": [1, {"d": datetime.date(2020, 1, 2)}]}, None
+            0,
+            long_query,
+            ["a", "b"],
+            7,
+            ["x", None],
+            {"k": [1, {"d": datetime.date(2020, 1, 2)}], "b": None},
+            None,
         ),
-        InputRow(1, [5, 6], [[1, 2]], None, [None], {"n": decimal.Decimal("1.5"), "b": b"\x00"}, "bad row"),
-        InputRow(2, long_query, ["c"], 7, ["y"], {"k": None}, None),
-        InputRow(3, {"not": "text"}, [None], None, [None], {}, "bad query"),
+        InputRow(1, [5, 6], [[1, 2]], None, [None], {"k": decimal.Decimal("1.5"), "b": b"\x00"}, "bad row"),
+        InputRow(2, long_query, ["c"], 7, ["y"], {"k": None, "b": None}, None),
+        InputRow(3, {"not": "text"}, [None], None, [None], {"k": None, "b": None}, "bad query"),
     ]
-    whole = hashlib.sha256()
-    window_hash(rows, whole)
+
+    def window(rows):
+        return from_rows(rows, True, ("k", "b"))
+
+    whole = InputDigest().add(window(rows)).hexdigest()
     for cut in (1, 2, 3):  # the input's digest is the same however it is cut into windows
-        pieces = hashlib.sha256()
-        window_hash(rows[:cut], pieces)
-        window_hash(rows[cut:], pieces)
-        assert pieces.hexdigest() == whole.hexdigest()
-    assert window_hash(rows[:1]) != window_hash(rows)
+        assert InputDigest().add(window(rows[:cut])).add(window(rows[cut:])).hexdigest() == whole
+    assert window(rows).slice(1, 3).rows() == rows[1:3]  # a slice keeps every field
+    assert window_digest(window(rows[:1])) != window_digest(window(rows))
     changes = [
         {"query": long_query[:-1] + "r"},  # the query's last character only
         {"items": ["a", "B"]},
         {"query_id": 8},
         {"item_ids": ["x", "z"]},
-        {"kept": {"k": [1, {"d": datetime.date(2020, 1, 3)}]}},
+        {"kept": {"k": [1, {"d": datetime.date(2020, 1, 3)}], "b": None}},
         {"error": "now bad"},
         {"index": 9},
     ]
-    seen = {window_hash(rows)}
+    seen = {window_digest(window(rows))}
     for change in changes:
         changed = [dataclasses.replace(rows[0], **change), *rows[1:]]
-        digest = window_hash(changed)
+        digest = window_digest(window(changed))
         assert digest not in seen, change
         seen.add(digest)
-    assert window_hash([dataclasses.replace(r) for r in rows]) == window_hash(rows)  # equal rows, equal hash
+    bad_query = [*rows[:3], dataclasses.replace(rows[3], query={"not": "text!"})]  # a failing row's query too
+    assert window_digest(window(bad_query)) not in seen
+    assert window_digest(window([dataclasses.replace(r) for r in rows])) == window_digest(window(rows))
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.9])

@@ -296,10 +296,11 @@ def test_non_finite_item_scores_from_the_engine_are_row_errors():
     from score_batch.engine import Group, GroupResult
     from score_batch.io_formats.readers import InputRow
     from score_batch.io_formats.schema import ColumnMapping
+    from score_batch.io_formats.window import from_rows
     from score_batch.job.contract import OutputContract
     from score_batch.job.windows import group_window, output_columns
 
-    rows = [InputRow(0, "query", ["a", "b"], "q1", ["i1", "i2"])]
+    rows = from_rows([InputRow(0, "query", ["a", "b"], "q1", ["i1", "i2"])], True, ())
     grouped = group_window(rows)
     assert grouped.groups == [Group("query", ["a", "b"])]
     result = GroupResult(
@@ -312,7 +313,7 @@ def test_non_finite_item_scores_from_the_engine_are_row_errors():
     mapping = ColumnMapping("nested", "query", "items", "query_id", "item_ids", ())
     types = {"query_id": pa.string(), "item_ids": pa.string()}
     contract = OutputContract.from_types(mapping, types, None, "record")
-    part = contract.part_table(output_columns(rows, grouped, [result], contract, [["k1", "k2"]]))
+    part = contract.part_table(output_columns(rows, grouped, [result], contract, ["k1", "k2"]))
     assert part["score"].to_pylist() == [0.5, None]
     assert part["error"].to_pylist() == [
         None,

@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats.readers import InputRow
+from score_batch.io_formats.window import from_rows
 from score_batch.job.contract import ERROR, QUERY_KEY, OutputContract
-from score_batch.job.query_ranking import query_key, rank_parts
+from score_batch.job.query_ranking import rank_parts
+from score_batch.job.windows import row_query_keys
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 ITEMS = [" to", " the flag of", " Japan", " the", " a city", " over there"]
@@ -188,6 +190,9 @@ def test_query_key_uses_the_given_id_and_ignores_the_text():
 
     def row(index, query, query_id):
         return InputRow(index, query, ["x"], query_id, [index])
+
+    def query_key(row, contract):
+        return row_query_keys(from_rows([row], contract.query_ids_given, ()), contract.query_ids_given)[0]
 
     assert query_key(row(0, "q", "u1"), with_ids) == query_key(row(1, "q ", "u1"), with_ids)
     assert query_key(row(0, "q", "u1"), with_ids) != query_key(row(1, "q", "u2"), with_ids)

@@ -125,8 +125,8 @@ def test_parquet_rows_read_column_by_column_equal_the_record_path(tmp_path, wind
     expected = [to_row(i, record, mapping, types) for i, (_, record) in enumerate(reader(source).records())]
     _, windows = read_windows(source, ColumnOverrides(keep_columns=("price", "tags", "day")), window_rows)
     windows = list(windows)
-    assert all(len(w) == window_rows for w in windows[:-1]) and 0 < len(windows[-1]) <= window_rows
-    assert [row for window in windows for row in window] == expected
+    assert all(w.num_rows == window_rows for w in windows[:-1]) and 0 < windows[-1].num_rows <= window_rows
+    assert [row for window in windows for row in window.rows()] == expected
     errors = [None, "column 'query' is null", "column 'item' is null", None, None, None, None]
     assert [row.error for row in expected] == errors
     assert [row.query_id for row in expected] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5]  # floats throughout
@@ -139,6 +139,6 @@ def test_token_id_parquet_rows_take_the_record_path(tmp_path):
     table = pa.table({"query": [[1, 2], [-3]], "item": [[3], [4]]})
     pq.write_table(table, tmp_path / "t.parquet")
     _, windows = read_windows(open_source(str(tmp_path / "t.parquet")), ColumnOverrides(), 10)
-    rows = next(windows)
+    rows = next(windows).rows()
     assert rows[0].query == [1, 2] and rows[0].error is None
     assert rows[1].error == "column 'query' holds a token id outside 0..2^63-1"

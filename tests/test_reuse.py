@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats.rows import InputRow
-from score_batch.job.reuse import pair_keys
+from score_batch.io_formats.window import from_rows
+from score_batch.job.windows import pair_keys
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows, start_cli, wait_for_parts
 from tests.test_object_stores import get_table, keys, s3, s3_server  # noqa: F401 (fixtures)
@@ -365,15 +366,22 @@ def test_reuse_refusals_are_one_line(qwen3_causal, tmp_path, monkeypatch):
 
 
 def test_pair_keys_depend_on_text_and_identity_only():
+    def keys(rows, identity=b"i" * 32):
+        return pair_keys(from_rows(rows, True, ()), identity)
+
     row = InputRow(index=0, query="q", items=["a", "b", "a"], query_id="x", item_ids=[1, 2, 3])
     other_ids = InputRow(index=9, query="q", items=["a"], query_id="y", item_ids=[7])
-    broken = InputRow(index=1, query=None, items=[], query_id=None, item_ids=[None], error="bad line")
-    keys = pair_keys([row, other_ids, broken], b"i" * 32)
-    assert keys[0][0] == keys[0][2] == keys[1][0] != keys[0][1]
-    assert keys[2] == [None]
-    assert pair_keys([row], b"j" * 32)[0][0] != keys[0][0]
-    assert pair_keys([InputRow(0, "q ", ["a"], None, [1])], b"i" * 32)[0][0] != keys[0][0]
-    assert pair_keys([InputRow(0, [1, 2], [[3]], None, [1])], b"i" * 32)[0][0] != keys[0][0]
+    broken = InputRow(index=1, query=None, items=[None], query_id=None, item_ids=[None], error="bad line")
+    found = keys([row, other_ids, broken])
+    assert found[0] == found[2] == found[3] != found[1]
+    assert found[4] is None
+    assert keys([row], b"j" * 32)[0] != found[0]
+    assert keys([InputRow(0, "q ", ["a"], None, [1])])[0] != found[0]
+    assert (
+        keys([InputRow(0, [1, 2], [[3]], None, [1])])[0]
+        != keys([InputRow(0, "[1, 2]", ["[3]"], None, [1])])[0]
+    )
+    assert keys([InputRow(0, "qa", [""], None, [1])])[0] != keys([InputRow(0, "q", ["a"], None, [1])])[0]
 
 
 def test_a_pair_whose_key_changed_since_the_join_is_scored_not_copied(tmp_path):
@@ -394,11 +402,11 @@ def test_a_pair_whose_key_changed_since_the_join_is_scored_not_copied(tmp_path):
     )
     earlier = EarlierScores(tmp_path, joined, 4)
     rows = [InputRow(i, "q", ["a", "b"], None, [1, 2]) for i in range(3)]
-    keys = [["k0", "x"], ["new", "k1b"], ["y", "z"]]  # row 1 item 0 was rewritten after the key pass
-    found = earlier.take(rows, keys)
-    assert sorted(found) == [(0, 0), (1, 1)] and found[(1, 1)]["scores"] == [pytest.approx(0.3)]
-    later = earlier.take([InputRow(3, "q", ["c"], None, [1])], [["k3"]])
-    assert list(later) == [(0, 0)]
+    keys = ["k0", "x", "new", "k1b", "y", "z"]  # row 1 item 0 was rewritten after the key pass
+    found = earlier.take(from_rows(rows, False, ()), keys)
+    assert sorted(found) == [0, 3] and found[3]["scores"] == [pytest.approx(0.3)]
+    later = earlier.take(from_rows([InputRow(3, "q", ["c"], None, [1])], False, ()), ["k3"])
+    assert list(later) == [0]
     earlier.close()
     assert not tmp_path.exists()
 

@@ -1,0 +1,319 @@
+"""A window of input rows as columns: queries by code, items back to back, ids and kept columns as read.
+
+No Python object exists per row: the queries are dictionary-encoded (each distinct query is one Python value),
+the items are one flat list (the tokenizer's input), the id and kept columns stay Arrow arrays (taken by row for
+the output), and a row's error is its message or None. The records a reader could not take column by column
+(JSONL lines, mixed types, the nested layout) pass through rows.InputRow on their way in (`from_rows`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from score_batch.io_formats.rows import InputRow, value_error
+from score_batch.io_formats.schema import ColumnMapping
+
+Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Input rows as columns (see the module); a reader's windows are consecutive rows, a Ray batch's any."""
+
+    index: np.ndarray  # [rows] int64: each row's index in the input (JSONL: line number - 1)
+    query_codes: np.ndarray  # [rows] int64: the row's query in query_values; -1 when the row has none
+    query_values: list  # [distinct queries] str or list[int], in order of first appearance
+    items: list  # [items] str, list[int] or None: every row's items back to back
+    offsets: np.ndarray  # [rows + 1] int64: row r's items are items[offsets[r] : offsets[r + 1]]
+    query_ids: Values | None  # [rows] the query ids (None: the input has no query-id column)
+    kept: dict[str, Values]  # [rows] the kept (pass-through) columns, by name
+    item_ids: Values  # [items] the item ids (the row index, long layout, or the position, nested, when none)
+    errors: list  # [rows] why a row cannot be scored at all, else None
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.errors)
+
+    @property
+    def num_items(self) -> int:
+        return len(self.items)
+
+    @property
+    def first(self) -> int:
+        """The input row index of the first row."""
+        return int(self.index[0])
+
+    @property
+    def last(self) -> int:
+        """The input row index of the last row."""
+        return int(self.index[-1])
+
+    def item_rows(self) -> np.ndarray:
+        """[items] int64: the window row each item belongs to."""
+        if "item_rows" not in self._cache:
+            counts = np.diff(self.offsets)
+            self._cache["item_rows"] = np.repeat(np.arange(self.num_rows, dtype=np.int64), counts)
+        return self._cache["item_rows"]
+
+    def item_positions(self) -> np.ndarray:
+        """[items] int64: each item's position within its row (0 in the long layout)."""
+        return np.arange(self.num_items, dtype=np.int64) - self.offsets[self.item_rows()]
+
+    def query(self, row: int) -> Any:
+        """The query of one row (None when it has none)."""
+        code = self.query_codes[row]
+        return None if code < 0 else self.query_values[code]
+
+    def query_id_values(self) -> list:
+        """[rows] the query ids as Python values (None everywhere without a query-id column)."""
+        return [None] * self.num_rows if self.query_ids is None else python(self.query_ids)
+
+    def row(self, row: int) -> InputRow:
+        """One row as an InputRow (for a failing row's message or a test; the run loop reads columns)."""
+        start, stop = int(self.offsets[row]), int(self.offsets[row + 1])
+        kept = {name: _at(values, row) for name, values in self.kept.items()}
+        ids = [_at(self.item_ids, k) for k in range(start, stop)]
+        query_id = None if self.query_ids is None else _at(self.query_ids, row)
+        return InputRow(
+            int(self.index[row]),
+            self.query(row),
+            self.items[start:stop],
+            query_id,
+            ids,
+            kept,
+            self.errors[row],
+        )
+
+    def rows(self) -> list[InputRow]:
+        """Every row as an InputRow (tests and the Python API; the run loop reads columns)."""
+        return [self.row(row) for row in range(self.num_rows)]
+
+    def slice(self, start: int, stop: int) -> Window:
+        """Rows start..stop-1 as a window of their own."""
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        return Window(
+            self.index[start:stop],
+            self.query_codes[start:stop],
+            self.query_values,
+            self.items[lo:hi],
+            self.offsets[start : stop + 1] - lo,
+            None if self.query_ids is None else self.query_ids[start:stop],
+            {name: values[start:stop] for name, values in self.kept.items()},
+            self.item_ids[lo:hi],
+            self.errors[start:stop],
+        )
+
+
+def _at(values: Values, k: int) -> Any:
+    """One value of a column as Python."""
+    return values[k].as_py() if isinstance(values, (pa.Array, pa.ChunkedArray)) else values[k]
+
+
+def concat(windows: Sequence[Window]) -> Window:
+    """Consecutive windows as one (their distinct queries merged, codes renumbered)."""
+    if len(windows) == 1:
+        return windows[0]
+    index: dict = {}
+    values: list = []
+    codes = []
+    for window in windows:
+        remap = np.empty(len(window.query_values) + 1, np.int64)
+        remap[-1] = -1  # code -1 (no query) stays -1
+        for code, query in enumerate(window.query_values):
+            key = query if isinstance(query, str) else token_key(query)
+            if key not in index:
+                index[key] = len(values)
+                values.append(query)
+            remap[code] = index[key]
+        codes.append(remap[window.query_codes])
+    starts = np.cumsum([0] + [w.num_items for w in windows[:-1]])
+    offsets = np.concatenate([windows[0].offsets[:1]] + [w.offsets[1:] + s for w, s in zip(windows, starts)])
+    kept = {name: _join([w.kept[name] for w in windows]) for name in windows[0].kept}
+    query_ids = None if windows[0].query_ids is None else _join([w.query_ids for w in windows])
+    return Window(
+        np.concatenate([w.index for w in windows]),
+        np.concatenate(codes),
+        values,
+        [item for w in windows for item in w.items],
+        offsets,
+        query_ids,
+        kept,
+        _join([w.item_ids for w in windows]),
+        [error for w in windows for error in w.errors],
+    )
+
+
+def _join(parts: list[Values]) -> Values:
+    """Columns of consecutive windows as one (Arrow chunks combined; Python lists joined)."""
+    if all(isinstance(p, (pa.Array, pa.ChunkedArray)) for p in parts):
+        chunks = [c for p in parts for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])]
+        return pa.chunked_array(chunks, type=chunks[0].type).combine_chunks()
+    return [v for p in parts for v in (p.to_pylist() if not isinstance(p, list) else p)]
+
+
+def encode_queries(queries: list) -> tuple[np.ndarray, list]:
+    """Python queries → (codes, distinct values in order of first appearance); None → -1."""
+    index: dict = {}
+    values: list = []
+    codes = np.empty(len(queries), np.int64)
+    for k, query in enumerate(queries):
+        if query is None:
+            codes[k] = -1
+            continue
+        key = query if isinstance(query, str) else token_key(query)
+        code = index.get(key)
+        if code is None:
+            code = index[key] = len(values)
+            values.append(query)
+        codes[k] = code
+    return codes, values
+
+
+def token_key(query: Any) -> Any:
+    """A dict key for a query that is not text: its token ids as a tuple, else (a value a row error names) its
+    JSON."""
+    if isinstance(query, list) and all(type(v) is int for v in query):
+        return tuple(query)
+    return ("value", json.dumps(query, default=repr, sort_keys=True))
+
+
+def from_rows(rows: list[InputRow], query_ids: bool, keep: tuple[str, ...]) -> Window:
+    """Validated InputRows (records read one by one) as a window (query_ids: the input has a query-id column;
+    keep: the kept columns)."""
+    codes, values = encode_queries([row.query for row in rows])
+    counts = np.fromiter((len(row.items) for row in rows), np.int64, len(rows))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Window(
+        np.fromiter((row.index for row in rows), np.int64, len(rows)),
+        codes,
+        values,
+        [item for row in rows for item in row.items],
+        offsets,
+        [row.query_id for row in rows] if query_ids else None,
+        {name: [row.kept.get(name) for row in rows] for name in keep},
+        [item_id for row in rows for item_id in row.item_ids],
+        [row.error for row in rows],
+    )
+
+
+def long_window(
+    first: int, batch: pa.RecordBatch, partitions: dict[str, Any], mapping: ColumnMapping, types
+) -> Window | None:
+    """A Parquet record batch of the long layout read column by column: what from_rows(to_row(record) for each
+    record) gives (partitions: the file's hive values, for columns it lacks), or None when the batch needs
+    to_row's per-value checks (a query or item column that is not valid text, an id or kept column whose type
+    here is not the input's)."""
+    schema = batch.schema
+    text = (pa.string(), pa.large_string())
+    for name in (mapping.query, mapping.items):
+        if name not in schema.names or schema.field(name).type not in text:
+            return None
+    for name in (mapping.query_id, mapping.item_id, *mapping.keep):
+        if name is not None and name in schema.names and schema.field(name).type != types.get(name):
+            return None  # to_row converts (an integer id in a float column): the per-record path
+    n = batch.num_rows
+    try:  # Parquet's reader does not check UTF-8: a row with bytes that are not text goes the per-record way
+        batch.column(mapping.query).validate(full=True)
+        batch.column(mapping.items).validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+
+    def column(name: str) -> pa.Array:
+        if name in schema.names:
+            return batch.column(name)
+        value = partitions.get(name)
+        if value is not None and types.get(name) is not None and pa.types.is_floating(types[name]):
+            value = float(value)
+        return pa.array([value] * n, type=types.get(name))
+
+    queries = batch.column(mapping.query).dictionary_encode()
+    codes = queries.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    items = batch.column(mapping.items)
+    missing_query, missing_item = value_error(None, mapping.query), value_error(None, mapping.items)
+    errors: list = [None] * n
+    if queries.null_count or items.null_count:
+        for k in np.flatnonzero(codes < 0).tolist():
+            errors[k] = missing_query
+        for k in np.flatnonzero(items.is_null().to_numpy(zero_copy_only=False)).tolist():
+            errors[k] = errors[k] or missing_item
+    item_ids = column(mapping.item_id) if mapping.item_id else pa.array(np.arange(first, first + n))
+    return Window(
+        np.arange(first, first + n, dtype=np.int64),
+        codes,
+        queries.dictionary.to_pylist(),
+        items.to_pylist(),
+        np.arange(n + 1, dtype=np.int64),
+        column(mapping.query_id) if mapping.query_id else None,
+        {name: column(name) for name in mapping.keep},
+        item_ids,
+        errors,
+    )
+
+
+class InputDigest:
+    """A digest of everything read, streamed window by window and the same however the input is cut into
+    windows: one hash per column (queries by their own digest, items, item ids, id and kept columns, errors),
+    each fed the JSON list of a window's values without its brackets, joined by ", "; the column hashes are
+    combined at the end."""
+
+    VERSION = b"score-batch input digest 2"
+
+    def __init__(self) -> None:
+        self._hashes: dict[str, Any] = {}
+
+    def add(self, window: Window) -> InputDigest:
+        """Feed one window's rows (the windows in input order)."""
+        if window.num_rows == 0:
+            return self
+        digests = [query_digest(q).hex() for q in window.query_values] + [None]
+        self._feed("index", window.index.tolist())
+        self._feed("query", [digests[c] for c in window.query_codes.tolist()])
+        self._feed("items", window.items)
+        self._feed("offsets", np.diff(window.offsets).tolist())
+        self._feed("item_ids", python(window.item_ids))
+        if window.query_ids is not None:
+            self._feed("query_ids", python(window.query_ids))
+        for name, values in window.kept.items():
+            self._feed(f"kept {name}", python(values))
+        self._feed("errors", window.errors)
+        return self
+
+    def _feed(self, name: str, values: list) -> None:
+        text = json.dumps(values, default=repr, sort_keys=True, ensure_ascii=False)
+        state = self._hashes.get(name)
+        if state is None:
+            state = self._hashes[name] = hashlib.sha256()
+        state.update(text[1:-1].encode("utf-8", "surrogatepass"))
+        state.update(b", ")
+
+    def hexdigest(self) -> str:
+        """The digest of every window added so far."""
+        total = hashlib.sha256(self.VERSION)
+        for name in sorted(self._hashes):
+            total.update(name.encode() + b"\0" + self._hashes[name].digest())
+        return total.hexdigest()
+
+
+def window_digest(window: Window) -> str:
+    """One window's digest (InputDigest of it alone): a resumed run's check that a part's rows did not change."""
+    return InputDigest().add(window).hexdigest()
+
+
+def query_digest(query: Any) -> bytes:
+    """A query's 32-byte SHA-256: text as UTF-8 behind a tag byte, token ids as their JSON."""
+    if isinstance(query, str):
+        return hashlib.sha256(b"t" + query.encode("utf-8", "surrogatepass")).digest()
+    return hashlib.sha256(b"i" + json.dumps(query, default=repr).encode()).digest()
+
+
+def python(values: Values) -> list:
+    """A column's values as a Python list."""
+    return values.to_pylist() if isinstance(values, (pa.Array, pa.ChunkedArray)) else list(values)
