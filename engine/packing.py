@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -56,25 +57,30 @@ def mis_pack(
     """
     if not query_ids:
         raise ValueError("multi-item packing needs a query of at least one token")
-    q = len(query_ids)
-    tokens, positions, segments, score_rows = list(query_ids), list(range(q)), [QUERY_SEGMENT] * q, []
-    tokens.append(delimiter)
-    positions.append(q - 1)
-    segments.append(DELIMITER_SEGMENT)
-    for k, item in enumerate(items):
-        tokens.extend(item)
-        positions.extend(range(q, q + len(item)))
-        segments.extend([k] * len(item))
-        # The score row is the item's last token; for an empty item, the query's last token.
-        score_rows.append(len(tokens) - 1 if item else q - 1)
-        tokens.append(delimiter)
-        positions.append(q - 1)
-        segments.append(DELIMITER_SEGMENT)
+    q, n = len(query_ids), len(items)
+    lens = np.fromiter(map(len, items), np.int64, n)  # [n]
+    flat = np.fromiter(itertools.chain.from_iterable(items), np.int64, int(lens.sum()))  # [item tokens]
+    total = q + 1 + int(lens.sum()) + n
+    tokens = np.full(total, delimiter, np.int64)  # [total]: delimiters everywhere the items do not write
+    positions = np.full(total, q - 1, np.int64)  # a delimiter sits at the query's last position
+    segments = np.full(total, DELIMITER_SEGMENT, np.int32)
+    tokens[:q], positions[:q], segments[:q] = query_ids, np.arange(q), QUERY_SEGMENT
+    ends = np.cumsum(lens + 1)  # [n] each item's end, its closing delimiter included, after `query D`
+    starts = q + 1 + ends - lens - 1  # [n] each item's first row
+    within = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)  # [item tokens] index in its item
+    rows = np.repeat(starts, lens) + within  # [item tokens] where each item token goes
+    tokens[rows], positions[rows], segments[rows] = (
+        flat,
+        q + within,
+        np.repeat(np.arange(n, dtype=np.int32), lens),
+    )
+    # The score row is the item's last token; for an empty item, the query's last token.
+    score_rows = np.where(lens > 0, starts + lens - 1, q - 1)
     return Pack(
-        token_ids=np.asarray(tokens, dtype=np.int64),
-        positions=np.asarray(positions, dtype=np.int64),
-        segments=np.asarray(segments, dtype=np.int32),
-        score_rows=np.asarray(score_rows, dtype=np.int64),
+        token_ids=tokens,
+        positions=positions,
+        segments=segments,
+        score_rows=score_rows.astype(np.int64),
         item_refs=tuple(refs),
         prefix_len=q,
         query_key=query_key,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from score_batch.engine.chunking import split_chunks
 from score_batch.engine.config import ScoringConfig
@@ -176,6 +179,10 @@ def tokenize_group(
             f": with the query's {len(query_ids)} tokens it would pass the model's position limit "
             f"(max_position_embeddings {max_positions})"
         )
+    if text_input and cfg.truncate != "chunk" and (query_ids or not cfg.item_first):
+        ids = [item.ids for item in items]
+        if _all_fit(ids, item_limit, vocab_size):  # the common case, checked over the group's tokens at once
+            return TokenizedGroup(query_ids, ids, [None] * len(ids), cfg.item_first)
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []
     chunks: list[list[list[int]]] | None = [] if cfg.truncate == "chunk" else None
@@ -262,6 +269,15 @@ def _backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> li
     if backend.encode_special_tokens != tokenizer.split_special_tokens:
         backend.encode_special_tokens = tokenizer.split_special_tokens
     return backend.encode_batch(texts, add_special_tokens=add_special_tokens, is_pretokenized=False)
+
+
+def _all_fit(ids: list[list[int]], limit: int, vocab_size: int) -> bool:
+    """Whether every item's tokenizer ids fit the limit and the vocabulary (else each is checked on its own)."""
+    lens = np.fromiter(map(len, ids), np.int64, len(ids))  # [items]
+    if not len(ids) or lens.max() > limit:
+        return False
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lens.sum()))  # [item tokens]
+    return not len(flat) or (flat.min() >= 0 and flat.max() < vocab_size)
 
 
 def _check_ids(ids: list[int], vocab_size: int, what: str) -> str | None:
