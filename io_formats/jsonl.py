@@ -183,13 +183,27 @@ class JsonlReader:
             self._scan = scan
         return self._scan
 
+    def line_blocks(self, size: int) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
+        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, file by file in order."""
+        several = len(self.files) > 1
+        for index in range(self._file_count()):
+            file = self.files[index] if self.files else None
+            block: list[tuple[str, bytes]] = []
+            for number, raw in nonblank_lines(self._lines(index)):
+                block.append((f"{number} of {file}" if several else str(number), raw))
+                if len(block) == size:
+                    yield file, block
+                    block = []
+            if block:
+                yield file, block
+
     def file_records(self, index: int) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of one file, its partition values added."""
         file = self.files[index] if self.files else None
         several = len(self.files) > 1
         for number, raw in nonblank_lines(self._lines(index)):
             where = f"{number} of {file}" if several else str(number)
-            record = _parse_line(raw, where)
+            record = parse_line(raw, where)
             if file is not None and isinstance(record, dict):
                 record = file.with_partitions(record)
             yield where, record
@@ -286,7 +300,7 @@ class StdinReader(JsonlReader):
             yield from stream
 
 
-def _parse_line(raw: bytes, line: str) -> dict | BadLine:
+def parse_line(raw: bytes, line: str) -> dict | BadLine:
     """One line as an object, or a BadLine saying why not."""
     try:
         text = raw.decode("utf-8")

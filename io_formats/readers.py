@@ -24,13 +24,13 @@ import pyarrow as pa
 from score_batch.choices import HiveTypes, RequestedFormat
 from score_batch.io_formats.batch_requests import BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.jsonl import JsonlReader, StdinReader
+from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
 from score_batch.io_formats.rows import BadLine, InputRow, Record, to_row
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
-from score_batch.io_formats.window import Window, concat, from_rows, long_window
+from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
@@ -256,7 +256,19 @@ def _window_batches(table: TableReader, read: list[str], mapping: ColumnMapping,
         for file, batch in table.batches(read):
             window = long_window(index, batch, dict(file.partitions), mapping, types)
             if window is None:
-                records = (file.with_partitions(record) for record in batch.to_pylist())
+                window = from_rows(_batch_rows(index, batch, file, mapping, types), *shape)
+            index += window.num_rows
+            yield window
+        return
+    if isinstance(table, JsonlReader) and mapping.layout == "long":
+        index = 0
+        for file, lines in table.line_blocks(BATCH_ROWS):
+            partitions = dict(file.partitions) if file is not None else {}
+            window = json_window(index, [raw for _, raw in lines], partitions, mapping, types)
+            if window is None:
+                records = [parse_line(raw, where) for where, raw in lines]
+                if file is not None:
+                    records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
                 window = from_rows(
                     [to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape
                 )
@@ -271,6 +283,34 @@ def _window_batches(table: TableReader, read: list[str], mapping: ColumnMapping,
             batch = []
     if batch:
         yield from_rows(batch, *shape)
+
+
+def _batch_rows(first: int, batch: pa.RecordBatch, file: InputFile, mapping: ColumnMapping, types) -> list:
+    """A Parquet record batch's rows record by record (rows.to_row); a string that is not UTF-8 (Parquet's
+    reader does not check) is read as null and fails its row, naming the column."""
+    try:
+        records = batch.to_pylist()
+    except UnicodeDecodeError:
+        return [
+            _checked_row(first + k, batch.slice(k, 1), file, mapping, types) for k in range(batch.num_rows)
+        ]
+    return [to_row(first + k, file.with_partitions(r), mapping, types) for k, r in enumerate(records)]
+
+
+def _checked_row(
+    index: int, batch: pa.RecordBatch, file: InputFile, mapping: ColumnMapping, types
+) -> InputRow:
+    """One record's row, its values decoded column by column."""
+    record, bad = {}, None
+    for name, column in zip(batch.schema.names, batch.columns):
+        try:
+            record[name] = column[0].as_py()
+        except UnicodeDecodeError:
+            record[name], bad = None, bad or name
+    row = to_row(index, file.with_partitions(record), mapping, types)
+    if bad is not None:
+        row.error = f"column {bad!r} holds bytes that are not valid UTF-8"
+    return row
 
 
 def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapping:

@@ -9,7 +9,9 @@ the output), and a row's error is its message or None. The records a reader coul
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,7 @@ import pyarrow as pa
 from score_batch.io_formats.rows import InputRow, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
 
@@ -256,6 +259,34 @@ def long_window(
         item_ids,
         errors,
     )
+
+
+def json_window(
+    first: int, lines: list[bytes], partitions: dict[str, Any], mapping: ColumnMapping, types
+) -> Window | None:
+    """A block of JSONL lines of the long layout parsed by pyarrow's JSON reader into the input's column types:
+    what from_rows(to_row(parse_line(line)) for each line) gives, or None when a line needs the per-line path
+    (not an object, not valid JSON or UTF-8, a value of another type, a key given twice, a surrogate escape, a
+    column the file's partition values fill)."""
+    import pyarrow.json as pj  # imported here: only JSONL inputs need it
+
+    typed = list(dict.fromkeys(n for n in (mapping.query_id, mapping.item_id, *mapping.keep) if n))
+    if any(name in partitions for name in (mapping.query, mapping.items, *typed)):
+        return None
+    raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
+    if SURROGATE_ESCAPE.search(raw):
+        return None  # Python's json reads a lone surrogate, which the row's error then names
+    fields = [(mapping.query, pa.string()), (mapping.items, pa.string()), *((n, types[n]) for n in typed)]
+    options = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
+    try:
+        table = pj.read_json(
+            io.BytesIO(raw), pj.ReadOptions(use_threads=False, block_size=len(raw) + 1), options
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    if table.num_rows != len(lines):
+        return None
+    return long_window(first, table.combine_chunks().to_batches()[0], {}, mapping, types)
 
 
 class InputDigest:

@@ -1,0 +1,164 @@
+"""The columnar readers (io_formats/window: Parquet batches and JSONL blocks read column by column) give the
+rows, values and errors of the record-by-record path (rows.to_row over each record), on hostile inputs."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from score_batch.io_formats.readers import (
+    column_types,
+    input_mapping,
+    open_source,
+    read_windows,
+    reader,
+)
+from score_batch.io_formats.rows import to_row
+from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.io_formats.window import concat, from_rows, json_window
+
+KEEP = ColumnOverrides(keep_columns=("n", "tags", "meta"))
+
+
+def record_path_rows(source, overrides):
+    """What the record-by-record path gives for every record of the input."""
+    mapping = input_mapping(source, overrides)
+    types = column_types(source, mapping)
+    records = reader(source).records()
+    rows = [to_row(index, record, mapping, types) for index, (_, record) in enumerate(records)]
+    for row in rows:  # an unreadable line has no values: its kept columns are written null
+        row.kept = {name: row.kept.get(name) for name in mapping.keep}
+    return rows
+
+
+def window_rows(source, overrides, window_rows):
+    _, windows = read_windows(source, overrides, window_rows)
+    windows = list(windows)
+    assert all(w.num_rows == window_rows for w in windows[:-1])
+    return [row for window in windows for row in window.rows()]
+
+
+def hostile_lines(rng: random.Random, count: int) -> list[str]:
+    """JSONL lines: mostly clean rows, some with nulls, numbers where text goes, token ids, lone surrogates,
+    duplicate keys, nested kept values, bad JSON, non-objects and blank lines."""
+    lines = []
+    for k in range(count):
+        query = rng.choice(["q1", "q2", "q ü", "", "q1"])
+        row = {"query_id": rng.choice([1, 2, 3.5, None]), "query": query, "item": f"item {k}", "item_id": k}
+        row["n"] = rng.choice([1, 2.5, None])
+        row["tags"] = rng.choice([["a"], [], None, ["b", "c"]])
+        row["meta"] = rng.choice([{"x": 1}, {"x": None}, None])
+        kind = rng.random()
+        if kind < 0.03:
+            row["item"] = None
+        elif kind < 0.05:
+            row["query"] = None
+        elif kind < 0.07:
+            row["item"] = [1, 2]
+        elif kind < 0.08:
+            row["query"] = 5
+        elif kind < 0.09:
+            del row["item"]
+        text = json.dumps(row, ensure_ascii=rng.random() < 0.5)
+        if kind > 0.99:
+            text = text.replace('"item 1', '"\\ud800 1')  # a lone surrogate escape
+        elif kind > 0.98:
+            text = text[:-1] + ', "query": "again"}'  # a key given twice
+        elif kind > 0.97:
+            text = text[:-5]  # cut: not valid JSON
+        elif kind > 0.965:
+            text = "[1, 2]"
+        lines.append(text)
+        if rng.random() < 0.02:
+            lines.append("   ")
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_jsonl_blocks_equal_the_line_by_line_rows(tmp_path, seed):
+    rng = random.Random(seed)
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(hostile_lines(rng, rng.choice([30, 700, 2500]))) + "\n", encoding="utf-8")
+    source = open_source(str(path))
+    expected = record_path_rows(source, KEEP)
+    for size in (1, 7, 1000):
+        assert window_rows(source, KEEP, size) == expected
+
+
+def test_clean_jsonl_blocks_take_the_columnar_path(tmp_path):
+    lines = [json.dumps({"query": "q", "item": f"i{k}", "n": k, "tags": ["a"]}).encode() for k in range(5)]
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines))
+    source = open_source(str(tmp_path / "in.jsonl"))
+    overrides = ColumnOverrides(keep_columns=("n", "tags"))
+    mapping = input_mapping(source, overrides)
+    types = column_types(source, mapping)
+    window = json_window(0, lines, {}, mapping, types)
+    assert window is not None and window.rows() == record_path_rows(source, overrides)
+    assert isinstance(window.kept["n"], pa.Array)  # columns stay Arrow: no Python object per row
+    assert json_window(0, [*lines, b'{"query": "q", "item": "i", "item": "j"}'], {}, mapping, types) is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_parquet_batches_equal_the_record_rows_across_files(tmp_path, seed):
+    """Files whose id types differ (int64 and float64 unify to float64), nulls mid-batch, a file of token ids,
+    strings that are not UTF-8 and hive partition values."""
+    rng = random.Random(seed)
+    for part, dtype in (("a", pa.int64()), ("b", pa.float64()), ("c", pa.int64())):
+        n = rng.randint(1, 3000)
+        queries = [rng.choice(["q1", "q2", None, "q ü"]) for _ in range(n)]
+        items = [None if rng.random() < 0.02 else f"item {k}" for k in range(n)]
+        table = pa.table(
+            {
+                "query_id": pa.array([rng.choice([1, 2, None]) for _ in range(n)], dtype),
+                "query": queries,
+                "item": items,
+                "n": pa.array([rng.choice([1.5, None]) for _ in range(n)]),
+            }
+        )
+        if part == "c" and seed % 2:  # bytes that are not UTF-8 in a string column
+            raw = pa.array([b"ok", b"\xff\xfe"] * (n // 2) + [b"ok"] * (n % 2), pa.binary())
+            table = table.set_column(2, "item", raw.view(pa.string()))
+        (tmp_path / f"day={part}").mkdir()
+        pq.write_table(table, tmp_path / f"day={part}" / "0.parquet", row_group_size=rng.choice([100, 1024]))
+    source = open_source(str(tmp_path))
+    overrides = ColumnOverrides(keep_columns=("n", "day"))
+    expected = record_path_rows_parquet(source, overrides)
+    for size in (3, 1000, 5000):
+        assert window_rows(source, overrides, size) == expected
+
+
+def record_path_rows_parquet(source, overrides):
+    """The record path over Parquet: each record with its file's partition values through to_row; a value
+    that is not UTF-8 read as null, and the row's error names its column."""
+    mapping = input_mapping(source, overrides)
+    types = column_types(source, mapping)
+    rows = []
+    for file, batch in reader(source).batches(["query_id", "query", "item", "n"]):
+        for k in range(batch.num_rows):
+            record, bad = {}, None
+            for name in batch.schema.names:
+                try:
+                    record[name] = batch.column(name)[k].as_py()
+                except UnicodeDecodeError:
+                    record[name], bad = None, bad or name
+            row = to_row(len(rows), file.with_partitions(record), mapping, types)
+            if bad is not None:
+                row.error = f"column {bad!r} holds bytes that are not valid UTF-8"
+            rows.append(row)
+    return rows
+
+
+def test_windows_concatenate_and_slice_back_to_the_same_rows():
+    from score_batch.io_formats.rows import InputRow
+
+    rows = [InputRow(k, f"q{k % 3}", [f"i{k}"], k % 2, [k], {"n": k}) for k in range(10)]
+    whole = from_rows(rows, True, ("n",))
+    parts = [whole.slice(0, 4), whole.slice(4, 5), whole.slice(5, 10)]
+    joined = concat(parts)
+    assert joined.rows() == rows
+    assert np.array_equal(joined.query_codes, whole.query_codes)  # codes in order of first appearance
