@@ -154,9 +154,6 @@ class JsonlReader:
         """(file, None, rows) per file: a JSONL file is read whole by one worker."""
         return [(file, None, rows) for file, rows in zip(self.files, self.scan().rows_per_file)]
 
-    def unit_records(self, file: InputFile, row_group: int | None) -> Iterator[tuple[str, Record]]:
-        return self.file_records(self.files.index(file))
-
     def close(self) -> None:
         """Nothing held open between calls."""
 
@@ -183,10 +180,15 @@ class JsonlReader:
             self._scan = scan
         return self._scan
 
-    def line_blocks(self, size: int) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
-        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, file by file in order."""
+    def line_blocks(
+        self, size: int, unit: tuple[InputFile, None] | None = None
+    ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
+        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, file by file in order (unit: one
+        file's only)."""
         several = len(self.files) > 1
         for index in range(self._file_count()):
+            if unit is not None and self.files[index] != unit[0]:
+                continue
             file = self.files[index] if self.files else None
             block: list[tuple[str, bytes]] = []
             for number, raw in nonblank_lines(self._lines(index)):

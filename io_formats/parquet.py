@@ -91,14 +91,22 @@ class ParquetReader:
             for record in batch.to_pylist():
                 yield None, file.with_partitions(record)
 
-    def batches(self, columns: list[str]) -> Iterator[tuple[InputFile, pa.RecordBatch]]:
-        """(file, record batch of the named columns the file holds) of every file in order."""
+    def batches(
+        self, columns: list[str], unit: tuple[InputFile, int | None] | None = None
+    ) -> Iterator[tuple[InputFile, pa.RecordBatch]]:
+        """(file, record batch of the named columns the file holds) of every file in order, or of one unit's
+        row group (file, row group: what units() lists)."""
         for info in self.infos():
+            if unit is not None and info.file != unit[0]:
+                continue
+            groups = None if unit is None else [unit[1]]
             try:
                 with _open(info.file) as handle:
                     parquet = pq.ParquetFile(handle)
                     names = [name for name in columns if name in parquet.schema_arrow.names]
-                    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=names):
+                    for batch in parquet.iter_batches(
+                        batch_size=BATCH_ROWS, row_groups=groups, columns=names
+                    ):
                         yield info.file, batch
             except READ_ERRORS as error:
                 if is_environment(error):
@@ -112,15 +120,6 @@ class ParquetReader:
             for info in self.infos()
             for group, rows in enumerate(info.row_group_rows)
         ]
-
-    def unit_records(self, file: InputFile, row_group: int | None) -> Iterator[tuple[None, Record]]:
-        """The records of one row group."""
-        try:
-            with _open(file) as handle:
-                table = pq.ParquetFile(handle).read_row_group(row_group)
-        except READ_ERRORS as error:
-            raise InputError(f"{file}: cannot read row group {row_group}: {error}") from None
-        return ((None, file.with_partitions(record)) for record in table.to_pylist())
 
     def close(self) -> None:
         """Nothing held open between calls."""

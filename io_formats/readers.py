@@ -73,9 +73,6 @@ class TableReader(Protocol):
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, row group or None for a whole file, rows) per independently readable piece, in order."""
 
-    def unit_records(self, file: InputFile, row_group: int | None) -> Iterator[tuple[str | None, Record]]:
-        """The records of one unit."""
-
     def close(self) -> None:
         """Release what the reader holds (the stdin spool)."""
 
@@ -247,42 +244,34 @@ def read_windows(
     return mapping, windows()
 
 
-def _window_batches(table: TableReader, read: list[str], mapping: ColumnMapping, types) -> Iterator[Window]:
-    """The input's validated rows, a batch at a time, as windows: Parquet's long layout column by column
-    (window.long_window), everything else record by record (rows.to_row)."""
+def _window_batches(
+    table: TableReader, read: list[str], mapping: ColumnMapping, types, unit: ReadUnit | None = None
+) -> Iterator[Window]:
+    """The input's (or one unit's) validated rows, a batch at a time, as windows: the long layout column by
+    column (Parquet batches: window.long_window; JSONL blocks: window.json_window), whatever those cannot take
+    record by record (rows.to_row)."""
     shape = (mapping.query_id is not None, mapping.keep)
-    if isinstance(table, ParquetReader) and mapping.layout == "long":
-        index = 0
-        for file, batch in table.batches(read):
-            window = long_window(index, batch, dict(file.partitions), mapping, types)
+    long = mapping.layout == "long"
+    index = 0 if unit is None else unit.first_row
+    where = None if unit is None else (unit.file, unit.row_group)
+    if isinstance(table, ParquetReader):
+        for file, batch in table.batches(read, where):
+            window = long_window(index, batch, dict(file.partitions), mapping, types) if long else None
             if window is None:
                 window = from_rows(_batch_rows(index, batch, file, mapping, types), *shape)
             index += window.num_rows
             yield window
         return
-    if isinstance(table, JsonlReader) and mapping.layout == "long":
-        index = 0
-        for file, lines in table.line_blocks(BATCH_ROWS):
-            partitions = dict(file.partitions) if file is not None else {}
-            window = json_window(index, [raw for _, raw in lines], partitions, mapping, types)
-            if window is None:
-                records = [parse_line(raw, where) for where, raw in lines]
-                if file is not None:
-                    records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
-                window = from_rows(
-                    [to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape
-                )
-            index += window.num_rows
-            yield window
-        return
-    batch: list[InputRow] = []
-    for index, (_, record) in enumerate(table.records(read)):
-        batch.append(to_row(index, record, mapping, types))
-        if len(batch) == BATCH_ROWS:
-            yield from_rows(batch, *shape)
-            batch = []
-    if batch:
-        yield from_rows(batch, *shape)
+    for file, lines in table.line_blocks(BATCH_ROWS, where):
+        partitions = dict(file.partitions) if file is not None else {}
+        window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if long else None
+        if window is None:
+            records = [parse_line(raw, line) for line, raw in lines]
+            if file is not None:
+                records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
+            window = from_rows([to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape)
+        index += window.num_rows
+        yield window
 
 
 def _batch_rows(first: int, batch: pa.RecordBatch, file: InputFile, mapping: ColumnMapping, types) -> list:
@@ -361,12 +350,11 @@ def read_units(source: InputSource) -> list[ReadUnit]:
     return units
 
 
-def read_unit(
-    unit: ReadUnit, mapping: ColumnMapping, types: dict[str, pa.DataType] | None = None
-) -> list[InputRow]:
-    """The validated rows of one unit, indexed as in a whole-input read (types: from column_types)."""
-    records = reader(unit.source).unit_records(unit.file, unit.row_group)
-    return [to_row(unit.first_row + i, record, mapping, types or {}) for i, (_, record) in enumerate(records)]
+def read_unit(unit: ReadUnit, mapping: ColumnMapping, types: dict[str, pa.DataType] | None = None) -> Window:
+    """The validated rows of one unit as a window, indexed as in a whole-input read (types: column_types)."""
+    read = list(dict.fromkeys(n for n in (mapping.query, mapping.items, *_typed_columns(mapping)) if n))
+    windows = list(_window_batches(reader(unit.source), read, mapping, types or {}, unit))
+    return concat(windows) if windows else from_rows([], mapping.query_id is not None, mapping.keep)
 
 
 def _typed_columns(mapping: ColumnMapping) -> list[str]:

@@ -99,6 +99,24 @@ class Window:
         """Every row as an InputRow (tests and the Python API; the run loop reads columns)."""
         return [self.row(row) for row in range(self.num_rows)]
 
+    def take(self, rows: np.ndarray) -> Window:
+        """The rows at these positions, in this order, as a window of their own."""
+        rows = np.asarray(rows, np.int64)
+        starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]  # [rows]
+        ends = np.cumsum(counts)
+        items = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
+        return Window(
+            self.index[rows],
+            self.query_codes[rows],
+            self.query_values,
+            [self.items[i] for i in items.tolist()],
+            np.concatenate([[0], ends]).astype(np.int64),
+            None if self.query_ids is None else _pick(self.query_ids, rows),
+            {name: _pick(values, rows) for name, values in self.kept.items()},
+            _pick(self.item_ids, items),
+            [self.errors[r] for r in rows.tolist()],
+        )
+
     def slice(self, start: int, stop: int) -> Window:
         """Rows start..stop-1 as a window of their own."""
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
@@ -113,6 +131,13 @@ class Window:
             self.item_ids[lo:hi],
             self.errors[start:stop],
         )
+
+
+def _pick(values: Values, positions: np.ndarray) -> Values:
+    """A column's values at these positions."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values.take(pa.array(positions, pa.int64()))
+    return [values[k] for k in positions.tolist()]
 
 
 def _at(values: Values, k: int) -> Any:
@@ -300,30 +325,33 @@ class InputDigest:
     def __init__(self) -> None:
         self._hashes: dict[str, Any] = {}
 
-    def add(self, window: Window) -> InputDigest:
-        """Feed one window's rows (the windows in input order)."""
+    def add(self, window: Window) -> str:
+        """Feed one window's rows (the windows in input order); the window's own digest (window_digest)."""
         if window.num_rows == 0:
-            return self
+            return hashlib.sha256(self.VERSION).hexdigest()
         digests = [query_digest(q).hex() for q in window.query_values] + [None]
-        self._feed("index", window.index.tolist())
-        self._feed("query", [digests[c] for c in window.query_codes.tolist()])
-        self._feed("items", window.items)
-        self._feed("offsets", np.diff(window.offsets).tolist())
-        self._feed("item_ids", python(window.item_ids))
+        columns = {
+            "index": window.index.tolist(),
+            "query": [digests[c] for c in window.query_codes.tolist()],
+            "items": window.items,
+            "offsets": np.diff(window.offsets).tolist(),
+            "item_ids": python(window.item_ids),
+            "errors": window.errors,
+        }
         if window.query_ids is not None:
-            self._feed("query_ids", python(window.query_ids))
-        for name, values in window.kept.items():
-            self._feed(f"kept {name}", python(values))
-        self._feed("errors", window.errors)
-        return self
-
-    def _feed(self, name: str, values: list) -> None:
-        text = json.dumps(values, default=repr, sort_keys=True, ensure_ascii=False)
-        state = self._hashes.get(name)
-        if state is None:
-            state = self._hashes[name] = hashlib.sha256()
-        state.update(text[1:-1].encode("utf-8", "surrogatepass"))
-        state.update(b", ")
+            columns["query_ids"] = python(window.query_ids)
+        columns.update((f"kept {name}", python(values)) for name, values in window.kept.items())
+        own = hashlib.sha256(self.VERSION)
+        for name in sorted(columns):
+            text = json.dumps(columns[name], default=repr, sort_keys=True, ensure_ascii=False)[1:-1]
+            data = text.encode("utf-8", "surrogatepass")
+            state = self._hashes.get(name)
+            if state is None:
+                state = self._hashes[name] = hashlib.sha256()
+            state.update(data)
+            state.update(b", ")
+            own.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+        return own.hexdigest()
 
     def hexdigest(self) -> str:
         """The digest of every window added so far."""
@@ -334,8 +362,9 @@ class InputDigest:
 
 
 def window_digest(window: Window) -> str:
-    """One window's digest (InputDigest of it alone): a resumed run's check that a part's rows did not change."""
-    return InputDigest().add(window).hexdigest()
+    """One window's digest (what InputDigest.add returns): a resumed run's check that a part's rows did not
+    change."""
+    return InputDigest().add(window)
 
 
 def query_digest(query: Any) -> bytes:

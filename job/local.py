@@ -7,18 +7,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from score_batch.engine.model_source import model_identity
-from score_batch.engine.planner import Planner, WorkPlan
-from score_batch.engine.results import planned_results
+from score_batch.engine.planner import Planner
 from score_batch.errors import UserError
-from score_batch.io_formats.columns import ERROR, SCORE
+from score_batch.io_formats.columns import SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
-from score_batch.io_formats.window import InputDigest, Window, window_digest
+from score_batch.io_formats.window import InputDigest, Window
 from score_batch.job.completion import completion_fingerprint
-from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
@@ -26,15 +23,9 @@ from score_batch.job.preflight import Checked, run_contract
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema, score_identity
 from score_batch.job.run_config import RunConfig
+from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
 from score_batch.job.sinks import open_sink
-from score_batch.job.windows import (
-    WindowGroups,
-    group_sizes,
-    group_window,
-    output_columns,
-    pair_keys,
-    without,
-)
+from score_batch.job.windows import group_sizes
 
 
 def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
@@ -90,17 +81,6 @@ def _tools_of(ready: Future[WindowTools]) -> WindowTools:
             continue
 
 
-@dataclass(frozen=True)
-class WindowTools:
-    """What the worker needs to make a window ready (and the loop to write it)."""
-
-    planner: Planner
-    contract: OutputContract  # the run's output (job/preflight.run_contract)
-    identity: bytes  # job/reuse.score_identity: the key of every pair's score key
-    earlier: EarlierScores | None  # --reuse: the earlier outputs' values for this run's pairs
-    pairs: ScoredPairs  # the values of pairs written by earlier windows of this run
-
-
 def _tools(config: RunConfig, checked: Checked, planner: Planner, setup) -> WindowTools:
     """The worker's tools once the tokenizer is there; under --reuse the earlier outputs are joined first."""
     identity, contract = score_identity(config, setup), run_contract(config, checked, setup)
@@ -111,20 +91,14 @@ def _tools(config: RunConfig, checked: Checked, planner: Planner, setup) -> Wind
 
 
 def _stages(
-    ready: Future[WindowTools], listed: frozenset[int], content
-) -> tuple[Callable[[tuple[int, list]], Prepared], Callable[[Prepared], Prepared]]:
-    """The workers' two jobs for a numbered window: its hash, groups, keys and copied values; its plan."""
+    ready: Future[WindowTools], listed: frozenset[int], content: InputDigest
+) -> tuple[Callable[[tuple[int, Window]], Prepared], Callable[[Prepared], Prepared]]:
+    """The workers' two jobs for a numbered window: its digest, groups, keys and copied values; its plan."""
 
     def read(numbered: tuple[int, Window]) -> Prepared:
         number, window = numbered
-        content.add(window)
-        input_hash, grouped = window_digest(window), group_window(window)
-        tools = _tools_of(ready)
-        keys = pair_keys(window, tools.identity)
-        reused = {} if tools.earlier is None else tools.earlier.take(window, keys)
-        copies = tools.pairs.take(without(grouped, reused), keys)  # repeats of pairs already written
-        todo = without(grouped, reused | copies)
-        return Prepared(number, window, input_hash, grouped, todo, reused, copies, keys, None)
+        digest = content.add(window)
+        return dataclasses.replace(prepare(number, window, _tools_of(ready)), digest=digest)
 
     def plan(prepared: Prepared) -> Prepared:
         if prepared.number in listed:
@@ -134,84 +108,46 @@ def _stages(
     return read, plan
 
 
-def _score_windows(config, checked, report, sink, engine, mapping, prefetch, content, ready) -> None:
+def _score_windows(config, checked, report, sink, engine, mapping, prepared_windows, content, ready) -> None:
     """Score the prefetched windows into the sink and publish (see run_local)."""
     source, completion = checked.source, checked.paths.completion
-    scorer, planner, _ = engine
-    contract, pairs = ready.result().contract, ready.result().pairs
+    scorer, tools = engine[0], ready.result()
     sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
     total = source.total_rows() if mapping.layout == "long" else None
     windows_read = 0
-    ids_given = contract.query_ids_given
     with ScoringPhase(config, report, sink, total) as phase:
-        for window in prefetch:
-            number, rows, grouped = window.number, window.rows, window.grouped
+        for prepared in prepared_windows:
+            number, window = prepared.number, prepared.window
             windows_read = number + 1
-            sizes = group_sizes(rows, grouped, ids_given)
-            if sink.done(number, window.input_hash):
-                phase.advance(rows.num_items)
+            if sink.done(number, prepared.digest):
+                phase.advance(window.num_items)
                 part = sink.scored(number)
-                pairs.add(part)
+                tools.pairs.add(part)
+                sizes = group_sizes(window, prepared.grouped, tools.contract.query_ids_given)
                 phase.add(
-                    ScoredWindow(rows.num_rows, 0, 0, scores=part[SCORE], query_items=sizes, resumed=True)
+                    ScoredWindow(window.num_rows, 0, 0, scores=part[SCORE], query_items=sizes, resumed=True)
                 )
                 continue
             if config.on_error == "fail":
-                _fail_on_unreadable_row(rows, source)
-            todo, plan = window.todo, window.plan
-            late = pairs.take(todo, window.keys)  # repeats of the window written while this one was prepared
-            if late:
-                todo, plan = without(todo, late), None
-            plan = plan or planner.plan(todo.groups)
-            copies = window.copies | late
-            phase.advance(len(window.reused) + len(copies))  # copied pairs are done already
-            if scorer is None:  # a dry run: NaN scores and the plan's per-item errors
-                results = planned_results(plan, contract.pooled_dim)
-            else:
-                results = scorer.run(plan, phase.advance)
-            columns = output_columns(rows, todo, results, contract, window.keys, window.reused | copies)
-            part = contract.part_table(columns)
-            failed = part.num_rows - part[ERROR].null_count
-            scored = ScoredWindow(
-                rows.num_rows,
-                part.num_rows,
-                failed,
-                plan.stats,
-                part[SCORE],
-                sizes,
-                reused=len(window.reused),
-                duplicates=len(copies),
-            )
+                _fail_on_unreadable_row(window, source)
+            prepared = planned(prepared, tools)
+            phase.advance(len(prepared.reused) + len(prepared.copies))  # copied pairs are done already
+            part, scored = score(prepared, tools, scorer, phase.advance)
             try:
-                enforce_fail(contract, part, source.label)  # a dry run stops where the real run would
+                enforce_fail(tools.contract, part, source.label)  # a dry run stops where the real run would
             except UserError:
                 phase.add(dataclasses.replace(scored, written=False))
                 raise
             phase.add(scored)
-            pairs.add(part)
+            tools.pairs.add(part)
             if not config.dry_run:
-                sink.write(number, part, contract, window.input_hash)
+                sink.write(number, part, tools.contract, prepared.digest)
             phase.check()
         sink.check_read(windows_read)
         fingerprint = completion_fingerprint(config, content.hexdigest())
-        phase.commit(contract, phase.check, fingerprint)
+        phase.commit(tools.contract, phase.check, fingerprint)
         if completion is not None:
             completion.published(fingerprint, config.resume)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """One window made ready off the critical path: its rows, their hash, groups, score keys and plan."""
-
-    number: int
-    rows: Window
-    input_hash: str
-    grouped: WindowGroups  # every readable pair
-    todo: WindowGroups  # the pairs to score: grouped less the reused ones
-    reused: dict  # window item index → values copied from an earlier output (--reuse)
-    copies: dict  # window item index → values of the same pair in an earlier window of this run
-    keys: list  # [items] each pair's score key
-    plan: WorkPlan | None  # None: listed as finished by an earlier run (planned only if it must rerun)
 
 
 def _fail_on_unreadable_row(window: Window, source: InputSource) -> None:

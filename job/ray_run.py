@@ -14,11 +14,13 @@ rows (a retried task rewrites the same file), and published whole.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import pickle
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -31,24 +33,19 @@ from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_I
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units
 from score_batch.io_formats.target import Target
-from score_batch.io_formats.window import from_rows
+from score_batch.io_formats.window import concat, token_key
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, preflight, run_contract
 from score_batch.job.query_ranking import rank_parts
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import (
-    EarlierScores,
-    ScoredPairs,
-    reused_schema,
-    reused_values,
-    score_identity,
-)
+from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema, score_identity
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.job.score_stats import written_scores
+from score_batch.job.scoring import WindowTools, planned, prepare, score
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
-from score_batch.job.windows import group_window, output_columns, pair_keys, without
+from score_batch.job.windows import group_codes, members
 from score_batch.machine import tune_gc, tune_malloc
 
 log = logging.getLogger(__name__)
@@ -75,21 +72,40 @@ def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
 
 
 def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: Target | None) -> dict:
-    """Ray Data stage: read units (on their own filesystem) → rows keyed by query group, each pickled with its
-    pairs' joined earlier values (--reuse; reused: the joined file on the output's store). A nested-layout row
-    is a query group of its own: pickled as a one-row group, as the actors take them."""
+    """Ray Data stage: read units (on their own filesystem) → one row per query group of each unit: its key and
+    its rows as a window (io_formats/window: columns, pickled whole) with their pairs' joined earlier values
+    (--reuse; reused: the joined file on the output's store). A nested-layout row, or a row that cannot be
+    read, is a group of its own."""
     keys, blobs = [], []
-    alone = mapping.layout != "long"
     for file, group, first, end in zip(
         batch["file"], batch["row_group"], batch["first_row"], batch["end_row"]
     ):
         unit = ReadUnit(source, source.files[int(file)], None if group < 0 else int(group), int(first))
         joined = _joined_rows(reused, int(first), int(end))
-        for row in read_unit(unit, mapping, types):
-            keys.append(_group_key(row, mapping.layout))
-            entry = (row, joined.get(row.index, ()))
-            blobs.append(pickle.dumps([entry] if alone else entry))
+        window = read_unit(unit, mapping, types)
+        for key, rows in _unit_groups(window, mapping.layout):
+            part = window.take(rows)
+            part_joined = [row for index in part.index.tolist() for row in joined.get(index, ())]
+            keys.append(key)
+            blobs.append(pickle.dumps([(part, part_joined)]))
     return {"group": keys, "rows": blobs}
+
+
+def _unit_groups(window, layout: str):
+    """(key, row positions) per query group of a unit's window: rows of one long-layout query share a key
+    (as in group_window, over every unit); other rows stand alone."""
+    codes, firsts = group_codes(window)
+    if layout == "long" and firsts:
+        ids = window.query_id_values()
+        for first, rows in zip(firsts, members(codes, len(firsts))):
+            query = window.query(first)
+            named = (repr(ids[first]), query if isinstance(query, str) else token_key(query))
+            yield hashlib.sha256(repr(named).encode()).hexdigest(), rows
+        alone = np.flatnonzero(codes < 0)
+    else:
+        alone = np.arange(window.num_rows)
+    for row in alone.tolist():
+        yield f"row:{int(window.index[row])}", np.array([row])
 
 
 def _joined_rows(reused: Target | None, first: int, end: int) -> dict[int, list[dict]]:
@@ -105,17 +121,10 @@ def _joined_rows(reused: Target | None, first: int, end: int) -> dict[int, list[
     return found
 
 
-def _group_key(row, layout: str) -> str:
-    """Rows of one long-layout query share a key (as in group_window); other rows stand alone."""
-    if layout != "long" or row.error is not None:
-        return f"row:{row.index}"
-    return repr((repr(row.query_id), row.query if isinstance(row.query, str) else tuple(row.query)))
-
-
 def _collapse_group(group: pa.Table) -> pa.Table:
-    """One query group (all its rows) → one row holding the pickled list of rows."""
-    rows = [pickle.loads(blob) for blob in group.column("rows").to_pylist()]
-    return pa.table({"rows": pa.array([pickle.dumps(rows)], pa.binary())})
+    """One query group (its rows from every unit) → one row holding the pickled list of its windows."""
+    parts = [entry for blob in group.column("rows").to_pylist() for entry in pickle.loads(blob)]
+    return pa.table({"rows": pa.array([pickle.dumps(parts)], pa.binary())})
 
 
 class ScoreActor:
@@ -139,33 +148,25 @@ class ScoreActor:
         """Part rows of the batch's groups with their tallies (TALLIES): REUSED_FLAG, the pair's values came
         from --reuse; DUPLICATES, the copies a row accounts for (1 for a pair this actor wrote in an earlier
         batch; the batch's first row adds the repeats the engine scored once within the batch)."""
-        entries = sorted(
-            (entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)),
-            key=lambda entry: entry[0].index,
+        entries = [entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)]
+        window = concat([part for part, _ in entries])
+        window = window.take(np.argsort(window.index, kind="stable"))  # input order
+        tools = WindowTools(
+            self.scorer,
+            self.contract,
+            self.identity,
+            JoinedScores([r for _, rows in entries for r in rows]),
+            self.pairs,
         )
-        window = from_rows([row for row, _ in entries], self.contract.query_ids_given, self.contract.keep)
-        keys = pair_keys(window, self.identity)
-        reused = {}
-        for number, (_, joined_rows) in enumerate(entries):
-            start, stop = int(window.offsets[number]), int(window.offsets[number + 1])
-            for joined in joined_rows:
-                values = reused_values(joined, keys, start, stop)
-                if values is not None:
-                    reused[start + joined["item_pos"]] = values
-        todo = without(group_window(window), reused)
-        copies = self.pairs.take(todo, keys)
-        todo = without(todo, copies)
-        plan = self.scorer.plan(todo.groups)
-        results = self.scorer.run(plan)
-        part = self.contract.part_table(
-            output_columns(window, todo, results, self.contract, keys, reused | copies)
-        )
+        prepared = planned(prepare(0, window, tools), tools)
+        part, _ = score(prepared, tools, self.scorer)
         self.pairs.add(part)
         refs = range(window.num_items)
-        duplicates = [int(ref in copies) for ref in refs]
+        duplicates = [int(ref in prepared.copies) for ref in refs]
         if duplicates:
-            duplicates[0] += plan.stats.duplicates
-        tallies = [pa.array([ref in reused for ref in refs], pa.bool_()), pa.array(duplicates, pa.int32())]
+            duplicates[0] += prepared.plan.stats.duplicates
+        reused = [ref in prepared.reused for ref in refs]
+        tallies = [pa.array(reused, pa.bool_()), pa.array(duplicates, pa.int32())]
         return pa.Table.from_arrays([*part.columns, *tallies], schema=_tallied(part.schema))
 
 

@@ -121,25 +121,21 @@ class EarlierScores:
         if not window.num_rows:
             return {}
         first, last = window.first, window.last  # a reader's windows: consecutive rows
-        offsets = window.offsets
-        found = {}
+        joined = []
         while True:
             if self._next == len(self._rows):
                 batch = next(self._batches, None)
                 if batch is None:
-                    return found
+                    break
                 self._rows, self._next = batch.to_pylist(), 0
                 continue
             row = self._rows[self._next]
             if row[ROW_INDEX] > last:
-                return found
+                break
             self._next += 1
-            if row[ROW_INDEX] < first:
-                continue
-            number = row[ROW_INDEX] - first
-            values = reused_values(row, keys, int(offsets[number]), int(offsets[number + 1]))
-            if values is not None:
-                found[int(offsets[number]) + row["item_pos"]] = values
+            if row[ROW_INDEX] >= first:
+                joined.append(row)
+        return matched_values(window, keys, joined)
 
     def close(self) -> None:
         """Remove the temporary files."""
@@ -150,6 +146,34 @@ class EarlierScores:
 def reused_schema(part_schema: pa.Schema) -> pa.Schema:
     """The reused columns (REUSED) a run's output has, with their types there."""
     return pa.schema([part_schema.field(name) for name in REUSED if name in part_schema.names])
+
+
+class JoinedScores:
+    """Joined earlier values (EarlierScores' rows) that a Ray actor's batch carries: `take` as EarlierScores'."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def take(self, window: Window, keys: list[str | None]) -> dict[int, dict]:
+        return matched_values(window, keys, self.rows)
+
+
+def matched_values(window: Window, keys: list[str | None], joined: list[dict]) -> dict[int, dict]:
+    """Window item index → reused values, for the joined rows of the window's rows whose key is still the
+    joined one (reused_values)."""
+    if not joined:
+        return {}
+    position = {index: row for row, index in enumerate(window.index.tolist())}
+    found = {}
+    for row in joined:
+        at = position.get(row[ROW_INDEX])
+        if at is None:
+            continue
+        start, stop = int(window.offsets[at]), int(window.offsets[at + 1])
+        values = reused_values(row, keys, start, stop)
+        if values is not None:
+            found[start + row["item_pos"]] = values
+    return found
 
 
 def reused_values(joined: dict, keys: list[str | None], start: int, stop: int) -> dict | None:

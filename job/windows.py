@@ -58,14 +58,19 @@ def group_codes(window: Window) -> tuple[np.ndarray, list[int]]:
 def group_window(window: Window) -> WindowGroups:
     """Gather the readable rows' items by query (same query id and query) within the window."""
     codes, firsts = group_codes(window)
-    item_codes = codes[window.item_rows()]  # [items]
-    readable = np.flatnonzero(item_codes >= 0)
-    order = readable[np.argsort(item_codes[readable], kind="stable")]
-    bounds = np.cumsum(np.bincount(item_codes[readable], minlength=len(firsts)))[:-1]
-    refs = np.split(order, bounds) if firsts else []
+    refs = members(codes[window.item_rows()], len(firsts))
     items = window.items
     groups = [Group(window.query(row), [items[i] for i in ref.tolist()]) for row, ref in zip(firsts, refs)]
     return WindowGroups(groups, refs)
+
+
+def members(codes: np.ndarray, count: int) -> list[np.ndarray]:
+    """Per code 0..count-1, the positions holding it, in order (code -1: in none)."""
+    if not count:
+        return []
+    held = np.flatnonzero(codes >= 0)
+    order = held[np.argsort(codes[held], kind="stable")]
+    return np.split(order, np.cumsum(np.bincount(codes[held], minlength=count))[:-1])
 
 
 def without(grouped: WindowGroups, taken: dict[int, dict]) -> WindowGroups:

@@ -187,7 +187,7 @@ def test_read_units_of_a_directory_index_rows_and_convert_types(tmp_path):
     source = open_source(str(data))
     mapping = input_mapping(source, ColumnOverrides())
     types = column_types(source, mapping)
-    rows = [row for unit in read_units(source) for row in read_unit(unit, mapping, types)]
+    rows = [row for unit in read_units(source) for row in read_unit(unit, mapping, types).rows()]
     assert [(r.index, r.query_id) for r in rows] == [(0, 1.0), (1, 2.0), (2, 3.0), (3, 4.5)]
     assert all(isinstance(r.query_id, float) for r in rows)
 

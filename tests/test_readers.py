@@ -84,7 +84,7 @@ def test_a_pickled_source_reads_its_units_again(tmp_path):
     mapping = resolve_columns(["query", "item", "n"], ColumnOverrides(), source.label)
     copy = pickle.loads(pickle.dumps(units[1]))  # what a Ray worker gets: no cached footers
     assert copy.source._state.reader is None
-    assert [row.items for row in read_unit(copy, mapping)] == [["c"]]
+    assert [row.items for row in read_unit(copy, mapping).rows()] == [["c"]]
     with pytest.raises(Exception, match="stdin"):
         read_units(open_source("-"))
 

@@ -1,0 +1,97 @@
+"""The one scoring loop's steps, shared by the local run, the Ray actors and batch files: a window (columns) →
+its keys, the pairs copied from earlier outputs or earlier windows, the groups left to score → plan → run →
+one output part (part schema) and what it adds to the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from score_batch.engine.planner import Planner, WorkPlan
+from score_batch.engine.results import planned_results
+from score_batch.io_formats.columns import ERROR, SCORE
+from score_batch.io_formats.window import Window
+from score_batch.job.contract import OutputContract
+from score_batch.job.phase import ScoredWindow
+from score_batch.job.reuse import EarlierScores, ScoredPairs
+from score_batch.job.windows import (
+    WindowGroups,
+    group_sizes,
+    group_window,
+    output_columns,
+    pair_keys,
+    without,
+)
+
+
+@dataclass(frozen=True)
+class WindowTools:
+    """What scoring a window needs besides the window: made once the tokenizer is there."""
+
+    planner: Planner
+    contract: OutputContract  # the run's output (job/preflight.run_contract)
+    identity: bytes  # job/reuse.score_identity: the key of every pair's score key
+    earlier: EarlierScores | None  # --reuse: the earlier outputs' values for this run's pairs
+    pairs: ScoredPairs  # the values of pairs written by earlier windows (or batches) of this run
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One window made ready to score: its groups, score keys, copied values, and (once planned) its plan."""
+
+    number: int  # the window's place in the run (local runs: its checkpoint part)
+    window: Window
+    grouped: WindowGroups  # every readable pair
+    todo: WindowGroups  # the pairs to score: grouped less the copied ones
+    reused: dict  # window item index → values copied from an earlier output (--reuse)
+    copies: dict  # window item index → values of the same pair in an earlier window of this run
+    keys: list  # [items] each pair's score key
+    plan: WorkPlan | None = None
+    digest: str = ""  # a local run's window digest (io_formats/window.InputDigest): its checkpoint's check
+
+
+def prepare(number: int, window: Window, tools: WindowTools, reused: dict | None = None) -> Prepared:
+    """Group and key a window, and take out the pairs whose values are copied: from --reuse's earlier outputs
+    (tools.earlier, or `reused` as a Ray actor's batch carries them) and repeats of pairs already written."""
+    grouped = group_window(window)
+    keys = pair_keys(window, tools.identity)
+    if reused is None:
+        reused = {} if tools.earlier is None else tools.earlier.take(window, keys)
+    copies = tools.pairs.take(without(grouped, reused), keys)
+    return Prepared(number, window, grouped, without(grouped, reused | copies), reused, copies, keys)
+
+
+def planned(prepared: Prepared, tools: WindowTools) -> Prepared:
+    """The window with its plan; repeats of pairs written while it was prepared are copied, not planned."""
+    late = tools.pairs.take(prepared.todo, prepared.keys)
+    if late:
+        todo = without(prepared.todo, late)
+        prepared = dataclasses.replace(prepared, todo=todo, copies=prepared.copies | late, plan=None)
+    if prepared.plan is None:
+        prepared = dataclasses.replace(prepared, plan=tools.planner.plan(prepared.todo.groups))
+    return prepared
+
+
+def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple[pa.Table, ScoredWindow]:
+    """Run a planned window (scorer None: a dry run, NaN scores and the plan's errors) into its output part
+    and what it adds to the report."""
+    contract, plan, window = tools.contract, prepared.plan, prepared.window
+    results = planned_results(plan, contract.pooled_dim) if scorer is None else scorer.run(plan, advance)
+    copied = prepared.reused | prepared.copies
+    part = contract.part_table(
+        output_columns(window, prepared.todo, results, contract, prepared.keys, copied)
+    )
+    scored = ScoredWindow(
+        window.num_rows,
+        part.num_rows,
+        part.num_rows - part[ERROR].null_count,
+        plan.stats,
+        part[SCORE],
+        group_sizes(window, prepared.grouped, contract.query_ids_given),
+        reused=len(prepared.reused),
+        duplicates=len(prepared.copies),
+    )
+    return part, scored
