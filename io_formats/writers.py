@@ -24,10 +24,8 @@ STDOUT = "-"
 OUTPUT_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 JSONL_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}  # the compressed JSONL inputs read too
 SUCCESS = "_SUCCESS"  # written last into a finished partitioned output (the Hadoop/Spark committers' marker)
-COMMON_METADATA = "_common_metadata"  # the full output schema, partition columns included (also when empty)
 # A Parquet output's footer: the rows written (a file rewritten by another tool, pyarrow included, loses it).
 ROWS_KEY = b"score_batch.rows"
-PUBLISHED_KEY = b"score_batch.published"  # _common_metadata's footer: [path, rows, bytes] of every file
 CHECK_ROWS = 512  # rows written to a partitioned output between two checks for a stop
 SYNC_THREADS = 16  # fsyncs at once: the journal commits them together (3,000 files: 1.3–6.4 → 0.3–0.5 s)
 _WRITTEN_NAME = re.compile(r"part-(\d+)\.parquet")
@@ -188,9 +186,11 @@ def write_partitioned(
     Rows keep their order within each partition: one writer thread, and a partition's files numbered in
     the order they were opened (a partition gets several files only when more than the open-file limit
     of partitions are written at once). The partition columns live in the directory names, not in the
-    files; `_common_metadata` holds the full schema and the files' list (PUBLISHED_KEY), and `_SUCCESS` is
-    written last. Every file and directory is fsynced (SYNC_THREADS at a time). check() runs before every
-    CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal), within seconds.
+    files. Only data files and an empty `_SUCCESS`, written last, are in the directory: polars' plain
+    `read_parquet(directory)` refuses one holding any other non-empty file (`_common_metadata`: "paths with
+    different file extensions"; docs/formats.md). Every file and directory is fsynced (SYNC_THREADS at a
+    time). check() runs before every CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal),
+    within seconds.
     """
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
 
@@ -217,8 +217,6 @@ def write_partitioned(
         paths.append(path)
         published.append([path.relative_to(directory).as_posix(), rows, path.stat().st_size])
     published.sort()
-    with pq.ParquetWriter(directory / COMMON_METADATA, schema) as common:  # pq.write_metadata, plus the list
-        common.add_key_value_metadata({PUBLISHED_KEY: json.dumps(published, separators=(",", ":")).encode()})
     check()
     partitions = set()
     for path in paths:  # every directory from each file's up to the root gained an entry
@@ -226,7 +224,7 @@ def write_partitioned(
         while parent != directory and directory in parent.parents:
             partitions.add(parent)
             parent = parent.parent
-    _fsync_all([*paths, directory / COMMON_METADATA, *partitions])
+    _fsync_all([*paths, *partitions])
     (directory / SUCCESS).touch()
     fsync_directory(directory)
     return published

@@ -148,10 +148,16 @@ class OutputContract:
         return schema if self.on_error == "record" else schema.remove(schema.get_field_index(ERROR))
 
     def partition_schema(self, partition_by: tuple[str, ...]) -> pa.Schema:
-        """The hive partitioning of a partitioned output: the named final columns with their types."""
+        """The hive partitioning of a partitioned output: the named final columns with their types, a dictionary
+        (pandas categorical) column by its values' type (a directory name holds a value, not a dictionary)."""
         check_partition_by(partition_by, self.keep)
         schema = self.final_schema()
-        fields = [schema.field(name) for name in partition_by]
+        fields = []
+        for name in partition_by:
+            field = schema.field(name)
+            fields.append(
+                field.with_type(field.type.value_type) if pa.types.is_dictionary(field.type) else field
+            )
         for field in fields:
             if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
                 raise InputError(
