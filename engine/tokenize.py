@@ -155,6 +155,8 @@ def tokenize_group(
         return _longest_first(
             query, items, tokenizer, cfg, max_pack_tokens - overhead, vocab_size, max_positions
         )
+    if cfg.truncate == "query-head":
+        return _query_head(query, items, cfg, max_pack_tokens, overhead, vocab_size, max_positions)
     query_error = _check_ids(query.ids, vocab_size, "query")
     query_ids: list[int] = []
     if query_error is None:
@@ -384,6 +386,82 @@ def _longest_first(
     shared = query.ids[:cut]
     item_ids = [None if pair is None else pair[0][cut:] + pair[1] for pair in kept]
     return _checked_group(shared, item_ids, errors, False)
+
+
+def _query_head(
+    query: _Encoded,
+    items: list[_Encoded],
+    cfg: ScoringConfig,
+    max_pack_tokens: int,
+    overhead: int,
+    vocab_size: int,
+    max_positions: int | None,
+) -> TokenizedGroup:
+    """truncate="query-head": the query's content loses tokens from its head until each (query, item) pair
+    fits; items are never cut (docs/semantics.md, Truncation).
+
+    The query is cut to its own limit, min(max_query_tokens or max_pack_tokens, max_pack_tokens − o); then,
+    for each item alone, further until query + item fit the pair limit: max_pack_tokens − o, and the position
+    limit. Each pair's cut depends on its own item only (never on the group's other items, so not on the
+    window). An item over max_item_tokens, or longer than the pair limit less the query's template and
+    special tokens, is an error. When items need different cuts, each item carries its own query's tokens
+    after the part all of them share (query_ids + item_ids is exactly its cut pair), or, when they share no
+    token (no template or special token before the query's content), its whole pair as one sequence.
+    """
+    n = len(items)
+    pair_limit, why = max_pack_tokens - overhead, " (max_pack_tokens less the delimiters)"
+    if max_positions is not None and max_positions < pair_limit:
+        pair_limit, why = (
+            max_positions,
+            f", the model's position limit (max_position_embeddings {max_positions})",
+        )
+    error = _check_ids(query.ids, vocab_size, "query")
+    base: list[int] = []
+    if error is None:
+        own = min(cfg.max_query_tokens or max_pack_tokens, max_pack_tokens - overhead)
+        base, error = _fit(query, own, "query", "query-head", "query-head", "")
+    if error is None and not query.ids and not cfg.item_first:
+        error = "query is empty after tokenization (it needs at least one token)"
+    if error is not None:
+        return TokenizedGroup([], [None] * n, [error] * n, cfg.item_first)
+    fixed = len(query.ids) - len(query.content)  # the query's tokens no cut removes
+    pairs: list[tuple[list[int], list[int]] | None] = []  # per item: (its query's ids, its own ids)
+    errors: list[str | None] = []
+    for index, item in enumerate(items):
+        what = f"item {index}"
+        error = _check_ids(item.ids, vocab_size, what)
+        if error is None and cfg.max_item_tokens is not None and len(item.ids) > cfg.max_item_tokens:
+            error = (
+                f"{what} has {len(item.ids)} tokens, over the limit of {cfg.max_item_tokens} (max_item_tokens; "
+                "query-head cuts only the query: set truncate to item-tail or longest-first to cut the item)"
+            )
+        room = pair_limit - len(item.ids)  # the query's tokens this pair has room for
+        if error is None and room < max(fixed, 0 if cfg.item_first else 1):
+            error = (
+                f"{what} has {len(item.ids)} tokens: with the query cut to its last content token the pair "
+                f"passes the limit of {pair_limit}{why} (query-head cuts only the query: set truncate to "
+                "longest-first to cut both)"
+            )
+        errors.append(error)
+        if error is not None:
+            pairs.append(None)
+        elif len(base) <= room:
+            pairs.append((base, item.ids))
+        else:  # the query's first content tokens dropped until the pair fits
+            dropped = set(query.content[: len(query.ids) - room])
+            pairs.append(([t for i, t in enumerate(query.ids) if i not in dropped], item.ids))
+    queries = [pair[0] for pair in pairs if pair is not None]
+    if all(ids is base for ids in queries):  # no item cuts the query further: the usual group
+        return _checked_group(base, [None if p is None else p[1] for p in pairs], errors, cfg.item_first)
+    if cfg.item_first:  # item then query: the pair is all the item's
+        return _checked_group([], [None if p is None else p[1] + p[0] for p in pairs], errors, True)
+    shared = 0  # the tokens every item's query starts with
+    while all(len(ids) > shared and ids[shared] == queries[0][shared] for ids in queries):
+        shared += 1
+    if shared == 0:  # nothing to share: each pair is one whole sequence (packed alone)
+        return _checked_group([], [None if p is None else p[0] + p[1] for p in pairs], errors, True)
+    item_ids = [None if p is None else p[0][shared:] + p[1] for p in pairs]
+    return _checked_group(queries[0][:shared], item_ids, errors, False)
 
 
 def _cut_to(encoded: _Encoded, limit: int | None, what: str) -> tuple[_Encoded, str | None]:

@@ -3,6 +3,7 @@ hive-partitioned Parquet directories written whole into a staging directory (pub
 
 from __future__ import annotations
 
+import base64
 import datetime
 import io
 import json
@@ -24,10 +25,8 @@ STDOUT = "-"
 OUTPUT_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 JSONL_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}  # the compressed JSONL inputs read too
 SUCCESS = "_SUCCESS"  # written last into a finished partitioned output (the Hadoop/Spark committers' marker)
-COMMON_METADATA = "_common_metadata"  # the full output schema, partition columns included (also when empty)
 # A Parquet output's footer: the rows written (a file rewritten by another tool, pyarrow included, loses it).
 ROWS_KEY = b"score_batch.rows"
-PUBLISHED_KEY = b"score_batch.published"  # _common_metadata's footer: [path, rows, bytes] of every file
 CHECK_ROWS = 512  # rows written to a partitioned output between two checks for a stop
 SYNC_THREADS = 16  # fsyncs at once: the journal commits them together (3,000 files: 1.3–6.4 → 0.3–0.5 s)
 _WRITTEN_NAME = re.compile(r"part-(\d+)\.parquet")
@@ -188,9 +187,11 @@ def write_partitioned(
     Rows keep their order within each partition: one writer thread, and a partition's files numbered in
     the order they were opened (a partition gets several files only when more than the open-file limit
     of partitions are written at once). The partition columns live in the directory names, not in the
-    files; `_common_metadata` holds the full schema and the files' list (PUBLISHED_KEY), and `_SUCCESS` is
-    written last. Every file and directory is fsynced (SYNC_THREADS at a time). check() runs before every
-    CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal), within seconds.
+    files. Only data files and an empty `_SUCCESS`, written last, are in the directory: polars' plain
+    `read_parquet(directory)` refuses one holding any other non-empty file (`_common_metadata`: "paths with
+    different file extensions"; docs/formats.md). Every file and directory is fsynced (SYNC_THREADS at a
+    time). check() runs before every CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal),
+    within seconds.
     """
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
 
@@ -217,8 +218,6 @@ def write_partitioned(
         paths.append(path)
         published.append([path.relative_to(directory).as_posix(), rows, path.stat().st_size])
     published.sort()
-    with pq.ParquetWriter(directory / COMMON_METADATA, schema) as common:  # pq.write_metadata, plus the list
-        common.add_key_value_metadata({PUBLISHED_KEY: json.dumps(published, separators=(",", ":")).encode()})
     check()
     partitions = set()
     for path in paths:  # every directory from each file's up to the root gained an entry
@@ -226,7 +225,7 @@ def write_partitioned(
         while parent != directory and directory in parent.parents:
             partitions.add(parent)
             parent = parent.parent
-    _fsync_all([*paths, directory / COMMON_METADATA, *partitions])
+    _fsync_all([*paths, *partitions])
     (directory / SUCCESS).touch()
     fsync_directory(directory)
     return published
@@ -277,17 +276,103 @@ class StdoutJsonlWriter:
 
 
 def write_jsonl(table: pa.Table, stream) -> None:
-    """Write a table as JSON lines (NaN → null, so every line is valid JSON)."""
-    for row in table.to_pylist():
-        stream.write(json.dumps({k: _json_value(v) for k, v in row.items()}, ensure_ascii=False) + "\n")
+    """Write a table as JSON lines."""
+    for line in json_lines(table):
+        stream.write(line)
+
+
+def json_lines(table: pa.Table) -> list[str]:
+    """A table's rows as JSON lines (NaN → null, so every line is valid JSON; other types as json_table)."""
+    return [
+        json.dumps({k: _json_value(v) for k, v in row.items()}, ensure_ascii=False) + "\n"
+        for row in json_table(table).to_pylist()
+    ]
+
+
+def json_table(table: pa.Table) -> pa.Table:
+    """The table with the columns JSON has no type for cast to one (docs/formats.md, JSON lines): decimals to
+    their exact text, durations to integers in their unit, dictionaries to their values; binary stays bytes
+    (base64 text in _json_value)."""
+    schema = pa.schema(
+        [field.with_type(_json_type(field.type)) for field in table.schema], table.schema.metadata
+    )
+    return table if schema == table.schema else table.cast(schema)
+
+
+def jsonl_unwritable(dtype: pa.DataType) -> str | None:
+    """Why a column of this type cannot be written as JSON lines (None: it can); checked before scoring."""
+    if pa.types.is_nested(dtype):
+        if pa.types.is_union(dtype) or not (
+            pa.types.is_list(dtype)
+            or pa.types.is_large_list(dtype)
+            or pa.types.is_fixed_size_list(dtype)
+            or pa.types.is_struct(dtype)
+            or pa.types.is_map(dtype)
+        ):
+            return f"JSON lines have no form for {dtype}"
+        children = [dtype.field(i).type for i in range(dtype.num_fields)]
+        return next((why for why in map(jsonl_unwritable, children) if why), None)
+    if pa.types.is_dictionary(dtype):
+        return jsonl_unwritable(dtype.value_type)
+    if any(
+        check(dtype)
+        for check in (
+            pa.types.is_null,
+            pa.types.is_boolean,
+            pa.types.is_integer,
+            pa.types.is_floating,
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_string_view,
+            pa.types.is_binary,
+            pa.types.is_binary_view,
+            pa.types.is_large_binary,
+            pa.types.is_fixed_size_binary,
+            pa.types.is_decimal,
+            pa.types.is_date,
+            pa.types.is_time,
+            pa.types.is_timestamp,
+            pa.types.is_duration,
+        )
+    ):
+        return None
+    return f"JSON lines have no form for {dtype}"
+
+
+def _json_type(dtype: pa.DataType) -> pa.DataType:
+    """dtype with decimals as strings, durations as int64 and dictionaries as their values, at any depth."""
+    if pa.types.is_decimal(dtype):
+        return pa.string()
+    if pa.types.is_duration(dtype):
+        return pa.int64()
+    if pa.types.is_dictionary(dtype):
+        return _json_type(dtype.value_type)
+    if pa.types.is_map(dtype):
+        return pa.map_(_json_type(dtype.key_type), dtype.item_field.with_type(_json_type(dtype.item_type)))
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype):
+        field = dtype.value_field.with_type(_json_type(dtype.value_type))
+        if pa.types.is_fixed_size_list(dtype):
+            return pa.list_(field, dtype.list_size)
+        return pa.large_list(field) if pa.types.is_large_list(dtype) else pa.list_(field)
+    if pa.types.is_struct(dtype):
+        return pa.struct(
+            [dtype.field(i).with_type(_json_type(dtype.field(i).type)) for i in range(dtype.num_fields)]
+        )
+    return dtype
 
 
 def _json_value(value: Any) -> Any:
-    """JSON-safe value: non-finite floats become null."""
+    """JSON-safe value: non-finite floats become null, bytes base64 text, dates and times ISO 8601 text."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, (datetime.date, datetime.time)):  # typed hive partition values, kept columns
         return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
     if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    if isinstance(value, tuple):  # a map's (key, value)
         return [_json_value(v) for v in value]
     return value

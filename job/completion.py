@@ -1,14 +1,14 @@
 """Idempotent reruns: how a finished output records what produced it and what it published; a rerun's check.
 
-Every published output carries its completion fingerprint (model, settings and a digest of the input's
-rows, whatever the window size) and what was published: a Parquet file its fingerprint in its schema
-metadata and its row count in its footer (a rewrite by another tool drops it); a partitioned dataset both in
-its `_common_metadata` (trusted only with `_SUCCESS`), with every file's path, rows and bytes; a --resume
-run writing JSONL (no place for it) in OUTPUT.done beside the output, with the output's size and time.
-Rerunning the same command with --resume (a cron job, an Airflow "clear and rerun") reads the input again
-(no model is loaded) and, when the fingerprints match and the output is still what was published, exits 0
-"already complete" without touching it. A changed input, model or setting, or an output changed since
-(filtered in place, a partition gone), is refused as an existing output always was.
+Every published Parquet file carries its completion fingerprint (model, settings and a digest of the input's
+rows, whatever the window size) in its schema metadata and its row count in its footer (a rewrite by another
+tool drops it). A --resume run writing JSONL or a --partition-by dataset (no place inside it that every
+reader skips) records it in OUTPUT.done beside the output, with the output's size and modification time (a
+dataset: every file's, as git and make compare them; trusted only with `_SUCCESS`). Rerunning the same
+command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no model is loaded)
+and, when the fingerprints match and the output is still what was published, exits 0 "already complete"
+without touching it. A changed input, model or setting, or an output changed since (filtered in place, a
+partition gone, a file rewritten at the same size), is refused as an existing output always was.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.target import Target
 from score_batch.io_formats.window import InputDigest
-from score_batch.io_formats.writers import COMMON_METADATA, PUBLISHED_KEY, ROWS_KEY, SUCCESS, output_format
+from score_batch.io_formats.writers import ROWS_KEY, SUCCESS, output_format
 from score_batch.job.run_config import FINGERPRINTED, Fingerprint, RunConfig
 
 METADATA_KEY = b"score_batch.completion"
 RECORD_KEY = b"score_batch.completion_record"  # what the fingerprint digests, to name a difference
-SIDECAR = ".done"  # JSONL outputs: OUTPUT.done
+SIDECAR = ".done"  # JSONL and dataset outputs: OUTPUT.done
 
 
 def input_digest(config: RunConfig, source: InputSource) -> str:
@@ -72,7 +72,7 @@ class Completion:
     def __init__(self, output: Target, dataset: bool) -> None:
         self.output = output
         self.dataset = dataset
-        self.sidecar = not dataset and _names_jsonl(output.path)
+        self.sidecar = dataset or _names_jsonl(output.path)
         self.record = output.sibling(SIDECAR)
 
     def _stamp(self) -> Stamp:
@@ -80,14 +80,8 @@ class Completion:
         try:
             if self.sidecar:
                 return self._sidecar_stamp()
-            if self.dataset:
-                if not self.output.child(SUCCESS).is_file():
-                    return Stamp()
-                metadata = _read_metadata(self.output.child(COMMON_METADATA))
-                changed = self._dataset_changed(metadata)
-            else:
-                metadata = _read_metadata(self.output)
-                changed = _file_changed(metadata)
+            metadata = _read_metadata(self.output)
+            changed = _file_changed(metadata)
         except (OSError, ValueError, pa.ArrowInvalid):
             return Stamp()
         keys = metadata.schema.to_arrow_schema().metadata or {}
@@ -99,38 +93,17 @@ class Completion:
         return Stamp(value.decode() if value else None, record, changed)
 
     def _sidecar_stamp(self) -> Stamp:
-        """A JSONL output's OUTPUT.done (none when the output is gone: nothing completed is here)."""
+        """The output's OUTPUT.done (none when the output is gone: nothing completed is here)."""
         record = json.loads(self.record.read_bytes() or b"")
         now = self._published()
         if not isinstance(record, dict) or now is None:
             return Stamp()
         changed = None
-        if record.get("output") != now:
+        if self.dataset:
+            changed = _files_changed(record.get("files"), now)
+        elif record.get("output") != now:
             changed = f"its size or modification time is not the one {self.record.name} records"
         return Stamp(record.get("fingerprint"), record.get("record"), changed)
-
-    def _dataset_changed(self, common: pq.FileMetaData) -> str | None:
-        """How a dataset's files differ from the list its _common_metadata records (None: they do not)."""
-        listed = (common.metadata or {}).get(PUBLISHED_KEY)
-        if listed is None:
-            return f"its {COMMON_METADATA} lists no published files"
-        published = {path: size for path, _, size in json.loads(listed)}
-        base = self.output.path.rstrip("/")
-        found = {}
-        for info in self.output.fs.get_file_info(pafs.FileSelector(base, recursive=True)):
-            relative = info.path[len(base) :].lstrip("/")
-            if info.type == pafs.FileType.File and not any(
-                p.startswith(("_", ".")) for p in relative.split("/")
-            ):
-                found[relative] = info.size
-        gone = sorted(set(published) - set(found))
-        added = sorted(set(found) - set(published))
-        resized = sorted(path for path in set(found) & set(published) if found[path] != published[path])
-        for paths, what in ((gone, "gone"), (added, "not published by it"), (resized, "of another size")):
-            if paths:
-                more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
-                return f"{paths[0]}{more} {'are' if more else 'is'} {what}"
-        return None
 
     def exists(self) -> bool:
         """True when an earlier run completed this output."""
@@ -156,23 +129,55 @@ class Completion:
             )
 
     def published(self, fingerprint: Fingerprint, resume: bool) -> None:
-        """After publishing: a JSONL output's record (--resume runs write it; others drop a stale one)."""
+        """After publishing: the OUTPUT.done of a JSONL or dataset output (--resume runs write it; others drop
+        a stale one)."""
         if not self.sidecar:
             return
         if not resume:
             self.record.delete()
             return
-        record = {
-            "fingerprint": fingerprint.digest,
-            "record": fingerprint.record,
-            "output": self._published(),
-        }
+        record = {"fingerprint": fingerprint.digest, "record": fingerprint.record}
+        record["files" if self.dataset else "output"] = self._published()
         self.record.write_bytes(json.dumps(record).encode())
 
-    def _published(self) -> list | None:
-        """Size and modification time of the output file."""
-        info = self.output.info()
-        return [info.size, info.mtime_ns] if info.type == pafs.FileType.File else None
+    def _published(self) -> list | dict | None:
+        """Size and modification time of the output file; a dataset's: {path below it: [size, time]} of every
+        data file (None without `_SUCCESS`: not a finished dataset)."""
+        if not self.dataset:
+            info = self.output.info()
+            return [info.size, info.mtime_ns] if info.type == pafs.FileType.File else None
+        if not self.output.child(SUCCESS).is_file():
+            return None
+        base = self.output.path.rstrip("/")
+        files = {}
+        for info in self.output.fs.get_file_info(pafs.FileSelector(base, recursive=True)):
+            relative = info.path[len(base) :].lstrip("/")
+            if info.type == pafs.FileType.File and not any(
+                p.startswith(("_", ".")) for p in relative.split("/")
+            ):
+                files[relative] = [info.size, info.mtime_ns]
+        return files
+
+
+def _files_changed(published, now: dict[str, list]) -> str | None:
+    """How a dataset's files differ from the ones its record lists (None: they do not)."""
+    if not isinstance(published, dict):
+        return f"its {SIDECAR} lists no published files"
+    gone = sorted(set(published) - set(now))
+    added = sorted(set(now) - set(published))
+    common = sorted(set(now) & set(published))
+    resized = [path for path in common if now[path][0] != published[path][0]]
+    rewritten = [path for path in common if now[path] != published[path] and path not in resized]
+    for paths, what in (
+        (gone, "gone"),
+        (added, "not published by it"),
+        (resized, "of another size"),
+        (rewritten, "rewritten since (another modification time)"),
+    ):
+        if paths:
+            more = f" and {len(paths) - 1} more" if len(paths) > 1 else ""
+            return f"{paths[0]}{more} {'are' if more else 'is'} {what}"
+    return None
 
 
 def _file_changed(footer: pq.FileMetaData) -> str | None:

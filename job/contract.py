@@ -5,7 +5,6 @@ a Ray run write the same columns with the same types.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from score_batch.io_formats.columns import (
 )
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
+from score_batch.io_formats.writers import json_lines, jsonl_unwritable, output_format
 
 
 def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chunked: bool = False) -> None:
@@ -49,6 +49,23 @@ def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chu
             f"--keep-columns {name!r} would overwrite the output column of the same name{when}; "
             "rename the input column"
         )
+
+
+def check_jsonl_columns(mapping: ColumnMapping, types: dict[str, pa.DataType], output: str) -> None:
+    """A JSON lines output (or stdout) takes every id and kept column type (writers.json_table), or the run is
+    refused before scoring, naming the column."""
+    try:
+        if output_format(output) != "jsonl":
+            return
+    except InputError:  # a directory (--partition-by, a Ray run): Parquet
+        return
+    for name in (mapping.query_id, mapping.item_id, *mapping.keep):
+        why = jsonl_unwritable(types[name]) if name and name in types else None
+        if why is not None:
+            raise InputError(
+                f"column {name!r} cannot be written to {output!r}: {why}; write a .parquet output, "
+                "or leave the column out"
+            )
 
 
 def check_partition_by(partition_by: tuple[str, ...], keep: tuple[str, ...]) -> None:
@@ -148,10 +165,16 @@ class OutputContract:
         return schema if self.on_error == "record" else schema.remove(schema.get_field_index(ERROR))
 
     def partition_schema(self, partition_by: tuple[str, ...]) -> pa.Schema:
-        """The hive partitioning of a partitioned output: the named final columns with their types."""
+        """The hive partitioning of a partitioned output: the named final columns with their types, a dictionary
+        (pandas categorical) column by its values' type (a directory name holds a value, not a dictionary)."""
         check_partition_by(partition_by, self.keep)
         schema = self.final_schema()
-        fields = [schema.field(name) for name in partition_by]
+        fields = []
+        for name in partition_by:
+            field = schema.field(name)
+            fields.append(
+                field.with_type(field.type.value_type) if pa.types.is_dictionary(field.type) else field
+            )
         for field in fields:
             if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
                 raise InputError(
@@ -201,5 +224,4 @@ class OutputContract:
     @staticmethod
     def error_lines(failed: pa.Table) -> list[str]:
         """The errors-file JSONL lines of failed rows: row_index, query_id, item_id, error."""
-        rows = failed.select(list(ERROR_FIELDS)).to_pylist()
-        return [json.dumps(row, default=str, ensure_ascii=False) + "\n" for row in rows]
+        return json_lines(failed.select(list(ERROR_FIELDS)))

@@ -14,7 +14,7 @@ import pyarrow as pa
 from score_batch.io_formats.earlier import open_earlier
 from score_batch.io_formats.readers import InputSource, column_types, input_mapping
 from score_batch.io_formats.schema import ColumnMapping
-from score_batch.job.contract import OutputContract
+from score_batch.job.contract import OutputContract, check_jsonl_columns
 from score_batch.job.paths import RunPaths, check_run_paths
 from score_batch.job.policy import check_destination
 from score_batch.job.run_config import RunConfig
@@ -43,6 +43,7 @@ def preflight(config: RunConfig, source: InputSource, directory: bool = False) -
     paths = check_run_paths(config, source.files, destination, source.directories)
     mapping = input_mapping(source, config.columns)
     types = column_types(source, mapping)
+    check_jsonl_columns(mapping, types, config.output)
     if config.partition_by:  # partition columns must be usable output columns (not lists, …)
         pooled = PLACEHOLDER_POOLED_DIM if config.engine.scoring.pooled_hidden_states else None
         output_contract(config, mapping, types, pooled).partition_schema(config.partition_by)

@@ -11,13 +11,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import (
-    COMMON_METADATA,
     STDOUT,
     StdoutJsonlWriter,
     output_format,
@@ -356,7 +354,7 @@ class LinesSink:
 
 class StagedDirectorySink:
     """A directory output that other writers fill (a Ray run's write tasks): a hidden staging directory beside
-    OUTPUT on its store, published whole (`_common_metadata`, then `_SUCCESS` last) after the errors file."""
+    OUTPUT on its store, published whole (`_SUCCESS` last) after the errors file."""
 
     def __init__(self, destination: Target, schema: pa.Schema, errors: ErrorsSink) -> None:
         self.destination, self.schema, self.errors = destination, schema, errors
@@ -365,7 +363,6 @@ class StagedDirectorySink:
     def commit(self) -> int:
         """Publish the errors file, then OUTPUT; the rows left out (--on-error skip)."""
         self.errors.commit()
-        pq.write_metadata(self.schema, f"{self.staging.path}/{COMMON_METADATA}", filesystem=self.staging.fs)
         self.destination.replace_with(self.staging)
         return self.errors.count
 

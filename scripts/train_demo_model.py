@@ -1,9 +1,12 @@
 """Build the demo dataset and train the demo reranker in sample_data/ (reproducible, CPU, a few minutes).
 
     python scripts/train_demo_model.py            # writes sample_data/products.{parquet,jsonl} and cli/demo_model/
+    python scripts/train_demo_model.py --cross-encoder-config   # only the CrossEncoder files (no training)
 
 The model is a tiny Qwen3ForCausalLM trained to answer " yes" / " no" after a product-search prompt; its
 score_batch.json holds the templates and labels, so `score-batch sample_data/products.parquet` needs no flags.
+Its sentence-transformers CrossEncoder configuration (modules.json: Transformer + LogitScore(" yes", " no"),
+a chat template rendering the same templates) makes `CrossEncoder(demo_model_path())` score as Scorer does.
 """
 
 from __future__ import annotations
@@ -168,8 +171,75 @@ def main(steps: int = 800) -> None:
         "score_index": -1,
     }
     (model_dir / "score_batch.json").write_text(json.dumps(profile, indent=2) + "\n")
+    write_cross_encoder_config(model_dir, label_ids)
     print(f"wrote {ROOT / 'products.parquet'} ({len(rows)} rows) and {model_dir}")
 
 
+def write_cross_encoder_config(model_dir: Path, label_ids: list[int]) -> None:
+    """The files sentence-transformers' CrossEncoder loads the model from, as CrossEncoder.save writes them:
+    Transformer(text-generation) rendering a (query, document) pair through a chat template that writes
+    QUERY_TEMPLATE + ITEM_TEMPLATE, then LogitScore(logit[" yes"] - logit[" no"]) and a sigmoid: P(" yes")
+    of a softmax over the two labels, the score_batch.json score."""
+    false_id, true_id = label_ids  # LABELS: " no", " yes"
+
+    def render(template: str, placeholder: str) -> str:
+        prefix, suffix = template.split(placeholder)
+        return "{{ " + json.dumps(prefix) + " + message['content'] + " + json.dumps(suffix) + " }}"
+
+    chat_template = (
+        "{%- for message in messages -%}"
+        "{%- if message['role'] == 'query' -%}" + render(QUERY_TEMPLATE, "{query}") + ""
+        "{%- elif message['role'] == 'document' -%}" + render(ITEM_TEMPLATE, "{item}") + ""
+        "{%- endif -%}{%- endfor -%}"
+    )
+    (model_dir / "chat_template.jinja").write_text(chat_template)
+    files = {
+        "modules.json": [
+            {
+                "idx": 0,
+                "name": "0",
+                "path": "",
+                "type": "sentence_transformers.base.modules.transformer.Transformer",
+            },
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_LogitScore",
+                "type": "sentence_transformers.cross_encoder.modules.logit_score.LogitScore",
+            },
+        ],
+        "config_sentence_transformers.json": {
+            "activation_fn": "torch.nn.modules.activation.Sigmoid",
+            "default_prompt_name": None,
+            "model_type": "CrossEncoder",
+            "prompts": {},
+        },
+        "sentence_bert_config.json": {
+            "transformer_task": "text-generation",
+            "modality_config": {
+                "text": {"method": "forward", "method_output_name": "logits"},
+                "message": {"method": "forward", "method_output_name": "logits", "format": "flat"},
+            },
+            "module_output_name": "causal_logits",
+        },
+        "1_LogitScore/config.json": {
+            "true_token_id": true_id,
+            "false_token_id": false_id,
+            "module_input_name": "causal_logits",
+        },
+    }
+    for name, content in files.items():
+        (model_dir / name).parent.mkdir(exist_ok=True)
+        (model_dir / name).write_text(json.dumps(content, indent=2) + "\n")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--cross-encoder-config"]:  # the trained model's tokenizer gives the label ids
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+        write_cross_encoder_config(
+            MODEL_DIR, [tokenizer.encode(t, add_special_tokens=False)[0] for t in LABELS]
+        )
+    else:
+        main()

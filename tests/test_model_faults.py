@@ -275,13 +275,51 @@ def test_query_past_the_position_limit(short_model):
     result = _scorer(short_model).score([Group(long_query, [SHORT, ""])])[0]
     assert all("query has" in e and f"max_position_embeddings {MAX_POSITIONS}" in e for e in result.errors)
     assert "set truncate to query-head" in result.errors[0]
-    # query-head keeps the query's last MAX_POSITIONS tokens; the empty item then scores as that query.
-    result = _scorer(short_model, truncate="query-head").score([Group(long_query, ["", SHORT])])[0]
-    assert result.errors[0] is None and "item 1" in result.errors[1]
+
+
+MEDIUM = " the quick brown fox jumps"
+
+
+@pytest.mark.parametrize(
+    "packing,item_first",
+    [("mis", False), ("single", False), ("single", True)],
+    ids=["mis", "single", "item-first"],
+)
+@pytest.mark.parametrize("template", [None, "Q: {query}\n"], ids=["plain", "template"])
+def test_query_head_cuts_the_query_to_leave_each_item_its_room(short_model, packing, item_first, template):
+    """Each (query, item) pair keeps the query's last MAX_POSITIONS - len(item) content tokens (the template
+    kept): the plain-HF forward over exactly those tokens, whatever the group's other items; an item that
+    cannot fit beside the query's template is a row error that names longest-first."""
+    long_query = LONG + LONG
     tok = tokenizer(str(short_model))
     labels = [tok.encode(t, add_special_tokens=False)[0] for t in LABELS]
-    kept = tok(long_query)["input_ids"][-MAX_POSITIONS:]
-    assert max_abs_diff(result.scores[0], reference_scores(short_model, "causal", kept, labels)[0]) <= 1e-4
+    prefix, suffix = template.split("{query}") if template else ("", "")
+    head = tok(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+    tail = tok(suffix, add_special_tokens=False)["input_ids"] if suffix else []
+    content = tok(long_query, add_special_tokens=False)["input_ids"]
+    assert len(head) + len(content) + len(tail) > MAX_POSITIONS  # the query alone is past the limit
+    items = ["", SHORT, MEDIUM, LONG]
+    ids = [tok(item, add_special_tokens=False)["input_ids"] for item in items]
+    scorer = _scorer(
+        short_model, truncate="query-head", packing=packing, query_template=template, item_first=item_first
+    )
+    result = scorer.score([Group(long_query, items)])[0]
+    fixed = len(head) + len(tail)
+    for index, item_ids in enumerate(ids):
+        room = MAX_POSITIONS - len(item_ids) - fixed  # the query's content tokens this pair keeps
+        if room < (0 if fixed or item_first else 1):
+            assert "query-head cuts only the query" in result.errors[index]
+            assert "longest-first" in result.errors[index] and np.isnan(result.scores[index]).all()
+            continue
+        assert result.errors[index] is None, result.errors[index]
+        query_ids = head + (content[len(content) - room :] if room else []) + tail
+        sequence = item_ids + query_ids if item_first else query_ids + item_ids
+        assert len(sequence) == MAX_POSITIONS
+        expected = reference_scores(short_model, "causal", sequence, labels)[0]
+        assert max_abs_diff(result.scores[index], expected) <= 1e-4, index
+        alone = scorer.score([Group(long_query, [items[index]])])[0]  # its neighbours change nothing
+        assert max_abs_diff(alone.scores[0], result.scores[index]) <= 1e-4
+    assert result.errors[3] is not None or item_first  # LONG cannot fit beside even one query token
 
 
 def test_token_id_input_obeys_the_position_limit(short_model):

@@ -77,11 +77,10 @@ def test_partitioned_by_a_kept_column_equals_the_unpartitioned_output(countries)
     assert ran.returncode == 0, ran.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "_SUCCESS",
-        "_common_metadata",
         *sorted(f"country={c}" for c in COUNTRIES),
     ]
     assert_partitioned_like(local_files(out), reference, ("country",))
-    assert pq.read_schema(out / "_common_metadata") == reference.schema
+    assert (out / "_SUCCESS").stat().st_size == 0  # polars' read_parquet(directory) skips empty files only
     # what a downstream reader does: the dataset with hive partitions, pruned by the partition column
     dataset = ds.dataset(out, format="parquet", partitioning="hive")
     us = dataset.to_table(filter=ds.field("country") == "US")
@@ -174,7 +173,7 @@ def test_partitioned_output_on_s3_is_committed_by_success_last(countries, s3):  
     assert ran.returncode == 0, ran.stderr
     prefix = "scores/dt=2026-11-22/"
     names = [key[len(prefix) :] for key in keys(client, bucket, prefix)]
-    assert "_SUCCESS" in names and "_common_metadata" in names
+    assert "_SUCCESS" in names
     files = {
         name: pq.read_table(io.BytesIO(client.get_object(Bucket=bucket, Key=prefix + name)["Body"].read()))
         for name in names
@@ -223,38 +222,67 @@ def test_kill_9_on_s3_then_resume_replaces_a_publish_cut_off_midway(countries, s
         if name.endswith(".parquet")
     }
     assert_partitioned_like(files, reference, ("country",))  # the stray partition is gone
-    assert [k for k in keys(client, bucket) if not k.startswith(prefix)] == []
+    assert [k for k in keys(client, bucket) if not k.startswith(prefix)] == [
+        "scores/out.done"
+    ]  # --resume's record
 
 
-def test_polars_pandas_duckdb_and_pyarrow_read_it_with_the_documented_calls(countries):
-    """docs/formats.md's calls: every tool gets every row, partition columns typed as written (no
-    categoricals), whatever markers the directory holds (_SUCCESS, _common_metadata)."""
+def test_polars_pandas_duckdb_and_pyarrow_open_the_directory_with_their_idiomatic_calls(
+    qwen3_causal, tmp_path
+):
+    """docs/formats.md's five plain calls open a dataset partitioned by a date and a dictionary (pandas
+    categorical) column, every row with the reference's values; polars and DuckDB type the date as written,
+    pyarrow and pandas as their hive inference does; given the metadata file's schema, every tool types
+    every column as written (a dictionary partition column by its values)."""
+    import datetime
+
     import duckdb
 
     pl = pytest.importorskip("polars")
     pd = pytest.importorskip("pandas")
-    base, reference, tmp_path = countries
-    out = tmp_path / "dataset"
-    ran = run_cli(*base, "-o", out, "--partition-by", "country,query_id")
-    assert ran.returncode == 0, ran.stderr
-    order = ["item_id"]
-    want = reference.sort_by([(name, "ascending") for name in order])
-    schema = pq.read_schema(out / "_common_metadata")  # the full schema, partition columns included
-    assert schema.field("query_id").type == pa.int64()
-
-    def check(table: pa.Table) -> None:
-        table = table.select(reference.column_names).sort_by([(name, "ascending") for name in order])
-        assert table.schema.field("query_id").type == pa.int64()
-        assert table.schema.field("country").type in (pa.string(), pa.large_string())
-        assert table.cast(want.schema).equals(want)
-
-    check(pl.read_parquet(f"{out}/**/*.parquet", hive_partitioning=True).to_arrow())
-    frame = pd.read_parquet(out, schema=schema)
-    assert not any(isinstance(dtype, pd.CategoricalDtype) for dtype in frame.dtypes)
-    check(pa.Table.from_pandas(frame, preserve_index=False))
-    check(
-        duckdb.sql(
-            f"SELECT * FROM read_parquet('{out}/**/*.parquet', hive_partitioning = true)"
-        ).to_arrow_table()
+    rows = many_rows(6, 4)
+    days = [datetime.date(2026, 11, 20 + row["query_id"] % 2) for row in rows]
+    table = pa.Table.from_pylist(rows).append_column("dt", pa.array(days, pa.date32()))
+    table = table.append_column(
+        "country", pa.array([COUNTRIES[r["query_id"] % 3] for r in rows]).dictionary_encode()
     )
-    check(pq.read_table(out, schema=schema))
+    data = tmp_path / "in.parquet"
+    pq.write_table(table, data)
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--keep-columns", "dt,country", "--window-rows", "8"]
+    reference = tmp_path / "reference.parquet"
+    ran = run_cli(*base, "-o", reference)
+    assert ran.returncode == 0, ran.stderr
+    want = pq.read_table(reference)
+    assert want.schema.field("country").type == pa.dictionary(pa.int32(), pa.string())  # kept as read
+    want = want.set_column(want.column_names.index("country"), "country", want["country"].cast(pa.string()))
+    want = want.sort_by("item_id")
+    out = tmp_path / "dataset"
+    ran = run_cli(*base, "-o", out, "--partition-by", "dt,country")
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == ["_SUCCESS"]  # nothing that polars refuses
+
+    def same_rows(got: pa.Table, dt: pa.DataType, country: pa.DataType) -> None:
+        """got holds want's rows, its partition columns of these types (strings: the dates' ISO text; polars'
+        and pandas' large strings taken as strings)."""
+        got = got.select(want.column_names).sort_by("item_id")
+        types = [pa.string() if t == pa.large_string() else t for t in (got["dt"].type, got["country"].type)]
+        assert types == [dt, country]
+        assert got.cast(want.schema).equals(want)
+
+    # the plain calls, each library's own partition types
+    same_rows(pl.read_parquet(out).to_arrow(), pa.date32(), pa.string())
+    same_rows(pl.scan_parquet(out, hive_partitioning=True).collect().to_arrow(), pa.date32(), pa.string())
+    query = f"SELECT * FROM read_parquet('{out}/**/*.parquet', hive_partitioning = true)"
+    same_rows(duckdb.sql(query).to_arrow_table(), pa.date32(), pa.string())
+    same_rows(ds.dataset(out, partitioning="hive").to_table(), pa.string(), pa.string())
+    frame = pd.read_parquet(out)
+    assert isinstance(frame["dt"].dtype, pd.CategoricalDtype)  # pandas' hive inference: categoricals
+    got = pa.Table.from_pandas(frame.astype({"dt": str, "country": str}), preserve_index=False)
+    same_rows(got, pa.string(), pa.string())
+    # given the partition columns' types (docs/formats.md): every column typed as written
+    partitioning = ds.partitioning(pa.schema([("dt", pa.date32()), ("country", pa.string())]), flavor="hive")
+    same_rows(ds.dataset(out, partitioning=partitioning).to_table(), pa.date32(), pa.string())
+    same_rows(pq.read_table(out, partitioning=partitioning), pa.date32(), pa.string())
+    frame = pd.read_parquet(out, partitioning=partitioning)
+    assert not any(isinstance(dtype, pd.CategoricalDtype) for dtype in frame.dtypes)
+    same_rows(pa.Table.from_pandas(frame, preserve_index=False), pa.date32(), pa.string())

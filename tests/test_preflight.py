@@ -228,17 +228,19 @@ def test_resume_on_a_completed_output_exits_0_and_changes_nothing(qwen3_causal, 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*listing, "r.json"])
     quiet = run_cli(*base, "-q")  # a scheduled no-op rerun prints nothing (cron mails every line)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
-    assert listing == sorted(["in.jsonl", name, *(["o.jsonl.done"] if name == "o.jsonl" else [])])
+    records = {"o.jsonl": ["o.jsonl.done"], "dataset": ["dataset.done"]}.get(name, [])
+    assert listing == sorted(["in.jsonl", name, *records])
 
 
-@pytest.mark.parametrize("name", ["o.parquet", "o.jsonl", "dataset"])
+@pytest.mark.parametrize("name", ["o.parquet", "o.jsonl", "dataset", "rewritten/dataset"])
 def test_resume_on_an_output_changed_since_it_was_completed_exits_2(qwen3_causal, tmp_path, name):
     import shutil
 
     data = write_jsonl(tmp_path / "in.jsonl", many_rows(6, 5))
     out = tmp_path / name
+    out.parent.mkdir(exist_ok=True)
     plain = [data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", out]
-    if name == "dataset":
+    if name.endswith("dataset"):
         plain += ["--partition-by", "query_id"]
     base = [*plain, "--resume"]
     assert run_cli(*base).returncode == 0
@@ -249,17 +251,32 @@ def test_resume_on_an_output_changed_since_it_was_completed_exits_2(qwen3_causal
     elif name == "o.jsonl":
         lines = out.read_text().splitlines(keepends=True)
         out.write_text("".join(lines[: len(lines) // 2]))
-    else:
+    elif name == "dataset":
         shutil.rmtree(out / "query_id=3")
+    else:  # a partition file rewritten in place at the same size (here: its own bytes, a second later)
+        (file,) = (out / "query_id=3").iterdir()
+        stat, content = file.stat(), file.read_bytes()
+        file.write_bytes(content)
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+        assert file.stat().st_size == stat.st_size
     changed = run_cli(*base, "--report", tmp_path / "r.json")
     lines = changed.stderr.strip().splitlines()
     assert changed.returncode == 2 and "changed since it was completed" in lines[-1], changed.stderr
-    said = {"o.parquet": "no score-batch row count", "o.jsonl": "o.jsonl.done", "dataset": "query_id=3/"}
+    said = {
+        "o.parquet": "no score-batch row count",
+        "o.jsonl": "o.jsonl.done",
+        "dataset": "query_id=3/part-00000000.parquet is gone",
+        "rewritten/dataset": "query_id=3/part-00000000.parquet is rewritten since",
+    }
     assert said[name] in lines[-1] and "--overwrite" in lines[-1]
     assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == 2
     assert run_cli(*plain, "--overwrite").returncode == 0  # replaced deliberately
-    if name != "o.jsonl":  # (JSONL written without --resume has no record: test_…_refuses_a_changed_input…)
-        assert "already complete" in run_cli(*base).stderr
+    rerun = run_cli(
+        *base
+    )  # a Parquet file carries its record; JSONL and datasets: OUTPUT.done, --resume only
+    assert rerun.returncode == (0 if name == "o.parquet" else 2), rerun.stderr
+    assert run_cli(*base, "--overwrite").returncode == 0
+    assert "already complete" in run_cli(*base).stderr
 
 
 @pytest.mark.parametrize("name", ["o.parquet", "o.jsonl"])

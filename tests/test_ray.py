@@ -198,7 +198,7 @@ def test_ray_reads_hive_partitions_and_a_glob_like_a_local_run_and_partitions_it
     assert ray_table.column("row_index").to_pylist() == list(range(len(ordered)))
     assert ray_table.column("country").to_pylist() == [row["country"] for row in ordered]
     assert ray_table.column("item_id").to_pylist() == [row["item_id"] for row in ordered]
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith("_")) == ["_SUCCESS", "_common_metadata"]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("_", "."))) == ["_SUCCESS"]
     report = json.loads((tmp_path / "ray.json").read_text())
     assert (report["rows_read"], report["items"], report["items_failed"]) == (len(ordered), len(ordered), 1)
     assert (report["device"], report["dtype"], report["packing"]) == ("cpu", "float32", "mis")
@@ -208,7 +208,6 @@ def test_ray_reads_hive_partitions_and_a_glob_like_a_local_run_and_partitions_it
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in by_country.iterdir()) == [
         "_SUCCESS",
-        "_common_metadata",
         "country=DE",
         "country=JP",
         "country=US",
@@ -238,7 +237,6 @@ def test_ray_reads_and_writes_s3(qwen3_causal, s3, tmp_path):  # noqa: F811
     assert written[-1] == "scores/_SUCCESS" or "scores/_SUCCESS" in written
     assert {key.split("/")[1] for key in written} == {
         "_SUCCESS",
-        "_common_metadata",
         "country=DE",
         "country=US",
     }

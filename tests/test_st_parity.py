@@ -634,3 +634,39 @@ def test_a_snapshot_directory_on_the_command_line_picks_its_hub_ids_profile(zoo,
     result = run_cli(src, "-o", tmp_path / "o.jsonl", "--model", snapshot, "--dry-run")
     assert result.returncode == 0, result.stderr
     assert "scoring profile: qwen3-reranker" in result.stderr
+
+
+def test_the_demo_model_loads_in_cross_encoder_and_scores_as_scorer():
+    """CrossEncoder(demo_model_path()) loads its saved Transformer + LogitScore(" yes", " no"), whose chat
+    template renders score_batch.json's templates: predict and rank equal Scorer's on the sample data."""
+    from pathlib import Path
+
+    from score_batch import demo_model_path
+
+    model_dir = demo_model_path()
+    profile = json.loads((Path(model_dir) / "score_batch.json").read_text())
+    theirs = st.CrossEncoder(str(model_dir), device="cpu")
+    assert [type(m).__name__ for m in theirs] == ["Transformer", "LogitScore"]
+    no, yes = (theirs.tokenizer.encode(t, add_special_tokens=False) for t in profile["label_tokens"])
+    assert (theirs[1].false_token_id, theirs[1].true_token_id) == (no[0], yes[0])
+    rendered = theirs.tokenizer.apply_chat_template(
+        [{"role": "query", "content": "red shoes"}, {"role": "document", "content": "a sneaker"}],
+        tokenize=False,
+    )
+    assert rendered == profile["query_template"].format(query="red shoes") + profile["item_template"].format(
+        item="a sneaker"
+    )
+    rows = [
+        json.loads(line) for line in (Path(__file__).parents[1] / "sample_data" / "products.jsonl").open()
+    ]
+    pairs = [(row["query"], row["item"]) for row in rows[:48]]
+    ours = Scorer(model_dir, device="cpu")
+    for kwargs in ({}, {"batch_size": 5}, {"apply_softmax": True}):
+        expected = theirs.predict(pairs, **kwargs)
+        got = ours.predict(pairs, **kwargs)
+        assert got.shape == expected.shape and np.abs(got - expected).max() <= TOL, kwargs
+    query = pairs[0][0]
+    documents = [document for q, document in pairs if q == query]
+    got_rank, their_rank = ours.rank(query, documents), theirs.rank(query, documents)
+    assert [r["corpus_id"] for r in got_rank] == [r["corpus_id"] for r in their_rank]
+    assert max(abs(a["score"] - b["score"]) for a, b in zip(got_rank, their_rank)) <= TOL
