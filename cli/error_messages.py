@@ -8,7 +8,14 @@ import sys
 
 from score_batch.cli.flags import as_flags, spell_settings
 from score_batch.cli.logs import say
-from score_batch.errors import EXIT_USAGE, ConfigError, UserError, exit_code, is_environment_error
+from score_batch.errors import (
+    EXIT_USAGE,
+    ConfigError,
+    TooManyFailed,
+    UserError,
+    exit_code,
+    is_environment_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +29,8 @@ def exit_code_for(error: BaseException) -> int:
         log.error("stopped by %s; completed windows are checkpointed: rerun with --resume to continue", error)
     elif isinstance(error, UserError):
         say(user_message(error))
+    elif isinstance(error, TooManyFailed):  # the run's own line: its output is written
+        say(str(error))
     elif is_environment_error(error):
         say(f"{error} (the machine refused; fix it and rerun, with --resume where parts were checkpointed)")
     else:

@@ -283,6 +283,15 @@ ErrorsFileOpt = Annotated[
         JOB, "Where --on-error skip lists skipped rows \\[default: OUTPUT.errors.jsonl; with -o -, stderr]."
     ),
 ]
+MaxFailedRateOpt = Annotated[
+    float | None,
+    _option(
+        JOB,
+        "Fail the run (exit 4, after its output is written) when more than this fraction of its items "
+        "failed (0: any; 1: never) \\[default: only when every item failed].",
+        metavar="RATE",
+    ),
+]
 ResumeOpt = Annotated[bool, _option(JOB, "Continue a killed run from its checkpointed parts.", "--resume")]
 OverwriteOpt = Annotated[bool, _option(JOB, "Replace an existing output (and stale parts).", "--overwrite")]
 ReportOpt = Annotated[str | None, _option(JOB, "Write a JSON run report to this file, however the run ends.")]
@@ -413,6 +422,7 @@ class ScoreOptions:
     window_rows: WindowRowsOpt = DEFAULT_WINDOW_ROWS
     on_error: OnErrorOpt = "fail"
     errors_file: ErrorsFileOpt = None
+    max_failed_rate: MaxFailedRateOpt = None
     resume: ResumeOpt = False
     overwrite: OverwriteOpt = False
     report: ReportOpt = None

@@ -17,6 +17,7 @@ from score_batch.engine.planner import Planner
 from score_batch.engine.scorer import Scorer
 from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.errors import UserError
+from score_batch.job.policy import enforce_failed_rate
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
@@ -86,7 +87,7 @@ class ScoringPhase:
         if window.resumed:
             report.rows_skipped_by_resume += window.rows
         elif window.written and not self.config.dry_run:
-            report.items_scored += window.items - window.failed
+            report.items_scored += window.items - window.failed - window.reused - self._copies(window)
         if window.plan is not None:
             report.add_plan(window.plan)
         self.stats.add_scores(window.scores)
@@ -95,12 +96,22 @@ class ScoringPhase:
         self.stats.add_query_items(items)
         self.progress.add_rows(window.rows)
 
+    def _copies(self, window: ScoredWindow) -> int:
+        """The window's items copied from another of the run (scored once): across windows, and within the
+        window by its plan, whose count under --truncate chunk is of chunks, not items (an item with a
+        repeated chunk is still scored)."""
+        planned = window.plan.duplicates if window.plan is not None and not self.config.chunked else 0
+        return window.duplicates + planned
+
     def commit(self, *args, **kwargs) -> None:
         """The scoring time and statistics into the report, then the sink's commit (it returns the rows it
-        left out of the output: --on-error skip's, listed in the errors file)."""
+        left out of the output: --on-error skip's, listed in the errors file) and the rows it wrote."""
         self.check()  # nothing is published after a signal
         self._close_timing()
-        self.report.items_skipped = self.sink.commit(*args, **kwargs) or 0
+        report = self.report
+        report.items_skipped = self.sink.commit(*args, **kwargs) or 0
+        written = getattr(self.sink, "rows_written", None)  # None: a sink that does not count (unranked Ray)
+        report.rows_written = report.items - report.items_skipped if written is None else written
 
     def _close_timing(self) -> None:
         if not self.report.seconds_scoring:
@@ -124,6 +135,7 @@ class ScoringPhase:
             self.report.finish()
         if error is None:
             self.check()  # a signal after the last safe point (the publish): still a stop, 130/143
+            enforce_failed_rate(self.report, self.config)  # the output and its completion record are written
 
 
 def load_engine(

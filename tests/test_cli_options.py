@@ -178,6 +178,7 @@ CASES = {
     "price_per_hour": (["--price-per-hour", "2.5"], "price_per_hour", 2.5),
     "reuse": (["--reuse", "a.parquet", "--reuse", "s3://b/c"], "reuse", ("a.parquet", "s3://b/c")),
     "reuse_missing_ok": (["--reuse-missing-ok"], "reuse_missing_ok", True),
+    "max_failed_rate": (["--max-failed-rate", "0.05"], "max_failed_rate", 0.05),
     "ray": (["--ray"], "ray", RayOptions()),
     "ray_address": (["--ray", "--ray-address", "auto"], "ray.address", "auto"),
     "num_workers": (["--ray", "--num-workers", "2"], "ray.num_workers", 2),
