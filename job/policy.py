@@ -19,7 +19,7 @@ from score_batch.job.completion import Completion
 from score_batch.job.contract import OutputContract, check_partition_by
 from score_batch.job.paths import parts_dir
 from score_batch.job.report import RunReport
-from score_batch.job.run_config import STDOUT, RunConfig
+from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
