@@ -17,7 +17,7 @@ from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
 from score_batch.job.completion import Completion
 from score_batch.job.contract import OutputContract, check_partition_by
-from score_batch.job.paths import parts_dir
+from score_batch.job.paths import check_local_container, parts_dir
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
 
@@ -43,6 +43,7 @@ def check_destination(config: RunConfig, directory: bool) -> Target | None:
             "give a directory path (without .parquet or .jsonl)"
         )
     destination = target(config.output, config.storage_options)
+    check_local_container("output", destination)  # a file in the way, or a place that takes no files
     missing = destination.missing_container()
     if missing is not None:
         raise InputError(missing)

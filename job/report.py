@@ -53,6 +53,8 @@ class RunReport:
     sequences: int = 0  # sequences scored: the items, or with --truncate chunk their chunks
     duplicates: int = 0  # (query, item) pairs equal to an earlier one of the run: scored once, copied
     reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
+    empty_queries: int = 0  # rows whose query is "" (or no token ids): scored as given, warned about
+    empty_items: int = 0  # items that are "" (or no token ids): scored as given, warned about
     seconds_load: float = 0.0
     seconds_scoring: float = 0.0
     seconds_total: float = 0.0

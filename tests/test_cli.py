@@ -245,7 +245,8 @@ def test_missing_item_column_names_columns(qwen3_causal, tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", [{"query": "x", "text": "y"}])
     result = run_cli(data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS)
     assert result.returncode == 2
-    assert "no item or items column" in result.stderr and "'text'" in result.stderr
+    assert "no item column" in result.stderr and "'text'" in result.stderr
+    assert "--item-col" in result.stderr and "--items-col" in result.stderr  # the flags that name it
 
 
 def test_demo_runs_without_flags_and_ranks_well(tmp_path):
