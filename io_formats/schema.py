@@ -57,7 +57,9 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
         if required:  # the query column, or the items column once no item column was found
             what = "query" if flag == "--query-col" else "item"
             looked = ITEM_NAMES + candidates if what == "item" else candidates
-            flags = "--item-col (one item per row) or --items-col (a list per row)" if what == "item" else flag
+            flags = (
+                "--item-col (one item per row) or --items-col (a list per row)" if what == "item" else flag
+            )
             raise InputError(
                 f"{source}: no {what} column (looked for {_list(looked)}); name it with {flags}; "
                 f"columns: {_list(columns)}"

@@ -93,7 +93,11 @@ class RunConfig:
             ("progress_seconds", lambda: self.progress_seconds <= 0, "must be positive"),
             ("price_per_hour", lambda: not (self.price_per_hour is None or self.price_per_hour >= 0), PRICE),
             ("top_k", lambda: self.top_k is not None and self.top_k < 1, "must be at least 1"),
-            ("max_failed_rate", lambda: not _fraction(self.max_failed_rate), "must be a fraction from 0 to 1"),
+            (
+                "max_failed_rate",
+                lambda: not _fraction(self.max_failed_rate),
+                "must be a fraction from 0 to 1",
+            ),
             ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),
             ("partition_by", lambda: self.partition_by and stdout, "needs an output directory, not stdout"),
             ("resume", lambda: self.resume and stdout, "needs an output file (stdout cannot be resumed)"),

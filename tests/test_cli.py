@@ -277,7 +277,7 @@ def test_models_command_is_not_shadowed_by_a_models_folder(tmp_path):
         ),
         (["in.jsonl", "--max-pack-tokens", "abc"], "Invalid value for '--max-pack-tokens'"),
         (["in.jsonl", "--bogus"], "No such option: --bogus"),
-        ([], "Missing argument 'input'"),
+        ([], "Missing argument 'INPUT'"),  # as --help names it (INPUT...)
     ],
 )
 def test_a_refused_flag_is_one_error_line(args, said):

@@ -55,7 +55,9 @@ def test_an_output_under_a_file_says_the_file_is_in_the_way(qwen3_causal, tmp_pa
 
 def test_a_report_under_a_file_says_so(qwen3_causal, tmp_path):
     (tmp_path / "afile").write_text("x")
-    line = refused(tmp_path, qwen3_causal, [{"query": "q", "item": "i"}], "--report", tmp_path / "afile/r.json")
+    line = refused(
+        tmp_path, qwen3_causal, [{"query": "q", "item": "i"}], "--report", tmp_path / "afile/r.json"
+    )
     assert "is a file, not a directory" in line
 
 
