@@ -10,7 +10,7 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from score_batch import __version__
-from score_batch.cli.command import ReportingCommand, command_from, report_stop
+from score_batch.cli.command import ReportingCommand, command_from, help_params, report_stop
 from score_batch.cli.error_messages import exit_code_for, usage_error
 from score_batch.cli.models import models
 from score_batch.cli.options import RunBatchOptions, ScoreOptions
@@ -23,6 +23,9 @@ GROUP_OPTIONS = ("-h", "--help", "--version", "--install-completion", "--show-co
 
 class ScoreByDefault(TyperGroup):
     """`score-batch INPUT …` means `score-batch score INPUT …`; subcommand names always win."""
+
+    def get_params(self, ctx) -> list:
+        return help_params(super().get_params(ctx))  # --version and --help shown as flags: no <bool>
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         ctx.meta[ARGS] = list(args)  # for a stop's report (report_stop), whatever parsing reaches
@@ -57,7 +60,8 @@ app = typer.Typer(
     "Every option of score can also come from an environment variable SCORE_BATCH_<OPTION> "
     "(SCORE_BATCH_MODEL, SCORE_BATCH_ON_ERROR, …); flags win.\n\n"
     "Exit codes: 0 done; 2 bad input or flags; 3 the machine refused (disk full, permission); "
-    "1 a bug; 130/143 stopped by Ctrl-C/SIGTERM (rerun with --resume).",
+    "4 more items failed than --max-failed-rate allows (the output is written); 1 a bug; "
+    "130/143 stopped by Ctrl-C/SIGTERM (rerun with --resume).",
 )
 
 

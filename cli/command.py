@@ -6,25 +6,21 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import shutil
 import typing
 from collections.abc import Callable
 from typing import Any
 
-from typer import _click as click
 from typer._click.exceptions import BadParameter
-from typer.core import TyperCommand
+from typer.core import TyperArgument, TyperCommand, TyperOption
 from typer.exceptions import TyperException
 
 from score_batch.cli.logs import flag_value, say
+from score_batch.cli.options import PANELS
 from score_batch.errors import UserError
 from score_batch.signals import Stopped
 
 ENV_PREFIX = "SCORE_BATCH"  # cli/app.py's auto_envvar_prefix: SCORE_BATCH_<OPTION>
 TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")  # click's spellings of a true boolean
-
-# Narrower than this, rich's option table cuts flag and variable names short (--pooled-hidden-…).
-RICH_HELP_COLUMNS = 120
 
 
 def command_from(
@@ -55,11 +51,52 @@ def command_from(
     return command
 
 
-def _plain(text: str) -> str:
-    """Help text written in rich's markup, as plain text."""
-    from rich.text import Text  # only when help is shown: rich stays out of a run's start-up
+TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "list[str]": "TEXT"}
 
-    return Text.from_markup(text).plain
+
+class HelpOption(TyperOption):
+    """An option as --help shows it: a flag without a type, choices as [a|b], a value as TEXT, INTEGER, FLOAT
+    (or its metavar), and a default given in words (show_default="…") as [default: …], as any other default."""
+
+    def display_type_rich(self, ctx) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        if self.metavar is not None:
+            return self.metavar
+        if self.type_descriptor.is_choice:
+            return "[" + "|".join(str(choice) for choice in self.type_descriptor.choices) + "]"
+        shown = self.display_type(ctx).strip("<>")
+        return TYPE_WORDS.get(shown, shown.upper())
+
+    def _get_default_string(self, *, ctx, show_default_is_str: bool, default_value) -> str:
+        if show_default_is_str:
+            return self.show_default
+        return super()._get_default_string(
+            ctx=ctx, show_default_is_str=show_default_is_str, default_value=default_value
+        )
+
+
+class HelpArgument(TyperArgument):
+    """An argument as --help shows it: its metavar (INPUT...) in the usage line and its panel, no type."""
+
+    def display_type_rich(self, ctx) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        return self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+
+    def get_error_hint(self) -> str:
+        return repr(self.display_name_raw.removesuffix("..."))  # Missing argument 'INPUT'
+
+
+def help_params(params: list) -> list:
+    """params, each shown by HelpOption's or HelpArgument's rules (their parsing is Typer's, unchanged)."""
+    for param in params:
+        if type(param) is TyperOption:
+            param.__class__ = HelpOption
+        elif type(param) is TyperArgument:
+            param.__class__ = HelpArgument
+    return params
 
 
 class ReportingCommand(TyperCommand):
@@ -75,21 +112,14 @@ class ReportingCommand(TyperCommand):
             if getattr(param, "multiple", False):
                 param.value_from_envvar = _json_list_or(param, param.value_from_envvar)
 
+    def get_params(self, ctx) -> list:
+        return help_params(super().get_params(ctx))
+
     def format_help(self, ctx, formatter) -> None:
-        """Rich panels on a wide terminal; below RICH_HELP_COLUMNS click's plain layout, which wraps long flag
-        and environment-variable names where rich's table would cut them short."""
-        if shutil.get_terminal_size().columns >= RICH_HELP_COLUMNS:
-            return super().format_help(ctx, formatter)
-        holders = [self, *self.params]
-        marked = [holder.help for holder in holders]
-        for holder in holders:  # rich's markup ([bold]…, \[) as plain text; examples kept line by line (\b)
-            paragraphs = _plain(holder.help).split("\n\n") if holder.help else []
-            holder.help = "\n\n".join(f"\b\n{p}" if p.startswith("  ") else p for p in paragraphs) or None
-        try:
-            return click.Command.format_help(self, ctx, formatter)
-        finally:
-            for holder, text in zip(holders, marked):
-                holder.help = text
+        """The options in titled panels at any width, in the top-level help's style (cli/help.py)."""
+        from score_batch.cli.help import print_help  # rich only when help is shown
+
+        print_help(self, ctx, PANELS)
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         given = list(args)  # click's parser consumes the list it parses

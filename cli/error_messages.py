@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
 
+from typer._click.exceptions import NoSuchOption
+
 from score_batch.cli.flags import as_flags, spell_settings
 from score_batch.cli.logs import say
-from score_batch.errors import EXIT_USAGE, ConfigError, UserError, exit_code, is_environment_error
+from score_batch.errors import (
+    EXIT_USAGE,
+    ConfigError,
+    TooManyFailed,
+    UserError,
+    exit_code,
+    is_environment_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +32,8 @@ def exit_code_for(error: BaseException) -> int:
         log.error("stopped by %s; completed windows are checkpointed: rerun with --resume to continue", error)
     elif isinstance(error, UserError):
         say(user_message(error))
+    elif isinstance(error, TooManyFailed):  # the run's own line: its output is written
+        say(str(error))
     elif is_environment_error(error):
         say(f"{error} (the machine refused; fix it and rerun, with --resume where parts were checkpointed)")
     else:
@@ -37,13 +49,25 @@ def user_message(error: UserError) -> str:
     return spell_settings(str(error))
 
 
+def close_flags(given: str, params) -> list[str]:
+    """The flags an unknown one most likely meant: those it begins (--pooled → --pooled-hidden-states), else
+    the closest spellings (difflib's, as click's own suggestion)."""
+    flags = sorted({name for p in params for name in (*p.opts, *p.secondary_opts) if name.startswith("--")})
+    begun = [flag for flag in flags if flag.startswith(given) and given.startswith("--") and len(given) > 3]
+    return begun[:3] or difflib.get_close_matches(given, flags, n=2)
+
+
 def usage_error(error) -> int:
     """A flag or argument click refused (bad value, unknown flag, missing input): one line, exit code 2.
 
     Every other user mistake gets the same `score-batch: error:` line; click's usage block would bury it.
     """
-    message = error.format_message().replace("Value error, ", "")  # pydantic's prefix on choice values
     ctx = getattr(error, "ctx", None)
+    if isinstance(error, NoSuchOption) and ctx is not None:
+        error.possibilities = None
+        close = close_flags(error.option_name, ctx.command.get_params(ctx))
+        error.message += f" (did you mean {' or '.join(close)}?)" if close else ""
+    message = error.format_message().replace("Value error, ", "")  # pydantic's prefix on choice values
     command = ctx.command_path if ctx is not None else "score-batch"
     say(f"{message.rstrip('.')} ({command} -h lists every option)")
     return error.exit_code or EXIT_USAGE

@@ -15,11 +15,14 @@ import typer
 
 from score_batch import choices
 
-COLUMNS = "Input columns"
-SCORING = "Scoring"
+# The --help panels, in this order (the first option of each, in ScoreOptions' field order, places it).
+INPUT = "Input & columns"
+SCORING = "Model & scoring"
+OUTPUT = "Output"
+JOB = "Job control"
 ENGINE = "Engine"
-JOB = "Batch job"
 RAY = "Scale-out on Ray (pip install -e '.\\[ray]')"
+PANELS = (INPUT, SCORING, OUTPUT, JOB, ENGINE, RAY)
 
 DEFAULT_WINDOW_ROWS = 2048  # RunConfig's default; a test keeps them equal
 
@@ -30,79 +33,104 @@ InputArg = Annotated[
         "(with key=value partition directories) or globs; local paths or file://, s3://, gs://, https://, "
         "hf:// URIs; or - (JSONL on stdin). One argument may list several, separated by commas.",
         show_default=False,
+        metavar="INPUT...",
+        rich_help_panel=INPUT,
     ),
 ]
 
 
-def _option(panel: str | None, help: str, *names: str, **settings) -> typer.models.OptionInfo:
-    """A typer.Option in a --help panel (None: Options); a default of None never shows in --help."""
+def _option(panel: str, help: str, *names: str, **settings) -> typer.models.OptionInfo:
+    """A typer.Option in a --help panel; a default of None never shows in --help: one given in words does,
+    as show_default="…" (shown as [default: …], the style of every default)."""
     return typer.Option(*names, help=help, rich_help_panel=panel, **settings)
 
 
 InputFileOpt = Annotated[
     str,
     _option(
-        None,
+        INPUT,
         "The batch file: JSONL of /v1/score and /v1/rerank requests (vLLM's run-batch format), or - for stdin.",
         "-i",
         "--input-file",
+        metavar="FILE",
     ),
 ]
 OutputOpt = Annotated[
     str,
     _option(
-        None,
+        OUTPUT,
         "A .parquet or .jsonl path (local, file://, s3://, gs://), or - for JSONL on stdout.",
         "-o",
         "--output",
+        metavar="PATH",
     ),
 ]
 OutputFileOpt = Annotated[
-    str, _option(None, "The output JSONL file, or - for stdout.", "-o", "--output", "--output-file")
+    str,
+    _option(
+        OUTPUT, "The output JSONL file, or - for stdout.", "-o", "--output", "--output-file", metavar="FILE"
+    ),
 ]
 StorageOpt = Annotated[
     list[str] | None,
     _option(
-        None,
-        "key=value for the object-store filesystem, repeatable: endpoint_override=host:9000, region=…, "
-        "scheme=http (credentials come from the standard chain, never from here).",
+        INPUT,
+        "For the object-store filesystem (inputs and outputs), repeatable: endpoint_override=host:9000, "
+        "region=…, scheme=http (credentials come from the standard chain, never from here).",
         "--storage-option",
+        metavar="KEY=VALUE",
     ),
 ]
 ModelOpt = Annotated[
     str | None,
     _option(
-        None,
+        SCORING,
         "A local model directory, or a hub id (org/name) already in the Hugging Face cache; "
-        "nothing is downloaded \\[default: the bundled demo reranker].",
+        "nothing is downloaded.",
         "--model",
+        metavar="DIR|HUB_ID",
+        show_default="the bundled demo reranker",
     ),
 ]
 ProfileOpt = Annotated[
     str | None,
     _option(
         SCORING,
-        "Scoring profile: a built-in name (see `score-batch models`) or a JSON file. Default: the "
-        "model's score_batch.json, else a built-in profile matching the model's name. Flags override it.",
+        "Scoring profile: a built-in name (see `score-batch models`) or a JSON file; flags override it.",
+        metavar="NAME|FILE",
+        show_default="the model's score_batch.json, else the built-in one its name matches",
     ),
 ]
-QueryColOpt = Annotated[str | None, _option(COLUMNS, "Query column (default: query, or query_tokens).")]
+QueryColOpt = Annotated[
+    str | None, _option(INPUT, "Query column.", metavar="COLUMN", show_default="query, or query_tokens")
+]
 ItemColOpt = Annotated[
-    str | None, _option(COLUMNS, "Item column of the long layout (default: item, or item_tokens).")
+    str | None,
+    _option(INPUT, "Item column (one item per row).", metavar="COLUMN", show_default="item, or item_tokens"),
 ]
 ItemsColOpt = Annotated[
     str | None,
-    _option(COLUMNS, "List-of-items column of the nested layout (default: items, or items_tokens)."),
+    _option(
+        INPUT,
+        "List-of-items column (a list per row).",
+        metavar="COLUMN",
+        show_default="items, or items_tokens",
+    ),
 ]
-QueryIdColOpt = Annotated[str | None, _option(COLUMNS, "Query id column (default: query_id if present).")]
-ItemIdColOpt = Annotated[str | None, _option(COLUMNS, "Item id column (long: item_id; nested: item_ids).")]
+QueryIdColOpt = Annotated[
+    str | None, _option(INPUT, "Query id column.", metavar="COLUMN", show_default="query_id if present")
+]
+ItemIdColOpt = Annotated[
+    str | None,
+    _option(INPUT, "Item id column.", metavar="COLUMN", show_default="item_id, or item_ids if present"),
+]
 KeepColumnsOpt = Annotated[
-    str | None, _option(COLUMNS, "Comma-separated input columns to copy to the output.")
+    str | None, _option(OUTPUT, "Comma-separated input columns to copy to the output.", metavar="COLUMNS")
 ]
 InputFormatOpt = Annotated[
     choices.RequestedFormat,
     _option(
-        COLUMNS,
+        INPUT,
         "table (query/item rows), openai-batch (vLLM-style /v1/score and /v1/rerank batch file, as "
         "`score-batch run-batch`), or auto (openai-batch when the lines are batch requests).",
     ),
@@ -110,7 +138,7 @@ InputFormatOpt = Annotated[
 HiveTypesOpt = Annotated[
     choices.HiveTypes,
     _option(
-        COLUMNS,
+        INPUT,
         "Values of key=value partition directories: infer (integers, dates, … as DuckDB and polars type "
         "them) or string (keep the text).",
     ),
@@ -118,9 +146,10 @@ HiveTypesOpt = Annotated[
 PartitionByOpt = Annotated[
     str | None,
     _option(
-        JOB,
+        OUTPUT,
         "Write OUTPUT as a directory of Parquet files partitioned (hive style, col=value/) by these "
         "comma-separated output columns (ids or kept columns).",
+        metavar="COLUMNS",
     ),
 ]
 LabelTokensOpt = Annotated[
@@ -129,9 +158,12 @@ LabelTokensOpt = Annotated[
         SCORING,
         "CausalLM label tokens, each exactly one token; repeat the flag: --label-tokens ' no' "
         "--label-tokens ' yes'.",
+        metavar="TOKEN",
     ),
 ]
-LabelTokenIdsOpt = Annotated[str | None, _option(SCORING, "CausalLM label token ids, e.g. 2152,9693.")]
+LabelTokenIdsOpt = Annotated[
+    str | None, _option(SCORING, "CausalLM label token ids, e.g. 2152,9693.", metavar="IDS")
+]
 ApplySoftmaxOpt = Annotated[
     bool | None,
     _option(
@@ -146,7 +178,8 @@ ActivationOpt = Annotated[
         SCORING,
         "How score is made from a classifier's logits (scores stays raw): auto (as sentence-transformers' "
         "CrossEncoder: the model's activation_fn, else sigmoid for one label, else the softmax probability of "
-        "the --score-index class), none (the raw value), sigmoid or softmax \\[default: auto].",
+        "the --score-index class), none (the raw value), sigmoid or softmax.",
+        show_default="auto",
     ),
 ]
 LabelScoreOpt = Annotated[
@@ -155,22 +188,24 @@ LabelScoreOpt = Annotated[
         SCORING,
         "CausalLM label scores: probability (P(label) over the vocabulary, or over the labels with "
         "--apply-softmax), logit (the label token's raw logit, as FlagEmbedding's LLM rerankers return it) or "
-        "sigmoid (of that logit: FlagEmbedding's normalize=True) \\[default: probability].",
+        "sigmoid (of that logit: FlagEmbedding's normalize=True).",
+        show_default="probability",
     ),
 ]
 ScoreIndexOpt = Annotated[
-    int | None, _option(SCORING, "Which entry of scores becomes score \\[default: -1, the last].")
+    int | None, _option(SCORING, "Which entry of scores becomes score.", show_default="-1, the last")
 ]
 PooledOpt = Annotated[
     bool | None,
     _option(
-        SCORING,
-        "Also write each item's final hidden state (LAST pooling, after the final norm).",
+        OUTPUT,
+        "Also write each item's final hidden state (LAST pooling, after the final norm), in the column "
+        "pooled_hidden_state.",
         "--pooled-hidden-states",
     ),
 ]
 NormalizeOpt = Annotated[
-    bool | None, _option(SCORING, "L2-normalize the pooled hidden states.", "--normalize")
+    bool | None, _option(OUTPUT, "L2-normalize the pooled hidden states.", "--normalize")
 ]
 QueryTemplateOpt = Annotated[str | None, _option(SCORING, "Template around each query, with {query}.")]
 ItemTemplateOpt = Annotated[str | None, _option(SCORING, "Template around each item, with {item}.")]
@@ -188,13 +223,13 @@ PackingOpt = Annotated[
 ]
 DelimiterOpt = Annotated[
     int | None,
-    _option(SCORING, "Delimiter id between packed items (default 9999, or pad/eos when out of range)."),
+    _option(SCORING, "Delimiter id between packed items.", show_default="9999, or pad/eos when out of range"),
 ]
 MaxQueryTokensOpt = Annotated[
-    int | None, _option(SCORING, "Longest query, in tokens (default: what the pack allows).")
+    int | None, _option(SCORING, "Longest query, in tokens.", show_default="what the pack allows")
 ]
 MaxItemTokensOpt = Annotated[
-    int | None, _option(SCORING, "Longest item, in tokens (default: what the pack allows).")
+    int | None, _option(SCORING, "Longest item, in tokens.", show_default="what the pack allows")
 ]
 TruncateOpt = Annotated[
     choices.Truncate | None,
@@ -222,10 +257,11 @@ ChunkAggregateOpt = Annotated[
     ),
 ]
 TopKOpt = Annotated[
-    int | None, _option(SCORING, "Keep the N best items of each query, best first, with a rank column.")
+    int | None,
+    _option(OUTPUT, "Keep the N best items of each query, best first, with a rank column.", metavar="N"),
 ]
 RankOpt = Annotated[
-    bool, _option(SCORING, "Add a rank column (1 = best); each query's items come out best first.", "--rank")
+    bool, _option(OUTPUT, "Add a rank column (1 = best); each query's items come out best first.", "--rank")
 ]
 DeviceOpt = Annotated[choices.Device, _option(ENGINE, "Where to run.")]
 DtypeOpt = Annotated[choices.Dtype, _option(ENGINE, "auto: bf16 on CUDA, fp32 on CPU.")]
@@ -233,7 +269,8 @@ BackendOpt = Annotated[
     choices.Backend, _option(ENGINE, "Attention: sdpa is the reference; flashinfer needs CUDA.")
 ]
 MaxBatchTokensOpt = Annotated[
-    int | None, _option(ENGINE, "Tokens per forward pass \\[default: 4096 on CPU, 65536 on CUDA].")
+    int | None,
+    _option(ENGINE, "Tokens per forward pass.", show_default="4096 on CPU, 65536 on CUDA"),
 ]
 MaxPackTokensOpt = Annotated[int, _option(ENGINE, "Longest packed sequence; larger groups are split.")]
 TrustRemoteCodeOpt = Annotated[
@@ -270,7 +307,7 @@ OpsOpt = Annotated[
 ]
 ThreadsOpt = Annotated[
     int | None,
-    _option(ENGINE, "Torch threads \\[default: the CPUs this process may use (affinity and cgroup quota)]."),
+    _option(ENGINE, "Torch threads.", show_default="the CPUs this process may use (affinity, cgroup quota)"),
 ]
 WindowRowsOpt = Annotated[int, _option(JOB, "Input rows held in memory and checkpointed at a time.")]
 OnErrorOpt = Annotated[
@@ -280,12 +317,30 @@ OnErrorOpt = Annotated[
 ErrorsFileOpt = Annotated[
     str | None,
     _option(
-        JOB, "Where --on-error skip lists skipped rows \\[default: OUTPUT.errors.jsonl; with -o -, stderr]."
+        JOB,
+        "Where --on-error skip lists skipped rows.",
+        metavar="FILE",
+        show_default="OUTPUT.errors.jsonl; with -o -, stderr",
+    ),
+]
+MaxFailedRateOpt = Annotated[
+    float | None,
+    _option(
+        JOB,
+        "Fail the run (exit 4, after its output is written) when more than this fraction of its items "
+        "failed (0: any; 1: never).",
+        metavar="RATE",
+        show_default="fail only when every item failed",
     ),
 ]
 ResumeOpt = Annotated[bool, _option(JOB, "Continue a killed run from its checkpointed parts.", "--resume")]
 OverwriteOpt = Annotated[bool, _option(JOB, "Replace an existing output (and stale parts).", "--overwrite")]
-ReportOpt = Annotated[str | None, _option(JOB, "Write a JSON run report to this file, however the run ends.")]
+ReportOpt = Annotated[
+    str | None,
+    _option(
+        JOB, "Write a JSON run report to this file (- for stderr), however the run ends.", metavar="FILE"
+    ),
+]
 DryRunOpt = Annotated[
     bool, _option(JOB, "Read and plan without loading the model; print the counts.", "--dry-run")
 ]
@@ -301,14 +356,18 @@ QuietOpt = Annotated[
 PipelineOpt = Annotated[
     bool,
     _option(
-        JOB,
+        ENGINE,
         "Read and plan the next window on a worker thread while the current one is scored.",
         "--pipeline/--no-pipeline",
     ),
 ]
 ProgressSecondsOpt = Annotated[
     float,
-    _option(JOB, "When stderr is not a terminal: a progress log line (rows, items/s, ETA) every N seconds."),
+    _option(
+        JOB,
+        "When stderr is not a terminal: a progress log line (rows, items/s, ETA) every N seconds.",
+        metavar="N",
+    ),
 ]
 PricePerHourOpt = Annotated[
     float | None,
@@ -316,6 +375,7 @@ PricePerHourOpt = Annotated[
         JOB,
         "The machine's price per hour (any currency): the report's usage then gives the run's cost and "
         "the cost per million items.",
+        metavar="PRICE",
     ),
 ]
 ReuseOpt = Annotated[
@@ -351,12 +411,15 @@ RayOpt = Annotated[
 RayAddressOpt = Annotated[
     str | None,
     _option(
-        RAY, "Ray cluster to join: auto (the running cluster) or ray://host:port \\[default: a local Ray]."
+        RAY,
+        "Ray cluster to join: auto (the running cluster) or ray://host:port.",
+        metavar="ADDRESS",
+        show_default="a local Ray",
     ),
 ]
 NumWorkersOpt = Annotated[int, _option(RAY, "Scoring actors, each holding one loaded model.")]
 GpusPerWorkerOpt = Annotated[
-    float | None, _option(RAY, "GPUs per actor \\[default: 1 when the cluster has GPUs, else 0].")
+    float | None, _option(RAY, "GPUs per actor.", show_default="1 when the cluster has GPUs, else 0")
 ]
 CpusPerWorkerOpt = Annotated[float, _option(RAY, "CPUs per actor (also its torch threads).")]
 
@@ -413,6 +476,7 @@ class ScoreOptions:
     window_rows: WindowRowsOpt = DEFAULT_WINDOW_ROWS
     on_error: OnErrorOpt = "fail"
     errors_file: ErrorsFileOpt = None
+    max_failed_rate: MaxFailedRateOpt = None
     resume: ResumeOpt = False
     overwrite: OverwriteOpt = False
     report: ReportOpt = None

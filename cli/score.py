@@ -24,19 +24,25 @@ log = logging.getLogger(__name__)
 HELP = (
     "Score every (query, item) pair of INPUT with a local Hugging Face model and write one score per pair.\n\n"
     "Each query is packed with all of its items into one sequence (multi-item scoring), so the query is "
-    "computed once; every score equals a separate query+item forward pass.\n\n"
+    "computed once; every score equals a separate query+item forward pass. Every option can also be set "
+    "as SCORE_BATCH_<OPTION> (SCORE_BATCH_ON_ERROR=record); flags win.\n\n"
     "[bold]Examples[/bold]\n\n"
-    "  score-batch sample_data/products.parquet -o scores.parquet            [dim]# demo model[/dim]\n\n"
-    "  cat pairs.jsonl | score-batch - -o - --model ./my-reranker --label-tokens ' no' --label-tokens ' yes'\n\n"
-    "  score-batch big/ -o out.parquet --model ./rm --resume --on-error record --report run.json\n\n"
-    "  score-batch data.parquet -o out.parquet --model Qwen/Qwen3-Reranker-0.6B   [dim]# from the HF cache, built-in profile[/dim]\n\n"
-    "  score-batch models            [dim]# supported models, packing, built-in profiles[/dim]"
+    "  score-batch sample_data/products.parquet -o scores.parquet  [dim]# demo model[/dim]\n\n"
+    "  cat pairs.jsonl | score-batch - -o - --model ./my-reranker \\\n"
+    "      --label-tokens ' no' --label-tokens ' yes'\n\n"
+    "  score-batch big/ -o out.parquet --model ./rm --resume --on-error record \\\n"
+    "      --max-failed-rate 0.01 --report run.json\n\n"
+    "  score-batch data.parquet -o out.parquet --model Qwen/Qwen3-Reranker-0.6B\n"
+    "      [dim]# a hub id from the HF cache, with its built-in profile[/dim]\n\n"
+    "  score-batch models  [dim]# supported models, packing, built-in profiles[/dim]"
 )
 RUN_BATCH_HELP = (
     "Score a batch file of /v1/score and /v1/rerank requests (the `vllm run-batch` spelling): one response "
     "line per request, as `score-batch IN -o OUT --input-format openai-batch`.\n\n"
+    "It takes score's options (but --input-format); each can also be set as SCORE_BATCH_<OPTION>.\n\n"
     "[bold]Example[/bold]\n\n"
-    "  score-batch run-batch -i requests.jsonl -o results.jsonl --model BAAI/bge-reranker-base"
+    "  score-batch run-batch -i requests.jsonl -o results.jsonl \\\n"
+    "      --model BAAI/bge-reranker-base"
 )
 BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by run_config, not copied from their option
 RUN_BATCH_FIXED = {"input_format": "openai-batch"}  # what run-batch means, so it takes no --input-format

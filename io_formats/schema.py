@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from score_batch.io_formats.errors import InputError
 
+ITEM_NAMES = ("item", "item_tokens")  # the long layout's item column, found by name
+
 
 @dataclass(frozen=True)
 class ColumnOverrides:
@@ -41,34 +43,41 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
         return _empty_input_mapping(overrides)
     present = set(columns)
 
-    def pick(override: str | None, candidates: tuple[str, ...], what: str, required: bool) -> str | None:
+    def pick(override: str | None, candidates: tuple[str, ...], flag: str, required: bool) -> str | None:
         if override is not None:
             if override not in present:
                 raise InputError(
-                    f"{source}: column {override!r} (given for {what}) is not in the input; columns: {_list(columns)}"
+                    f"{source}: column {override!r} (given with {flag}) is not in the input; columns: "
+                    f"{_list(columns)}"
                 )
             return override
         for name in candidates:
             if name in present:
                 return name
-        if required:
+        if required:  # the query column, or the items column once no item column was found
+            what = "query" if flag == "--query-col" else "item"
+            looked = ITEM_NAMES + candidates if what == "item" else candidates
+            flags = (
+                "--item-col (one item per row) or --items-col (a list per row)" if what == "item" else flag
+            )
             raise InputError(
-                f"{source}: no {what} column (looked for {_list(candidates)}); columns: {_list(columns)}"
+                f"{source}: no {what} column (looked for {_list(looked)}); name it with {flags}; "
+                f"columns: {_list(columns)}"
             )
         return None
 
-    query = pick(overrides.query_col, ("query", "query_tokens"), "query", True)
+    query = pick(overrides.query_col, ("query", "query_tokens"), "--query-col", True)
     nested_override = overrides.items_col is not None
-    item = None if nested_override else pick(overrides.item_col, ("item", "item_tokens"), "item", False)
+    item = None if nested_override else pick(overrides.item_col, ITEM_NAMES, "--item-col", False)
     if item is None:
-        items = pick(overrides.items_col, ("items", "items_tokens"), "item or items", True)
+        items = pick(overrides.items_col, ("items", "items_tokens"), "--items-col", True)
         layout = "nested"
-        item_id = pick(overrides.item_id_col, ("item_ids",), "item ids", False)
+        item_id = pick(overrides.item_id_col, ("item_ids",), "--item-id-col", False)
     else:
         items = item
         layout = "long"
-        item_id = pick(overrides.item_id_col, ("item_id",), "item id", False)
-    query_id = pick(overrides.query_id_col, ("query_id",), "query id", False)
+        item_id = pick(overrides.item_id_col, ("item_id",), "--item-id-col", False)
+    query_id = pick(overrides.query_id_col, ("query_id",), "--query-id-col", False)
     for name in overrides.keep_columns:
         if name not in present:
             raise InputError(

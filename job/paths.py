@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from score_batch.errors import is_environment_error
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import has_glob
 from score_batch.io_formats.target import LocalTarget, Target, target
@@ -205,9 +206,32 @@ def check_side_file(name: str, path: Target, replaceable: bool) -> None:
     """A side file (errors file, report) must be creatable now, and replaced only when allowed."""
     if path.is_dir():
         raise InputError(f"{name} {path.uri!r} is a directory; give a file path")
-    if path.local_path is not None and not path.local_path.parent.is_dir():
-        raise InputError(f"{name} directory {str(Path(path.uri).parent)!r} does not exist")
+    check_local_container(name, path, probe=False)
     if path.exists() and not replaceable:
         raise InputError(f"{name} {path.uri!r} already exists; pass --overwrite to replace it")
-    if path.local_path is not None:
-        path.temp_sibling().delete()  # proves the directory takes new files before hours of scoring
+    check_local_container(name, path)
+
+
+def check_local_container(name: str, path: Target, probe: bool = True) -> None:
+    """A local path's directory must exist, be a directory and (probe) take new files now, before hours of
+    scoring: an InputError (exit 2) names a file in the way, a missing directory or a place no file can be
+    created (/proc); a machine that refuses (permission, read-only, disk full) stays an OSError (exit 3)."""
+    if path.local_path is None:
+        return
+    shown = Path(path.uri) if "://" not in path.uri else path.local_path
+    parent = shown.parent
+    if not path.local_path.parent.is_dir():
+        blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise InputError(f"{name} {path.uri!r}: {str(blocking)!r} is a file, not a directory")
+        raise InputError(f"{name} directory {str(parent)!r} does not exist")
+    if not probe:
+        return
+    try:
+        path.temp_sibling().delete()
+    except OSError as error:
+        if is_environment_error(error):
+            raise
+        raise InputError(
+            f"{name} {path.uri!r}: no file can be created in {str(parent)!r} ({error.strerror or error})"
+        ) from None

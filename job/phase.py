@@ -9,6 +9,7 @@ user mistake drops the sink's checkpoints (the input or settings must change), a
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
@@ -17,11 +18,14 @@ from score_batch.engine.planner import Planner
 from score_batch.engine.scorer import Scorer
 from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.errors import UserError
+from score_batch.job.policy import enforce_failed_rate
 from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
 from score_batch.job.score_stats import ScoreStats
 from score_batch.signals import StopSignals
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,24 @@ class ScoredWindow:
     requests: int = 0  # request lines (OpenAI batch files)
     requests_failed: int = 0
     written: bool = True  # False: the window stopped the run (--on-error fail) and was not written
+    # rows whose query, and items that, are empty ("" or no token ids): scored as given, counted and warned
+    # about (count_empty)
+    empty_queries: int = 0
+    empty_items: int = 0
+
+
+def count_empty(rows: Iterable) -> tuple[int, int]:
+    """(rows with an empty query, empty items) of input rows (io_formats' InputRow: query, items): an empty
+    string or an empty list of token ids; a missing (null) one is the row's error, not counted here."""
+    queries = items = 0
+    for row in rows:
+        queries += _empty(row.query)
+        items += sum(map(_empty, row.items or ()))
+    return queries, items
+
+
+def _empty(text) -> bool:
+    return text is not None and len(text) == 0
 
 
 @dataclass
@@ -83,10 +105,12 @@ class ScoringPhase:
         report.duplicates += window.duplicates
         report.requests += window.requests
         report.requests_failed += window.requests_failed
+        report.empty_queries += window.empty_queries
+        report.empty_items += window.empty_items
         if window.resumed:
             report.rows_skipped_by_resume += window.rows
         elif window.written and not self.config.dry_run:
-            report.items_scored += window.items - window.failed
+            report.items_scored += window.items - window.failed - window.reused - self._copies(window)
         if window.plan is not None:
             report.add_plan(window.plan)
         self.stats.add_scores(window.scores)
@@ -95,12 +119,23 @@ class ScoringPhase:
         self.stats.add_query_items(items)
         self.progress.add_rows(window.rows)
 
+    def _copies(self, window: ScoredWindow) -> int:
+        """The window's items copied from another of the run (scored once): across windows, and within the
+        window by its plan, whose count under --truncate chunk is of chunks, not items (an item with a
+        repeated chunk is still scored)."""
+        planned = window.plan.duplicates if window.plan is not None and not self.config.chunked else 0
+        return window.duplicates + planned
+
     def commit(self, *args, **kwargs) -> None:
         """The scoring time and statistics into the report, then the sink's commit (it returns the rows it
-        left out of the output: --on-error skip's, listed in the errors file)."""
+        left out of the output: --on-error skip's, listed in the errors file) and the rows it wrote."""
         self.check()  # nothing is published after a signal
         self._close_timing()
-        self.report.items_skipped = self.sink.commit(*args, **kwargs) or 0
+        report = self.report
+        report.items_skipped = self.sink.commit(*args, **kwargs) or 0
+        written = getattr(self.sink, "rows_written", None)  # None: a sink that does not count (unranked Ray)
+        report.rows_written = report.items - report.items_skipped if written is None else written
+        warn_empty(report)
 
     def _close_timing(self) -> None:
         if not self.report.seconds_scoring:
@@ -124,6 +159,25 @@ class ScoringPhase:
             self.report.finish()
         if error is None:
             self.check()  # a signal after the last safe point (the publish): still a stop, 130/143
+            enforce_failed_rate(self.report, self.config)  # the output and its completion record are written
+
+
+def warn_empty(report: RunReport) -> None:
+    """One warning with the counts when queries or items were empty strings: they are scored as given (an
+    empty item scores as the query alone, as CrossEncoder scores it), but are usually a data bug."""
+    said = [
+        f"{count} {what}"
+        for count, what in (
+            (report.empty_queries, f"of {report.rows_read} rows have an empty query"),
+            (report.empty_items, f"of {report.items} items are empty"),
+        )
+        if count
+    ]
+    if said:
+        log.warning(
+            "%s; scored as given, around their templates (docs/semantics.md: empty queries and items)",
+            " and ".join(said),
+        )
 
 
 def load_engine(

@@ -1,5 +1,5 @@
-"""Rules shared by every runner: the destination guard, on-error fail, leftovers. Every written path is a
-Target (io_formats.target): the same code for local files and object stores."""
+"""Rules shared by every runner: the destination guard, on-error fail, the failure threshold, leftovers. Every
+written path is a Target (io_formats.target): the same code for local files and object stores."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyarrow.fs import FileType
 
+from score_batch.errors import TooManyFailed
 from score_batch.io_formats.columns import ERROR
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.parts import MANIFEST
@@ -16,7 +17,8 @@ from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
 from score_batch.job.completion import Completion
 from score_batch.job.contract import OutputContract, check_partition_by
-from score_batch.job.paths import parts_dir
+from score_batch.job.paths import check_local_container, parts_dir
+from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,7 @@ def check_destination(config: RunConfig, directory: bool) -> Target | None:
             "give a directory path (without .parquet or .jsonl)"
         )
     destination = target(config.output, config.storage_options)
+    check_local_container("output", destination)  # a file in the way, or a place that takes no files
     missing = destination.missing_container()
     if missing is not None:
         raise InputError(missing)
@@ -87,6 +90,28 @@ def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
     errors = part[ERROR].drop_null() if contract.on_error == "fail" else ()
     if len(errors):
         raise InputError(f"{label}: {errors[0].as_py()} {KEEP_GOING}")
+
+
+def enforce_failed_rate(report: RunReport, config: RunConfig) -> None:
+    """After the output is written: TooManyFailed (exit 4) when the failed share of the run's items (a batch
+    file's: of its requests) exceeds --max-failed-rate, or, without it, when every one failed."""
+    done, failed, unit = report.items, report.items_failed, "items"
+    if report.requests:
+        done, failed, unit = report.requests, report.requests_failed, "requests"
+    rate = config.max_failed_rate
+    if not done or not failed or (failed / done <= rate if rate is not None else failed < done):
+        return
+    if rate is None:
+        said = f"all {done} {unit} failed (--max-failed-rate sets the share a run may fail)"
+    else:
+        said = f"{failed} of {done} {unit} failed ({failed / done:.1%}), more than --max-failed-rate {rate:g} allows"
+    if config.dry_run:
+        where = "a dry run: nothing was written"
+    elif config.on_error == "skip" and not report.requests:
+        where = "the output holds the rest, the errors file lists the failed ones"
+    else:
+        where = f"{'the output' if config.output == STDOUT else repr(config.output)} is written, with their errors"
+    raise TooManyFailed(f"{said}; {where}")
 
 
 def remove_leftovers(*paths: Target | None) -> None:

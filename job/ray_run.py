@@ -318,6 +318,7 @@ def _score_on_ray(dataset, contract, sink, partitioning, phase, label: str) -> l
         errors.write(failed)
         ranked = contract.ray_view(ranked)
         _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
+        sink.rows_written = ranked.num_rows
         return _counts(rows).to_pylist()
     counts = dataset.map_batches(
         _write_block,

@@ -19,22 +19,29 @@ from score_batch.machine import device_name, seconds_since_start
 
 log = logging.getLogger(__name__)
 PLAN_COUNTS = ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "sequences", "duplicates")
+# 2: items_scored counts only the items scored by this run (not reused or copied), rows_written added,
+# windows (sequences' earlier name) removed. docs/operations.md lists the fields.
+REPORT_VERSION = 2
 
 
 @dataclass
 class RunReport:
     """What one run did; written as JSON with --report (on success and on failure) and summarized on stderr."""
 
+    report_version: int = REPORT_VERSION
     status: str = "running"  # succeeded | failed | stopped
     exit_code: int | None = None
     error: str | None = None
     started_at: str = field(default_factory=lambda: _now())
     ended_at: str | None = None
     rows_read: int = 0
-    items: int = 0
-    items_scored: int = 0
+    items: int = 0  # items of the windows this run read (a resumed run: of the windows it did not resume)
+    # items = items_scored + items_failed + reused + duplicates (under --truncate chunk duplicates counts
+    # repeated chunks, which leave their items scored)
+    items_scored: int = 0  # items this run ran through the model: not failed, reused or copied
     items_failed: int = 0
     items_skipped: int = 0  # failed items listed in the errors file (--on-error skip)
+    rows_written: int = 0  # output rows (a batch file's: response lines); under --top-k the kept ones
     rows_skipped_by_resume: int = 0
     requests: int = 0  # OpenAI batch file: request lines (0 for table input)
     requests_failed: int = 0  # OpenAI batch file: request lines answered with an error line
@@ -43,9 +50,11 @@ class RunReport:
     batches: int = 0
     packed_tokens: int = 0
     pairwise_tokens: int = 0
-    sequences: int = 0  # sequences scored: the items, or with --truncate chunk their chunks (also "windows")
+    sequences: int = 0  # sequences scored: the items, or with --truncate chunk their chunks
     duplicates: int = 0  # (query, item) pairs equal to an earlier one of the run: scored once, copied
     reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
+    empty_queries: int = 0  # rows whose query is "" (or no token ids): scored as given, warned about
+    empty_items: int = 0  # items that are "" (or no token ids): scored as given, warned about
     seconds_load: float = 0.0
     seconds_scoring: float = 0.0
     seconds_total: float = 0.0
@@ -77,6 +86,11 @@ class RunReport:
         self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
         self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)
 
+    @property
+    def items_with_scores(self) -> int:
+        """Items this run gave a score: scored, reused or copied (the throughput and cost count them)."""
+        return 0 if self.dry_run else self.items - self.items_failed
+
     def add_usage(self, price_per_hour: float | None) -> None:
         """The usage object (its field's comment lists it); a dry run computes nothing: planned tokens only."""
         tokens = "planned_tokens" if self.dry_run else "computed_tokens"
@@ -90,7 +104,7 @@ class RunReport:
         usage["items_per_second"] = self.items_per_second
         if price_per_hour is not None:
             cost = price_per_hour * self.seconds_total * workers / 3600
-            per_million = round(cost * 1e6 / self.items_scored, 6) if self.items_scored else None
+            per_million = round(cost * 1e6 / self.items_with_scores, 6) if self.items_with_scores else None
             usage.update(
                 price_per_hour=price_per_hour, cost=round(cost, 6), cost_per_million_items=per_million
             )
@@ -111,7 +125,7 @@ class RunReport:
     def finish(self) -> None:
         """Fill the derived numbers: throughput and peak memory."""
         if self.seconds_scoring > 0:
-            self.items_per_second = round(self.items_scored / self.seconds_scoring, 2)
+            self.items_per_second = round(self.items_with_scores / self.seconds_scoring, 2)
         self.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
     def summary(self) -> str:
@@ -135,9 +149,20 @@ class RunReport:
         )
         cost = f"cost {self.usage['cost']:.4g}, " if "cost" in self.usage else ""
         return (
-            f"score-batch: {verb} {count} items from {source} {work}; {self.seconds_total:.1f}s total, "
-            f"{self.items_per_second:.1f} items/s, {cost}peak RSS {self.peak_rss_mb:.0f} MB"
+            f"score-batch: {verb} {count} items from {source} {work}{self._written()}; "
+            f"{self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, {cost}peak RSS "
+            f"{self.peak_rss_mb:.0f} MB"
         )
+
+    def _written(self) -> str:
+        """What the output holds, for the summary line, where it is not one row per item: under --top-k (the
+        kept rows) and --on-error skip ('' otherwise)."""
+        top_k = self.settings.get("top_k")
+        if self.dry_run or self.requests or not (top_k or self.items_skipped):
+            return ""
+        kept = f", the best {top_k} of each query" if top_k else ""
+        skipped = f", {self.items_skipped} failed left out" if self.items_skipped else ""
+        return f"; wrote {self.rows_written} rows{kept}{skipped}"
 
     def _saved(self) -> str:
         """What reuse and dedup saved, for the summary line ('' when nothing)."""
@@ -150,7 +175,7 @@ class RunReport:
 
     def write(self, path: str) -> None:
         """Write the report as JSON to a file (atomically), or to stderr for - (one line, as log lines are)."""
-        written = dataclasses.asdict(self) | {"windows": self.sequences}  # its earlier name, kept one release
+        written = dataclasses.asdict(self)
         if path == "-":
             sys.stderr.write(json.dumps(written, default=str) + "\n")
             return

@@ -78,6 +78,9 @@ class RunConfig:
     price_per_hour: float | None = None  # --price-per-hour: the machine's price, for the report's cost
     reuse: tuple[str, ...] = ()  # --reuse: earlier outputs whose scores are copied for pairs with equal keys
     reuse_missing_ok: bool = False  # --reuse-missing-ok: a --reuse output that is not there is a warning
+    # --max-failed-rate: the largest fraction of failed items a run may end with (exit 4 above it, after the
+    # output is written); None: only a run where every item failed fails
+    max_failed_rate: float | None = None
 
     def __post_init__(self) -> None:
         stdout = self.output == STDOUT
@@ -90,6 +93,11 @@ class RunConfig:
             ("progress_seconds", lambda: self.progress_seconds <= 0, "must be positive"),
             ("price_per_hour", lambda: not (self.price_per_hour is None or self.price_per_hour >= 0), PRICE),
             ("top_k", lambda: self.top_k is not None and self.top_k < 1, "must be at least 1"),
+            (
+                "max_failed_rate",
+                lambda: not _fraction(self.max_failed_rate),
+                "must be a fraction from 0 to 1",
+            ),
             ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),
             ("partition_by", lambda: self.partition_by and stdout, "needs an output directory, not stdout"),
             ("resume", lambda: self.resume and stdout, "needs an output file (stdout cannot be resumed)"),
@@ -132,8 +140,13 @@ class RunConfig:
 UNFINGERPRINTED = (
     *("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray", "threads"),
     *("progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse", "reuse_missing_ok"),
-    "window_rows",
+    *("window_rows", "max_failed_rate"),
 )
+
+
+def _fraction(value: float | None) -> bool:
+    """None, or a number from 0 to 1 (NaN refused)."""
+    return value is None or 0 <= value <= 1
 
 
 def _one_of(choices: tuple[str, ...]) -> str:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 class NullSink:
     """A dry run: rows are planned and counted, nothing is written (and the base of the other sinks)."""
 
+    rows_written = 0  # output rows (lines) written, for the report
+
     def resumed_record(self) -> dict | None:
         """Nothing to continue."""
         return None
@@ -71,6 +73,7 @@ class StdoutSink(NullSink):
         self._writer: StdoutJsonlWriter | None = None
         self.errors = ErrorsSink(paths.errors)
         self._held: list[pa.Table] = []  # ranked runs print once every query is complete
+        self.rows_written = 0
 
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Print the window's output rows and divert its failed rows (ranked runs: hold them to the end)."""
@@ -86,6 +89,7 @@ class StdoutSink(NullSink):
         if self._writer is None:
             self._writer = StdoutJsonlWriter(contract.final_schema())
         self._writer.write(contract.final_view(kept))
+        self.rows_written += kept.num_rows
 
     def commit(
         self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
@@ -109,6 +113,7 @@ class PartsSink:
     def __init__(self, config: RunConfig, paths: RunPaths) -> None:
         self.config = config
         self.paths = paths
+        self.rows_written = 0
         self.destination = paths.output
         self.format = "parquet" if config.partition_by else output_format(config.output)
         if not self.destination.publishes_in_steps and self.destination.exists() and not config.overwrite:
@@ -202,11 +207,13 @@ class PartsSink:
                 [self.parts.read(window) for window in self.parts.windows()], contract
             )
             errors.write(failed)
+            self.rows_written += ranked.num_rows
             yield contract.final_view(ranked)
             return
         for window in self.parts.windows():
             kept, failed = contract.split(self.parts.read(window))
             errors.write(failed)
+            self.rows_written += kept.num_rows
             yield contract.final_view(kept)
             check()  # a signal during the merge stops it; the parts stay for --resume
 
@@ -330,11 +337,14 @@ class LinesSink:
 
     def __init__(self, destination: Target | None, stdout: bool) -> None:
         self.stdout = stdout
+        self.rows_written = 0  # response lines
         self.file = None if destination is None else StagedFile(destination)
         if self.file is not None:
             self.file.write([])  # created before any scoring; an empty batch publishes an empty file
 
     def write(self, lines: list[str]) -> None:
+        if self.file is not None or self.stdout:
+            self.rows_written += len(lines)
         if self.file is not None:
             self.file.write(lines)
         elif self.stdout:
@@ -358,6 +368,7 @@ class StagedDirectorySink:
 
     def __init__(self, destination: Target, schema: pa.Schema, errors: ErrorsSink) -> None:
         self.destination, self.schema, self.errors = destination, schema, errors
+        self.rows_written: int | None = None  # set by a ranked run; else the items less the skipped ones
         self.staging = destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
 
     def commit(self) -> int:

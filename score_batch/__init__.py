@@ -1,4 +1,5 @@
-"""score-batch's public namespace: the version, the error classes, and the Python API (`Scorer`, `demo_model_path`).
+"""score-batch's public namespace: the version, the error classes, and the Python API (`Scorer`, `Group`,
+`GroupResult`, `demo_model_path`).
 
 The checkout's cli/, engine/, io_formats/ and job/ are its subpackages (score_batch.engine, ...), so a user's
 own `engine/` or `job/` folder beside their script cannot shadow them.
@@ -39,7 +40,7 @@ def _version() -> str:
         return "0.0.0+source"
 
 
-__all__ = ["Scorer", "__version__", "demo_model_path"]
+__all__ = ["Group", "GroupResult", "Scorer", "__version__", "demo_model_path"]
 
 
 def __getattr__(name: str):
@@ -52,6 +53,10 @@ def __getattr__(name: str):
         from score_batch.engine.scorer import Scorer
 
         return Scorer
+    if name in ("Group", "GroupResult"):  # Scorer.score's argument and result (engine/types.py, torch-free)
+        from score_batch.engine import types
+
+        return getattr(types, name)
     if name == "demo_model_path":
         from score_batch.demo import demo_model_path
 

@@ -25,7 +25,11 @@ class ConfigError(UserError):
         return type(self), (self.setting, self.value, self.problem, self.conflicts)
 
 
-EXIT_OK, EXIT_BUG, EXIT_USAGE, EXIT_ENVIRONMENT = 0, 1, 2, 3
+class TooManyFailed(Exception):
+    """The run wrote its output, but more of its items failed than --max-failed-rate allows (exit 4)."""
+
+
+EXIT_OK, EXIT_BUG, EXIT_USAGE, EXIT_ENVIRONMENT, EXIT_TOO_MANY_FAILED = 0, 1, 2, 3, 4
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
 # What pyarrow's object-store filesystems (S3, GCS) and fsspec's HTTP say when the store or the network refuses.
 REMOTE_FAILURE = re.compile(
@@ -44,13 +48,16 @@ def is_environment_error(error: BaseException) -> bool:
 
 def exit_code(error: BaseException | None) -> int:
     """The exit code of a run that ended with error (None: success): 0 success (a closed stdout pipe
-    included), 1 a bug, 2 a user mistake, 3 the machine refused, 128 + N stopped by signal N."""
+    included), 1 a bug, 2 a user mistake, 3 the machine refused, 4 more items failed than --max-failed-rate
+    allows (the output is written), 128 + N stopped by signal N."""
     if error is None or isinstance(error, BrokenPipeError):
         return EXIT_OK
     if isinstance(getattr(error, "signum", None), int):
         return 128 + error.signum
     if isinstance(error, UserError):
         return EXIT_USAGE
+    if isinstance(error, TooManyFailed):
+        return EXIT_TOO_MANY_FAILED
     if is_environment_error(error):
         return EXIT_ENVIRONMENT
     return EXIT_BUG

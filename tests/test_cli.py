@@ -245,7 +245,8 @@ def test_missing_item_column_names_columns(qwen3_causal, tmp_path):
     data = write_jsonl(tmp_path / "in.jsonl", [{"query": "x", "text": "y"}])
     result = run_cli(data, "-o", tmp_path / "o.parquet", "--model", qwen3_causal, *LABEL_FLAGS)
     assert result.returncode == 2
-    assert "no item or items column" in result.stderr and "'text'" in result.stderr
+    assert "no item column" in result.stderr and "'text'" in result.stderr
+    assert "--item-col" in result.stderr and "--items-col" in result.stderr  # the flags that name it
 
 
 def test_demo_runs_without_flags_and_ranks_well(tmp_path):
@@ -276,7 +277,7 @@ def test_models_command_is_not_shadowed_by_a_models_folder(tmp_path):
         ),
         (["in.jsonl", "--max-pack-tokens", "abc"], "Invalid value for '--max-pack-tokens'"),
         (["in.jsonl", "--bogus"], "No such option: --bogus"),
-        ([], "Missing argument 'input'"),
+        ([], "Missing argument 'INPUT'"),  # as --help names it (INPUT...)
     ],
 )
 def test_a_refused_flag_is_one_error_line(args, said):

@@ -178,6 +178,7 @@ CASES = {
     "price_per_hour": (["--price-per-hour", "2.5"], "price_per_hour", 2.5),
     "reuse": (["--reuse", "a.parquet", "--reuse", "s3://b/c"], "reuse", ("a.parquet", "s3://b/c")),
     "reuse_missing_ok": (["--reuse-missing-ok"], "reuse_missing_ok", True),
+    "max_failed_rate": (["--max-failed-rate", "0.05"], "max_failed_rate", 0.05),
     "ray": (["--ray"], "ray", RayOptions()),
     "ray_address": (["--ray", "--ray-address", "auto"], "ray.address", "auto"),
     "num_workers": (["--ray", "--num-workers", "2"], "ray.num_workers", 2),
@@ -529,8 +530,8 @@ def test_a_file_named_like_the_command_is_still_an_input(tmp_path):
 @pytest.mark.parametrize("columns", [80, 119, 120, 200])
 @pytest.mark.parametrize("name", ["score", "run-batch"])
 def test_help_shows_every_flag_and_variable_name_whole_at_any_width(name, columns):
-    """Below 120 columns rich's table cut names short (--pooled-hidden-…, SCORE_BATCH_LABE…): narrow terminals
-    get click's wrapped layout instead, with rich's markup turned into plain text."""
+    """Rich's own option table cut names short below 120 columns (--pooled-hidden-…, SCORE_BATCH_LABE…);
+    cli/help.py's panels keep every flag whole at any width, with rich's markup rendered."""
     import os
     import subprocess
     import sys

@@ -184,11 +184,11 @@ def test_truncation_policies_keep_rows(qwen3_causal, tmp_path):
     ]
     failed = run_cli(*common, "-o", tmp_path / "a.jsonl", "--on-error", "record")
     assert "over the limit" in json.loads((tmp_path / "a.jsonl").read_text())["error"]
-    assert failed.returncode == 0
+    assert failed.returncode == 4  # its one item failed: written with its error, then the failure threshold
     query_cut = run_cli(
         *common, "-o", tmp_path / "b.jsonl", "--truncate", "query-head", "--on-error", "record"
     )
-    assert query_cut.returncode == 0
+    assert query_cut.returncode == 4
     assert (
         "item 0 has" in json.loads((tmp_path / "b.jsonl").read_text())["error"]
     )  # only the query may be cut

@@ -134,7 +134,8 @@ def test_round_trip_score_and_rerank(qwen3_causal, tmp_path, direct):
     assert report.rows_read == len(REQUESTS)
     assert report.items == 3 + 4 + 3 + 2 + 2 + 1
     assert report.items_failed == 2  # the too-long request's two documents
-    assert report.items_scored == report.items - report.items_failed
+    assert report.items_scored == report.items - report.items_failed - report.duplicates
+    assert report.rows_written == len(REQUESTS)  # one response line per request
     assert report.requests == len(REQUESTS)
     assert report.requests_failed == 4  # bad json, chat, no-docs, too-long
     assert "(4 failed" in report.summary()

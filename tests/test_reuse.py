@@ -54,7 +54,8 @@ def test_a_rerun_copies_unchanged_pairs_bit_for_bit_and_scores_only_the_new(qwen
     ran = run_cli(today, *base, "-o", reused, "--reuse", yesterday, "--report", report)
     assert ran.returncode == 0, ran.stderr
     stats = json.loads(report.read_text())
-    assert stats["reused"] == 120 and stats["items"] == 150 and stats["items_scored"] == 150
+    assert stats["reused"] == 120 and stats["items"] == 150 and stats["items_scored"] == 30
+    assert stats["rows_written"] == 150
     assert "120 of 150 pairs reused" in ran.stderr
 
     earlier, out, reference = (by_item(pq.read_table(p)) for p in (yesterday, reused, fresh))
