@@ -47,23 +47,9 @@ class ScoredWindow:
     requests_failed: int = 0
     written: bool = True  # False: the window stopped the run (--on-error fail) and was not written
     # rows whose query, and items that, are empty ("" or no token ids): scored as given, counted and warned
-    # about (count_empty)
+    # about (job/windows.empty_counts)
     empty_queries: int = 0
     empty_items: int = 0
-
-
-def count_empty(rows: Iterable) -> tuple[int, int]:
-    """(rows with an empty query, empty items) of input rows (io_formats' InputRow: query, items): an empty
-    string or an empty list of token ids; a missing (null) one is the row's error, not counted here."""
-    queries = items = 0
-    for row in rows:
-        queries += _empty(row.query)
-        items += sum(map(_empty, row.items or ()))
-    return queries, items
-
-
-def _empty(text) -> bool:
-    return text is not None and len(text) == 0
 
 
 @dataclass

@@ -19,6 +19,7 @@ from score_batch.job.phase import ScoredWindow
 from score_batch.job.reuse import EarlierScores, ScoredPairs
 from score_batch.job.windows import (
     WindowGroups,
+    empty_counts,
     group_sizes,
     group_window,
     output_columns,
@@ -84,6 +85,7 @@ def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple
     part = contract.part_table(
         output_columns(window, prepared.todo, results, contract, prepared.keys, copied)
     )
+    empty_queries, empty_items = empty_counts(window)
     scored = ScoredWindow(
         window.num_rows,
         part.num_rows,
@@ -93,5 +95,7 @@ def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple
         group_sizes(window, prepared.grouped, contract.query_ids_given),
         reused=len(prepared.reused),
         duplicates=len(prepared.copies),
+        empty_queries=empty_queries,
+        empty_items=empty_items,
     )
     return part, scored

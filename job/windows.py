@@ -264,3 +264,11 @@ def group_sizes(window: Window, grouped: WindowGroups, ids_given: bool) -> list[
     """(query identity, items) per query group of the window, for the report's items per query."""
     rows = window.item_rows()
     return [(query_identity(window, int(rows[ref[0]]), ids_given), len(ref)) for ref in grouped.refs]
+
+
+def empty_counts(window: Window) -> tuple[int, int]:
+    """(rows with an empty query, empty items) of a window: an empty string or an empty list of token ids; a
+    missing (null) one is the row's error, not counted here."""
+    empty = [code for code, query in enumerate(window.query_values) if len(query) == 0]
+    queries = int(np.isin(window.query_codes, empty).sum()) if empty else 0
+    return queries, sum(1 for item in window.items if item is not None and len(item) == 0)

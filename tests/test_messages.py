@@ -10,8 +10,9 @@ import pytest
 
 from score_batch.io_formats.readers import open_source, read_windows
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.phase import ScoredWindow, ScoringPhase, count_empty
+from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.report import RunReport
+from score_batch.job.windows import empty_counts
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_phase import RecordingSink, config
 
@@ -77,7 +78,7 @@ def test_empty_queries_and_items_are_counted_from_the_rows_read(tmp_path):
     ]
     source = open_source(str(write_jsonl(tmp_path / "in.jsonl", rows)))
     _, windows = read_windows(source, ColumnOverrides(), 2)
-    assert [count_empty(window) for window in windows] == [(1, 1), (1, 1), (0, 0)]
+    assert [empty_counts(window) for window in windows] == [(1, 1), (1, 1), (0, 0)]
     source.close()
 
 
