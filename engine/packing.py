@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -11,8 +12,7 @@ QUERY_SEGMENT = -1
 DELIMITER_SEGMENT = -2
 
 
-@dataclass(frozen=True, order=True)
-class ItemRef:
+class ItemRef(NamedTuple):
     """Where a scored item came from: the group's index in the call and the item's index in it."""
 
     group: int

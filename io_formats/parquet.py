@@ -92,17 +92,21 @@ class ParquetReader:
                 yield None, file.with_partitions(record)
 
     def batches(
-        self, columns: list[str], unit: tuple[InputFile, int | None] | None = None
+        self,
+        columns: list[str],
+        unit: tuple[InputFile, int | None] | None = None,
+        dictionary: tuple[str, ...] = (),
     ) -> Iterator[tuple[InputFile, pa.RecordBatch]]:
         """(file, record batch of the named columns the file holds) of every file in order, or of one unit's
-        row group (file, row group: what units() lists)."""
+        row group (file, row group: what units() lists); the dictionary columns read dictionary-encoded (a
+        query repeated on every row of its items is one value, not one string per row)."""
         for info in self.infos():
             if unit is not None and info.file != unit[0]:
                 continue
             groups = None if unit is None else [unit[1]]
             try:
                 with _open(info.file) as handle:
-                    parquet = pq.ParquetFile(handle)
+                    parquet = pq.ParquetFile(handle, read_dictionary=list(dictionary))
                     names = [name for name in columns if name in parquet.schema_arrow.names]
                     for batch in parquet.iter_batches(
                         batch_size=BATCH_ROWS, row_groups=groups, columns=names

@@ -255,7 +255,7 @@ def _window_batches(
     index = 0 if unit is None else unit.first_row
     where = None if unit is None else (unit.file, unit.row_group)
     if isinstance(table, ParquetReader):
-        for file, batch in table.batches(read, where):
+        for file, batch in table.batches(read, where, (mapping.query,) if long else ()):
             window = long_window(index, batch, dict(file.partitions), mapping, types) if long else None
             if window is None:
                 window = from_rows(_batch_rows(index, batch, file, mapping, types), *shape)

@@ -242,7 +242,10 @@ def long_window(
     schema = batch.schema
     text = (pa.string(), pa.large_string())
     for name in (mapping.query, mapping.items):
-        if name not in schema.names or schema.field(name).type not in text:
+        dtype = schema.field(name).type if name in schema.names else None
+        if pa.types.is_dictionary(dtype):
+            dtype = dtype.value_type
+        if dtype not in text:
             return None
     for name in (mapping.query_id, mapping.item_id, *mapping.keep):
         if name is not None and name in schema.names and schema.field(name).type != types.get(name):
@@ -262,7 +265,9 @@ def long_window(
             value = float(value)
         return pa.array([value] * n, type=types.get(name))
 
-    queries = batch.column(mapping.query).dictionary_encode()
+    queries = batch.column(mapping.query)
+    if not pa.types.is_dictionary(queries.type):
+        queries = queries.dictionary_encode()
     codes = queries.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     items = batch.column(mapping.items)
     missing_query, missing_item = value_error(None, mapping.query), value_error(None, mapping.items)
@@ -316,9 +321,9 @@ def json_window(
 
 class InputDigest:
     """A digest of everything read, streamed window by window and the same however the input is cut into
-    windows: one hash per column (queries by their own digest, items, item ids, id and kept columns, errors),
-    each fed the JSON list of a window's values without its brackets, joined by ", "; the column hashes are
-    combined at the end."""
+    windows: one hash per column (row indexes and item counts as little-endian int64, each row's query as its
+    digest, items, item ids, id and kept columns and errors as the JSON list of a window's values without its
+    brackets, joined by ", "); the column hashes are combined at the end."""
 
     VERSION = b"score-batch input digest 2"
 
@@ -329,12 +334,12 @@ class InputDigest:
         """Feed one window's rows (the windows in input order); the window's own digest (window_digest)."""
         if window.num_rows == 0:
             return hashlib.sha256(self.VERSION).hexdigest()
-        digests = [query_digest(q).hex() for q in window.query_values] + [None]
-        columns = {
-            "index": window.index.tolist(),
-            "query": [digests[c] for c in window.query_codes.tolist()],
+        digests = np.frombuffer(b"".join(map(query_digest, window.query_values)) + bytes(32), np.uint8)
+        columns: dict[str, Any] = {  # numbers as little-endian bytes, each query as its 32-byte digest
+            "index": window.index.astype("<i8").tobytes(),
+            "query": digests.reshape(-1, 32)[window.query_codes].tobytes(),  # code -1: the zero digest
             "items": window.items,
-            "offsets": np.diff(window.offsets).tolist(),
+            "offsets": np.diff(window.offsets).astype("<i8").tobytes(),
             "item_ids": python(window.item_ids),
             "errors": window.errors,
         }
@@ -343,13 +348,14 @@ class InputDigest:
         columns.update((f"kept {name}", python(values)) for name, values in window.kept.items())
         own = hashlib.sha256(self.VERSION)
         for name in sorted(columns):
-            text = json.dumps(columns[name], default=repr, sort_keys=True, ensure_ascii=False)[1:-1]
-            data = text.encode("utf-8", "surrogatepass")
+            data = columns[name]
+            if isinstance(data, list):  # JSON values of a list: joined by ", " across windows
+                text = json.dumps(data, default=repr, sort_keys=True, ensure_ascii=False)[1:-1] + ", "
+                data = text.encode("utf-8", "surrogatepass")
             state = self._hashes.get(name)
             if state is None:
                 state = self._hashes[name] = hashlib.sha256()
             state.update(data)
-            state.update(b", ")
             own.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
         return own.hexdigest()
 

@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -214,9 +215,10 @@ class ScoredPairs:
         with self._lock:
             self._serial += 1
             held = _HeldWindow(values.slice(start), keys, row_bytes)
-            for row, key in enumerate(keys):
-                if key not in self._where:
-                    self._where[key] = (self._serial, row)
+            fresh = dict(zip(reversed(keys), zip(repeat(self._serial), range(len(keys) - 1, -1, -1))))
+            for key in fresh.keys() & self._where.keys():  # a pair held already keeps its first place
+                del fresh[key]
+            self._where.update(fresh)  # a key repeated within the window: its first row (reversed above)
             self._windows[self._serial] = held
             self._bytes += row_bytes * len(keys)
             while self._bytes > self.budget and self._windows:
@@ -235,11 +237,13 @@ class ScoredPairs:
         with self._lock:
             if not self._where:
                 return {}
-            where_of = self._where.get
+            held = self._where.keys() & set(keys)  # the common case: none, found without a lookup per pair
+            if not held:
+                return {}
             for refs in grouped.refs:
                 for ref in refs.tolist():
-                    where = where_of(keys[ref])
-                    if where is not None:
+                    if keys[ref] in held:
+                        where = self._where[keys[ref]]
                         wanted.setdefault(where[0], []).append((ref, where[1]))
             tables = {serial: self._windows[serial].values for serial in wanted}
         found = {}
