@@ -50,6 +50,15 @@ class _ParquetOutput:
         except (ValueError, TypeError, KeyError):
             return None
 
+    def top_k(self) -> int | None:
+        """The --top-k of the run that wrote this output, from its completion record (None: all its pairs)."""
+        try:
+            record = json.loads((self.dataset.schema.metadata or {}).get(COMPLETION_RECORD, b"null"))
+            top_k = record["settings"]["top_k"]
+        except (ValueError, TypeError, KeyError):
+            return None
+        return top_k if isinstance(top_k, int) else None
+
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         import pyarrow.dataset as ds
 
@@ -82,6 +91,9 @@ class _JsonlOutput:
 
     def written_by(self) -> str | None:
         return None  # JSONL carries no record (OUTPUT.done is written under --resume only)
+
+    def top_k(self) -> int | None:
+        return None  # not recorded (see written_by)
 
     def _stream(self):
         location = self.file.location
@@ -138,6 +150,15 @@ def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, w
                 text,
                 ", ".join(sorted(versions)),
                 __version__,
+            )
+        top_k = {output.top_k() for output in opened} - {None}
+        if warn and top_k:
+            log.warning(
+                "--reuse %s is a --top-k %s output: it holds only the best pairs of each query, so only those are "
+                "reused and the others are scored again; to reuse every pair, reuse the output of a run without "
+                "--top-k",
+                text,
+                ", ".join(map(str, sorted(top_k))),
             )
         outputs.extend(opened)
     return outputs

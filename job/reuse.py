@@ -108,7 +108,15 @@ class EarlierScores:
             keys = directory / "keys.parquet"
             _write_keys(config, source, identity, keys)
             matched = join_earlier(outputs, keys, values, directory, joined, available_cpus())
-            log.info("--reuse: %d pairs found in %d earlier output file(s)", matched, len(outputs))
+            partial = any(
+                output.top_k() is not None for output in outputs
+            )  # --top-k outputs: some pairs only
+            (log.warning if partial else log.info)(
+                "--reuse: %d pairs of this run found in %d earlier output file(s)%s",
+                matched,
+                len(outputs),
+                " (a --top-k output among them holds only each query's best pairs)" if partial else "",
+            )
             return cls(directory, joined, matched)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)

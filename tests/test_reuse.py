@@ -529,3 +529,22 @@ def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
     chunked = identities(truncate="chunk")
     assert chunked != identities(truncate="chunk", chunk_overlap=4)
     assert chunked != identities(truncate="chunk", chunk_aggregate="mean")
+
+
+def test_reusing_a_top_k_output_warns_that_only_its_best_pairs_can_be_copied(qwen3_causal, tmp_path):
+    base, _, today, _ = nightly(tmp_path, qwen3_causal)
+    top = tmp_path / "top.parquet"
+    ran = run_cli(today, *base, "-o", top, "--top-k", "1")
+    assert ran.returncode == 0, ran.stderr
+    report = tmp_path / "report.json"
+    again = run_cli(today, *base, "-o", tmp_path / "again.parquet", "--reuse", top, "--report", report)
+    assert again.returncode == 0, again.stderr
+    reused = json.loads(report.read_text())["reused"]
+    assert 0 < reused <= pq.read_table(top).num_rows < 150  # at most one pair of each query
+    assert f"--reuse {top} is a --top-k 1 output: it holds only the best pairs of each query" in again.stderr
+    assert (
+        f"--reuse: {reused} pairs of this run found in 1 earlier output file(s) (a --top-k output"
+        in again.stderr
+    )
+    full = run_cli(today, *base, "-o", tmp_path / "full.parquet", "--reuse", tmp_path / "again.parquet")
+    assert full.returncode == 0 and "--top-k" not in full.stderr, full.stderr  # a full output: no warning
