@@ -135,7 +135,11 @@ def test_nested_jsonl_stdin_to_stdout(qwen3_causal):
     rows = [r for r in ROWS if r["query_id"] == "a"]
     for expected, line in zip(expected_scores(qwen3_causal, rows), lines):
         assert max_abs_diff(expected, line["scores"]) <= 1e-4
-    assert result.stderr == ""  # --quiet: nothing on stderr, stdout holds only JSON
+    # --quiet: stdout holds only JSON; stderr only the warning about the empty item (scored as given)
+    assert result.stderr.splitlines() == [
+        "score-batch: WARNING: 1 of 3 items are empty; scored as given, around their templates "
+        "(docs/semantics.md: empty queries and items)"
+    ]
 
 
 def test_stdout_with_skip_writes_skipped_rows_to_the_errors_file(qwen3_causal, tmp_path):

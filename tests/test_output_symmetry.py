@@ -97,7 +97,7 @@ def test_hive_values_are_typed_over_all_files(tmp_path, fmt):
     types = column_types(source, mapping)
     assert (types["dt"], types["n"], types["shard"]) == (pa.date32(), pa.int64(), pa.string())
     _, windows = read_windows(source, overrides, 4)
-    kept = [row.kept for window in windows for row in window]
+    kept = [row.kept for window in windows for row in window.rows()]
     assert kept == [{k: r[k] for k in ("dt", "n", "shard")} for r in ordered]
 
     as_text = open_source(str(hive), hive_types="string")
