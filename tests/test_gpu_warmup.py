@@ -271,3 +271,32 @@ def test_flashinfers_own_build_whose_link_failed_succeeds_on_retry(tmp_path, res
         return
     assert "error" not in second and second["dirty_after"] == 0, second
     assert second["seconds"] < first["seconds"] / 2  # the link alone: ninja's log kept the compiled objects
+
+
+@pytest.mark.skipif(not _flashinfer_and_nvcc(), reason="needs flashinfer")
+@pytest.mark.parametrize("kernel", ["fa2", "fa3"])
+def test_the_warm_up_asks_the_installed_plan_for_its_module_arguments(monkeypatch, kernel):
+    """plan_module_args runs score-batch's own plan path with FlashInfer's getter replaced by a recorder: on the
+    CPU (host memory pinned without CUDA: the pin dropped) 0.6.6's plan() asks for exactly PLAN_ARGS_066's."""
+    import torch
+
+    from score_batch.engine.attention import flashinfer_jit
+
+    empty = torch.empty
+
+    def unpinned(*args, pin_memory=False, **kwargs):
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", unpinned)
+    args = flashinfer_jit.plan_module_args(kernel, torch.bfloat16, (16, 8), 128, "cpu")
+    bf16 = torch.bfloat16
+    assert args == (
+        kernel,
+        bf16,
+        bf16,
+        bf16,
+        *flashinfer_jit.PLAN_ARGS_066[:1],
+        128,
+        128,
+        *flashinfer_jit.PLAN_ARGS_066[1:],
+    )
