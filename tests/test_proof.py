@@ -47,8 +47,10 @@ def test_correct_kernels_pass_and_every_module_runs(stub):
     assert prove_attention("flashinfer", CPU, torch.bfloat16, head_dim=32) is None
     assert {"norm", "rope", "activation", "batch_prefill"} <= set(stub.built)
     # q/k norm reads the heads of the fused QKV output through their strides: no copy is made for the kernel
+    # (the q norm alone, then the q/k norms + RoPE in place: q's heads and k's head)
     heads = [(shape, strides) for _, shape, strides in stub.norm_inputs if len(shape) == 3]
-    assert heads == [((5, 2, 32), ((2 + 2 * 1) * 32, 32, 1))]
+    row = (2 + 2 * 1) * 32
+    assert heads == [((5, 2, 32), (row, 32, 1)), ((5, 2, 32), (row, 32, 1)), ((5, 1, 32), (row, 32, 1))]
 
 
 def test_a_cpu_setup_runs_no_kernel(stub, qwen3_causal):

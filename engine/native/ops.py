@@ -4,7 +4,8 @@
 in float32, the residual added in the model's dtype, RoPE as q·cos + rotate_half(q)·sin with cos/sin
 cast to the model's dtype, silu(gate)·up), so fp32 results equal plain transformers'. `FlashInferOps`
 runs FlashInfer's fused CUDA kernels (the ones SGLang's layers call): RMSNorm with the residual add
-fused in place, RoPE in place from the float32 cos/sin cache, SiLU·mul in one pass.
+fused in place, RoPE in place from the float32 cache, SiLU·mul in one pass, and the q/k norms written in
+place into the QKV projection's output, so q, k and v stay views of it and the attention copies none of them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,29 @@ class Ops(Protocol):
         """silu(gate) * up of gate_up [tokens, 2 * intermediate] → [tokens, intermediate]."""
         ...
 
+    def qk_norm_rope(
+        self,
+        tables: object,  # rope_tables(positions, cos_sin, dtype)
+        q: torch.Tensor,  # [tokens, heads * head_dim], rows may be strided (a view of the QKV output)
+        k: torch.Tensor,  # [tokens, kv_heads * head_dim]
+        norms: tuple | None,  # (q_weight [head_dim], k_weight [head_dim], eps) of per-head RMSNorms, or None
+        head_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-head q/k RMSNorms (when given), then RoPE: (q, k), the given views rotated in place, or
+        new tensors where the norms do not write in place."""
+        ...
+
+
+def _qk_norm_rope(ops, tables, q, k, norms, head_dim):
+    """qk_norm_rope from rms_norm and rope: the norms' outputs are new tensors, rotated in place."""
+    if norms is not None:
+        q_weight, k_weight, eps = norms
+        tokens = q.shape[0]
+        q = ops.rms_norm(q.reshape(tokens, -1, head_dim), q_weight, eps).view(tokens, -1)
+        k = ops.rms_norm(k.reshape(tokens, -1, head_dim), k_weight, eps).view(tokens, -1)
+    ops.rope(tables, q, k, head_dim)
+    return q, k
+
 
 class TorchOps:
     """Plain torch, the formulas of transformers' modules (exact against them in float32)."""
@@ -89,6 +113,9 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def qk_norm_rope(self, tables, q, k, norms, head_dim):
+        return _qk_norm_rope(self, tables, q, k, norms, head_dim)
+
 
 class FlashInferOps:
     """FlashInfer's norm / rope / activation kernels (CUDA, bfloat16 or float16 activations only: the kernels
@@ -125,6 +152,18 @@ class FlashInferOps:
 
     def silu_mul(self, gate_up):
         return self._activation.silu_and_mul(gate_up)
+
+    def qk_norm_rope(self, tables, q, k, norms, head_dim):
+        """Each norm written in place over its heads' strided view (FlashInfer's QK RMSNorm reads and writes
+        through strides, each element read before it is written), then RoPE in place: three launches, no copy,
+        q and k stay views of the QKV output with v's strides (FlashInfer 0.6.6 has no fused norm + RoPE)."""
+        if norms is not None:
+            q_weight, k_weight, eps = norms
+            for x, weight in ((q, q_weight), (k, k_weight)):
+                heads = x.view(x.shape[0], -1, head_dim)  # [tokens, heads, head_dim], a view
+                self._norm.rmsnorm(heads, weight, eps, out=heads)
+        self.rope(tables, q, k, head_dim)
+        return q, k
 
 
 OPS_CLASSES: dict[str, type] = {"torch": TorchOps, "flashinfer": FlashInferOps}
