@@ -11,14 +11,47 @@ objects whose command changed. Imported only where flashinfer is.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
+DISABLE_JIT = "FLASHINFER_DISABLE_JIT"  # FlashInfer: a module not prebuilt raises at once instead of building
+
 # What 0.6.6's plan() passes to get_batch_prefill_module for our calls after the backend: q, kv, o dtypes, the
 # indptr dtype, head_dim qk and vo, PosEncodingMode.NONE, no sliding window, no soft cap, no fp16 qk reduction.
 PLAN_ARGS_066 = (torch.int32, 0, False, False, False)
+
+
+def jit_compiler() -> str | None:
+    """The nvcc FlashInfer's JIT would run, as 0.6.6 finds it: FLASHINFER_NVCC, else CUDA_HOME's (or
+    CUDA_PATH's) bin/nvcc, else nvcc on PATH, else /usr/local/cuda/bin/nvcc; None when it does not exist."""
+    if os.environ.get("FLASHINFER_NVCC"):
+        return shutil.which(os.environ["FLASHINFER_NVCC"])
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = (
+        [os.path.join(home, "bin", "nvcc")] if home else [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"]
+    )
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+@contextlib.contextmanager
+def jit_disabled_without_compiler(active: bool = True):
+    """FLASHINFER_DISABLE_JIT=1 inside the block when `active`, no compiler is found and the user set nothing:
+    a module missing from FlashInfer's prebuilt kernels (flashinfer-jit-cache, or modules in its AOT folder) then
+    fails at once (MissingJITCacheError), where a build would fail after a search for nvcc. Yields whether it set
+    the variable; restored after the block."""
+    set_here = active and DISABLE_JIT not in os.environ and jit_compiler() is None
+    if set_here:
+        os.environ[DISABLE_JIT] = "1"
+    try:
+        yield set_here
+    finally:
+        if set_here:
+            os.environ.pop(DISABLE_JIT, None)
 
 
 class _Derived(Exception):
