@@ -389,6 +389,7 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
         if cause is not None and no_jit:
             cause += NO_JIT
         if cause is not None:
+            _reset_failed_builds()
             ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
             fallbacks.append(f"ops flashinfer → torch: {cause}")
     if backend == "flashinfer":
@@ -397,6 +398,7 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
         if cause is not None and no_jit:
             cause += NO_JIT
         if cause is not None:
+            _reset_failed_builds()
             need = workload(setup.info, config, setup.device, setup.dtype)
             instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
             backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
@@ -405,6 +407,19 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
     return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
+
+
+def _reset_failed_builds() -> None:
+    """After a kernel failed its check: FlashInfer 0.6.6 keeps a failed module's build.ninja, so a rerun with the
+    environment fixed (CUDA_HOME, link flags) would fail the same way; reset those modules (flashinfer_jit)."""
+    try:
+        from score_batch.engine.attention.flashinfer_jit import remove_failed_builds
+
+        reset = remove_failed_builds()
+    except Exception:  # noqa: BLE001  (no JIT package, a stand-in: nothing to reset)
+        return
+    if reset:
+        log.info("FlashInfer modules whose build failed, reset for the next build: %s", ", ".join(reset))
 
 
 def _fall_back(field: str, asked: str, name: str, instead: str, cause: str, device: torch.device) -> str:

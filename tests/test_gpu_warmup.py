@@ -300,3 +300,32 @@ def test_the_warm_up_asks_the_installed_plan_for_its_module_arguments(monkeypatc
         128,
         *flashinfer_jit.PLAN_ARGS_066[1:],
     )
+
+
+RESET = r"""
+import json
+from filelock import FileLock
+from flashinfer.jit.core import get_tmpdir
+from score_batch.engine.attention import flashinfer_jit
+
+root = flashinfer_jit.jit_dir()
+for name, files in {"failed": ["build.ninja"], "built": ["build.ninja", "built.so"], "busy": ["build.ninja"]}.items():
+    (root / name).mkdir(parents=True)
+    for file in files:
+        (root / name / file).write_text("")
+with FileLock(get_tmpdir() / "busy.lock", thread_local=False):  # another build holds it
+    reset = flashinfer_jit.remove_failed_builds()
+print(json.dumps({"reset": reset, "left": sorted(p.parent.name for p in root.glob("*/build.ninja"))}))
+"""
+
+
+@pytest.mark.skipif(not _flashinfer_and_nvcc(), reason="needs flashinfer")
+def test_the_engine_resets_only_failed_builds_nobody_is_building(tmp_path):
+    """remove_failed_builds (called after a kernel fails its load-time check): build.ninja goes from a module folder
+    without its .so whose lock is free; a built module and one another process is building keep theirs."""
+    env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path), "FLASHINFER_CUDA_ARCH_LIST": "9.0a"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", RESET], env=env, capture_output=True, text=True)
+    assert json.loads(done.stdout.splitlines()[-1]) == {"reset": ["failed"], "left": ["built", "busy"]}, (
+        done.stderr
+    )
