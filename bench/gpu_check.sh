@@ -451,7 +451,7 @@ collect() {
   for so in "$ops"/*/*.so; do
     [ -f "$so" ] || continue
     name=$(basename "$(dirname "$so")")
-    [ "$(basename "$so")" = "$name.so" ] && names+=("$name/$name.so")
+    if [ "$(basename "$so")" = "$name.so" ]; then names+=("$name/$name.so"); fi
   done
   [ "${#names[@]}" -gt 0 ] || return 0
   tar -czf "$archive" -C "$ops" "${names[@]}"
