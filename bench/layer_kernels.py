@@ -5,7 +5,9 @@ FlashInfer kernels are stood in for by tests/flashinfer_stub.py (torch code that
 contracts: 16-bit inputs, K/V strides equal, ...), each counted as one launch. Everything else counts as the
 CUDA launches it would make: every top-level aten op that computes or copies (a GEMM, a copy, an add), views
 not at all. A layer's count is a 2-layer model's minus a 1-layer model's, so the embedding, the final norm and
-the plan stay out. `python bench/layer_kernels.py [--families qwen3 llama]`
+the plan stay out. With triton installed and TRITON_INTERPRET=1, FlashInferOps runs the fused q/k-norm + RoPE
+kernel (engine/native/fused_qk.py) in Triton's interpreter, counted as one launch.
+`[TRITON_INTERPRET=1] python bench/layer_kernels.py [--families qwen3 llama]`
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ def _kernel(name: str, function):
             return function(*args, **kwargs)
 
     return launch
+
+
+def fused_qk():
+    """engine/native/fused_qk.py where it runs on CPU tensors (triton installed, TRITON_INTERPRET=1), else None."""
+    try:
+        from score_batch.engine.native import fused_qk as module
+    except ImportError:
+        return None
+    return module if module.INTERPRETED else None
 
 
 def launches(events) -> Counter:
@@ -117,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("rmsnorm", "fused_add_rmsnorm", "rope", "silu_and_mul"):
         setattr(stub, name, _kernel(name, getattr(stub, name)))
     patch.setattr(flashinfer_stub._PagedPrefill, "run", _kernel("prefill", flashinfer_stub._PagedPrefill.run))
+    fused = fused_qk()
+    if fused is not None:  # TRITON_INTERPRET=1 with triton: the fused q/k-norm + RoPE kernel, one launch
+        patch.setattr(fused, "qk_norm_rope", _kernel("qk_norm_rope", fused.qk_norm_rope))
     stub.install(patch)
     torch.set_num_threads(1)
     try:

@@ -131,6 +131,7 @@ class FlashInferOps:
         self._norm = flashinfer.norm
         self._rope = flashinfer.rope
         self._activation = flashinfer.activation
+        self._fused = _fused_qk()  # the Triton q/k-norm + RoPE kernel, None without triton
 
     def rms_norm(self, x, weight, eps):
         # [rows, features], or q/k heads [tokens, heads, head_dim]: the kernel reads strided views, no copy
@@ -154,9 +155,15 @@ class FlashInferOps:
         return self._activation.silu_and_mul(gate_up)
 
     def qk_norm_rope(self, tables, q, k, norms, head_dim):
-        """Each norm written in place over its heads' strided view (FlashInfer's QK RMSNorm reads and writes
-        through strides, each element read before it is written), then RoPE in place: three launches, no copy,
-        q and k stay views of the QKV output with v's strides (FlashInfer 0.6.6 has no fused norm + RoPE)."""
+        """One Triton launch where q and k are the QKV output's adjacent views (engine/native/fused_qk.py);
+        else each norm written in place over its heads' strided view (FlashInfer's QK RMSNorm reads and writes
+        through strides, each element read before it is written), then RoPE in place: three launches (FlashInfer
+        0.6.6 has no fused norm + RoPE). Either way no copy: q and k stay views with v's strides."""
+        fused = self._fused
+        if fused is not None and fused.runs_on(q) and fused.fusable(q, k, head_dim):
+            positions, cos_sin = tables
+            fused.qk_norm_rope(q, k, positions, cos_sin, norms, head_dim)
+            return q, k
         if norms is not None:
             q_weight, k_weight, eps = norms
             for x, weight in ((q, q_weight), (k, k_weight)):
@@ -164,6 +171,15 @@ class FlashInferOps:
                 self._norm.rmsnorm(heads, weight, eps, out=heads)
         self.rope(tables, q, k, head_dim)
         return q, k
+
+
+def _fused_qk():
+    """engine/native/fused_qk.py when triton imports, else None (the three-launch path)."""
+    try:
+        from score_batch.engine.native import fused_qk
+    except Exception:  # noqa: BLE001  (no triton, or a broken one: the unfused path)
+        return None
+    return fused_qk
 
 
 OPS_CLASSES: dict[str, type] = {"torch": TorchOps, "flashinfer": FlashInferOps}
