@@ -117,11 +117,12 @@ SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE
 DEFAULT_METHODS = [*SHORT_METHODS, "fi-native-compile", "flex", "flex+compile", "sdpa"]
 NO_FA3 = "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh while warmup-fa3.json proves no FA3 build and call (the reason)
 # Set by gpu_check.sh's bench while FA3's background build runs: its status file (written when it ends), its
-# warm-up record and the time (epoch seconds) until which the fa3 method waits for it.
+# warm-up record and the time (epoch seconds) until which the fa3 method waits for it. Not SCORE_BATCH_*: the
+# pipeline method's CLI warns about every SCORE_BATCH_* variable it does not know.
 FA3_STATUS, FA3_RECORD, FA3_DEADLINE = (
-    "SCORE_BATCH_FA3_STATUS",
-    "SCORE_BATCH_FA3_RECORD",
-    "SCORE_BATCH_FA3_DEADLINE",
+    "GPU_CHECK_FA3_STATUS",
+    "GPU_CHECK_FA3_RECORD",
+    "GPU_CHECK_FA3_DEADLINE",
 )
 REFERENCE_ITEMS = 16  # items scored by plain HF in fp32 for max_abs_diff_vs_fp32
 REPEATS = 3

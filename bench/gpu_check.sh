@@ -406,10 +406,10 @@ bench() {
     # FA3's build is still running: gpu.py waits for it when it reaches the fa3 method, until FA3_RESERVE s
     # before this phase's limit, then benches FA3 if it built and its first call succeeded (warmup-fa3.json).
     local deadline=$(($(date +%s) + ${PHASE_LIMIT:-$BENCH_LIMIT} - FA3_RESERVE))
-    say "export SCORE_BATCH_FA3_STATUS=$status_file SCORE_BATCH_FA3_RECORD=$CACHE/warmup-fa3.json \
-SCORE_BATCH_FA3_DEADLINE=<this phase's limit - $FA3_RESERVE s>  # while FA3's build runs"
-    export SCORE_BATCH_FA3_STATUS="$status_file" SCORE_BATCH_FA3_RECORD="$CACHE/warmup-fa3.json"
-    export SCORE_BATCH_FA3_DEADLINE=$deadline
+    say "export GPU_CHECK_FA3_STATUS=$status_file GPU_CHECK_FA3_RECORD=$CACHE/warmup-fa3.json \
+GPU_CHECK_FA3_DEADLINE=<this phase's limit - $FA3_RESERVE s>  # while FA3's build runs"
+    export GPU_CHECK_FA3_STATUS="$status_file" GPU_CHECK_FA3_RECORD="$CACHE/warmup-fa3.json"
+    export GPU_CHECK_FA3_DEADLINE=$deadline
     unset SCORE_BATCH_NO_FA3
   fi
   run "$OUT/bench.txt" python bench/gpu.py bench --out "$OUT/gpu.json" "$@"

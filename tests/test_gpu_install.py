@@ -132,7 +132,7 @@ def test_dry_run_prints_every_command_and_runs_none(tmp_path):
         + str(out / "gpu-tests.xml"),
         "phase bench: estimate 120 s, limit 175 s",
         f"timeout -s INT --kill-after=5 175 bash {SCRIPT} bench",
-        f"export SCORE_BATCH_FA3_STATUS={cache / 'fa3-build.status'}",  # the fa3 method waits for the build
+        f"export GPU_CHECK_FA3_STATUS={cache / 'fa3-build.status'}",  # the fa3 method waits for the build
         "python bench/gpu.py bench --out "
         + str(out / "gpu.json")
         + " --workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline fa3",
