@@ -110,14 +110,19 @@ METHODS: dict[str, Method] = {
     "sdpa": Method("sdpa"),
     "split": Method("split"),
 }
-# The compiled method last: its compile time is the least predictable, and a phase cut at its limit loses it.
 PIPELINE = "pipeline"  # the whole CLI after start-up, beside its forward alone (_pipeline_row)
-# `gpu_check.sh all`'s bench (FA3 left out: it is built and benched by `gpu_check.sh fa3`, FA3_METHODS).
-SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE, "fi-native-compile"]
-FA3_METHODS = [HF, "fi-native-fi", "fa3"]  # FA3 beside FA2 with the same layers and ops
-DEFAULT_METHODS = [*SHORT_METHODS, "fa3", "flex", "flex+compile", "sdpa"]
-NO_FA3 = (
-    "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh while warmup.json proves no FA3 build and call (the reason)
+# `gpu_check.sh all`'s bench: FA3 last (it waits for its background build); the compiled method, whose compile
+# time is the least predictable, in a later call.
+SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE, "fa3"]
+DEFAULT_METHODS = [*SHORT_METHODS, "fi-native-compile", "flex", "flex+compile", "sdpa"]
+NO_FA3 = "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh while warmup-fa3.json proves no FA3 build and call (the reason)
+# Set by gpu_check.sh's bench while FA3's background build runs: its status file (written when it ends), its
+# warm-up record and the time (epoch seconds) until which the fa3 method waits for it. Not SCORE_BATCH_*: the
+# pipeline method's CLI warns about every SCORE_BATCH_* variable it does not know.
+FA3_STATUS, FA3_RECORD, FA3_DEADLINE = (
+    "GPU_CHECK_FA3_STATUS",
+    "GPU_CHECK_FA3_RECORD",
+    "GPU_CHECK_FA3_DEADLINE",
 )
 REFERENCE_ITEMS = 16  # items scored by plain HF in fp32 for max_abs_diff_vs_fp32
 REPEATS = 3
@@ -153,13 +158,14 @@ def flops_per_token(cfg: dict) -> float:
 # --- warm-up: FlashInfer's JIT modules, each built once where its loads look for it ----------------------
 
 # What each warm-up builds: `warmup` the FA2 prefill and the native layers' ops (bench/gpu_check.sh install);
-# `warmup --fa3` FA3's prefill alone (its own call: bench/gpu_check.sh fa3; its objects take minutes each).
+# `warmup --fa3` FA3's prefill alone (started by the install in the background once FA2's modules are built).
 JIT_BUILDS = {"fa2": ("fa2", "norm", "rope", "silu_and_mul"), "fa3": ("fa3",)}
 
 
 def jit_specs(names, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -> list:
-    """FlashInfer 0.6.6 JitSpecs of what score-batch runs: the paged prefill module (the exact arguments
-    plan() asks for: int32 indptr, no RoPE, no window, no soft cap) and the native layers' kernels."""
+    """FlashInfer 0.6.6 JitSpecs of what score-batch runs (the folders whose ninja state the warm-up checks): the
+    paged prefill module (the arguments plan() asks for: int32 indptr, no RoPE, no window, no soft cap) and the
+    native layers' kernels."""
     from flashinfer.jit import gen_act_and_mul_module
     from flashinfer.jit.attention.modules import gen_batch_prefill_module
     from flashinfer.jit.norm import gen_norm_module
@@ -177,28 +183,51 @@ def jit_specs(names, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -
     return [make[name]() for name in names]
 
 
-def build_specs(specs: dict) -> dict[str, dict]:
-    """Build every spec at once, each with its own JitSpec.build() in a thread: ninja in the module's own folder,
-    under the module's own lock — the folder and build log a later load runs ninja against, so that load finds
-    nothing to do (flashinfer's build_jit_specs builds from its parent folder instead, and every load then
-    compiled the module again). Per spec: seconds, the error if any, and the steps ninja still finds dirty."""
+def jit_getters(names) -> dict:
+    """FlashInfer's own module getters (engine/attention/flashinfer_jit.py): each builds and loads the module the
+    engine's calls load, the prefill with the arguments the installed plan() derives."""
+    from score_batch.engine.attention.flashinfer_jit import module_getters
+
+    return module_getters(names, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build_specs(specs: dict, getters: dict | None = None) -> dict[str, dict]:
+    """Build every module at once, each in a thread: through its getter (FlashInfer's build_and_load: ninja in
+    the module's own folder under the module's own lock, the folder and build log a later load runs ninja
+    against, so that load finds nothing to do), else its JitSpec.build(). Per module: seconds, the error if any
+    (its build.ninja then removed, so a retry writes it from the fixed environment), and the steps ninja still
+    finds dirty."""
+    getters = getters or {}
     with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
-        futures = {name: pool.submit(_build_one, spec) for name, spec in specs.items()}
+        futures = {name: pool.submit(_build_one, spec, getters.get(name)) for name, spec in specs.items()}
     return {name: future.result() for name, future in futures.items()}
 
 
-def _build_one(spec) -> dict:
+def _build_one(spec, getter=None) -> dict:
     start = time.perf_counter()
     record: dict = {}
     try:
-        spec.build(verbose=False)
-    except Exception as error:  # e.g. a header the image's CUDA lacks: the text says which
+        getter() if getter is not None else spec.build(verbose=False)
+    except Exception as error:  # e.g. a header the image's CUDA lacks, a link: the text says which
         record["error"] = _short(error)
+        if reset_failed_build(spec):
+            record["reset"] = "build.ninja removed: a retry writes it from its own environment"
     record["seconds"] = round(time.perf_counter() - start, 1)
     record["dirty_after"], why = dirty_steps(spec)
     if why:
         record["dirty_why"] = why
     return record
+
+
+def reset_failed_build(spec) -> bool:
+    """After a failed build: remove the module's build.ninja unless its library was built. FlashInfer 0.6.6 writes
+    build.ninja only when it is missing, so a link that failed (CUDA_HOME, -lcuda) failed again after the
+    environment was fixed; ninja's log still keeps every object whose command did not change."""
+    ninja = Path(spec.ninja_path)
+    if not ninja.exists() or (Path(spec.build_dir) / f"{Path(spec.build_dir).name}.so").exists():
+        return False
+    ninja.unlink()
+    return True
 
 
 def dirty_steps(spec) -> tuple[int | None, list[str]]:
@@ -232,13 +261,14 @@ WARMUP_CALLS = {
 }
 
 
-def warmup(out: Path, build: str = "fa2") -> dict:
+def warmup(out: Path, build: str = "fa2", after_build: str | None = None) -> dict:
     """Build one group of FlashInfer's JIT modules (JIT_BUILDS[build]) concurrently, then score once per call of
     WARMUP_CALLS[build], each recorded apart, into `out` (merged with what an earlier warm-up recorded there).
 
     The report is rewritten after every step; `ok_<build>` is False when the build's kernel (FA2, or FA3) failed
     to build or its call failed (the native ops failing are recorded, not fatal: their methods and tests fail
-    alone); `jit_wall_s` is the wall time of each build, its modules at once.
+    alone); `jit_wall_s` is the wall time of each build, its modules at once. after_build: a shell command
+    started (not waited for) once the build ended, before the calls (gpu_check.sh: FA3's background build).
     """
     report: dict = json.loads(out.read_text()) if out.exists() else {}
     report.update(versions())
@@ -262,12 +292,15 @@ def warmup(out: Path, build: str = "fa2") -> dict:
     start = time.perf_counter()
     try:
         specs = dict(zip(names, jit_specs(names)))
+        getters = jit_getters(names)
     except Exception as error:  # flashinfer's JIT package does not import: nothing can build
         jit.update({name: {"error": _short(error)} for name in names})
     else:
-        jit.update(build_specs(specs))
+        jit.update(build_specs(specs, getters))
     walls[build] = round(time.perf_counter() - start, 1)
     write()
+    if after_build:
+        subprocess.Popen(after_build, shell=True, stdin=subprocess.DEVNULL)  # returns at once (it detaches)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_bench_model(
             Path(tmp),
@@ -476,6 +509,9 @@ def _scorer(model_dir, method: Method, device: str, dtype: str, max_batch_tokens
             os.environ.get(NO_FA3) and method.kernel == "fa3"
         ):  # gpu_check.sh: FA3 failed to build in the warm-up
             raise SettingError("FlashInferBackend.kernel", method.kernel, os.environ[NO_FA3])
+        why = fa3_waited() if method.kernel == "fa3" and os.environ.get(FA3_STATUS) else None
+        if why:
+            raise SettingError("FlashInferBackend.kernel", method.kernel, why)
 
         try:
             backend = FlashInferBackend(torch.device(device), kernel=method.kernel)
@@ -483,6 +519,21 @@ def _scorer(model_dir, method: Method, device: str, dtype: str, max_batch_tokens
             raise SettingError("FlashInferBackend.kernel", method.kernel, str(refused)) from refused
         scorer._runner.backend = backend  # Scorer.backend is read-only; no user-facing setting on purpose
     return scorer
+
+
+def fa3_waited(sleep=time.sleep, clock=time.time) -> str | None:
+    """Wait for FA3's background build (FA3_STATUS) until FA3_DEADLINE; then why FA3 may not run, None when its
+    build and first call succeeded (its record, FA3_RECORD, read by install_check.fa3_unproven)."""
+    from install_check import fa3_unproven
+
+    status = Path(os.environ[FA3_STATUS])
+    deadline = float(os.environ.get(FA3_DEADLINE, "0"))
+    while not status.exists() and clock() < deadline:
+        sleep(2)
+    if not status.exists():
+        return "FA3's background build had not finished by this phase's deadline (it goes on: jit-modules.tar.gz of a later call)"
+    record = Path(os.environ.get(FA3_RECORD, ""))
+    return fa3_unproven(json.loads(record.read_text()) if record.is_file() else None)
 
 
 def _engine_row(model_dir, name, groups, items, reference, args, cfg, peak):
@@ -740,6 +791,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     warm.add_argument("--fa3", action="store_const", const="fa3", default="fa2", dest="build",
                       help="build FA3's prefill (alone) instead of FA2's and the ops")  # fmt: skip
+    warm.add_argument("--after-build", default=None, help="a shell command started once the build ended")
     run = sub.add_parser("bench")
     run.add_argument("--preset", choices=PRESETS, default="qwen3-0.6b")
     run.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
@@ -776,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(versions(), indent=2) + "\n")
         print(args.out.read_text())
     elif args.command == "warmup":
-        report = warmup(args.out, args.build)
+        report = warmup(args.out, args.build, args.after_build)
         print(json.dumps(report, indent=2))
         return 0 if report[f"ok_{args.build}"] else 1
     else:

@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # The GPU run in one script (see bench/README.md, "First GPU run"). Phases, each writing under $OUT:
-#   bash bench/gpu_check.sh [--dry-run] install   carried wheels (resolved against the image) + pip check, the
-#                                                 project, FlashInfer's JIT warm-up (FA2 and the ops, built at
-#                                                 once, then one call with torch ops and one with FlashInfer's)
+#   bash bench/gpu_check.sh [--dry-run] probe     CUDA_HOME from the real nvcc, then a two-line CUDA program linked
+#                                                 with FlashInfer's own link flags (-lcudart -lcuda): seconds, one
+#                                                 line on failure; the install phase runs it before anything else
+#   bash bench/gpu_check.sh [--dry-run] install   the probe, carried wheels (resolved against the image) + pip
+#                                                 check, the project, carried JIT modules unpacked, FlashInfer's
+#                                                 JIT warm-up through its own module getters (FA2 and the ops at
+#                                                 once; FA3 started after them in the background on Hopper), one
+#                                                 call with torch ops and one with FlashInfer's
 #                                                                                   → install.log, warmup.json
 #   bash bench/gpu_check.sh [--dry-run] tests     tests/gpu, most valuable first; missing CUDA/flashinfer fails
 #                                                                                   → gpu-tests.txt/.xml
 #   bash bench/gpu_check.sh [--dry-run] bench [bench/gpu.py bench arguments]        → bench.txt, gpu.json
-#   bash bench/gpu_check.sh [--dry-run] all       install → tests → the short bench, FA3 left out, in one device
-#                                                 command: each phase under its own time limit plus what earlier
-#                                                 phases left unused (ALL_LIMIT in all); later phases run even
-#                                                 when an earlier one failed, and the exit status says if any did
-#   bash bench/gpu_check.sh [--dry-run] fa3       a later call: FA3's build in the background (it survives the
-#                                                 phase's limit, its objects stay in the JIT cache: a call cut
-#                                                 short is resumed by the next), then FA3's tests and its bench
-#                                                 once warmup.json proves it; FA3_LIMIT in all
-#                                 → fa3-build.log, warmup.json, gpu-tests-fa3.txt/.xml, bench-fa3.txt, gpu-fa3.json
-# --dry-run prints every command instead of running it. $OUT gets at most 8 files (the device's limit): all
-# writes summary.txt, install.log, warmup.json, gpu-tests.txt, gpu-tests.xml, bench.txt, gpu.json; fa3 the
-# seven above with summary.txt (and install.log on a fresh machine).
-# FA3 is used only where warmup.json (kept with the caches) holds its build time and a successful call: until then
+#   bash bench/gpu_check.sh [--dry-run] all       install → tests → the short bench (FA3 last, once its background
+#                                                 build finished) → collect, in one device command: each phase
+#                                                 under its own limit plus what earlier phases left unused; later
+#                                                 phases run even when an earlier one failed
+#                                                                         → the 7 files above + jit-modules.tar.gz
+# all's exit status: 0 every phase ended well; 1 data came back but a phase failed or was cut at its limit
+# (summary.txt names the phase and the step it cut); 3 nothing to report (neither test results nor gpu.json).
+# --dry-run prints every command instead of running it, with each phase's estimate beside its limit. $OUT gets at
+# most 8 files (the device's limit): summary.txt, install.log, warmup.json, gpu-tests.txt, gpu-tests.xml,
+# bench.txt, gpu.json, jit-modules.tar.gz (the built modules' .so files: carried into a later call as
+# JIT_MODULES, they load from FlashInfer's AOT folder without compiling).
+# FA3 runs only once its build and first call succeeded (warmup-fa3.json, kept with the caches): until then
 # SCORE_BATCH_NO_FA3 says why, tests/gpu skip FA3 and gpu.py refuses its method (bench/install_check.py fa3).
 # Caches (FlashInfer JIT, inductor, Triton, warmup.json) live in the git-ignored .cache/gpu/ of the checkout, so a
 # later call on the same machine reuses them. The wheels come from scripts/download_gpu_wheels.sh (carry .wheels).
@@ -38,37 +42,43 @@ CACHE=${GPU_CHECK_CACHE:-$PWD/.cache/gpu} # tests point it elsewhere
 SITE="$CACHE/site" # pip install --target here when the image's environment is not writable
 # Time limits (seconds): the device runs one command for at most 600 s (the machine's start is outside it). A
 # phase gets its own share plus what the earlier phases left unused, SIGINT at its limit, SIGKILL KILL_AFTER s
-# later: worst case ALL_LIMIT + 3 * KILL_AFTER = 575 s. Budgets line by line, from the JIT builds measured on a
-# 2-core machine (per object: silu_and_mul 18 s, norm 59 + 21 s, rope 78 + 43 s, FA2 19-40 s, FA3 91-231 s at
-# 3.6 GB) and estimates of the rest: bench/README.md, "Phase budgets".
-# all = install 200 (pip and checks 35-55; FA2 + ops, 15 objects at once on 16 cores, rope.cu the longest:
-# 95-125; warm-up calls 15-20) + tests 200 (FA2 exactness 30, split 10, native ops 15, torch.compile runs
-# 60-90, flex 60; FA3 skipped) + bench 160 (0.6B model 20, fp32 reference 10, plain HF 15, three FA2 methods
-# 25, the CLI pipeline 30-40, the compiled method 45).
-ALL_LIMIT=${ALL_LIMIT:-560}
-INSTALL_LIMIT=${INSTALL_LIMIT:-200}
-TESTS_LIMIT=${TESTS_LIMIT:-200}
-BENCH_LIMIT=${BENCH_LIMIT:-160}
-# fa3 = build 330 (10 objects at once on 16 cores: the 231 s one ×1.1-1.3 for sharing the cores, + link) + tests
-# 110 (FA3's cases of tests/gpu/test_flashinfer.py, 30-60) + bench 120 (model 20, fp32 reference 10, plain HF 15,
-# FA2 and FA3 with FlashInfer's ops 25).
-FA3_LIMIT=${FA3_LIMIT:-560}
-FA3_BUILD_LIMIT=${FA3_BUILD_LIMIT:-330}
-FA3_TESTS_LIMIT=${FA3_TESTS_LIMIT:-110}
-FA3_BENCH_LIMIT=${FA3_BENCH_LIMIT:-120}
+# later; collect has COLLECT_LIMIT: worst case ALL_LIMIT + COLLECT_LIMIT + 4 * KILL_AFTER = 585 s. Each phase's
+# estimate (the upper end, line by line in bench/README.md, "Phase budgets") is at most 70% of its limit
+# (tests/test_gpu_install.py checks it), from the JIT builds measured on a 2-core machine (per object:
+# silu_and_mul 18 s, norm 59 + 21 s, rope 78 + 43 s, FA2 19-40 s, FA3 91-231 s at 3.6 GB) and estimates of the rest.
+# install: probe 2-5, pip and checks 20-35, FA2 + ops (15 objects at once on 16 cores, rope.cu the longest) 95-125,
+# warm-up calls 15-20 → 132-185 of 265. tests (ALL_TESTS: FA2's exactness, the goal-shape isolation, split, native
+# ops) 50-65 of 95. bench: model 20, fp32 reference 10, plain HF 15, three FA2 methods 25, the CLI pipeline 30-40,
+# FA3 5-10 once built → 105-120 of 175 (waiting for FA3's build is bounded by the phase's deadline).
+ALL_LIMIT=${ALL_LIMIT:-535}
+INSTALL_LIMIT=${INSTALL_LIMIT:-265}
+TESTS_LIMIT=${TESTS_LIMIT:-95}
+BENCH_LIMIT=${BENCH_LIMIT:-175}
+COLLECT_LIMIT=${COLLECT_LIMIT:-30}
+INSTALL_ESTIMATE=185
+TESTS_ESTIMATE=65
+BENCH_ESTIMATE=120
+COLLECT_ESTIMATE=10
+# FA3's build: 10 objects at once on 16 cores, the slowest (231 s here) ×1.1-1.3 + link → 255-300 s at nice 19,
+# started as soon as FA2's modules are built, beside the tests and the bench (which use the GPU, not the cores).
+FA3_BUILD_ESTIMATE=300
+FA3_RESERVE=25 # seconds the bench keeps for its FA3 row after waiting for the build
 KILL_AFTER=5
 # The short bench: workload a, the goal shape (1,500-token query × 100 items of 40: one 5,601-token pack per
 # query), 4 queries; the FA2 methods of bench/gpu.py (HF layers, native + torch ops, native + FlashInfer ops),
-# the whole CLI on 64 queries of that shape beside its forward alone, then native compiled (last: its compile
-# time is the least sure), beside plain HF pairs. FA3: the fa3 call (FA3_BENCH); flex, sdpa, split and
-# workload b: `bench --methods ...`.
-SHORT_BENCH=(--workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline fi-native-compile)
-FA3_BENCH=(--workloads a --queries 4 --methods hf fi-native-fi fa3)
-# Most valuable first: a phase cut at its limit loses the last module.
-GPU_TESTS=(
+# the whole CLI on 64 queries of that shape beside its forward alone, plain HF pairs, then FA3 (last: it waits
+# for its build). The compiled method, flex, sdpa, split and workload b: `bench --methods ...` in a later call.
+SHORT_BENCH=(--workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline fa3)
+# Most valuable first: a phase cut at its limit loses the last module. `all` runs ALL_TESTS (what fits its tests
+# phase with margin); a lone `tests` call runs them all.
+ALL_TESTS=(
   tests/gpu/test_flashinfer.py
+  tests/gpu/test_isolation.py
   tests/gpu/test_flashinfer_split.py
   tests/gpu/test_native_ops.py
+)
+GPU_TESTS=(
+  "${ALL_TESTS[@]}"
   tests/gpu/test_flashinfer_runs.py
   tests/gpu/test_flex_compile.py
 )
@@ -94,13 +104,113 @@ say() { echo "+ $*"; }
 say "export FLASHINFER_WORKSPACE_BASE=$FLASHINFER_WORKSPACE_BASE TORCHINDUCTOR_CACHE_DIR=$TORCHINDUCTOR_CACHE_DIR \
 TRITON_CACHE_DIR=$TRITON_CACHE_DIR MAX_JOBS=$MAX_JOBS FLASHINFER_NVCC_THREADS=$FLASHINFER_NVCC_THREADS"
 
-# run LOG CMD...: print the command; unless dry, run it with its output also appended to LOG.
+# run LOG CMD...: print the command; unless dry, run it with its output also appended to LOG. The command is kept in
+# $CACHE/step, so a phase cut at its limit says which step it cut.
 run() {
   local log=$1
   shift
   say "$(printf '%q ' "$@")"
   [ "$DRY" = 1 ] && return 0
+  printf '%q ' "$@" >"$CACHE/step" 2>/dev/null || true
   "$@" 2>&1 | tee -i -a "$log" # -i: tee outlives the phase's SIGINT and keeps the last lines
+}
+
+# --- the link probe: FlashInfer's link step proven in seconds, before minutes of compiling ---------------------
+# FlashInfer 0.6.6 takes CUDA_HOME (else the folder above `which nvcc`), compiles with $CUDA_HOME/bin/nvcc and
+# links every module with `-shared -L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda
+# $FLASHINFER_EXTRA_LDFLAGS` (jit/cpp_ext.py). A wrapper script or a link named nvcc in /usr/local/bin gives the
+# wrong folder, and the pip cuda-toolkit has no lib64/: the link then fails after every object compiled.
+
+cuda_home() {
+  # CUDA_HOME as given, else the real nvcc's: nvcc --dryrun names its own folder (_HERE_, through any wrapper),
+  # readlink -f resolves the links to it.
+  if [ -n "${CUDA_HOME:-}" ]; then
+    say "CUDA_HOME=$CUDA_HOME (given)"
+    return 0
+  fi
+  say "export CUDA_HOME=\$(dirname \$(dirname \$(readlink -f <nvcc --dryrun's _HERE_>/nvcc)))"
+  [ "$DRY" = 1 ] && return 0
+  local here real
+  here=$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1) || true
+  real=$(readlink -f "${here:-$(dirname "$(command -v nvcc)")}/nvcc")
+  CUDA_HOME=$(dirname "$(dirname "$real")")
+  export CUDA_HOME
+  echo "CUDA_HOME=$CUDA_HOME (from $real)"
+}
+
+link_once() {
+  # FlashInfer's link rule for one object, its flags in its order; the linker's output in $1.
+  # shellcheck disable=SC2086
+  ${CXX:-c++} "$PROBE/probe.o" -shared -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcudart -lcuda \
+    ${FLASHINFER_EXTRA_LDFLAGS:-} -o "$PROBE/probe.so" >"$1" 2>&1
+}
+
+find_lib() {
+  # A lib$1.so the linker can be pointed at: under CUDA_HOME (lib64, lib, targets/*/lib, their stubs/), in the pip
+  # CUDA packages on sys.path (nvidia/*/lib), or the driver's (ldconfig); the first path found, versioned or not.
+  local name=$1 f
+  for f in "$CUDA_HOME"/{lib64,lib,targets/*/lib}{,/stubs}/lib"$name".so{,.*}; do
+    [ -e "$f" ] && { echo "$f"; return 0; }
+  done
+  f=$(python3 -c 'import glob, os, sys
+found = [p for d in sys.path if d for p in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", "lib%s.so*" % sys.argv[1])))]
+print(found[0] if found else "")' "$name" 2>/dev/null || true)
+  [ -n "$f" ] || f=$(ldconfig -p 2>/dev/null | awk -v n="lib$name.so" 'index($1, n) == 1 { print $NF; exit }')
+  echo "$f"
+}
+
+probe() {
+  # Compile a two-line CUDA program with FlashInfer's nvcc, link it as FlashInfer links; where a library is not
+  # found, point FLASHINFER_EXTRA_LDFLAGS at a copy (a versioned one through a lib$name.so link in $CACHE/ld).
+  # Seconds; one line and status 1 when it cannot link. CUDA_HOME and the flags go to $CACHE/cuda.env.
+  cuda_home
+  local nvcc=${FLASHINFER_NVCC:-${CUDA_HOME:-\$CUDA_HOME}/bin/nvcc}
+  say "$nvcc -c -Xcompiler -fPIC probe.cu && ${CXX:-c++} probe.o -shared -L\$CUDA_HOME/lib64 \
+-L\$CUDA_HOME/lib64/stubs -lcudart -lcuda \$FLASHINFER_EXTRA_LDFLAGS -o probe.so (missing: -L<a copy found>)"
+  [ "$DRY" = 1 ] && return 0
+  local start=$SECONDS name lib dir out
+  PROBE="$CACHE/link-probe"
+  mkdir -p "$PROBE"
+  printf '#include <cuda.h>\n#include <cuda_runtime.h>\nint probe() { return cuInit(0) + cudaFree(0); }\n' \
+    >"$PROBE/probe.cu"
+  if ! "$nvcc" -c -Xcompiler -fPIC "$PROBE/probe.cu" -o "$PROBE/probe.o" >"$PROBE/nvcc.txt" 2>&1; then
+    echo "link probe FAILED: $nvcc (FlashInfer's compiler under CUDA_HOME=$CUDA_HOME) cannot compile: \
+$(grep -m1 -i -e error -e 'not found' "$PROBE/nvcc.txt" || tail -1 "$PROBE/nvcc.txt")" >&2
+    return 1
+  fi
+  for name in cudart cuda; do
+    link_once "$PROBE/link.txt" && break
+    grep -q -- "-l$name\b" "$PROBE/link.txt" || continue
+    lib=$(find_lib "$name")
+    [ -n "$lib" ] || continue
+    dir=$(dirname "$lib")
+    if [ "$(basename "$lib")" != "lib$name.so" ]; then # versioned only: a link the linker finds
+      dir="$CACHE/ld"
+      mkdir -p "$dir"
+      ln -sf "$lib" "$dir/lib$name.so"
+    fi
+    FLASHINFER_EXTRA_LDFLAGS="${FLASHINFER_EXTRA_LDFLAGS:+$FLASHINFER_EXTRA_LDFLAGS }-L$dir"
+    export FLASHINFER_EXTRA_LDFLAGS
+    echo "lib$name.so is not where FlashInfer links from: using $lib (FLASHINFER_EXTRA_LDFLAGS=$FLASHINFER_EXTRA_LDFLAGS)"
+  done
+  if ! link_once "$PROBE/link.txt"; then
+    out=$(grep -m1 -e "cannot find" -e "error" "$PROBE/link.txt" || tail -1 "$PROBE/link.txt")
+    echo "link probe FAILED in $((SECONDS - start)) s: ${out#*: } with CUDA_HOME=$CUDA_HOME \
+FLASHINFER_EXTRA_LDFLAGS='${FLASHINFER_EXTRA_LDFLAGS:-}' (no copy under CUDA_HOME, in sys.path's nvidia/*/lib \
+or ldconfig): set CUDA_HOME or FLASHINFER_EXTRA_LDFLAGS=-L<folder>; nothing compiled" >&2
+    return 1
+  fi
+  printf 'export CUDA_HOME=%q FLASHINFER_EXTRA_LDFLAGS=%q\n' "$CUDA_HOME" "${FLASHINFER_EXTRA_LDFLAGS:-}" \
+    >"$CACHE/cuda.env"
+  echo "link probe passed in $((SECONDS - start)) s: CUDA_HOME=$CUDA_HOME \
+FLASHINFER_EXTRA_LDFLAGS='${FLASHINFER_EXTRA_LDFLAGS:-}'"
+}
+
+cuda_env() {
+  # A later phase (its own process) takes the probe's CUDA_HOME and link flags.
+  say "source $CACHE/cuda.env  # CUDA_HOME and FLASHINFER_EXTRA_LDFLAGS the probe found"
+  # shellcheck disable=SC1091
+  [ "$DRY" = 1 ] || [ ! -f "$CACHE/cuda.env" ] || source "$CACHE/cuda.env"
 }
 
 cuda_headers() {
@@ -153,6 +263,14 @@ install() {
   [ "$DRY" = 1 ] || mkdir -p "$CACHE"
   run "$log" nvidia-smi
   run "$log" bash -c 'command -v python python3 nvcc ninja; nvcc --version | tail -1'
+  # The link first: seconds, and no JIT build starts where its link would fail after minutes of compiling.
+  local probe_status=0
+  if [ "$DRY" = 1 ]; then
+    probe
+  else
+    probe 2>&1 | tee -a "$log" || probe_status=$? # a subshell: its CUDA_HOME comes back through cuda.env
+    [ "$probe_status" != 0 ] || cuda_env >/dev/null
+  fi
   run "$log" ls -l "$WHEELS" # fails loudly when the wheels were not carried
   run "$log" python bench/install_check.py wheels "$WHEELS"
   say "python -m pip check > $OUT/pip-check-before.tmp"
@@ -202,17 +320,36 @@ install() {
   arch_list
   [ "$DRY" = 1 ] || echo "FLASHINFER_CUDA_ARCH_LIST=$FLASHINFER_CUDA_ARCH_LIST \
 FLASHINFER_EXTRA_CUDAFLAGS=${FLASHINFER_EXTRA_CUDAFLAGS:-}" >>"$log"
+  if [ "$probe_status" != 0 ]; then
+    echo "no JIT warm-up: the link probe failed (above)" | tee -a "$log" >&2
+    return 3
+  fi
+  carried_modules
   # JIT build seconds and dirty steps after it per module, first calls; kept with the caches for later calls.
+  # FA3's build starts (in the background, at low priority) as soon as FA2's modules are built.
   local warm_status=0
-  run "$log" python bench/gpu.py warmup --out "$CACHE/warmup.json" || warm_status=$?
+  run "$log" python bench/gpu.py warmup --out "$CACHE/warmup.json" --after-build "bash $SELF fa3-start" \
+    || warm_status=$?
+  [ "$DRY" = 0 ] || fa3_start # what --after-build starts
   keep_warmup
   [ "$pip_status" = 0 ] || return "$pip_status"
   return "$warm_status"
 }
 
+carried_modules() {
+  # JIT modules a former call returned (jit-modules.tar.gz, carried as JIT_MODULES): into FlashInfer's AOT folder,
+  # which FlashInfer loads from before building anything (a module there compiles nothing).
+  say "[ -f \$JIT_MODULES ] && tar -xzf \$JIT_MODULES -C <flashinfer.jit.env.FLASHINFER_AOT_DIR>"
+  [ "$DRY" = 0 ] && [ -f "${JIT_MODULES:-}" ] || return 0
+  local aot
+  aot=$(python -c 'import flashinfer.jit.env as e; print(e.FLASHINFER_AOT_DIR)') || return 0
+  mkdir -p "$aot" && tar -xzf "$JIT_MODULES" -C "$aot" && echo "carried modules in $aot: $(ls "$aot" | tr '\n' ' ')"
+}
 keep_warmup() {
-  say "cp $CACHE/warmup.json $OUT/warmup.json"
-  [ "$DRY" = 1 ] || [ ! -f "$CACHE/warmup.json" ] || cp "$CACHE/warmup.json" "$OUT/warmup.json"
+  # warmup.json in $OUT: the install's record with FA3's (warmup-fa3.json, written by the background build) merged in.
+  say "python bench/install_check.py merge $OUT/warmup.json $CACHE/warmup.json $CACHE/warmup-fa3.json"
+  [ "$DRY" = 1 ] || python bench/install_check.py merge "$OUT/warmup.json" "$CACHE/warmup.json" \
+    "$CACHE/warmup-fa3.json" || true
 }
 
 installed() {
@@ -231,17 +368,18 @@ installed() {
     install || status=$?
     [ "$status" = 0 ] || echo "install ended with status $status (see $OUT/install.log); going on" >&2
   fi
+  cuda_env
   arch_list
 }
 
 no_fa3() {
-  # FA3 runs only where warmup.json holds its build time and a successful call: else SCORE_BATCH_NO_FA3 (the reason)
-  # makes tests/gpu skip FA3 and gpu.py refuse its method, instead of building it inside a phase that cannot fit it.
-  say "python bench/install_check.py fa3 $CACHE/warmup.json → export SCORE_BATCH_NO_FA3=<why FA3 is not proven>"
+  # FA3 runs only where warmup-fa3.json holds its build time and a successful call: else SCORE_BATCH_NO_FA3 (the
+  # reason) makes tests/gpu skip FA3 and gpu.py refuse its method, instead of building it inside a phase.
+  say "python bench/install_check.py fa3 $CACHE/warmup-fa3.json → export SCORE_BATCH_NO_FA3=<why FA3 is not proven>"
   unset SCORE_BATCH_NO_FA3
   [ "$DRY" = 0 ] || return 0
   local why
-  why=$(python bench/install_check.py fa3 "$CACHE/warmup.json" || echo "bench/install_check.py fa3 failed")
+  why=$(python bench/install_check.py fa3 "$CACHE/warmup-fa3.json" || echo "bench/install_check.py fa3 failed")
   if [ -n "$why" ]; then
     export SCORE_BATCH_NO_FA3="$why"
     echo "SCORE_BATCH_NO_FA3: FA3 tests skipped, its bench method refused ($why)"
@@ -253,119 +391,129 @@ tests() {
   no_fa3
   say "export SCORE_BATCH_REQUIRE_GPU=1"
   export SCORE_BATCH_REQUIRE_GPU=1
+  local modules=("${GPU_TESTS[@]}")
+  [ "${GPU_CHECK_ALL:-0}" = 0 ] || modules=("${ALL_TESTS[@]}")
   # A failed import in one module must not stop the others (flex needs only CUDA).
-  run "$OUT/gpu-tests.txt" python -m pytest -q -rA "${GPU_TESTS[@]}" --junitxml="$OUT/gpu-tests.xml" \
+  run "$OUT/gpu-tests.txt" python -m pytest -q -rA "${modules[@]}" --junitxml="$OUT/gpu-tests.xml" \
     --continue-on-collection-errors --durations=0 -p no:cacheprovider
 }
 
 bench() {
   installed
   no_fa3
+  local status_file="$CACHE/fa3-build.status"
+  if [ "$DRY" = 1 ] || { [ -f "$CACHE/fa3-build.pid" ] && [ ! -f "$status_file" ]; }; then
+    # FA3's build is still running: gpu.py waits for it when it reaches the fa3 method, until FA3_RESERVE s
+    # before this phase's limit, then benches FA3 if it built and its first call succeeded (warmup-fa3.json).
+    local deadline=$(($(date +%s) + ${PHASE_LIMIT:-$BENCH_LIMIT} - FA3_RESERVE))
+    say "export GPU_CHECK_FA3_STATUS=$status_file GPU_CHECK_FA3_RECORD=$CACHE/warmup-fa3.json \
+GPU_CHECK_FA3_DEADLINE=<this phase's limit - $FA3_RESERVE s>  # while FA3's build runs"
+    export GPU_CHECK_FA3_STATUS="$status_file" GPU_CHECK_FA3_RECORD="$CACHE/warmup-fa3.json"
+    export GPU_CHECK_FA3_DEADLINE=$deadline
+    unset SCORE_BATCH_NO_FA3
+  fi
   run "$OUT/bench.txt" python bench/gpu.py bench --out "$OUT/gpu.json" "$@"
 }
 
-fa3_build() {
-  # FA3's build runs in the background (setsid: the phase's limit and the call's end do not stop it), so its objects
-  # land in the JIT cache even when this call ends first; the next fa3 call waits for a build still running or
-  # resumes it (ninja keeps every finished object). This phase waits for it until its own limit is near.
-  installed
-  [ "$DRY" = 1 ] || mkdir -p "$CACHE"
-  local pid_file="$CACHE/fa3-build.pid" status_file="$CACHE/fa3-build.status" log="$CACHE/fa3-build.log" pid=""
-  [ "$DRY" = 1 ] || [ ! -f "$pid_file" ] || pid=$(cat "$pid_file")
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    echo "an earlier call's FA3 build (pid $pid) is still running: waiting for it"
-  else
-    say "rm -f $status_file; setsid bash -c 'python bench/gpu.py warmup --fa3 --out $CACHE/warmup.json; \
-echo \$? > $status_file' > $log 2>&1 < /dev/null & echo \$! > $pid_file"
-    if [ "$DRY" = 0 ]; then
-      rm -f "$status_file"
-      # shellcheck disable=SC2016
-      env -u SCORE_BATCH_NO_FA3 setsid bash -c 'python bench/gpu.py warmup --fa3 --out "$1"; echo $? > "$2"' \
-        fa3-build "$CACHE/warmup.json" "$status_file" >"$log" 2>&1 </dev/null &
-      echo $! >"$pid_file"
-    fi
-  fi
-  local deadline=$((${PHASE_LIMIT:-$FA3_BUILD_LIMIT} - 15)) # SECONDS counts from this phase's start
-  say "sleep 2 until $status_file exists or this phase's limit is 15 s away"
-  if [ "$DRY" = 0 ]; then
-    while [ ! -f "$status_file" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 2; done
-    cp "$log" "$OUT/fa3-build.log" 2>/dev/null || true
-  fi
+fa3_start() {
+  # FA3's build (and first call) in the background at nice 19, started by the warm-up as soon as FA2's modules are
+  # built: its 10 objects use the cores while the tests and the bench use the GPU. setsid: neither a phase's limit
+  # nor the call's end stops it; it records into warmup-fa3.json, then writes its status.
+  local status_file="$CACHE/fa3-build.status" log="$CACHE/fa3-build.log"
+  say "rm -f $status_file; setsid nice -n 19 bash -c 'python bench/gpu.py warmup --fa3 --out $CACHE/warmup-fa3.json; \
+echo \$? > $status_file' > $log 2>&1 < /dev/null & echo \$! > $CACHE/fa3-build.pid  # estimate ${FA3_BUILD_ESTIMATE} s"
+  [ "$DRY" = 0 ] || return 0
+  cuda_env >/dev/null
+  mkdir -p "$CACHE"
+  rm -f "$status_file"
+  # shellcheck disable=SC2016
+  env -u SCORE_BATCH_NO_FA3 setsid nice -n 19 bash -c 'python bench/gpu.py warmup --fa3 --out "$1"; echo $? > "$2"' \
+    fa3-build "$CACHE/warmup-fa3.json" "$status_file" >"$log" 2>&1 </dev/null &
+  echo $! >"$CACHE/fa3-build.pid"
+  echo "FA3's build started in the background (pid $!, log $log)"
+}
+
+collect() {
+  # What a later call can use: warmup.json with FA3's record, the built modules' .so files in one archive (≤ 16 MiB,
+  # the device's limit per file; FA3's left out when too big), the end of FA3's build log in install.log.
   keep_warmup
-  no_fa3
-  if [ "$DRY" = 0 ] && [ -n "${SCORE_BATCH_NO_FA3:-}" ]; then
-    [ -f "$status_file" ] || echo "the FA3 build goes on in the background: call fa3 again (it resumes from $CACHE)"
-    return 1
+  local archive="$OUT/jit-modules.tar.gz" log="$CACHE/fa3-build.log" ops
+  say "tar -czf $archive -C <the JIT cache's cached_ops> <module>/<module>.so ...  # at most 16 MiB"
+  say "tail -n 40 $log >> $OUT/install.log"
+  [ "$DRY" = 0 ] || return 0
+  if [ -f "$log" ]; then
+    { echo "--- FA3's build ($([ -f "$CACHE/fa3-build.status" ] && echo "status $(cat "$CACHE/fa3-build.status")" \
+        || echo "still running at the end of the call")), the end of $log:"; tail -n 40 "$log"; } >>"$OUT/install.log"
   fi
-}
-
-fa3_unproven() {
-  # The FA3 tests and bench only once warmup.json proves FA3 (a lone phase checks for itself).
-  no_fa3
-  if [ "$DRY" = 0 ] && [ -n "${SCORE_BATCH_NO_FA3:-}" ]; then
-    echo "not run: $SCORE_BATCH_NO_FA3"
-    return 0
+  ops=$(find "$CACHE/.cache/flashinfer" -type d -name cached_ops 2>/dev/null | head -1) || true
+  [ -n "$ops" ] || return 0
+  local names=() so name
+  for so in "$ops"/*/*.so; do
+    [ -f "$so" ] || continue
+    name=$(basename "$(dirname "$so")")
+    if [ "$(basename "$so")" = "$name.so" ]; then names+=("$name/$name.so"); fi
+  done
+  [ "${#names[@]}" -gt 0 ] || return 0
+  tar -czf "$archive" -C "$ops" "${names[@]}"
+  if [ "$(stat -c %s "$archive")" -gt $((16 * 1024 * 1024)) ]; then
+    echo "jit-modules.tar.gz is over 16 MiB with FA3: FA2 and the ops only" >&2
+    local kept=()
+    for name in "${names[@]}"; do [[ $name == *sm90* ]] || kept+=("$name"); done
+    tar -czf "$archive" -C "$ops" "${kept[@]}"
   fi
-  return 1
-}
-
-fa3_tests() {
-  installed
-  fa3_unproven && return 1
-  say "export SCORE_BATCH_REQUIRE_GPU=1"
-  export SCORE_BATCH_REQUIRE_GPU=1
-  run "$OUT/gpu-tests-fa3.txt" python -m pytest -q -rA -k fa3 tests/gpu/test_flashinfer.py \
-    --junitxml="$OUT/gpu-tests-fa3.xml" --durations=0 -p no:cacheprovider
-}
-
-fa3_bench() {
-  installed
-  fa3_unproven && return 1
-  run "$OUT/bench-fa3.txt" python bench/gpu.py bench --out "$OUT/gpu-fa3.json" "${FA3_BENCH[@]}"
+  echo "jit-modules.tar.gz: $(tar -tzf "$archive" | tr '\n' ' ')($(($(stat -c %s "$archive") / 1024)) KiB)"
 }
 
 ALL_START=$SECONDS
 PLANNED=0 # dry run: the seconds the earlier phases may take at most
 
-# phase NAME LIMIT LATER CMD...: run a phase under its limit plus the time earlier phases left unused (LATER:
-# the later phases' own limits, kept for them; TOTAL: the call's), record its status, time and limit in summary.txt.
+# phase NAME LIMIT ESTIMATE LATER CMD...: run a phase under its limit plus the time earlier phases left unused
+# (LATER: the later phases' own limits, kept for them; TOTAL: the call's), record its status, time, limit and
+# estimate in summary.txt, and the step it was running when its limit cut it.
 phase() {
-  local name=$1 own=$2 later=$3
-  shift 3
-  local start=$SECONDS status=0 elapsed limit
+  local name=$1 own=$2 estimate=$3 later=$4
+  shift 4
+  local start=$SECONDS status=0 elapsed limit cut=""
   elapsed=$((DRY == 1 ? PLANNED : SECONDS - ALL_START))
   limit=$((TOTAL - elapsed - later))
   [ "$limit" -ge "$own" ] || limit=$own # never below its own share (the device's 600 s still stops all)
   PLANNED=$((PLANNED + limit))
+  say "phase $name: estimate $estimate s, limit $limit s (own share $own)"
   say "GPU_CHECK_ALL=$IN_ALL PHASE_LIMIT=$limit timeout -s INT --kill-after=$KILL_AFTER $limit bash $SELF $*"
   if [ "$DRY" = 1 ]; then
     local run_phase=${1//-/_} # the phase's function
     shift
     GPU_CHECK_ALL=$IN_ALL PHASE_LIMIT=$limit "$run_phase" "$@"
-  else
-    # A child under `timeout`: the phase's own commands stop at the limit, what they wrote stays.
-    # SIGINT, not SIGTERM: pytest then still writes its summary and junit XML.
-    GPU_CHECK_ALL=$IN_ALL PHASE_LIMIT=$limit timeout -s INT --kill-after=$KILL_AFTER "$limit" bash "$SELF" "$@" \
-      || status=$?
+    echo "$name exit=<status> seconds=<time> limit=$limit estimate=$estimate  >> $OUT/summary.txt"
+    return 0
   fi
-  if [ "$DRY" = 1 ]; then
-    echo "$name exit=<status> seconds=<time> limit=$limit  >> $OUT/summary.txt"
-  else
-    echo "$name exit=$status seconds=$((SECONDS - start)) limit=$limit" | tee -a "$OUT/summary.txt"
+  rm -f "$CACHE/step"
+  # A child under `timeout`: the phase's own commands stop at the limit, what they wrote stays.
+  # SIGINT, not SIGTERM: pytest then still writes its summary and junit XML.
+  GPU_CHECK_ALL=$IN_ALL PHASE_LIMIT=$limit timeout -s INT --kill-after=$KILL_AFTER "$limit" bash "$SELF" "$@" \
+    || status=$?
+  if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+    cut=" cut at its limit in: $(cat "$CACHE/step" 2>/dev/null || echo "<no step recorded>")"
   fi
+  echo "$name exit=$status seconds=$((SECONDS - start)) limit=$limit estimate=$estimate$cut" | tee -a "$OUT/summary.txt"
   return 0
 }
 
 summary_status() {
-  if [ "$DRY" = 0 ] && grep -qv "exit=0 " "$OUT/summary.txt"; then
-    echo "some phase failed: see $OUT/summary.txt" >&2
-    exit 1
+  # 0: every phase ended well; 1: data came back, but a phase failed or was cut; 3: nothing to report.
+  [ "$DRY" = 0 ] || return 0
+  grep -qv "exit=0 " "$OUT/summary.txt" || return 0
+  if [ ! -s "$OUT/gpu.json" ] && [ ! -s "$OUT/gpu-tests.xml" ]; then
+    echo "nothing to report: no test results and no gpu.json (see $OUT/summary.txt and install.log)" >&2
+    exit 3
   fi
+  echo "data came back, but a phase failed or was cut: see $OUT/summary.txt" >&2
+  exit 1
 }
 
-[ "$DRY" = 1 ] || mkdir -p "$OUT"
+[ "$DRY" = 1 ] || mkdir -p "$OUT" "$CACHE"
 case "${1:-}" in
-  install | tests | fa3-build | fa3-tests | fa3-bench)
+  probe | install | tests | fa3-start | collect)
     "${1//-/_}"
     ;;
   bench)
@@ -376,22 +524,15 @@ case "${1:-}" in
     say ": > $OUT/summary.txt"
     [ "$DRY" = 1 ] || : >"$OUT/summary.txt"
     TOTAL=$ALL_LIMIT IN_ALL=1
-    phase install "$INSTALL_LIMIT" $((TESTS_LIMIT + BENCH_LIMIT)) install
-    phase tests "$TESTS_LIMIT" "$BENCH_LIMIT" tests
-    phase bench "$BENCH_LIMIT" 0 bench "${SHORT_BENCH[@]}"
-    summary_status
-    ;;
-  fa3)
-    say ": > $OUT/summary.txt"
-    [ "$DRY" = 1 ] || : >"$OUT/summary.txt"
-    TOTAL=$FA3_LIMIT IN_ALL=0
-    phase fa3-build "$FA3_BUILD_LIMIT" $((FA3_TESTS_LIMIT + FA3_BENCH_LIMIT)) fa3-build
-    phase fa3-tests "$FA3_TESTS_LIMIT" "$FA3_BENCH_LIMIT" fa3-tests
-    phase fa3-bench "$FA3_BENCH_LIMIT" 0 fa3-bench
+    phase install "$INSTALL_LIMIT" "$INSTALL_ESTIMATE" $((TESTS_LIMIT + BENCH_LIMIT)) install
+    phase tests "$TESTS_LIMIT" "$TESTS_ESTIMATE" "$BENCH_LIMIT" tests
+    phase bench "$BENCH_LIMIT" "$BENCH_ESTIMATE" 0 bench "${SHORT_BENCH[@]}"
+    TOTAL=$((ALL_LIMIT + COLLECT_LIMIT))
+    phase collect "$COLLECT_LIMIT" "$COLLECT_ESTIMATE" 0 collect
     summary_status
     ;;
   *)
-    echo "usage: bash bench/gpu_check.sh [--dry-run] install|tests|bench|all|fa3 [bench/gpu.py bench arguments]" >&2
+    echo "usage: bash bench/gpu_check.sh [--dry-run] probe|install|tests|bench|all [bench/gpu.py bench arguments]" >&2
     exit 2
     ;;
 esac

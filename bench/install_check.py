@@ -6,6 +6,7 @@ python bench/install_check.py pip-check BEFORE AFTER   `pip check` after the ins
                                                   that was not there before, but the known omissions
 python bench/install_check.py fa3 WARMUP_JSON     prints why FA3 may not run yet (nothing when warmup.json
                                                   holds its build time and a successful call)
+python bench/install_check.py merge OUT RECORD...  warm-up records merged into OUT (missing ones left out)
 """
 
 from __future__ import annotations
@@ -100,18 +101,37 @@ def fa3_unproven(warmup: dict | None) -> str | None:
     """Why FA3 may not run: None only when a warm-up recorded FA3's build time without an error and a successful
     first call (bench/gpu.py warmup --fa3); tests/gpu skip FA3 and the bench refuses it otherwise."""
     if warmup is None:
-        return "no warmup.json on this machine: FA3 was never built here (bash bench/gpu_check.sh fa3)"
+        return (
+            "no FA3 record on this machine: FA3 was never built here (bash bench/gpu_check.sh all builds it)"
+        )
     build, call = warmup.get("jit", {}).get("fa3", {}), warmup.get("calls", {}).get("fa3", {})
     if "error" in build:
         return f"FA3 did not build in the warm-up (warmup.json): {build['error'][-300:]}"
     if "skipped" in build:
         return f"FA3 was not built: {build['skipped']}"
     if "seconds" not in build:
-        return "FA3 is not built on this machine: `all` leaves it out (bash bench/gpu_check.sh fa3 builds it)"
+        return "FA3 is not built on this machine (bash bench/gpu_check.sh all builds it)"
     if "first_call_s" not in call:
         why = call.get("error", "no call recorded")[-300:]
         return f"FA3 built in {build['seconds']} s but its warm-up call did not succeed: {why}"
     return None
+
+
+def merge_records(out: Path, records: list[Path]) -> None:
+    """Warm-up records (bench/gpu.py warmup --out) merged into `out`: their per-module dicts joined, later ones
+    winning; records that do not exist are left out, and nothing is written when none does."""
+    merged: dict = {}
+    for path in records:
+        if not path.exists():
+            continue
+        for key, value in json.loads(path.read_text()).items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    if merged:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(merged, indent=2) + "\n")
 
 
 def main(argv: list[str]) -> int:
@@ -143,6 +163,9 @@ def main(argv: list[str]) -> int:
         path = Path(argv[1])
         why = fa3_unproven(json.loads(path.read_text()) if path.exists() else None)
         print(why or "", end="\n" if why else "")
+        return 0
+    if argv[:1] == ["merge"] and len(argv) >= 3:
+        merge_records(Path(argv[1]), [Path(a) for a in argv[2:]])
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -34,7 +34,8 @@ def prove_ops(
     name: str, device: torch.device, dtype: torch.dtype, hidden_size: int, head_dim: int
 ) -> str | None:
     """Run each kernel of the named ops once as the native layers call them (RMSNorm of rows and of strided q/k
-    heads, fused add + RMSNorm, RoPE on strided q/k views, SiLU·mul) against TorchOps; the device is synchronized.
+    heads, fused add + RMSNorm, RoPE on strided q/k views, the q/k norms + RoPE in place on them, SiLU·mul)
+    against TorchOps; the device is synchronized.
     The cause of the first exception or difference beyond OPS_BOUNDS, with the kernel's name; None when all agree."""
     bound = OPS_BOUNDS.get(dtype, EXACT)
     generator = torch.Generator().manual_seed(0)
@@ -60,6 +61,12 @@ def prove_ops(
         kernel.rope(kernel.rope_tables(positions, cos_sin, dtype), q, k, head_dim)
         return torch.cat([q, k], dim=-1)
 
+    def qk_norm_rope(kernel: Ops) -> torch.Tensor:
+        q, k, _ = qkv.clone().split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        norms = (weight[:head_dim], weight[head_dim : 2 * head_dim], 1e-6)  # q/k norms, in place where fused
+        tables = kernel.rope_tables(positions, cos_sin, dtype)
+        return torch.cat(kernel.qk_norm_rope(tables, q, k, norms, head_dim), dim=-1)
+
     checks = {
         "rms_norm": lambda kernel: kernel.rms_norm(x, weight, 1e-6),
         "rms_norm of q/k heads": q_heads,
@@ -67,6 +74,7 @@ def prove_ops(
             kernel.add_rms_norm(x.clone(), residual.clone(), weight, 1e-6)
         ),
         "rope": rope,
+        "q/k norms + rope on strided views": qk_norm_rope,
         "silu_mul": lambda kernel: kernel.silu_mul(torch.cat([x, residual], dim=-1)),
     }
     try:

@@ -366,24 +366,39 @@ def load_planner(model_dir, config: EngineConfig, prove: bool = False) -> tuple[
     return planner, setup
 
 
+NO_JIT = " (no nvcc here: checked with FLASHINFER_DISABLE_JIT=1, FlashInfer's prebuilt kernels only)"
+
+
 def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
     """The setup with every FlashInfer kernel it names proven on its device (engine/proof.py), or auto's fallback
     (ops → torch; attention → flex, else sdpa) with one warning naming the cause, recorded in fallbacks (and so
-    in the run report); an explicit `flashinfer` fails the load with a SettingError (exit 2) naming it."""
+    in the run report); an explicit `flashinfer` fails the load with a SettingError (exit 2) naming it. auto
+    without a CUDA compiler proves with FLASHINFER_DISABLE_JIT=1: a kernel FlashInfer has not prebuilt fails at
+    once instead of a JIT build that cannot succeed (docs/operations.md, FlashInfer without a JIT)."""
     from score_batch.engine import proof  # runs kernels: imported only for a load
+    from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
 
     fallbacks = list(setup.fallbacks)
     ops, backend = setup.ops, setup.backend
     if ops == "flashinfer":
-        cause = proof.prove_ops(
-            "flashinfer", setup.device, setup.dtype, setup.info.hidden_size, setup.info.head_dim
-        )
+        # auto without a compiler: FlashInfer's prebuilt kernels only, a missing one fails at once (no JIT)
+        with jit_disabled_without_compiler(config.ops == "auto") as no_jit:
+            cause = proof.prove_ops(
+                "flashinfer", setup.device, setup.dtype, setup.info.hidden_size, setup.info.head_dim
+            )
+        if cause is not None and no_jit:
+            cause += NO_JIT
         if cause is not None:
+            _reset_failed_builds()
             ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
             fallbacks.append(f"ops flashinfer → torch: {cause}")
     if backend == "flashinfer":
-        cause = proof.prove_attention("flashinfer", setup.device, setup.dtype, setup.info.head_dim)
+        with jit_disabled_without_compiler(config.backend == "auto") as no_jit:
+            cause = proof.prove_attention("flashinfer", setup.device, setup.dtype, setup.info.head_dim)
+        if cause is not None and no_jit:
+            cause += NO_JIT
         if cause is not None:
+            _reset_failed_builds()
             need = workload(setup.info, config, setup.device, setup.dtype)
             instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
             backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
@@ -392,6 +407,19 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
     return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
+
+
+def _reset_failed_builds() -> None:
+    """After a kernel failed its check: FlashInfer 0.6.6 keeps a failed module's build.ninja, so a rerun with the
+    environment fixed (CUDA_HOME, link flags) would fail the same way; reset those modules (flashinfer_jit)."""
+    try:
+        from score_batch.engine.attention.flashinfer_jit import remove_failed_builds
+
+        reset = remove_failed_builds()
+    except Exception:  # noqa: BLE001  (no JIT package, a stand-in: nothing to reset)
+        return
+    if reset:
+        log.info("FlashInfer modules whose build failed, reset for the next build: %s", ", ".join(reset))
 
 
 def _fall_back(field: str, asked: str, name: str, instead: str, cause: str, device: torch.device) -> str:

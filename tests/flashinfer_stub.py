@@ -66,7 +66,13 @@ class FlashInferStub:
             input = torch.as_strided(
                 input, input.shape, torch.empty(input.shape).stride(), input.storage_offset()
             )
-        return _rms(input.float(), weight.float(), eps).to(input.dtype)
+        result = _rms(input.float(), weight.float(), eps).to(input.dtype)
+        if out is None:
+            return result
+        assert out.shape == input.shape and out.stride(-1) == 1, "out: the input's shape, last dim contiguous"
+        return out.copy_(
+            result
+        )  # through out's strides (FlashInfer's QK RMSNorm writes them), in place or not
 
     def fused_add_rmsnorm(self, input, residual, weight, eps=1e-6, enable_pdl=None):
         self.build("norm")
@@ -115,6 +121,11 @@ class _PagedPrefill:
     def run(self, q, paged_kv_cache, out=None):
         self.stub.build("batch_prefill")
         _check_16bit(q)
+        assert q.stride(-1) == 1, "q: last dim contiguous (FlashInfer reads its token and head strides)"
+        k_cache, v_cache = paged_kv_cache
+        assert k_cache.stride() == v_cache.stride(), (
+            "k/v strides differ (FlashInfer's paged run refuses them)"
+        )
         k_pages, v_pages = (t[:, 0] for t in paged_kv_cache)  # [pages, kv_heads, d]
         group = q.shape[1] // k_pages.shape[1]
         out = torch.empty_like(q) if out is None else out

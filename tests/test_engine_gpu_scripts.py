@@ -45,12 +45,13 @@ def test_bench_figures_helpers():
         "fi-native-torch",
         "fi-native-fi",
         "pipeline",
-        "fi-native-compile",
+        "fa3",  # last: it waits for FA3's background build
     ]
-    assert gpu.FA3_METHODS == ["hf", "fi-native-fi", "fa3"]  # `gpu_check.sh fa3`: FA3 beside FA2, same ops
+    script = (ROOT / "bench" / "gpu_check.sh").read_text()
+    assert f"--methods {' '.join(gpu.SHORT_METHODS)})" in script  # gpu_check.sh all's bench
     methods = gpu.METHODS
     assert all(methods[m].backend == "flashinfer" for m in gpu.SHORT_METHODS[1:] if m != "pipeline")
-    assert "fa3" not in gpu.SHORT_METHODS and "fa3" in gpu.DEFAULT_METHODS
+    assert "fi-native-compile" not in gpu.SHORT_METHODS and "fi-native-compile" in gpu.DEFAULT_METHODS
     assert (methods["fi-hf-layers"].layers, methods["fi-native-torch"].ops) == ("transformers", "torch")
     assert (methods["fi-native-fi"].layers, methods["fi-native-fi"].ops) == ("native", "flashinfer")
     compiled = methods["fi-native-compile"]

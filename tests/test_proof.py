@@ -47,8 +47,10 @@ def test_correct_kernels_pass_and_every_module_runs(stub):
     assert prove_attention("flashinfer", CPU, torch.bfloat16, head_dim=32) is None
     assert {"norm", "rope", "activation", "batch_prefill"} <= set(stub.built)
     # q/k norm reads the heads of the fused QKV output through their strides: no copy is made for the kernel
+    # (the q norm alone, then the q/k norms + RoPE in place: q's heads and k's head)
     heads = [(shape, strides) for _, shape, strides in stub.norm_inputs if len(shape) == 3]
-    assert heads == [((5, 2, 32), ((2 + 2 * 1) * 32, 32, 1))]
+    row = (2 + 2 * 1) * 32
+    assert heads == [((5, 2, 32), (row, 32, 1)), ((5, 2, 32), (row, 32, 1)), ((5, 1, 32), (row, 32, 1))]
 
 
 def test_a_cpu_setup_runs_no_kernel(stub, qwen3_causal):
@@ -159,3 +161,37 @@ def test_the_cli_reports_the_fallback_and_exits_2_when_flashinfer_was_asked_for(
     )  # the score identity is the proven setup's: --reuse matches across them
     ran = run_cli(data, "-o", tmp_path / "explicit.parquet", "--backend", "flashinfer", *common)
     assert ran.returncode == 2 and "Could not find nvcc" in ran.stderr and "--backend" in ran.stderr
+
+
+@pytest.mark.parametrize("compiler", [False, True], ids=["no-nvcc", "nvcc"])
+def test_auto_without_a_compiler_proves_with_flashinfers_jit_disabled(
+    stub, qwen3_causal, monkeypatch, tmp_path, compiler
+):
+    """--ops/--backend auto with no nvcc FlashInfer would find: FLASHINFER_DISABLE_JIT=1 for the proof (a module
+    not prebuilt fails at once, as FlashInfer's MissingJITCacheError), the fallback says so, the variable is
+    restored; with a compiler (or an explicit setting) the proof runs as before."""
+    import os
+
+    home = tmp_path / "cuda"  # CUDA_HOME: where FlashInfer looks for bin/nvcc first
+    (home / "bin").mkdir(parents=True)
+    if compiler:
+        (home / "bin" / "nvcc").write_text("#!/bin/sh\n")
+        (home / "bin" / "nvcc").chmod(0o755)
+    for name in ("FLASHINFER_NVCC", "CUDA_PATH", "FLASHINFER_DISABLE_JIT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    seen = []
+
+    def build(module):
+        seen.append(os.environ.get("FLASHINFER_DISABLE_JIT"))
+        if os.environ.get("FLASHINFER_DISABLE_JIT"):
+            raise RuntimeError("JIT compilation is disabled via FLASHINFER_DISABLE_JIT environment variable")
+
+    stub.build = build
+    proven = prove_setup(_cuda_like_setup(qwen3_causal), EngineConfig(device="cpu", dtype="bfloat16"))
+    assert "FLASHINFER_DISABLE_JIT" not in os.environ  # restored after the proof
+    if compiler:
+        assert set(seen) == {None} and proven.fallbacks == ()
+        return
+    assert set(seen) == {"1"} and (proven.ops, proven.backend) == ("torch", "flex")
+    assert all("JIT compilation is disabled" in f and "no nvcc here" in f for f in proven.fallbacks)

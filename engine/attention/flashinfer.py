@@ -41,6 +41,14 @@ WORKSPACE_BYTES = 256 * 1024 * 1024
 KERNELS = ("fa2", "fa3")
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, head_dim] as FlashInfer's run reads it: any token stride, heads packed in a row and the
+    last dimension contiguous (a view of the QKV output as it is; else a contiguous copy)."""
+    if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:
+        return x
+    return x.contiguous()
+
+
 def _to_device(array, device: torch.device) -> torch.Tensor:
     """A host array on the device, copied from pinned memory without blocking the host."""
     host = torch.from_numpy(array)
@@ -147,7 +155,7 @@ class FlashInferPlan:
             )
         if not self._planned:
             self._plan(query, key, scaling)
-        q = query[0].transpose(0, 1).contiguous()  # [num_tokens, num_heads, head_dim]
+        q = _rows(query[0].transpose(0, 1))  # [num_tokens, num_heads, head_dim], strided rows kept
         k, v = self._paged(key, value, layer)  # [pages, page_size=1, kv_heads, head_dim] each
         out = self._output(q, v)
         return self._wrapper.run(q, (k, v), out=out).unsqueeze(0)  # [1, num_tokens, num_heads, head_dim]
@@ -156,8 +164,12 @@ class FlashInferPlan:
         """This layer's paged K and V; storing packs put their query K/V, cached queries are copied in."""
         meta = self._meta
         if not meta.cached and (self._cache is None or not meta.stored):
-            k = key[0].transpose(0, 1).contiguous().unsqueeze(1)  # [pages=num_tokens, 1, kv_heads, head_dim]
-            return k, value[0].transpose(0, 1).contiguous().unsqueeze(1)
+            # [pages=num_tokens, 1, kv_heads, head_dim] views: FlashInfer reads the pages through their strides
+            # and needs K's and V's equal (the native layers' k and v are views of one QKV output); else copies
+            k, v = (x[0].transpose(0, 1).unsqueeze(1) for x in (key, value))
+            if k.stride() != v.stride() or k.stride(-1) != 1 or k.stride(-2) != k.shape[-1]:
+                k, v = k.contiguous(), v.contiguous()
+            return k, v
         tokens = key.shape[2]
         shape = (meta.pages, 1, key.shape[1], key.shape[3])  # [pages, 1, kv_heads, head_dim]
         if self._pages is None or self._pages[0].shape != shape or self._pages[0].dtype != key.dtype:

@@ -97,10 +97,10 @@ class Attention(nn.Module):
         tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
-            q = self.q_norm(q.reshape(tokens, -1, self.head_dim)).view(tokens, self.q_size)
-            k = self.k_norm(k.reshape(tokens, -1, self.head_dim)).view(tokens, self.kv_size)
-        self.ops.rope(rope, q, k, self.head_dim)
+        norms = None
+        if self.q_norm is not None:  # per-head RMSNorms of q and k, then RoPE: one call of the ops
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        q, k = self.ops.qk_norm_rope(rope, q, k, norms, self.head_dim)  # views of qkv where the ops allow
         out = plan.attend(
             q.view(1, tokens, -1, self.head_dim).transpose(1, 2),  # [1, heads, tokens, head_dim]
             k.view(1, tokens, -1, self.head_dim).transpose(1, 2),  # [1, kv_heads, tokens, head_dim]

@@ -4,7 +4,8 @@
 in float32, the residual added in the model's dtype, RoPE as q·cos + rotate_half(q)·sin with cos/sin
 cast to the model's dtype, silu(gate)·up), so fp32 results equal plain transformers'. `FlashInferOps`
 runs FlashInfer's fused CUDA kernels (the ones SGLang's layers call): RMSNorm with the residual add
-fused in place, RoPE in place from the float32 cos/sin cache, SiLU·mul in one pass.
+fused in place, RoPE in place from the float32 cache, SiLU·mul in one pass, and the q/k norms written in
+place into the QKV projection's output, so q, k and v stay views of it and the attention copies none of them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,29 @@ class Ops(Protocol):
         """silu(gate) * up of gate_up [tokens, 2 * intermediate] → [tokens, intermediate]."""
         ...
 
+    def qk_norm_rope(
+        self,
+        tables: object,  # rope_tables(positions, cos_sin, dtype)
+        q: torch.Tensor,  # [tokens, heads * head_dim], rows may be strided (a view of the QKV output)
+        k: torch.Tensor,  # [tokens, kv_heads * head_dim]
+        norms: tuple | None,  # (q_weight [head_dim], k_weight [head_dim], eps) of per-head RMSNorms, or None
+        head_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-head q/k RMSNorms (when given), then RoPE: (q, k), the given views rotated in place, or
+        new tensors where the norms do not write in place."""
+        ...
+
+
+def _qk_norm_rope(ops, tables, q, k, norms, head_dim):
+    """qk_norm_rope from rms_norm and rope: the norms' outputs are new tensors, rotated in place."""
+    if norms is not None:
+        q_weight, k_weight, eps = norms
+        tokens = q.shape[0]
+        q = ops.rms_norm(q.reshape(tokens, -1, head_dim), q_weight, eps).view(tokens, -1)
+        k = ops.rms_norm(k.reshape(tokens, -1, head_dim), k_weight, eps).view(tokens, -1)
+    ops.rope(tables, q, k, head_dim)
+    return q, k
+
 
 class TorchOps:
     """Plain torch, the formulas of transformers' modules (exact against them in float32)."""
@@ -89,6 +113,9 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def qk_norm_rope(self, tables, q, k, norms, head_dim):
+        return _qk_norm_rope(self, tables, q, k, norms, head_dim)
+
 
 class FlashInferOps:
     """FlashInfer's norm / rope / activation kernels (CUDA, bfloat16 or float16 activations only: the kernels
@@ -104,6 +131,7 @@ class FlashInferOps:
         self._norm = flashinfer.norm
         self._rope = flashinfer.rope
         self._activation = flashinfer.activation
+        self._fused = _fused_qk()  # the Triton q/k-norm + RoPE kernel, None without triton
 
     def rms_norm(self, x, weight, eps):
         # [rows, features], or q/k heads [tokens, heads, head_dim]: the kernel reads strided views, no copy
@@ -125,6 +153,33 @@ class FlashInferOps:
 
     def silu_mul(self, gate_up):
         return self._activation.silu_and_mul(gate_up)
+
+    def qk_norm_rope(self, tables, q, k, norms, head_dim):
+        """One Triton launch where q and k are the QKV output's adjacent views (engine/native/fused_qk.py);
+        else each norm written in place over its heads' strided view (FlashInfer's QK RMSNorm reads and writes
+        through strides, each element read before it is written), then RoPE in place: three launches (FlashInfer
+        0.6.6 has no fused norm + RoPE). Either way no copy: q and k stay views with v's strides."""
+        fused = self._fused
+        if fused is not None and fused.runs_on(q) and fused.fusable(q, k, head_dim):
+            positions, cos_sin = tables
+            fused.qk_norm_rope(q, k, positions, cos_sin, norms, head_dim)
+            return q, k
+        if norms is not None:
+            q_weight, k_weight, eps = norms
+            for x, weight in ((q, q_weight), (k, k_weight)):
+                heads = x.view(x.shape[0], -1, head_dim)  # [tokens, heads, head_dim], a view
+                self._norm.rmsnorm(heads, weight, eps, out=heads)
+        self.rope(tables, q, k, head_dim)
+        return q, k
+
+
+def _fused_qk():
+    """engine/native/fused_qk.py when triton imports, else None (the three-launch path)."""
+    try:
+        from score_batch.engine.native import fused_qk
+    except Exception:  # noqa: BLE001  (no triton, or a broken one: the unfused path)
+        return None
+    return fused_qk
 
 
 OPS_CLASSES: dict[str, type] = {"torch": TorchOps, "flashinfer": FlashInferOps}

@@ -70,6 +70,35 @@ def test_flashinfer_rope_and_silu_mul_equal_torch(ops):
     torch.testing.assert_close(fused.silu_mul(gate_up), reference.silu_mul(gate_up), **BF16_OPS)
 
 
+def test_flashinfer_qk_norms_and_rope_in_place_equal_torch_and_leave_views(ops):
+    """The q/k norms written in place into the QKV output, then RoPE: equal to TorchOps, and q, k stay views of
+    the QKV output with v's strides (what FlashInfer's paged run needs of K and V: no copy before attention)."""
+    reference, fused = ops
+    torch.manual_seed(2)
+    tokens, d = 777, 128
+    positions = torch.arange(tokens, device=CUDA) % 500
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=CUDA, dtype=torch.float32) / d))
+    angles = torch.arange(512, device=CUDA, dtype=torch.float32)[:, None] * inv_freq
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=-1)  # [positions, d] float32
+    qkv = torch.randn(tokens, (16 + 2 * 8) * d, device=CUDA, dtype=torch.bfloat16)
+    weights = torch.rand(2, d, device=CUDA, dtype=torch.bfloat16) + 0.5
+    results = []
+    for kernel in (reference, fused):
+        buffer = qkv.clone()
+        q, k, v = buffer.split([16 * d, 8 * d, 8 * d], dim=-1)
+        tables = kernel.rope_tables(positions, cos_sin, q.dtype)
+        q2, k2 = kernel.qk_norm_rope(tables, q, k, (weights[0], weights[1], 1e-6), d)
+        results.append((q2, k2))
+        if kernel is fused:
+            assert q2.data_ptr() == buffer.data_ptr() and k2.stride() == v.stride()  # views, in place
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is not None:  # torch's CUDA wheels bring it: one fused launch
+        assert fused._fused is not None and fused._fused.fusable(q, k, d)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **BF16_OPS)
+
+
 @pytest.mark.parametrize("kind", ["torch", "flashinfer"])
 def test_native_layers_score_as_fp32_plain_hf(model_dir, kind):
     groups = token_groups(9, groups=3, query=(100, 300), items=5, item=(1, 130))
