@@ -354,7 +354,8 @@ def load_planner(
 
     model_dir: the directory its caller resolved once (resolve_model_dir: the command line's run_config,
     Scorer), not looked up again here. info, tokenizer: the directory's, when the caller read them already
-    (Scorer, which applies CrossEncoder's tokenizer arguments). logit_score: "read" decides it here
+    (Scorer, which applies CrossEncoder's tokenizer arguments); a tokenizer read here is a BackendTokenizer
+    where the directory allows it (no transformers import). logit_score: "read" decides it here
     (label_free_scoring); a LogitScoreSpec or None is taken as decided (CrossEncoder's own rule, in Scorer).
     prove: run the FlashInfer kernels the setup names once on the device first (engine/proof.py), so that an
     auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
@@ -362,7 +363,7 @@ def load_planner(
     if info is None:
         info = read_model_info(model_dir, config.trust_remote_code)
     if tokenizer is None:
-        tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
+        tokenizer = load_tokenizer(model_dir, config.trust_remote_code, backend=True)
     if logit_score == "read":
         config, logit_score = label_free_scoring(info, config, tokenizer)
         if logit_score is not None:
