@@ -67,10 +67,12 @@ def score(options: ScoreOptions) -> None:
         config, profile = run_config(options)
         quiet_libraries()
         from score_batch import job  # here: --help and --version import no torch
+        from score_batch.arrays import pyarrow_without_pandas
         from score_batch.machine import tune_gc, tune_malloc
 
         tune_malloc(os.environ)
         tune_gc()
+        pyarrow_without_pandas()
     except (Exception, Stopped) as error:
         # A bad flag value, model or profile, or a signal while importing: the report still says why.
         if options.report:
