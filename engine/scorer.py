@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from score_batch.engine.activation import ResolvedActivation
+from score_batch.engine.backend_tokenizer import BackendTokenizer
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import (
     ACTIVATION_NAMES,
@@ -213,8 +214,10 @@ class Scorer(CrossEncoderAPI):
 
     @property
     def tokenizer(self):
-        """The model's Hugging Face tokenizer."""
-        return self._runner.planner.tokenizer
+        """The model's Hugging Face tokenizer (transformers' own, also where the planner runs a
+        BackendTokenizer of the same tokenizer.json)."""
+        tokenizer = self._runner.planner.tokenizer
+        return tokenizer.transformers_tokenizer() if isinstance(tokenizer, BackendTokenizer) else tokenizer
 
     @property
     def model(self):

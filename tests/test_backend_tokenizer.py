@@ -91,3 +91,11 @@ def test_a_sentencepiece_or_vocab_file_beside_it_is_left_to_transformers(tmp_pat
     build_tokenizer(tmp_path)
     shutil.copy(tmp_path / "tokenizer.json", tmp_path / "vocab.json")
     assert backend_tokenizer(tmp_path, False) is None
+
+
+def test_scorer_load_still_gives_transformers_tokenizer(tmp_path):
+    from score_batch.engine import EngineConfig, Scorer, ScoringConfig
+
+    scorer = Scorer.load(demo_model_path(), EngineConfig(scoring=ScoringConfig(label_tokens=(" no", " yes"))))
+    assert isinstance(scorer.planner.tokenizer, BackendTokenizer)  # what the run encodes with
+    assert type(scorer.tokenizer) is TokenizersBackend
