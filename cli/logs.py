@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 from score_batch.choices import LogFormat
@@ -90,8 +91,18 @@ def setup_logging(quiet: bool, log_format: LogFormat = "text") -> None:
 
 
 def quiet_libraries() -> None:
-    """Silence transformers' own warnings and progress bars (imported here: only a run needs it)."""
-    import transformers
+    """Silence transformers' own warnings and progress bars; where it is not imported yet (a native decoder's
+    run never imports it), through the environment variables it and huggingface_hub read when they are."""
+    if "transformers" in sys.modules:
+        import transformers
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        return
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    if "huggingface_hub" in sys.modules:  # its settings were read at its import
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    else:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"

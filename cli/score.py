@@ -10,7 +10,6 @@ import dataclasses
 import difflib
 import logging
 import os
-from pathlib import Path
 
 from score_batch.cli.command import ENV_PREFIX, write_failure_report
 from score_batch.cli.flags import NESTED, as_flags, comma_ints, comma_list, option_of
@@ -73,10 +72,12 @@ def score(options: ScoreOptions) -> None:
         config, profile = run_config(options)
         quiet_libraries()
         from score_batch import job  # here: --help and --version import no torch
+        from score_batch.arrays import pyarrow_without_pandas
         from score_batch.machine import tune_gc, tune_malloc
 
         tune_malloc(os.environ)
         tune_gc()
+        pyarrow_without_pandas()
     except (Exception, Stopped) as error:
         # A bad flag value, model or profile, or a signal while importing: the report still says why.
         if options.report:
@@ -100,7 +101,7 @@ def run_config(options: ScoreOptions):
     from score_batch.io_formats.schema import ColumnOverrides
     from score_batch.job.run_config import RayOptions, RunConfig
 
-    model_dir = resolve_model_dir(options.model) if options.model else Path(demo_model_path())
+    model_dir = resolve_model_dir(options.model or demo_model_path())  # resolved once: the run loads this
     name = hub_id_of(model_dir) or options.model or ""  # an HF-cache snapshot directory: its hub id
     profile = choose_profile(options.profile, name, model_dir)
     if profile is not None:

@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
+from score_batch.engine.config import ScoringConfig
+
 HEAD_BUDGET_BYTES = 64 * 2**20  # most memory the LM head's logits may take at once
+
+
+# raw [n, scores] float32, scores [n, scores] float32, pooled [n, hidden] float32 or None
+HeadOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def score_and_pool(
+    rows: torch.Tensor | None,  # [n, hidden] score-row hidden states (an encoder's: its pooled rows)
+    cfg: ScoringConfig,
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    label_ids: torch.Tensor | None = None,  # [num_labels] int64: a CausalLM's label tokens
+    softcap: float | None = None,
+    logits: torch.Tensor | None = None,  # [n, num_labels] a classifier's logits its own forward gave
+) -> HeadOutputs:
+    """Score rows → (raw, scores, pooled): a CausalLM's label scores (label_ids given: head is its LM head, raw
+    = scores), else a classifier's logits (`logits`, or head(rows)) and their scores; pooled: the rows as
+    float32 (L2-normalized under cfg.normalize) when cfg.pooled_hidden_states, else None."""
+    if label_ids is not None:
+        bias = getattr(head, "bias", None)
+        raw = scores = label_scores(
+            rows, head.weight, bias, label_ids, cfg.apply_softmax, softcap, label_score=cfg.label_score
+        )  # [n, num_labels]
+    else:
+        raw = (head(rows) if logits is None else logits).float()  # [n, num_labels]
+        scores = classifier_scores(raw, cfg.apply_softmax)
+    pooled = pooled_vectors(rows, cfg.normalize) if cfg.pooled_hidden_states else None
+    return raw, scores, pooled
 
 
 def label_scores(

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from score_batch.engine.backend_tokenizer import backend_tokenizer
 from score_batch.engine.errors import ScoringInputError, SettingError
 from score_batch.engine.model_kind import (
     POSITION_OFFSET_MODEL_TYPES,
@@ -53,15 +54,12 @@ class ModelInfo:
 
 
 def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelInfo:
-    """Read and check a model directory's config without loading weights."""
-    from transformers import AutoConfig
+    """Read and check a model directory's config without loading weights (a native family's from its JSON
+    alone, engine/native/config.py; any other through transformers' AutoConfig)."""
+    from score_batch.engine.native.config import model_config
 
     path = Path(path)
-    read_config_json(path, trust_remote_code)
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
-    except (ValueError, KeyError, OSError) as error:
-        raise ScoringInputError(f"cannot read the config of {str(path)!r}: {error}") from error
+    config = model_config(path, read_config_json(path, trust_remote_code), trust_remote_code)
     text_config = config.get_text_config()
     layer_types = set(getattr(text_config, "layer_types", None) or [])
     shape = model_kind(
@@ -179,10 +177,10 @@ TOKENIZER_JSON_FILES = (
 )
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
-    """Load the tokenizer stored in a model directory (offline)."""
-    from transformers import AutoTokenizer
-
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, backend: bool = False):
+    """Load the tokenizer stored in a model directory (offline). backend: a BackendTokenizer where its
+    tokenizer.json is what transformers would run unchanged (engine/backend_tokenizer.py: no transformers
+    import), else transformers' own."""
     path = Path(path)
     if not any((path / name).exists() for name in TOKENIZER_FILES) and not any(path.glob("*.model")):
         raise ScoringInputError(
@@ -192,6 +190,10 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     for name in TOKENIZER_JSON_FILES:  # name a damaged file instead of a bare parse error
         if (path / name).exists():
             read_json_file(path / name, "a tokenizer file (a JSON object)")
+    if backend and (light := backend_tokenizer(path, trust_remote_code)) is not None and len(light) > 0:
+        return light
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             path, local_files_only=True, trust_remote_code=trust_remote_code

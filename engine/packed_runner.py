@@ -15,7 +15,7 @@ from score_batch.engine.chunking import ItemCountdown, aggregate
 from score_batch.engine.compiled import OpaquePlan, compile_backbone
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
-from score_batch.engine.heads import classifier_scores, label_scores, pooled_vectors
+from score_batch.engine.heads import score_and_pool
 from score_batch.engine.model_loading import LoadedModel
 from score_batch.engine.packing import single_pack
 from score_batch.engine.planner import PackedPlan, PackedPlanner
@@ -169,23 +169,14 @@ class PackedRunner:
         max_position = int(batch.positions.max())  # host metadata: no device sync
         # [num_items, hidden]
         rows = self.model.hidden_rows(input_ids, positions, max_position, plan, score_rows)
-        cfg = self.cfg
-        head = self.model.head
-        if self.setup.info.kind == "causal":
-            scores = label_scores(
-                rows,
-                head.weight,
-                head.bias,
-                self._label_ids,
-                cfg.apply_softmax,
-                self.model.final_logit_softcap,
-                label_score=cfg.label_score,
-            )  # [num_items, num_labels]
-            raw = scores
-        else:
-            raw = head(rows).float()  # [num_items, num_labels] logits
-            scores = classifier_scores(raw, cfg.apply_softmax)
-        pooled = pooled_vectors(rows, cfg.normalize) if cfg.pooled_hidden_states else None
+        causal = self.setup.info.kind == "causal"
+        raw, scores, pooled = score_and_pool(
+            rows,
+            self.cfg,
+            self.model.head,
+            self._label_ids if causal else None,
+            self.model.final_logit_softcap,
+        )  # [num_items, num_scores] ×2, [num_items, hidden] or None
         return Launched.of(batch, raw, scores, pooled)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from score_batch.engine.heads import classifier_scores, pooled_vectors
+from score_batch.engine.heads import score_and_pool
 from score_batch.engine.model_loading import LoadedModel
 from score_batch.engine.pairs import PairBatch, pad_pairs
 from score_batch.engine.planner import PairPlan, PairPlanner
@@ -79,17 +79,17 @@ class PairRunner:
         captured: list[torch.Tensor] = []
         hook = self.model.backbone.register_forward_hook(lambda _m, _i, out: captured.append(out[0]))
         try:
-            logits = self.model.model(**inputs).logits.float()  # [rows, num_labels]
+            logits = self.model.model(**inputs).logits  # [rows, num_labels]
         finally:
             hook.remove()
         cfg = self.planner.cfg
-        scores = classifier_scores(logits, cfg.apply_softmax).cpu().numpy()
-        if not cfg.pooled_hidden_states:
-            return logits.cpu().numpy(), scores, None
-        hidden = captured[0]  # [rows, width, hidden], the backbone's last hidden state
-        if getattr(self.model.model.config, "classifier_pooling", "cls") == "mean":
-            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [rows, width, 1]
-            rows = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
-        else:
-            rows = hidden[:, 0]  # [rows, hidden], the CLS token
-        return logits.cpu().numpy(), scores, pooled_vectors(rows, cfg.normalize).cpu().numpy()
+        rows = None  # [rows, hidden]: the CLS token's, or the mean over each pair's tokens
+        if cfg.pooled_hidden_states:
+            hidden = captured[0]  # [rows, width, hidden], the backbone's last hidden state
+            if getattr(self.model.model.config, "classifier_pooling", "cls") == "mean":
+                mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [rows, width, 1]
+                rows = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
+            else:
+                rows = hidden[:, 0]
+        raw, scores, pooled = score_and_pool(rows, cfg, logits=logits)
+        return raw.cpu().numpy(), scores.cpu().numpy(), None if pooled is None else pooled.cpu().numpy()

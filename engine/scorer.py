@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from score_batch.engine.activation import ResolvedActivation
+from score_batch.engine.backend_tokenizer import BackendTokenizer
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import (
     ACTIVATION_NAMES,
@@ -26,13 +27,13 @@ from score_batch.engine.crossencoder import (
 )
 from score_batch.engine.errors import ScoringInputError
 from score_batch.engine.heads import LogitScoreHead
-from score_batch.engine.model_loading import load_model, load_tokenizer, read_model_info
+from score_batch.engine.model_loading import ModelInfo, load_model, load_tokenizer, read_model_info
 from score_batch.engine.model_source import hub_id_of, resolve_model_dir
 from score_batch.engine.packed_runner import PackedRunner
 from score_batch.engine.pair_runner import PairRunner
 from score_batch.engine.planner import Planner, WorkPlan
 from score_batch.engine.profiles import Profile, resolve_scoring
-from score_batch.engine.setup import PLANNERS, ResolvedSetup, label_free_scoring, load_planner, resolve_setup
+from score_batch.engine.setup import ResolvedSetup, label_free_scoring, load_planner
 from score_batch.engine.st_model import read_cross_encoder
 from score_batch.engine.types import Group, GroupResult
 
@@ -135,10 +136,15 @@ class Scorer(CrossEncoderAPI):
             scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
         check_num_labels(num_labels, info)
         config = replace(config, scoring=scoring)
-        setup = resolve_setup(info, config, tokenizer, spec.logit_score if logit_score else None)
-        log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)
-        planner = PLANNERS[setup.runner](tokenizer, replace(scoring, packing=setup.packing), setup.limits)
-        self._runner = _load_runner(model_dir, config, (planner, setup), info)
+        planned = load_planner(
+            model_dir,
+            config,
+            prove=True,
+            info=info,
+            tokenizer=tokenizer,
+            logit_score=spec.logit_score if logit_score else None,  # CrossEncoder's LogitScore, decided above
+        )
+        self._runner = _load_runner(config, planned, info)
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
         self._attach_crossencoder(spec if ce_defaults else None, activation_fn)
@@ -166,7 +172,9 @@ class Scorer(CrossEncoderAPI):
         """Load a model directory or a cached hub id with exactly `config` (no profile is looked up); planned:
         the (planner, setup) load_planner already gave for this model and config (not read again)."""
         scorer = cls.__new__(cls)
-        scorer._runner = _load_runner(model, config, planned)
+        # a planned setup's directory was resolved by its caller; else this is the entry that resolves it
+        planned = planned or load_planner(resolve_model_dir(model), config, prove=True)
+        scorer._runner = _load_runner(config, planned)
         scorer.engine_config = config
         scorer.profile = None
         scorer._attach_crossencoder(None, None)
@@ -206,8 +214,10 @@ class Scorer(CrossEncoderAPI):
 
     @property
     def tokenizer(self):
-        """The model's Hugging Face tokenizer."""
-        return self._runner.planner.tokenizer
+        """The model's Hugging Face tokenizer (transformers' own, also where the planner runs a
+        BackendTokenizer of the same tokenizer.json)."""
+        tokenizer = self._runner.planner.tokenizer
+        return tokenizer.transformers_tokenizer() if isinstance(tokenizer, BackendTokenizer) else tokenizer
 
     @property
     def model(self):
@@ -242,19 +252,16 @@ class Scorer(CrossEncoderAPI):
 
 
 def _load_runner(
-    model: str | Path,
-    config: EngineConfig,
-    planned: tuple[Planner, ResolvedSetup] | None = None,
-    load_info=None,
+    config: EngineConfig, planned: tuple[Planner, ResolvedSetup], load_info: ModelInfo | None = None
 ) -> Runner:
-    """Resolve the setup (unless planned), load the weights and build the runner the model needs (chosen once, here).
+    """Load the weights of a planned setup (load_planner's) and build the runner the model needs (chosen once,
+    here).
 
     load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
     scorer whose head is LogitScoreHead; read again when not given).
     """
-    # FlashInfer's kernels run once in load_planner(prove=True): auto falls back, explicit fails (a planned
-    # setup comes from the caller's own load_planner(prove=True)).
-    planner, setup = planned or load_planner(model, config, prove=True)
+    # FlashInfer's kernels ran once in load_planner(prove=True): auto fell back, explicit failed.
+    planner, setup = planned
     logit_score = setup.logit_score
     if logit_score is not None and load_info is None:
         load_info = read_model_info(setup.info.path, config.trust_remote_code)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -18,7 +19,6 @@ from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failur
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model_loading import ModelInfo, load_tokenizer, read_model_info
-from score_batch.engine.model_source import resolve_model_dir
 from score_batch.engine.planner import (
     PackedPlanner,
     PairPlanner,
@@ -340,24 +340,40 @@ def _caches_query(backend: str) -> bool:
     return backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.cached_query
 
 
-def load_planner(model_dir, config: EngineConfig, prove: bool = False) -> tuple[Planner, ResolvedSetup]:
-    """Tokenizer and resolved settings of a model directory (or cached hub id), without loading its weights.
+def load_planner(
+    model_dir: Path,
+    config: EngineConfig,
+    prove: bool = False,
+    *,
+    info: ModelInfo | None = None,
+    tokenizer=None,
+    logit_score: LogitScoreSpec | None | Literal["read"] = "read",
+) -> tuple[Planner, ResolvedSetup]:
+    """Tokenizer and resolved settings of a model directory, without loading its weights: the one way an
+    engine is built (the job, the Ray driver and Scorer call it).
 
+    model_dir: the directory its caller resolved once (resolve_model_dir: the command line's run_config,
+    Scorer), not looked up again here. info, tokenizer: the directory's, when the caller read them already
+    (Scorer, which applies CrossEncoder's tokenizer arguments); a tokenizer read here is a BackendTokenizer
+    where the directory allows it (no transformers import). logit_score: "read" decides it here
+    (label_free_scoring); a LogitScoreSpec or None is taken as decided (CrossEncoder's own rule, in Scorer).
     prove: run the FlashInfer kernels the setup names once on the device first (engine/proof.py), so that an
     auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
     """
-    model_dir = resolve_model_dir(model_dir)
-    info = read_model_info(model_dir, config.trust_remote_code)
-    tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-    config, logit_score = label_free_scoring(info, config, tokenizer)
-    if logit_score is not None:
-        log.info(
-            "no label tokens: %s is scored by its LogitScore (logit[%d] - logit[%s] at the last token), as "
-            "CrossEncoder scores it",
-            info.architecture,
-            logit_score.true_token_id,
-            logit_score.false_token_id,
-        )
+    if info is None:
+        info = read_model_info(model_dir, config.trust_remote_code)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_dir, config.trust_remote_code, backend=True)
+    if logit_score == "read":
+        config, logit_score = label_free_scoring(info, config, tokenizer)
+        if logit_score is not None:
+            log.info(
+                "no label tokens: %s is scored by its LogitScore (logit[%d] - logit[%s] at the last token), as "
+                "CrossEncoder scores it",
+                info.architecture,
+                logit_score.true_token_id,
+                logit_score.false_token_id,
+            )
     setup = resolve_setup(info, config, tokenizer, logit_score)
     if prove:
         setup = prove_setup(setup, config)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from score_batch.engine.backend_tokenizer import BackendTokenizer
 from score_batch.engine.chunking import split_chunks
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.types import Group, TokenizedGroup
@@ -256,6 +257,8 @@ def _backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> li
     """The fast tokenizer's Rust backend called as transformers' own __call__ calls it (no truncation, no
     padding, its split_special_tokens), without building Python lists per token: tokenizers Encodings (the
     GIL released while it runs), or None for a tokenizer class that encodes its own way."""
+    if isinstance(tokenizer, BackendTokenizer):  # tokenizer.json alone, as transformers would run it
+        return tokenizer.encode_batch(texts, add_special_tokens)
     from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 

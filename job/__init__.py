@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from score_batch.engine.model_source import model_identity
-from score_batch.io_formats.readers import open_source
+from score_batch.io_formats.listing import FileFormat
+from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
 from score_batch.job.lock import OutputLock
 from score_batch.job.paths import check_report_path
@@ -104,9 +105,9 @@ def _run_phases(config: RunConfig, report: RunReport):
 
 def _resolve(config: RunConfig, source) -> Runner:
     """The runner the config and the input name: an OpenAI-style batch file, Ray, or a local table run."""
-    from score_batch.job.batch_file_run import batch_preflight, is_openai_batch, run_batch_file
+    if input_format(source, config.input_format) == FileFormat.OPENAI_BATCH:  # stdin: sniffed on its spool
+        from score_batch.job.batch_file_run import batch_preflight, run_batch_file  # that command's only
 
-    if is_openai_batch(config.input_format, source):  # stdin: sniffed on its spool
         return Runner("batch-file", batch_preflight, run_batch_file)
     if config.ray is not None:
         from score_batch.job.ray_run import check_ray_preflight, run_ray

@@ -9,6 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from score_batch.engine import tokenize
+from score_batch.engine.backend_tokenizer import BackendTokenizer, backend_tokenizer
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.planner import PackedPlanner, PlanLimits
 from score_batch.engine.types import Group
@@ -30,13 +31,20 @@ POLICIES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["bpe", "bos", "bert"])
+@pytest.fixture(scope="module", params=["bpe", "bos", "bert", "bpe-backend", "bos-backend", "bert-backend"])
 def tokenizer(request, tmp_path_factory):
+    """transformers' tokenizer, or (-backend) the BackendTokenizer a run loads: its batch calls are then
+    checked against transformers' own __call__ on the same directory."""
+    kind, _, backend = request.param.partition("-")
     out = tmp_path_factory.mktemp(request.param)
-    if request.param == "bert":
+    if kind == "bert":
         build_tokenizer(out, pair_style="bert")
     else:
-        build_tokenizer(out, add_bos=request.param == "bos")
+        build_tokenizer(out, add_bos=kind == "bos")
+    if backend:
+        loaded = backend_tokenizer(out, False)
+        assert isinstance(loaded, BackendTokenizer)
+        return loaded
     return AutoTokenizer.from_pretrained(out)
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
 from score_batch.engine.errors import SettingError
-from score_batch.engine.model_source import check_weight_files
+from score_batch.engine.model_source import check_weight_files, resolve_model_dir
 from score_batch.engine.planner import Planner
 from score_batch.engine.setup import load_planner
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
@@ -65,7 +65,8 @@ def test_damage_is_found_before_the_tokenizer_or_weights_load(qwen3_causal, copy
     model_dir = copy_model(qwen3_causal)
     _truncate(_weights(model_dir), lambda n: n - 1)
     with pytest.raises(ScoringInputError, match="truncated or not a safetensors file"):
-        load_planner(model_dir, CONFIG)  # what a dry run does: no weights loaded
+        # what a dry run does, no weights loaded: the run's entry resolves the directory once, then load_planner
+        load_planner(resolve_model_dir(model_dir), CONFIG)
     with pytest.raises(ScoringInputError, match="truncated"):
         check_weight_files(model_dir)
 
@@ -390,7 +391,7 @@ def test_the_weight_check_runs_no_python_import_inside_safetensors(qwen3_causal)
     import sys
 
     code = (
-        "import sys; from score_batch.engine.model_source import check_weight_files; "
+        "import sys; from score_batch.engine.model_source import check_weight_files, resolve_model_dir; "
         f"check_weight_files({str(qwen3_causal)!r}); print('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

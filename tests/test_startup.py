@@ -55,3 +55,59 @@ def test_models_imports_no_torch():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Supported models" in done.stdout
     assert not names & {"torch", "transformers", "pyarrow"}, sorted(names & set(HEAVY))
+
+
+def test_a_native_demo_run_imports_no_transformers_pandas_or_other_commands(tmp_path):
+    """The demo's Qwen3 runs on the native layers: config and tokenizer from their JSON files (no
+    transformers), pyarrow without pandas, and the batch-file command's module never loaded."""
+    one = tmp_path / "one.jsonl"
+    one.write_text((REPO / "sample_data/products.jsonl").read_text().splitlines()[0] + "\n")
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "score_batch.cli.main", str(one), "-o", "-", "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"score": ' in done.stdout
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "torch" in modules and "tokenizers" in modules  # the import log was read
+    # pandas' refused attempts (score_batch/arrays.py) are logged too: a real import loads its submodules
+    heavy = {m for m in modules if m.split(".")[0] == "transformers" or m.startswith("pandas.")}
+    assert not heavy, sorted(heavy)[:5]
+    assert "score_batch.job.batch_file_run" not in modules
+
+
+def _fresh(code: str) -> str:
+    """stdout of a fresh Python running code (the checkout importable)."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("imported_first", [False, True])
+def test_transformers_is_quiet_whether_imported_before_or_after(imported_first):
+    """quiet_libraries no longer imports transformers: a later import reads the settings it left."""
+    before = "import transformers; " if imported_first else ""
+    code = (
+        f"{before}import sys; from score_batch.cli.logs import quiet_libraries; quiet_libraries(); "
+        "print('transformers' in sys.modules); import transformers, logging; "
+        "from transformers.utils import logging as hf; from huggingface_hub.utils import are_progress_bars_disabled; "
+        "print(hf.get_verbosity() == logging.ERROR, hf.is_progress_bar_enabled(), are_progress_bars_disabled())"
+    )
+    assert _fresh(code).splitlines() == [str(imported_first), "True False True"]
+
+
+def test_pyarrow_without_pandas_until_pandas_is_asked_for():
+    code = (
+        "import sys, numpy as np, pyarrow as pa; from score_batch.arrays import pyarrow_without_pandas; "
+        "pyarrow_without_pandas(); a = pa.array(np.arange(3.0), mask=np.array([True, False, False])); "
+        "b = pa.array([1, None]); print(a.to_pylist(), b.to_pylist(), 'pandas' in sys.modules); "
+        "frame = pa.table({'x': a}).to_pandas(); print(type(frame).__name__, pa.array(frame['x']).null_count)"
+    )
+    assert _fresh(code).splitlines() == ["[None, 1.0, 2.0] [1, None] False", "DataFrame 1"]

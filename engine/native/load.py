@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from score_batch.engine.model_kind import read_config_json
+from score_batch.engine.native.config import model_config
 from score_batch.engine.native.layers import Linear, NativeDecoder
 from score_batch.engine.native.ops import make_ops
 from score_batch.engine.native.rope import RopeCache, inverse_frequencies
@@ -43,9 +45,7 @@ def load_native(
     trust_remote_code: bool,
 ) -> tuple[NativeDecoder, Linear, DecoderSpec]:
     """(backbone, head, spec): the head is the LM head (kind 'causal') or the classifier's `score`."""
-    from transformers import AutoConfig  # configuration code only, no modeling module
-
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code, local_files_only=True)
+    config = model_config(model_dir, read_config_json(model_dir, trust_remote_code), trust_remote_code)
     spec = decoder_spec(config)
     inv_freq, scaling = inverse_frequencies(config, spec.head_dim)
     ops = make_ops(ops_name, device)
