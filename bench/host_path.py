@@ -82,6 +82,14 @@ def write_input(
     return queries
 
 
+def one_layer_classifier(directory: Path):
+    """The tests' tokenizer and a random 1-layer Qwen3 classifier on it, in directory: (tokenizer, directory)."""
+    tokenizer = build_tokenizer(directory)
+    small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
+    small.update(head_dim=32, num_hidden_layers=1, num_labels=2)
+    return tokenizer, build_model(directory, "qwen3", "classifier", len(tokenizer), **small)
+
+
 def floor_seconds(tokenizer, path: Path) -> float:
     """encode_batch over the items and each distinct query once (what any host path must tokenize)."""
     table = pq.read_table(path, columns=["query", "item"])
@@ -229,10 +237,9 @@ def main() -> None:
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        tokenizer = build_tokenizer(tmp / "model")
+        tokenizer, model_dir = one_layer_classifier(tmp / "model")
         small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
         small.update(head_dim=32, num_hidden_layers=1, num_labels=2)
-        model_dir = build_model(tmp / "model", "qwen3", "classifier", len(tokenizer), **small)
         wide = dict(small, hidden_size=1024, intermediate_size=64, num_attention_heads=8, head_dim=128)
         wide_dir = build_model(tmp / "wide", "qwen3", "classifier", len(tokenizer), **wide)
         build_tokenizer(tmp / "wide")

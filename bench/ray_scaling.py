@@ -19,8 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine  # noqa: E402
-from bench.host_path import write_input  # noqa: E402
-from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
+from bench.host_path import one_layer_classifier, write_input  # noqa: E402
 
 
 def timed(*args) -> float:
@@ -41,10 +40,7 @@ def main() -> None:
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        tokenizer = build_tokenizer(tmp / "model")
-        small = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1)
-        small.update(head_dim=32, num_hidden_layers=1, num_labels=2)
-        model = build_model(tmp / "model", "qwen3", "classifier", len(tokenizer), **small)
+        tokenizer, model = one_layer_classifier(tmp / "model")
         seconds: dict[tuple[str, int], float] = {}
         for items in args.items:
             data = tmp / f"in-{items}.parquet"

@@ -189,20 +189,26 @@ def _join(parts: list[Values]) -> Values:
 
 def encode_queries(queries: list) -> tuple[np.ndarray, list]:
     """Python queries → (codes, distinct values in order of first appearance); None → -1."""
+    keys = (None if q is None else q if isinstance(q, str) else token_key(q) for q in queries)
+    codes, firsts = first_appearance_codes(keys, len(queries))
+    return codes, [queries[k] for k in firsts]
+
+
+def first_appearance_codes(keys, count: int) -> tuple[np.ndarray, list[int]]:
+    """[count] each key's code, numbered in order of first appearance (a None key: -1), and the position where
+    each code first appears."""
+    codes = np.full(count, -1, np.int64)
     index: dict = {}
-    values: list = []
-    codes = np.empty(len(queries), np.int64)
-    for k, query in enumerate(queries):
-        if query is None:
-            codes[k] = -1
+    firsts: list[int] = []
+    for position, key in enumerate(keys):
+        if key is None:
             continue
-        key = query if isinstance(query, str) else token_key(query)
         code = index.get(key)
         if code is None:
-            code = index[key] = len(values)
-            values.append(query)
-        codes[k] = code
-    return codes, values
+            code = index[key] = len(firsts)
+            firsts.append(position)
+        codes[position] = code
+    return codes, firsts
 
 
 def token_key(query: Any) -> Any:

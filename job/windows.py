@@ -23,7 +23,7 @@ from score_batch.io_formats.columns import (
     SCORE_KEY,
     SCORES,
 )
-from score_batch.io_formats.window import Window, python, query_digest, token_key
+from score_batch.io_formats.window import Window, first_appearance_codes, python, query_digest, token_key
 from score_batch.job.contract import OutputContract
 
 
@@ -38,21 +38,12 @@ class WindowGroups:
 def group_codes(window: Window) -> tuple[np.ndarray, list[int]]:
     """[rows] each readable row's query group (same query id and query), numbered in order of first
     appearance, -1 for a row that cannot be read; and each group's first row."""
-    codes = np.full(window.num_rows, -1, np.int64)
-    firsts: list[int] = []
-    index: dict = {}
     ids = window.query_id_values()
-    query_codes = window.query_codes.tolist()
-    for row, (error, query_id, query) in enumerate(zip(window.errors, ids, query_codes)):
-        if error is not None:
-            continue
-        key = (repr(query_id), query)
-        code = index.get(key)
-        if code is None:
-            code = index[key] = len(firsts)
-            firsts.append(row)
-        codes[row] = code
-    return codes, firsts
+    keys = (
+        None if error is not None else (repr(query_id), query)
+        for error, query_id, query in zip(window.errors, ids, window.query_codes.tolist())
+    )
+    return first_appearance_codes(keys, window.num_rows)
 
 
 def group_window(window: Window) -> WindowGroups:
