@@ -3,13 +3,14 @@ app (cli/app.py, imported here, where a stop is already handled) runs."""
 
 from __future__ import annotations
 
-import signal
+import _signal
 
 # From the first instruction: a stop that lands while the modules below import is remembered, then raised as
-# Stopped once run() can report it (the window before is the interpreter's own start-up).
+# Stopped once run() can report it (the window before is the interpreter's own start-up). The C module
+# installs them: signal.py's own import builds its enums in Python, where a stop was a KeyboardInterrupt.
 _EARLY: list[int] = []
-for _signum in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(_signum, lambda signum, frame: _EARLY.append(signum))
+for _signum in (_signal.SIGINT, _signal.SIGTERM):
+    _signal.signal(_signum, lambda signum, frame: _EARLY.append(signum))
 
 import os  # noqa: E402
 import sys  # noqa: E402

@@ -16,7 +16,7 @@ from score_batch.cli.flags import NESTED, as_flags, comma_ints, comma_list, opti
 from score_batch.cli.logs import quiet_libraries, say, setup_logging
 from score_batch.cli.options import ScoreOptions
 from score_batch.errors import ConfigError
-from score_batch.signals import Stopped
+from score_batch.signals import Stopped, StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,11 @@ def score(options: ScoreOptions) -> None:
     try:
         config, profile = run_config(options)
         quiet_libraries()
-        from score_batch import job  # here: --help and --version import no torch
+        # Here: --help and --version import no torch. A stop waits for the import: one raised inside it left the
+        # job package half-imported, and the report it writes could not be imported again (no --report).
+        with StopSignals() as deferred:
+            from score_batch import job
+        deferred.check()
         from score_batch.arrays import pyarrow_without_pandas
         from score_batch.machine import tune_gc, tune_malloc
 

@@ -106,7 +106,12 @@ class ParquetReader:
             groups = None if unit is None else [unit[1]]
             try:
                 with _open(info.file) as handle:
-                    parquet = pq.ParquetFile(handle, read_dictionary=list(dictionary))
+                    text = [
+                        n
+                        for n in dictionary
+                        if n in info.schema.names and _is_text(info.schema.field(n).type)
+                    ]
+                    parquet = pq.ParquetFile(handle, read_dictionary=text)
                     names = [name for name in columns if name in parquet.schema_arrow.names]
                     for batch in parquet.iter_batches(
                         batch_size=BATCH_ROWS, row_groups=groups, columns=names
@@ -145,6 +150,11 @@ class ParquetReader:
                 schema = schema.append(pa.field(key, self.partition_types.get(key, pa.string())))
         groups = tuple(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups))
         return ParquetInfo(file, schema, metadata.num_rows, groups)
+
+
+def _is_text(dtype: pa.DataType) -> bool:
+    """Whether a column holds strings (read dictionary-encoded when asked; token-id lists are not)."""
+    return pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
 
 
 def _open(file: InputFile):
