@@ -221,12 +221,10 @@ def read_windows(
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
 
-    read = list(dict.fromkeys(n for n in (mapping.query, mapping.items, *_typed_columns(mapping)) if n))
-
     def windows() -> Iterator[Window]:
         pieces: list[Window] = []
         held = 0
-        for piece in _window_batches(reader(source), read, mapping, types):
+        for piece in _window_batches(reader(source), mapping, types):
             pieces.append(piece)
             held += piece.num_rows
             if held < window_rows:
@@ -245,7 +243,7 @@ def read_windows(
 
 
 def _window_batches(
-    table: TableReader, read: list[str], mapping: ColumnMapping, types, unit: ReadUnit | None = None
+    table: TableReader, mapping: ColumnMapping, types, unit: ReadUnit | None = None
 ) -> Iterator[Window]:
     """The input's (or one unit's) validated rows, a batch at a time, as windows: the long layout column by
     column (Parquet batches: window.long_window; JSONL blocks: window.json_window), whatever those cannot take
@@ -255,7 +253,7 @@ def _window_batches(
     index = 0 if unit is None else unit.first_row
     where = None if unit is None else (unit.file, unit.row_group)
     if isinstance(table, ParquetReader):
-        for file, batch in table.batches(read, where, (mapping.query,) if long else ()):
+        for file, batch in table.batches(mapping.read_columns(), where, (mapping.query,) if long else ()):
             window = long_window(index, batch, dict(file.partitions), mapping, types) if long else None
             if window is None:
                 window = from_rows(_batch_rows(index, batch, file, mapping, types), *shape)
@@ -325,7 +323,7 @@ def column_types(source: InputSource, mapping: ColumnMapping) -> dict[str, pa.Da
     column missing from some files, an integer beyond 64 bits).
     """
     table = reader(source)
-    types = {name: table.column_type(name) for name in _typed_columns(mapping)}
+    types = {name: table.column_type(name) for name in mapping.typed_columns()}
     if mapping.layout == "nested" and mapping.item_id is not None:
         types[mapping.item_id] = _element_type(types[mapping.item_id], mapping.item_id, source.label)
     return types
@@ -352,15 +350,8 @@ def read_units(source: InputSource) -> list[ReadUnit]:
 
 def read_unit(unit: ReadUnit, mapping: ColumnMapping, types: dict[str, pa.DataType] | None = None) -> Window:
     """The validated rows of one unit as a window, indexed as in a whole-input read (types: column_types)."""
-    read = list(dict.fromkeys(n for n in (mapping.query, mapping.items, *_typed_columns(mapping)) if n))
-    windows = list(_window_batches(reader(unit.source), read, mapping, types or {}, unit))
+    windows = list(_window_batches(reader(unit.source), mapping, types or {}, unit))
     return concat(windows) if windows else from_rows([], mapping.query_id is not None, mapping.keep)
-
-
-def _typed_columns(mapping: ColumnMapping) -> list[str]:
-    """The columns whose values reach the output: ids and kept columns."""
-    names = [mapping.query_id, mapping.item_id, *mapping.keep]
-    return list(dict.fromkeys(name for name in names if name is not None))
 
 
 def _element_type(dtype: pa.DataType, name: str, label: str) -> pa.DataType:

@@ -53,7 +53,7 @@ def to_row(index: int, record: Record, mapping: ColumnMapping, types: dict[str, 
         if has_surrogate(raw):
             problems.append(f"column {name!r} holds a lone surrogate, which cannot be written as UTF-8")
             return None
-        return _convert(raw, types.get(name))
+        return convert(raw, types.get(name))
 
     kept = {name: value(name, record.get(name)) for name in mapping.keep}
     query = record.get(mapping.query)
@@ -88,7 +88,7 @@ def to_row(index: int, record: Record, mapping: ColumnMapping, types: dict[str, 
     return InputRow(index, query, items, query_id, item_ids, kept, error)
 
 
-def _convert(value: Any, dtype: pa.DataType | None) -> Any:
+def convert(value: Any, dtype: pa.DataType | None) -> Any:
     """An integer in a float64 column as a float (so equal ids compare and group equal); else as is."""
     is_integer = isinstance(value, int) and not isinstance(value, bool)
     return float(value) if is_integer and dtype is not None and pa.types.is_floating(dtype) else value

@@ -32,6 +32,15 @@ class ColumnMapping:
     item_id: str | None  # item id column (long) or item ids list column (nested)
     keep: tuple[str, ...]
 
+    def typed_columns(self) -> list[str]:
+        """The columns whose values reach the output: ids and kept columns."""
+        names = [self.query_id, self.item_id, *self.keep]
+        return list(dict.fromkeys(name for name in names if name is not None))
+
+    def read_columns(self) -> list[str]:
+        """Every column a run reads: the query, the item(s), then typed_columns()."""
+        return list(dict.fromkeys((self.query, self.items, *self.typed_columns())))
+
 
 def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, source: str) -> ColumnMapping:
     """Detect the layout from column names (long, nested, token ids) and apply the user's overrides.

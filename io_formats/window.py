@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from score_batch.io_formats.rows import InputRow, value_error
+from score_batch.io_formats.rows import InputRow, convert, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
@@ -111,9 +111,9 @@ class Window:
             self.query_values,
             [self.items[i] for i in items.tolist()],
             np.concatenate([[0], ends]).astype(np.int64),
-            None if self.query_ids is None else _pick(self.query_ids, rows),
-            {name: _pick(values, rows) for name, values in self.kept.items()},
-            _pick(self.item_ids, items),
+            None if self.query_ids is None else pick(self.query_ids, rows),
+            {name: pick(values, rows) for name, values in self.kept.items()},
+            pick(self.item_ids, items),
             [self.errors[r] for r in rows.tolist()],
         )
 
@@ -133,8 +133,8 @@ class Window:
         )
 
 
-def _pick(values: Values, positions: np.ndarray) -> Values:
-    """A column's values at these positions."""
+def pick(values: Values, positions: np.ndarray) -> Values:
+    """A column's values at these positions (Arrow taken, Python lists indexed)."""
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values.take(pa.array(positions, pa.int64()))
     return [values[k] for k in positions.tolist()]
@@ -149,19 +149,12 @@ def concat(windows: Sequence[Window]) -> Window:
     """Consecutive windows as one (their distinct queries merged, codes renumbered)."""
     if len(windows) == 1:
         return windows[0]
-    index: dict = {}
-    values: list = []
-    codes = []
-    for window in windows:
-        remap = np.empty(len(window.query_values) + 1, np.int64)
-        remap[-1] = -1  # code -1 (no query) stays -1
-        for code, query in enumerate(window.query_values):
-            key = query if isinstance(query, str) else token_key(query)
-            if key not in index:
-                index[key] = len(values)
-                values.append(query)
-            remap[code] = index[key]
+    merged, values = encode_queries([query for window in windows for query in window.query_values])
+    codes, start = [], 0
+    for window in windows:  # each window's codes into the merged ones (code -1, no query, stays -1)
+        remap = np.append(merged[start : start + len(window.query_values)], -1)
         codes.append(remap[window.query_codes])
+        start += len(window.query_values)
     starts = np.cumsum([0] + [w.num_items for w in windows[:-1]])
     offsets = np.concatenate([windows[0].offsets[:1]] + [w.offsets[1:] + s for w, s in zip(windows, starts)])
     kept = {name: _join([w.kept[name] for w in windows]) for name in windows[0].kept}
@@ -266,10 +259,7 @@ def long_window(
     def column(name: str) -> pa.Array:
         if name in schema.names:
             return batch.column(name)
-        value = partitions.get(name)
-        if value is not None and types.get(name) is not None and pa.types.is_floating(types[name]):
-            value = float(value)
-        return pa.array([value] * n, type=types.get(name))
+        return pa.array([convert(partitions.get(name), types.get(name))] * n, type=types.get(name))
 
     queries = batch.column(mapping.query)
     if not pa.types.is_dictionary(queries.type):
@@ -306,7 +296,7 @@ def json_window(
     column the file's partition values fill)."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
-    typed = list(dict.fromkeys(n for n in (mapping.query_id, mapping.item_id, *mapping.keep) if n))
+    typed = mapping.typed_columns()
     if any(name in partitions for name in (mapping.query, mapping.items, *typed)):
         return None
     raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)

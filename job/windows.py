@@ -23,7 +23,14 @@ from score_batch.io_formats.columns import (
     SCORE_KEY,
     SCORES,
 )
-from score_batch.io_formats.window import Window, first_appearance_codes, python, query_digest, token_key
+from score_batch.io_formats.window import (
+    Window,
+    first_appearance_codes,
+    pick,
+    python,
+    query_digest,
+    token_key,
+)
 from score_batch.job.contract import OutputContract
 
 
@@ -126,17 +133,17 @@ def output_columns(
             start, stop = int(window.offsets[row]), int(window.offsets[row + 1])
             errors[start:stop] = [error] * (stop - start)
     row_index = window.index[rows]  # [items]
-    query_ids = _take(window.query_ids, rows) if contract.query_ids_given else pa.array(row_index)
+    query_ids = pick(window.query_ids, rows) if contract.query_ids_given else pa.array(row_index)
     failed = np.fromiter((error is not None for error in errors), bool, n)  # [items]
     columns: dict[str, list | pa.Array] = {
         ROW_INDEX: pa.array(row_index),
         QUERY_ID: query_ids,
         ITEM_ID: window.item_ids,
-        **{name: _take(values, rows) for name, values in window.kept.items()},
+        **{name: pick(values, rows) for name, values in window.kept.items()},
         SCORE_KEY: [None if bad else key for bad, key in zip(failed.tolist(), keys)]
         if failed.any()
         else keys,
-        QUERY_KEY: _take(row_query_keys(window, contract.query_ids_given), rows)
+        QUERY_KEY: pick(row_query_keys(window, contract.query_ids_given), rows)
         if contract.ranked
         else [None] * n,
     }  # by name: OutputContract.part_table puts them in the schema's order
@@ -158,13 +165,6 @@ def output_columns(
         )
     columns[ERROR] = errors
     return columns
-
-
-def _take(values, rows: np.ndarray):
-    """A per-row column's values for each item (rows: each item's row)."""
-    if isinstance(values, (pa.Array, pa.ChunkedArray)):
-        return values.take(pa.array(rows))
-    return [values[r] for r in rows.tolist()]
 
 
 def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int:
