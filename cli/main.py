@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import _signal
 
+from score_batch import EARLY_STOPS as _EARLY
+
 # From the first instruction: a stop that lands while the modules below import is remembered, then raised as
-# Stopped once run() can report it (the window before is the interpreter's own start-up). The C module
-# installs them: signal.py's own import builds its enums in Python, where a stop was a KeyboardInterrupt.
-_EARLY: list[int] = []
+# Stopped once run() can report it (score_batch/__init__.py records one from the command's first line; the
+# window before is the interpreter's own start-up). The C module installs them: signal.py's own import
+# builds its enums in Python, where a stop was a KeyboardInterrupt.
 for _signum in (_signal.SIGINT, _signal.SIGTERM):
     _signal.signal(_signum, lambda signum, frame: _EARLY.append(signum))
 
