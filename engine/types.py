@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 TokenIds = list[int]
+
+
+class ItemRef(NamedTuple):
+    """Where a scored item came from: the group's index in the call and the item's index in it."""
+
+    group: int
+    item: int
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,7 @@ class GroupResult:
     raw: np.ndarray | None = None  # [num_items, num_scores] float32 before activation (classifier logits)
     # [num_items] int32 under truncate="chunk": the chunks each item was scored as (1 for an item that fit its
     # limit, 0 for an item that failed before scoring); None otherwise. The other fields are then the
-    # aggregate of the item's chunks (ScoringConfig.chunk_aggregate; engine/chunking.py).
+    # aggregate of the item's chunks (ScoringConfig.chunk_aggregate; engine/text/chunking.py).
     chunks: np.ndarray | None = None
 
     @property

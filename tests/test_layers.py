@@ -114,6 +114,41 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# engine/'s rooms, bottom first: each imports only rooms below it (and itself). The base is the records,
+# configs, errors and activations every room shares; the top is the Python API (Scorer, the CrossEncoder surface).
+ENGINE_ROOMS = ("base", "text", "plan", "attention", "native", "model", "run", "api")
+ENGINE_BASE = {"errors", "config", "types", "activation"}
+ENGINE_API = {"", "scorer", "crossencoder"}
+
+
+def engine_room(module: str) -> str | None:
+    """The room of an engine module (score_batch.engine.plan.planner → plan); None outside engine/."""
+    if not (module == "score_batch.engine" or module.startswith("score_batch.engine.")):
+        return None
+    rest = module.removeprefix("score_batch.engine").lstrip(".").split(".")[0]
+    if rest in ENGINE_BASE:
+        return "base"
+    return "api" if rest in ENGINE_API else rest
+
+
+def engine_climbs(edges: dict[str, set[str]]) -> list[str]:
+    """Imports from an engine room to a room above it, as 'importer → imported'."""
+    wrong = []
+    for importer, targets in edges.items():
+        room = engine_room(importer)
+        for target in targets:
+            other = engine_room(target)
+            if room and other and ENGINE_ROOMS.index(other) > ENGINE_ROOMS.index(room):
+                wrong.append(f"{importer} → {target}")
+    return sorted(wrong)
+
+
+def test_engine_rooms_import_only_rooms_below():
+    edges = graph()
+    assert {engine_room(m) for m in edges} - {None} == set(ENGINE_ROOMS)  # every module is in a named room
+    assert engine_climbs(edges) == []
+
+
 def test_no_layer_imports_upward():
     assert upward_imports(graph()) == []
 
@@ -124,6 +159,6 @@ def test_no_import_cycles():
 
 def test_the_graph_sees_the_layers():
     edges = graph()
-    assert "score_batch.engine.setup" in edges["score_batch.engine.scorer"]
+    assert "score_batch.engine.model.setup" in edges["score_batch.engine.scorer"]
     assert "score_batch.engine.scorer" in edges["score_batch.job.phase"]
     assert "score_batch.choices" in edges["score_batch.cli.options"]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from score_batch.engine.model_kind import read_config_json
 from score_batch.engine.native.config import model_config
 from score_batch.engine.native.layers import Linear, NativeDecoder
 from score_batch.engine.native.ops import make_ops
@@ -37,6 +37,8 @@ def _ties(reader: CheckpointReader, prefix: str, model_dir: Path) -> bool:
 
 def load_native(
     model_dir: Path,
+    raw_config: dict,
+    weight_paths: Sequence[Path],
     kind: str,
     num_labels: int,
     dtype: torch.dtype,
@@ -44,15 +46,16 @@ def load_native(
     ops_name: str,
     trust_remote_code: bool,
 ) -> tuple[NativeDecoder, Linear, DecoderSpec]:
-    """(backbone, head, spec): the head is the LM head (kind 'causal') or the classifier's `score`."""
-    config = model_config(model_dir, read_config_json(model_dir, trust_remote_code), trust_remote_code)
+    """(backbone, head, spec): the head is the LM head (kind 'causal') or the classifier's `score`; raw_config is
+    the directory's config.json, weight_paths its safetensors files (model.safetensors, else the index's shards)."""
+    config = model_config(model_dir, raw_config, trust_remote_code)
     spec = decoder_spec(config)
     inv_freq, scaling = inverse_frequencies(config, spec.head_dim)
     ops = make_ops(ops_name, device)
     rope = RopeCache(inv_freq, scaling, device)
     backbone = NativeDecoder(spec, ops, rope)  # meta placeholders, each replaced by a checkpoint tensor
     head = Linear(spec.hidden_size, spec.vocab_size if kind == "causal" else num_labels, bias=False)
-    reader = CheckpointReader(model_dir, dtype, device)
+    reader = CheckpointReader(weight_paths, dtype, device)
     prefix = backbone_prefix(reader)
     tied = kind == "causal" and spec.tie_word_embeddings and _ties(reader, prefix, model_dir)
     head_source = None if tied else ("lm_head.weight" if kind == "causal" else "score.weight")

@@ -8,13 +8,13 @@ the embedding matrix as the LM head.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from score_batch.engine.errors import ScoringInputError
-from score_batch.engine.model_source import weight_files
 
 BACKBONE_PREFIX = "model."
 # Checkpoint names of each fused parameter's parts, in the order they are concatenated.
@@ -27,13 +27,13 @@ FUSED = {
 class CheckpointReader:
     """Tensors by name across a checkpoint's shards, converted to a dtype and moved to a device on read."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, paths: Sequence[Path], dtype: torch.dtype, device: torch.device) -> None:
         from safetensors import safe_open
 
         self._dtype, self._device = dtype, device
         self._files = {}
         self._where: dict[str, object] = {}
-        for path in weight_files(model_dir)[1]:  # model.safetensors, else the index's shards
+        for path in paths:
             handle = safe_open(str(path), framework="pt", device="cpu")
             self._files[path] = handle
             for name in handle.keys():

@@ -33,6 +33,7 @@ from typing import Literal
 
 from score_batch.engine.activation import json_object, model_activation_fn
 from score_batch.engine.errors import SettingError
+from score_batch.engine.text.tokenize import UNLIMITED
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,6 @@ PAIR_ROLES = ("query", "document")
 PAIR_ROLE_PROBES = (("alpha", "bravo"), ("charlie", "bravo"), ("alpha", "foxtrot"))
 # Keys of apply_chat_template that size the tokenization (never template variables).
 CHAT_SIZE_KEYS = ("padding", "truncation", "max_length", "return_tensors")
-# A value of model_max_length that means "no limit" (transformers' VERY_LARGE_INTEGER is 1e30).
-UNLIMITED = int(1e29)
 
 
 @dataclass(frozen=True)
@@ -319,27 +318,6 @@ def pair_roles_failure(tokenizer, message_format: str, template_kwargs: dict) ->
     if dropped:
         return f"the {' and '.join(repr(r) for r in dropped)} content does not reach the rendered prompt"
     return None
-
-
-def longest_first_lengths(first: int, second: int, limit: int) -> tuple[int, int]:
-    """How many tokens of each sequence a Hugging Face (Rust) tokenizer keeps under truncation="longest_first".
-
-    limit is the maximum length less the special tokens the pair adds. The shorter sequence is kept whole when
-    the longer one alone can absorb the excess; otherwise the shorter keeps limit // 2 and the longer the rest
-    (on equal lengths, the second keeps the odd token). Both are cut at their end.
-    """
-    if first + second <= limit:
-        return first, second
-    if limit <= 0:
-        return 0, 0
-    shorter = min(first, second)
-    if 2 * shorter > limit:  # both are cut
-        shorter_keeps, longer_keeps = limit // 2, limit - limit // 2
-    else:  # the longer alone absorbs the excess
-        shorter_keeps, longer_keeps = shorter, limit - shorter
-    if first > second:
-        return min(first, longer_keeps), min(second, shorter_keeps)
-    return min(first, shorter_keeps), min(second, longer_keeps)
 
 
 def _chat_format(tokenizer, model_type: str, transformer_config: dict, processing: dict) -> ChatFormat | None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from score_batch.engine.config import ScoringConfig
-from score_batch.engine.packing import ItemRef
-from score_batch.engine.types import Group
+from score_batch.engine.types import Group, ItemRef
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from score_batch.engine.backend_tokenizer import BackendTokenizer
-from score_batch.engine.chunking import split_chunks
 from score_batch.engine.config import ScoringConfig
+from score_batch.engine.text.backend_tokenizer import BackendTokenizer
+from score_batch.engine.text.chunking import split_chunks
 from score_batch.engine.types import Group, TokenizedGroup
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
+# A value of model_max_length that means "no limit" (transformers' VERY_LARGE_INTEGER is 1e30).
+UNLIMITED = int(1e29)
 
 
 def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> TokenizedGroup:
@@ -210,7 +212,7 @@ def _chunk(
 ) -> tuple[list[int], list[list[int]], str | None]:
     """truncate="chunk": (the item's whole ids, its chunks of at most limit tokens, None) or an error.
 
-    An item within the limit is its one chunk; a longer one is split by engine/chunking.split_chunks (the
+    An item within the limit is its one chunk; a longer one is split by engine/text/chunking.split_chunks (the
     template's tokens around every chunk, content chunks as a Hugging Face tokenizer's overflow makes them).
     """
     chunks, reason = split_chunks(encoded.ids, encoded.touching(), limit, overlap)
@@ -330,7 +332,7 @@ def _longest_first(
     A pair may hold the smallest of pack_limit (max_pack_tokens less the item's delimiters), the position
     limit and the tokenizer's model_max_length (CrossEncoder's limit). max_query_tokens / max_item_tokens,
     when set, first cut that side's content tail. Then, as the tokenizer truncates a pair
-    (engine/st_model.longest_first_lengths), the longer content loses its tail until the pair fits, both
+    (longest_first_lengths), the longer content loses its tail until the pair fits, both
     when both must (the shorter keeps half the room); templates and special tokens are kept.
 
     An item whose pair needs the query cut sees a shorter query than its neighbours: the group's shared
@@ -338,8 +340,6 @@ def _longest_first(
     tokens, template included) at its head, so that query_ids + item_ids is exactly its cut pair. Under
     item_first the whole pair is the item's and the shared query is empty.
     """
-    from score_batch.engine.st_model import UNLIMITED, longest_first_lengths
-
     limit, why = pack_limit, "the pack limit (max_pack_tokens less the delimiters)"
     if max_positions is not None and max_positions < limit:
         limit, why = max_positions, f"the model's position limit (max_position_embeddings {max_positions})"
@@ -496,3 +496,24 @@ def _checked_group(
         if item_first and ids is not None and not ids and not query_ids:
             item_ids[index], errors[index] = None, f"item {index} and the query are both empty"
     return TokenizedGroup(query_ids, item_ids, errors, item_first)
+
+
+def longest_first_lengths(first: int, second: int, limit: int) -> tuple[int, int]:
+    """How many tokens of each sequence a Hugging Face (Rust) tokenizer keeps under truncation="longest_first".
+
+    limit is the maximum length less the special tokens the pair adds. The shorter sequence is kept whole when
+    the longer one alone can absorb the excess; otherwise the shorter keeps limit // 2 and the longer the rest
+    (on equal lengths, the second keeps the odd token). Both are cut at their end.
+    """
+    if first + second <= limit:
+        return first, second
+    if limit <= 0:
+        return 0, 0
+    shorter = min(first, second)
+    if 2 * shorter > limit:  # both are cut
+        shorter_keeps, longer_keeps = limit // 2, limit - limit // 2
+    else:  # the longer alone absorbs the excess
+        shorter_keeps, longer_keeps = shorter, limit - shorter
+    if first > second:
+        return min(first, longer_keeps), min(second, shorter_keeps)
+    return min(first, shorter_keeps), min(second, longer_keeps)

@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 
+from score_batch.engine.types import ItemRef
+
 QUERY_SEGMENT = -1
 DELIMITER_SEGMENT = -2
-
-
-class ItemRef(NamedTuple):
-    """Where a scored item came from: the group's index in the call and the item's index in it."""
-
-    group: int
-    item: int
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Running packed and paired batches through the model: runners, heads (score_and_pool), result tables, ranks."""

@@ -1,0 +1,1 @@
+"""Text to tokens: the tokenizer binding, templates and truncation, long-document chunks, encoder pairs."""
