@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import typing
@@ -15,8 +16,7 @@ import typer
 from score_batch import job
 from score_batch.cli import flags
 from score_batch.cli.main import app
-from score_batch.cli.options import ScoreOptions
-from score_batch.cli.score import BUILT, CONVERT
+from score_batch.cli.options import BY_SETTING, FLAGLESS, OPTION, OPTIONS
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.errors import ConfigError, UserError
 from score_batch.io_formats.schema import ColumnOverrides
@@ -62,21 +62,18 @@ def command_flags(name: str) -> set[str]:
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_every_config_field_has_a_flag_or_is_listed_flagless(setting):
-    if setting in flags.NESTED + flags.FLAGLESS:
-        assert flags.option_of(setting) is None
+    if setting in FLAGLESS:
+        assert setting not in BY_SETTING and flags.flag_of(setting) == setting
         return
-    option = flags.option_of(setting)
-    assert option in flags.OPTION_NAMES, (
-        f"{setting} has no flag: add one to ScoreOptions or list it in FLAGLESS"
-    )
+    assert setting in BY_SETTING, f"{setting} has no flag: add an Option to cli/options.py or list it in FLAGLESS"
     assert flags.flag_of(setting) in command_flags("score")  # the error table names a flag that exists
 
 
 @pytest.mark.parametrize(
-    "option", [pytest.param(name, marks=pending(name)) for name in flags.OPTION_NAMES if name not in CLI_ONLY]
+    "option", [pytest.param(o.name, marks=pending(o.name)) for o in OPTIONS if o.name not in CLI_ONLY]
 )
 def test_every_option_sets_a_config_field(option):
-    assert option in {flags.option_of(setting) for setting in SETTINGS}
+    assert OPTION[option].setting in SETTINGS
 
 
 def literal_values(hint) -> set:
@@ -86,13 +83,12 @@ def literal_values(hint) -> set:
     return set().union(*(literal_values(arg) for arg in typing.get_args(hint)))
 
 
-@pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s)])
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s in BY_SETTING])
 def test_an_options_choices_are_its_config_fields(setting):
     owner, name = setting.split(".")
     config = next(c for c in CONFIGS if c.__name__ == owner)
     field = typing.get_type_hints(config)[name]
-    option = typing.get_type_hints(ScoreOptions)[flags.option_of(setting)]
-    assert literal_values(option) == literal_values(field)
+    assert literal_values(BY_SETTING[setting].type) == literal_values(field)
 
 
 def test_the_choices_are_declared_once():
@@ -102,16 +98,19 @@ def test_the_choices_are_declared_once():
         assert "Literal[" not in text, module
 
 
-@pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s) and s not in BUILT])
+BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by cli/score.run_config, not copied from the option
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s in BY_SETTING and s not in BUILT])
 def test_option_defaults_equal_config_defaults(setting):
     owner, name = setting.split(".")
     field = next(
         f for f in dataclasses.fields(next(c for c in CONFIGS if c.__name__ == owner)) if f.name == name
     )
-    option = next(f for f in dataclasses.fields(ScoreOptions) if f.name == flags.option_of(setting))
-    if field.default is dataclasses.MISSING or option.default is dataclasses.MISSING:
+    option = BY_SETTING[setting]
+    if field.default is dataclasses.MISSING or option.default is inspect.Parameter.empty:
         return  # INPUT and -o have no config default
-    value = CONVERT[option.name](option.default) if option.name in CONVERT else option.default
+    value = option.convert(option.default) if option.convert else option.default
     if owner == "ScoringConfig":
         assert value is None  # not given: the profile's value (or the field's default) stays
     else:
@@ -206,7 +205,7 @@ def captured(monkeypatch) -> Captured:
 
 
 def test_every_option_has_a_mapping_case():
-    assert set(CASES) == set(flags.OPTION_NAMES) - set(CLI_ONLY)
+    assert set(CASES) == set(OPTION) - set(CLI_ONLY)
 
 
 @pytest.mark.parametrize("option", [pytest.param(name, marks=pending(name)) for name in CASES])
