@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
 import json
 import logging
+import re
 import typing
 from pathlib import Path
 
@@ -65,7 +67,9 @@ def test_every_config_field_has_a_flag_or_is_listed_flagless(setting):
     if setting in FLAGLESS:
         assert setting not in BY_SETTING and flags.flag_of(setting) == setting
         return
-    assert setting in BY_SETTING, f"{setting} has no flag: add an Option to cli/options.py or list it in FLAGLESS"
+    assert setting in BY_SETTING, (
+        f"{setting} has no flag: add an Option to cli/options.py or list it in FLAGLESS"
+    )
     assert flags.flag_of(setting) in command_flags("score")  # the error table names a flag that exists
 
 
@@ -98,7 +102,7 @@ def test_the_choices_are_declared_once():
         assert "Literal[" not in text, module
 
 
-BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by cli/score.run_config, not copied from the option
+BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by cli/score.run_config, not copied
 
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if s in BY_SETTING and s not in BUILT])
@@ -563,3 +567,25 @@ def test_chunk_flags_without_truncate_chunk_are_refused(qwen3_causal, tmp_path, 
         assert lines[0].startswith(f"score-batch: error: {' '.join(flag)} applies only with --truncate chunk")
     chunked = run_cli(*base, "--truncate", "chunk", "--max-item-tokens", "8", *flag)
     assert chunked.returncode == 0, chunked.stderr
+
+
+# ----------------------------------------------------------------------------- the docs' flag table
+
+
+def test_the_docs_flag_table_is_made_from_the_options():
+    spec = importlib.util.spec_from_file_location("flag_table", ROOT / "scripts" / "flag_table.py")
+    made = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(made)
+    doc = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
+    assert made.table() in doc, (
+        "docs/flags.md's flag table is stale: run python scripts/flag_table.py --write"
+    )
+    for option in OPTIONS:  # every option, with its variable (the argument has none)
+        assert f"`{option.flag}" in doc and (option.argument or f"`{option.env}`" in doc), option.name
+
+
+def test_every_flag_the_docs_name_exists():
+    text = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w/-])--[a-z][a-z-]*[a-z]", text))
+    known = command_flags("score") | command_flags("run-batch")
+    assert named - known - {"--help", "--install-completion", "--version", "--write"} == set()
