@@ -11,7 +11,7 @@ from typer.core import TyperArgument, TyperCommand, TyperOption
 from typer.exceptions import TyperException
 
 from score_batch.cli.logs import flag_value, say
-from score_batch.cli.options import ENV_PREFIX, PANELS
+from score_batch.cli.options import OPTION, PANELS
 from score_batch.errors import UserError
 from score_batch.signals import Stopped
 
@@ -165,10 +165,11 @@ def report_stop(stopped: Stopped, args: list[str], environ) -> None:
     wrote one: while the command line was imported or parsed."""
     if stopped.reported:
         return
-    report = flag_value(args, "--report") or environ.get(f"{ENV_PREFIX}_REPORT")
+    report = flag_value(args, OPTION["report"].flag) or environ.get(OPTION["report"].env)
     if not report:
         return
-    overwrite = "--overwrite" in args or environ.get(f"{ENV_PREFIX}_OVERWRITE", "").lower() in TRUE_WORDS
+    given = OPTION["overwrite"]
+    overwrite = given.flag in args or environ.get(given.env, "").lower() in TRUE_WORDS
     try:
         write_failure_report(report, stopped, overwrite=overwrite)
     except UserError as refused:  # a bad report path: the stop is what to show

@@ -8,12 +8,12 @@ import ast
 import re
 import shlex
 
-from score_batch.cli.options import BY_SETTING
+from score_batch.cli.options import BY_SETTING, FLAGLESS
 
+OWNERS = "|".join(sorted({setting.partition(".")[0] for setting in (*BY_SETTING, *FLAGLESS)}))
 # A setting named inside a message, with or without a Python literal value: ScoringConfig.apply_softmax=False.
 SETTING = re.compile(
-    r"\b((?:ScoringConfig|EngineConfig|RunConfig|RayOptions|ColumnOverrides)\.[a-z_]+)"
-    r"(?:=(True|False|None|'[^']*'|-?\d+(?:\.\d+)?|\((?:'[^']*'|[^()'])*\)))?"
+    rf"\b((?:{OWNERS})\.[a-z_]+)" r"(?:=(True|False|None|'[^']*'|-?\d+(?:\.\d+)?|\((?:'[^']*'|[^()'])*\)))?"
 )
 
 
