@@ -11,9 +11,9 @@ import logging
 import os
 
 from score_batch.cli.command import write_failure_report
-from score_batch.cli.flags import as_flags
+from score_batch.cli.error_messages import profile_noted
 from score_batch.cli.logs import quiet_libraries, say, setup_logging
-from score_batch.cli.options import BY_SETTING, ENV_PREFIX, OPTIONS, ScoreOptions
+from score_batch.cli.options import ENV_PREFIX, OPTIONS, ScoreOptions
 from score_batch.errors import ConfigError
 from score_batch.signals import Stopped, StopSignals
 
@@ -125,25 +125,6 @@ def run_config(options: ScoreOptions):
     )
     config = RunConfig(**{**from_options(options, "RunConfig"), **built})
     return config, profile
-
-
-def profile_noted(error: ConfigError, options: ScoreOptions, profile) -> ConfigError:
-    """error, saying which of its scoring settings (the refused one and those it conflicts with) the profile
-    set and no flag did: the flag to give is then the one that overrides the profile's."""
-    if profile is None:
-        return error
-    from_profile = [
-        setting
-        for setting in (error.setting, *error.conflicts)
-        if setting.startswith("ScoringConfig.")
-        and setting.partition(".")[2] in profile.settings
-        and getattr(options, BY_SETTING[setting].name, None) is None
-    ]
-    if not from_profile:
-        return error
-    spelled = " and ".join(as_flags(s, profile.settings[s.partition(".")[2]]) for s in from_profile)
-    problem = f"{error.problem} (the profile {profile.name} sets {spelled})"
-    return type(error)(error.setting, error.value, problem, error.conflicts)
 
 
 def from_options(options: ScoreOptions, owner: str) -> dict:

@@ -16,7 +16,7 @@ import pytest
 import typer
 
 from score_batch import job
-from score_batch.cli import flags
+from score_batch.cli import error_messages
 from score_batch.cli.main import app
 from score_batch.cli.options import BY_SETTING, FLAGLESS, OPTION, OPTIONS
 from score_batch.engine.config import EngineConfig, ScoringConfig
@@ -65,12 +65,12 @@ def command_flags(name: str) -> set[str]:
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_every_config_field_has_a_flag_or_is_listed_flagless(setting):
     if setting in FLAGLESS:
-        assert setting not in BY_SETTING and flags.flag_of(setting) == setting
+        assert setting not in BY_SETTING
         return
     assert setting in BY_SETTING, (
         f"{setting} has no flag: add an Option to cli/options.py or list it in FLAGLESS"
     )
-    assert flags.flag_of(setting) in command_flags("score")  # the error table names a flag that exists
+    assert BY_SETTING[setting].flag in command_flags("score")  # the error table names a flag that exists
 
 
 @pytest.mark.parametrize(
@@ -265,7 +265,7 @@ def test_profile_flag_picks_the_profile_and_flags_override_it(captured, qwen3_ca
     ],
 )
 def test_settings_are_spelled_as_the_flags_that_give_them(setting, value, spelled):
-    assert flags.as_flags(setting, value) == spelled
+    assert error_messages.as_flags(setting, value) == spelled
 
 
 @pytest.mark.parametrize(
@@ -313,7 +313,7 @@ def test_settings_named_in_a_message_are_spelled_as_their_flags():
         "turn it off with ScoringConfig.apply_softmax=False, or keep it with ScoringConfig.label_score='probability'"
         "; ScoringConfig.label_tokens=(' no', ' yes'); EngineConfig.dtype; RayOptions.groups_per_batch=3"
     )
-    assert flags.spell_settings(text) == (
+    assert error_messages.spell_settings(text) == (
         "turn it off with --no-apply-softmax, or keep it with --label-score probability"
         "; --label-tokens ' no' --label-tokens ' yes'; --dtype; RayOptions.groups_per_batch=3"
     )
