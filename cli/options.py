@@ -77,9 +77,11 @@ class Option:
 
     @property
     def env(self) -> str:
+        """Its environment variable (click's auto_envvar_prefix rule; an argument reads none)."""
         return f"{ENV_PREFIX}_{self.name.upper()}"
 
     def _names(self) -> list[str]:
+        """Its flag names, the --no- form included."""
         names = [name for decl in self.flags for name in decl.split("/")]
         return names or ["--" + self.name.replace("_", "-")]
 
@@ -106,7 +108,7 @@ def _storage_options(pairs: list[str] | None) -> tuple[tuple[str, str], ...]:
     return parse_storage_options(pairs)
 
 
-def comma_list(value: str | None) -> tuple[str, ...]:
+def _comma_list(value: str | None) -> tuple[str, ...]:
     """'a, b,c' → ('a', 'b', 'c'); None → ()."""
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else ()
 
@@ -114,13 +116,14 @@ def comma_list(value: str | None) -> tuple[str, ...]:
 def _label_token_ids(value: str | None) -> tuple[int, ...] | None:
     """'1,2,3' → (1, 2, 3); a ConfigError naming the setting (so its flag) for anything else."""
     try:
-        return None if value is None else tuple(int(v) for v in comma_list(value))
+        return None if value is None else tuple(int(v) for v in _comma_list(value))
     except ValueError:
         problem = "is not a comma-separated list of integers"
         raise ConfigError(f"{SCO}.label_token_ids", value, problem) from None
 
 
 def _tuple(values: list | None) -> tuple:
+    """A repeated option's values as a tuple (none: ())."""
     return tuple(values) if values else ()
 
 
@@ -153,7 +156,7 @@ OPTIONS = (
     Option("item_id_col", COLS, str | None, None, INPUT, "Item id column.", (), "COLUMN",
            "item_id, or item_ids if present"),
     Option("keep_columns", COLS, str | None, None, OUTPUT, "Comma-separated input columns to copy to the "
-           "output.", (), "COLUMNS", convert=comma_list),
+           "output.", (), "COLUMNS", convert=_comma_list),
     Option("input_format", RUN, choices.RequestedFormat, "auto", INPUT, "table (query/item rows), "
            "openai-batch (vLLM-style /v1/score and /v1/rerank batch file, as `score-batch run-batch`), or "
            "auto (openai-batch when the lines are batch requests)."),
@@ -162,7 +165,7 @@ OPTIONS = (
            "text)."),
     Option("partition_by", RUN, str | None, None, OUTPUT, "Write OUTPUT as a directory of Parquet files "
            "partitioned (hive style, col=value/) by these comma-separated output columns (ids or kept "
-           "columns).", (), "COLUMNS", convert=comma_list),
+           "columns).", (), "COLUMNS", convert=_comma_list),
     Option("label_tokens", SCO, list[str] | None, None, SCORING, "CausalLM label tokens, each exactly one "
            "token; repeat the flag: --label-tokens ' no' --label-tokens ' yes'.", (), "TOKEN",
            convert=lambda tokens: tuple(tokens) if tokens else None),

@@ -95,6 +95,12 @@ def test_an_options_choices_are_its_config_fields(setting):
     assert literal_values(BY_SETTING[setting].type) == literal_values(field)
 
 
+def test_the_log_formats_early_variable_is_the_options():
+    from score_batch.cli.logs import FORMAT_VARIABLE  # read before the options are (cli/main.py)
+
+    assert FORMAT_VARIABLE == OPTION["log_format"].env
+
+
 def test_the_choices_are_declared_once():
     """Literal choices live in score_batch/choices.py: the options and configs declare none of their own."""
     for module in ("cli/options.py", "engine/config.py", "job/run_config.py", "io_formats/listing.py"):
