@@ -33,7 +33,6 @@ PANELS = (INPUT, SCORING, OUTPUT, JOB, ENGINE, RAY)
 RUN, ENG, SCO, COLS, RAYS = "RunConfig", "EngineConfig", "ScoringConfig", "ColumnOverrides", "RayOptions"
 ENV_PREFIX = "SCORE_BATCH"  # every option is also SCORE_BATCH_<OPTION> (cli/app.py's auto_envvar_prefix)
 REQUIRED = inspect.Parameter.empty  # an option without a default
-DEFAULT_WINDOW_ROWS = 2048  # RunConfig's default; a test keeps them equal
 
 
 @dataclass(frozen=True)
@@ -235,7 +234,7 @@ OPTIONS = (
            "residual, RoPE, SiLU·mul); auto: flashinfer on CUDA when installed, torch elsewhere."),
     Option("threads", RUN, int | None, None, ENGINE, "Torch threads.",
            shown="the CPUs this process may use (affinity, cgroup quota)"),
-    Option("window_rows", RUN, int, DEFAULT_WINDOW_ROWS, JOB, "Input rows held in memory and checkpointed "
+    Option("window_rows", RUN, int, 2048, JOB, "Input rows held in memory and checkpointed "
            "at a time."),
     Option("on_error", RUN, choices.OnError, "fail", JOB, "A row that cannot be scored: fail (exit 2), "
            "record (error column), skip (errors file)."),
