@@ -10,11 +10,11 @@ from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
 from score_batch import __version__
-from score_batch.cli.command import ReportingCommand, command_from, help_params, report_stop
+from score_batch.cli.command import ReportingCommand, help_params, report_stop
 from score_batch.cli.error_messages import exit_code_for, usage_error
 from score_batch.cli.models import models
-from score_batch.cli.options import RunBatchOptions, ScoreOptions
-from score_batch.cli.score import ENV_PREFIX, HELP, RUN_BATCH_FIXED, RUN_BATCH_HELP, score
+from score_batch.cli.options import ENV_PREFIX, OPTIONS, RUN_BATCH_FIXED, RUN_BATCH_OPTIONS, command_from
+from score_batch.cli.score import HELP, RUN_BATCH_HELP, score
 from score_batch.signals import Stopped
 
 ARGS = "score_batch.args"  # ctx.meta: the command line as given
@@ -82,9 +82,9 @@ def main(
 
 
 ENV = {"auto_envvar_prefix": ENV_PREFIX}
-app.command("score", cls=ReportingCommand, help=HELP, context_settings=ENV)(command_from(ScoreOptions, score))
+app.command("score", cls=ReportingCommand, help=HELP, context_settings=ENV)(command_from(OPTIONS, score))
 app.command("run-batch", cls=ReportingCommand, help=RUN_BATCH_HELP, context_settings=ENV)(
-    command_from(RunBatchOptions, score, RUN_BATCH_FIXED)
+    command_from(RUN_BATCH_OPTIONS, score, RUN_BATCH_FIXED)
 )
 app.command(
     "models", help="Show the supported model families, the packing each allows, and the built-in profiles."

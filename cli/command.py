@@ -1,12 +1,8 @@
-"""Typer commands whose parameters are the fields of an options dataclass, and whose usage errors still
-write --report."""
+"""Typer commands whose usage errors still write --report, and how --help shows their parameters."""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
-import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -15,40 +11,11 @@ from typer.core import TyperArgument, TyperCommand, TyperOption
 from typer.exceptions import TyperException
 
 from score_batch.cli.logs import flag_value, say
-from score_batch.cli.options import PANELS
+from score_batch.cli.options import OPTION, PANELS
 from score_batch.errors import UserError
 from score_batch.signals import Stopped
 
-ENV_PREFIX = "SCORE_BATCH"  # cli/app.py's auto_envvar_prefix: SCORE_BATCH_<OPTION>
 TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")  # click's spellings of a true boolean
-
-
-def command_from(
-    options: type,
-    run: Callable[[Any], None],
-    fixed: dict[str, object] | None = None,
-) -> Callable[..., None]:
-    """A function Typer can register: its parameters are the fields of the options dataclass (but those in
-    fixed, which gives their values); calling it runs run(options(**values))."""
-    hints = typing.get_type_hints(options, include_extras=True)
-    fixed = fixed or {}
-    parameters = [
-        inspect.Parameter(
-            field.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            annotation=hints[field.name],
-            default=inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default,
-        )
-        for field in dataclasses.fields(options)
-        if field.name not in fixed
-    ]
-
-    def command(**values: Any) -> None:
-        run(options(**values, **fixed))
-
-    command.__signature__ = inspect.Signature(parameters)  # what Typer reads to build the command's flags
-    command.__annotations__ = {p.name: p.annotation for p in parameters}
-    return command
 
 
 TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "list[str]": "TEXT"}
@@ -198,10 +165,11 @@ def report_stop(stopped: Stopped, args: list[str], environ) -> None:
     wrote one: while the command line was imported or parsed."""
     if stopped.reported:
         return
-    report = flag_value(args, "--report") or environ.get(f"{ENV_PREFIX}_REPORT")
+    report = flag_value(args, OPTION["report"].flag) or environ.get(OPTION["report"].env)
     if not report:
         return
-    overwrite = "--overwrite" in args or environ.get(f"{ENV_PREFIX}_OVERWRITE", "").lower() in TRUE_WORDS
+    given = OPTION["overwrite"]
+    overwrite = given.flag in args or environ.get(given.env, "").lower() in TRUE_WORDS
     try:
         write_failure_report(report, stopped, overwrite=overwrite)
     except UserError as refused:  # a bad report path: the stop is what to show

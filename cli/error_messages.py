@@ -1,16 +1,21 @@
-"""The one table from exception types to messages on stderr; exit codes come from score_batch.errors."""
+"""The one table from exception types to messages on stderr (exit codes come from score_batch.errors), and a
+setting in a message spelled as the command line that gives it: a config field Owner.field is named by the flag
+of the option that sets it (cli/options.py's OPTIONS, the one declaration), so flags and messages agree."""
 
 from __future__ import annotations
 
+import ast
 import difflib
 import logging
 import os
+import re
+import shlex
 import sys
 
 from typer._click.exceptions import NoSuchOption
 
-from score_batch.cli.flags import as_flags, spell_settings
 from score_batch.cli.logs import say
+from score_batch.cli.options import BY_SETTING, FLAGLESS, ScoreOptions
 from score_batch.errors import (
     EXIT_USAGE,
     ConfigError,
@@ -21,6 +26,11 @@ from score_batch.errors import (
 )
 
 log = logging.getLogger(__name__)
+OWNERS = "|".join(sorted({setting.partition(".")[0] for setting in (*BY_SETTING, *FLAGLESS)}))
+# A setting named inside a message, with or without a Python literal value: ScoringConfig.apply_softmax=False.
+SETTING = re.compile(
+    rf"\b((?:{OWNERS})\.[a-z_]+)" r"(?:=(True|False|None|'[^']*'|-?\d+(?:\.\d+)?|\((?:'[^']*'|[^()'])*\)))?"
+)
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -47,6 +57,61 @@ def user_message(error: UserError) -> str:
     if isinstance(error, ConfigError):
         return f"{as_flags(error.setting, error.value)} {spell_settings(error.problem)}"
     return spell_settings(str(error))
+
+
+def as_flags(setting: str, value: object) -> str:
+    """A setting and its value as the command line that gives it: `--truncate item-tail`, `--resume`,
+    `--label-tokens ' no' --label-tokens ' yes'`, `--keep-columns a,b`."""
+    option = BY_SETTING.get(setting)
+    if option is None:
+        return f"{setting} {_word(value)}"
+    if value is True or value is None or value == ():
+        return option.flag
+    if value is False:
+        return option.off or f"{option.flag} false"
+    if isinstance(value, list | tuple):
+        if option.repeatable:
+            words = ("=".join(v) if isinstance(v, tuple) else v for v in value)
+            return " ".join(f"{option.flag} {_word(word)}" for word in words)
+        return f"{option.flag} {_word(','.join(map(str, value)))}"
+    return f"{option.flag} {_word(value)}"
+
+
+def spell_settings(text: str) -> str:
+    """A message's settings (ScoringConfig.apply_softmax=False, EngineConfig.dtype) as the flags that give
+    them (--no-apply-softmax, --dtype); settings no flag gives stay as they are."""
+
+    def spelled(match: re.Match) -> str:
+        setting, value = match.group(1), match.group(2)
+        if setting not in BY_SETTING:
+            return match.group(0)
+        return BY_SETTING[setting].flag if value is None else as_flags(setting, ast.literal_eval(value))
+
+    return SETTING.sub(spelled, text)
+
+
+def _word(value: object) -> str:
+    """One shell word: quoted only when the shell needs it (spaces, quotes, empty)."""
+    return shlex.quote(str(value))
+
+
+def profile_noted(error: ConfigError, options: ScoreOptions, profile) -> ConfigError:
+    """error, saying which of its scoring settings (the refused one and those it conflicts with) the profile
+    set and no flag did: the flag to give is then the one that overrides the profile's."""
+    if profile is None:
+        return error
+    from_profile = [
+        setting
+        for setting in (error.setting, *error.conflicts)
+        if setting.startswith("ScoringConfig.")
+        and setting.partition(".")[2] in profile.settings
+        and getattr(options, BY_SETTING[setting].name, None) is None
+    ]
+    if not from_profile:
+        return error
+    spelled = " and ".join(as_flags(s, profile.settings[s.partition(".")[2]]) for s in from_profile)
+    problem = f"{error.problem} (the profile {profile.name} sets {spelled})"
+    return type(error)(error.setting, error.value, problem, error.conflicts)
 
 
 def close_flags(given: str, params) -> list[str]:

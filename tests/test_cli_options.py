@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import inspect
 import json
 import logging
+import re
 import typing
 from pathlib import Path
 
@@ -13,10 +16,9 @@ import pytest
 import typer
 
 from score_batch import job
-from score_batch.cli import flags
+from score_batch.cli import error_messages
 from score_batch.cli.main import app
-from score_batch.cli.options import ScoreOptions
-from score_batch.cli.score import BUILT, CONVERT
+from score_batch.cli.options import BY_SETTING, FLAGLESS, OPTION, OPTIONS
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.errors import ConfigError, UserError
 from score_batch.io_formats.schema import ColumnOverrides
@@ -62,21 +64,20 @@ def command_flags(name: str) -> set[str]:
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_every_config_field_has_a_flag_or_is_listed_flagless(setting):
-    if setting in flags.NESTED + flags.FLAGLESS:
-        assert flags.option_of(setting) is None
+    if setting in FLAGLESS:
+        assert setting not in BY_SETTING
         return
-    option = flags.option_of(setting)
-    assert option in flags.OPTION_NAMES, (
-        f"{setting} has no flag: add one to ScoreOptions or list it in FLAGLESS"
+    assert setting in BY_SETTING, (
+        f"{setting} has no flag: add an Option to cli/options.py or list it in FLAGLESS"
     )
-    assert flags.flag_of(setting) in command_flags("score")  # the error table names a flag that exists
+    assert BY_SETTING[setting].flag in command_flags("score")  # the error table names a flag that exists
 
 
 @pytest.mark.parametrize(
-    "option", [pytest.param(name, marks=pending(name)) for name in flags.OPTION_NAMES if name not in CLI_ONLY]
+    "option", [pytest.param(o.name, marks=pending(o.name)) for o in OPTIONS if o.name not in CLI_ONLY]
 )
 def test_every_option_sets_a_config_field(option):
-    assert option in {flags.option_of(setting) for setting in SETTINGS}
+    assert OPTION[option].setting in SETTINGS
 
 
 def literal_values(hint) -> set:
@@ -86,13 +87,18 @@ def literal_values(hint) -> set:
     return set().union(*(literal_values(arg) for arg in typing.get_args(hint)))
 
 
-@pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s)])
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s in BY_SETTING])
 def test_an_options_choices_are_its_config_fields(setting):
     owner, name = setting.split(".")
     config = next(c for c in CONFIGS if c.__name__ == owner)
     field = typing.get_type_hints(config)[name]
-    option = typing.get_type_hints(ScoreOptions)[flags.option_of(setting)]
-    assert literal_values(option) == literal_values(field)
+    assert literal_values(BY_SETTING[setting].type) == literal_values(field)
+
+
+def test_the_log_formats_early_variable_is_the_options():
+    from score_batch.cli.logs import FORMAT_VARIABLE  # read before the options are (cli/main.py)
+
+    assert FORMAT_VARIABLE == OPTION["log_format"].env
 
 
 def test_the_choices_are_declared_once():
@@ -102,16 +108,19 @@ def test_the_choices_are_declared_once():
         assert "Literal[" not in text, module
 
 
-@pytest.mark.parametrize("setting", [s for s in SETTINGS if flags.option_of(s) and s not in BUILT])
+BUILT = ("RunConfig.model_dir", "RunConfig.ray")  # resolved by cli/score.run_config, not copied
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s in BY_SETTING and s not in BUILT])
 def test_option_defaults_equal_config_defaults(setting):
     owner, name = setting.split(".")
     field = next(
         f for f in dataclasses.fields(next(c for c in CONFIGS if c.__name__ == owner)) if f.name == name
     )
-    option = next(f for f in dataclasses.fields(ScoreOptions) if f.name == flags.option_of(setting))
-    if field.default is dataclasses.MISSING or option.default is dataclasses.MISSING:
+    option = BY_SETTING[setting]
+    if field.default is dataclasses.MISSING or option.default is inspect.Parameter.empty:
         return  # INPUT and -o have no config default
-    value = CONVERT[option.name](option.default) if option.name in CONVERT else option.default
+    value = option.convert(option.default) if option.convert else option.default
     if owner == "ScoringConfig":
         assert value is None  # not given: the profile's value (or the field's default) stays
     else:
@@ -206,7 +215,7 @@ def captured(monkeypatch) -> Captured:
 
 
 def test_every_option_has_a_mapping_case():
-    assert set(CASES) == set(flags.OPTION_NAMES) - set(CLI_ONLY)
+    assert set(CASES) == set(OPTION) - set(CLI_ONLY)
 
 
 @pytest.mark.parametrize("option", [pytest.param(name, marks=pending(name)) for name in CASES])
@@ -262,7 +271,7 @@ def test_profile_flag_picks_the_profile_and_flags_override_it(captured, qwen3_ca
     ],
 )
 def test_settings_are_spelled_as_the_flags_that_give_them(setting, value, spelled):
-    assert flags.as_flags(setting, value) == spelled
+    assert error_messages.as_flags(setting, value) == spelled
 
 
 @pytest.mark.parametrize(
@@ -310,7 +319,7 @@ def test_settings_named_in_a_message_are_spelled_as_their_flags():
         "turn it off with ScoringConfig.apply_softmax=False, or keep it with ScoringConfig.label_score='probability'"
         "; ScoringConfig.label_tokens=(' no', ' yes'); EngineConfig.dtype; RayOptions.groups_per_batch=3"
     )
-    assert flags.spell_settings(text) == (
+    assert error_messages.spell_settings(text) == (
         "turn it off with --no-apply-softmax, or keep it with --label-score probability"
         "; --label-tokens ' no' --label-tokens ' yes'; --dtype; RayOptions.groups_per_batch=3"
     )
@@ -564,3 +573,27 @@ def test_chunk_flags_without_truncate_chunk_are_refused(qwen3_causal, tmp_path, 
         assert lines[0].startswith(f"score-batch: error: {' '.join(flag)} applies only with --truncate chunk")
     chunked = run_cli(*base, "--truncate", "chunk", "--max-item-tokens", "8", *flag)
     assert chunked.returncode == 0, chunked.stderr
+
+
+# ----------------------------------------------------------------------------- the docs' flag table
+
+
+def test_the_docs_flag_table_is_made_from_the_options():
+    spec = importlib.util.spec_from_file_location("flag_table", ROOT / "scripts" / "flag_table.py")
+    made = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(made)
+    doc = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
+    assert made.table() in doc, (
+        "docs/flags.md's flag table is stale: run python scripts/flag_table.py --write"
+    )
+    rows = made.table().splitlines()
+    for option in OPTIONS:  # every option has a row, with its variable (the argument has none)
+        row = next(row for row in rows if option.flag in re.split(r"[`, .]+", row.split(" | ")[0]))
+        assert option.argument or f"`{option.env}`" in row, option.name
+
+
+def test_every_flag_the_docs_name_exists():
+    text = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w/-])--[a-z][a-z-]*[a-z]", text))
+    known = command_flags("score") | command_flags("run-batch")
+    assert named - known - {"--help", "--install-completion", "--version", "--write"} == set()
