@@ -58,6 +58,11 @@ def _overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
+def written(config: RunConfig, text: str) -> Location:
+    """A path the run writes (OUTPUT, --errors-file) on its store; InputError for a read-only scheme."""
+    return parse_location(text, config.storage_options, write=True)
+
+
 def default_errors_path(destination: Location) -> Location:
     """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
     return destination.sibling(".errors.jsonl")
@@ -88,7 +93,7 @@ class RunPaths:
         errors = None
         if config.on_error == "skip" and not config.dry_run:
             if config.errors_file:
-                errors = parse_location(config.errors_file, config.storage_options, write=True)
+                errors = written(config, config.errors_file)
             elif destination is not None:
                 errors = default_errors_path(destination)
         report = Location.on_disk(config.report) if config.report and config.report != STDOUT else None
@@ -104,7 +109,7 @@ class RunPaths:
 
     @property
     def leftovers(self) -> tuple[Location, ...]:
-        """Targets beside which an interrupted run may have left temporary files (the output's lock held)."""
+        """Paths beside which an interrupted run may have left temporary files (the output's lock held)."""
         return tuple(p for p in (self.output, self.default_errors, self.errors) if p is not None)
 
     def writes(self) -> dict[str, Location]:
@@ -164,16 +169,8 @@ def _named_paths(config: RunConfig) -> dict[str, object]:
             kind = "file" if base == text and not os.path.isdir(text) else "directory"
             named[f"input {kind} {i}"] = base
     try:
-        output = (
-            None
-            if config.output == STDOUT
-            else parse_location(config.output, config.storage_options, write=True)
-        )
-        errors = (
-            parse_location(config.errors_file, config.storage_options, write=True)
-            if config.errors_file
-            else None
-        )
+        output = None if config.output == STDOUT else written(config, config.output)
+        errors = written(config, config.errors_file) if config.errors_file else None
     except InputError:  # preflight names the bad path, with the report written
         return named
     if output is not None:

@@ -12,12 +12,12 @@ from pyarrow.fs import FileType
 from score_batch.errors import TooManyFailed
 from score_batch.io_formats.columns import ERROR
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import Location, parse_location
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.parts import MANIFEST
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
 from score_batch.job.completion import Completion
 from score_batch.job.contract import OutputContract, check_partition_by
-from score_batch.job.paths import check_local_container, parts_dir
+from score_batch.job.paths import check_local_container, parts_dir, written
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
 
@@ -42,7 +42,7 @@ def check_destination(config: RunConfig, directory: bool) -> Location | None:
             f"output {config.output!r}: --partition-by writes a directory of Parquet files; "
             "give a directory path (without .parquet or .jsonl)"
         )
-    destination = parse_location(config.output, config.storage_options, write=True)
+    destination = written(config, config.output)
     check_local_container("output", destination)  # a file in the way, or a place that takes no files
     missing = destination.missing_container()
     if missing is not None:
