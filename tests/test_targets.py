@@ -104,3 +104,5 @@ def test_object_target_operations(s3):  # noqa: F811
     storage = parse_storage_options([options[1]])
     _contract(parse_location(f"s3://{bucket}/dir", storage, write=True))
     assert parse_location(f"s3://{bucket}/dir//x/", storage).key() == f"s3://{bucket}/dir/x"
+    # a trailing `/` names the same object: its lock is named as it is written (dir.lock, not dir/.lock)
+    assert parse_location(f"s3://{bucket}/dir/", storage).sibling(".lock").uri == f"s3://{bucket}/dir.lock"
