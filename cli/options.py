@@ -102,7 +102,7 @@ def _inputs(arguments: list[str] | str) -> str | tuple[str, ...]:
 
 def _storage_options(pairs: list[str] | None) -> tuple[tuple[str, str], ...]:
     """--storage-option key=value … → RunConfig.storage_options."""
-    from score_batch.io_formats.locations import parse_storage_options
+    from score_batch.io_formats.remote import parse_storage_options
 
     return parse_storage_options(pairs)
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.target import Target
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.writers import dictionary_columns
 
 MANIFEST = "manifest.json"
@@ -30,7 +30,7 @@ def sha256(data: bytes) -> str:
 class PartStore:
     """One Parquet part per input window in a checkpoint directory (OUTPUT.parts/), listed in a manifest."""
 
-    def __init__(self, directory: Target) -> None:
+    def __init__(self, directory: Location) -> None:
         self.dir = directory
         self._manifest: dict = {"fingerprint": None, "parts": {}}
 
@@ -63,7 +63,7 @@ class PartStore:
         self._manifest = {"fingerprint": fingerprint, "record": record, "parts": parts}
         self._save()
 
-    def part(self, window: int) -> Target:
+    def part(self, window: int) -> Location:
         """Where window k's part lives."""
         return self.dir.child(f"part-{window:08d}.parquet")
 

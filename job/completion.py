@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 
 from score_batch.engine.model.source import model_identity
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, read_windows
-from score_batch.io_formats.target import Target
 from score_batch.io_formats.window import InputDigest
 from score_batch.io_formats.writers import ROWS_KEY, SUCCESS, output_format
 from score_batch.job.run_config import FINGERPRINTED, Fingerprint, RunConfig
@@ -69,7 +69,7 @@ class Stamp:
 class Completion:
     """The completion record of one output (a path or URI; dataset: a --partition-by directory)."""
 
-    def __init__(self, output: Target, dataset: bool) -> None:
+    def __init__(self, output: Location, dataset: bool) -> None:
         self.output = output
         self.dataset = dataset
         self.sidecar = dataset or _names_jsonl(output.path)
@@ -198,7 +198,7 @@ def _names_jsonl(path: str) -> bool:
         return False
 
 
-def _read_metadata(where: Target) -> pq.FileMetaData:
+def _read_metadata(where: Location) -> pq.FileMetaData:
     """A Parquet file's footer (its schema, with the schema metadata; its key-value metadata; its rows)."""
     with where.fs.open_input_file(where.path) as handle:
         return pq.read_metadata(handle)

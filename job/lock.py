@@ -9,22 +9,22 @@ import socket
 import time
 
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.target import Target
+from score_batch.io_formats.locations import Location
 
 log = logging.getLogger(__name__)
 UNREADABLE_LOCK_SECONDS = 10.0  # a lock file written in one small write is readable well within this
 
 
-def lock_path(destination: Target) -> Target:
+def lock_path(destination: Location) -> Location:
     """The lock file of an output: OUTPUT.lock."""
     return destination.sibling(".lock")
 
 
 class OutputLock:
     """Held while a run writes an output; a lock left by a dead process on this host is taken over. Created
-    atomically by Target.create_exclusive: O_EXCL locally, a conditional write on S3 (io_formats.remote)."""
+    atomically by Location.create_exclusive: O_EXCL locally, a conditional write on S3 (io_formats.locations)."""
 
-    def __init__(self, path: Target) -> None:
+    def __init__(self, path: Location) -> None:
         self.path = path
         self.held = False
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from score_batch.errors import is_environment_error
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.locations import has_glob
-from score_batch.io_formats.target import LocalTarget, Target, target
+from score_batch.io_formats.locations import Location, has_glob, parse_location
 from score_batch.io_formats.writers import STDOUT
 from score_batch.job.completion import Completion
 from score_batch.job.lock import lock_path
@@ -28,7 +27,7 @@ def real(path: str | Path) -> Path:
 
 
 def normalized(where) -> str:
-    """The URI a path is compared by: a Target, a Location or an InputFile by its key(), a Path resolved."""
+    """The URI a path is compared by: a Location or an InputFile by its key(), a Path resolved."""
     where = getattr(where, "location", where)  # an InputFile counts through its location
     key = getattr(where, "key", None)
     return key() if callable(key) else "file://" + str(real(where))
@@ -59,12 +58,17 @@ def _overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
-def default_errors_path(destination: Target) -> Target:
+def written(config: RunConfig, text: str) -> Location:
+    """A path the run writes (OUTPUT, --errors-file) on its store; InputError for a read-only scheme."""
+    return parse_location(text, config.storage_options, write=True)
+
+
+def default_errors_path(destination: Location) -> Location:
     """OUTPUT.errors.jsonl: where skipped rows go unless --errors-file says otherwise."""
     return destination.sibling(".errors.jsonl")
 
 
-def parts_dir(destination: Target) -> Target:
+def parts_dir(destination: Location) -> Location:
     """OUTPUT.parts: the checkpoint directory of an output."""
     return destination.sibling(".parts")
 
@@ -73,26 +77,26 @@ def parts_dir(destination: Target) -> Target:
 class RunPaths:
     """Every path one run writes, resolved once in preflight; later phases take them from here."""
 
-    output: Target | None  # None: stdout
-    parts: Target | None  # OUTPUT.parts/: the checkpoints (None: stdout or a dry run)
-    lock: Target | None  # OUTPUT.lock (None: stdout or a dry run)
-    errors: Target | None  # where --on-error skip lists skipped rows (None: the log, or not skipping)
-    default_errors: Target | None  # OUTPUT.errors.jsonl: an earlier run's list, removed when stale
-    report: Target | None  # --report FILE (None: none, or stderr)
+    output: Location | None  # None: stdout
+    parts: Location | None  # OUTPUT.parts/: the checkpoints (None: stdout or a dry run)
+    lock: Location | None  # OUTPUT.lock (None: stdout or a dry run)
+    errors: Location | None  # where --on-error skip lists skipped rows (None: the log, or not skipping)
+    default_errors: Location | None  # OUTPUT.errors.jsonl: an earlier run's list, removed when stale
+    report: Location | None  # --report FILE (None: none, or stderr)
     completion: Completion | None = None  # the output's completion record (None: stdout or a dry run)
 
     @classmethod
-    def resolve(cls, config: RunConfig, destination: Target | None) -> RunPaths:
+    def resolve(cls, config: RunConfig, destination: Location | None) -> RunPaths:
         """The paths of a run whose output was checked by check_destination (destination None: stdout)."""
         writes = destination is not None and not config.dry_run
         # --on-error skip lists skipped rows in --errors-file, else OUTPUT.errors.jsonl (or the log: None)
         errors = None
         if config.on_error == "skip" and not config.dry_run:
             if config.errors_file:
-                errors = target(config.errors_file, config.storage_options)
+                errors = written(config, config.errors_file)
             elif destination is not None:
                 errors = default_errors_path(destination)
-        report = LocalTarget(config.report) if config.report and config.report != STDOUT else None
+        report = Location.on_disk(config.report) if config.report and config.report != STDOUT else None
         return cls(
             destination,
             parts_dir(destination) if writes else None,
@@ -104,11 +108,11 @@ class RunPaths:
         )
 
     @property
-    def leftovers(self) -> tuple[Target, ...]:
-        """Targets beside which an interrupted run may have left temporary files (the output's lock held)."""
+    def leftovers(self) -> tuple[Location, ...]:
+        """Paths beside which an interrupted run may have left temporary files (the output's lock held)."""
         return tuple(p for p in (self.output, self.default_errors, self.errors) if p is not None)
 
-    def writes(self) -> dict[str, Target]:
+    def writes(self) -> dict[str, Location]:
         """Every written path by what it is, for the collision checks."""
         named = {
             "output": self.output,
@@ -121,7 +125,7 @@ class RunPaths:
 
 
 def check_run_paths(
-    config: RunConfig, input_files: tuple, destination: Target | None, input_directories: tuple = ()
+    config: RunConfig, input_files: tuple, destination: Location | None, input_directories: tuple = ()
 ) -> RunPaths:
     """Refuse written paths that touch a read path or each other, and an unwritable errors file; the paths."""
     paths = RunPaths.resolve(config, destination)
@@ -148,7 +152,7 @@ def check_report_path(config: RunConfig) -> None:
     check_report_file(config.report, config.overwrite or config.resume)
     if config.report == STDOUT:
         return
-    report = {"report": LocalTarget(config.report)}
+    report = {"report": Location.on_disk(config.report)}
     for name, where in _named_paths(config).items():
         if name.startswith(("input", "model")):
             check_collisions(report, {name: where})
@@ -165,8 +169,8 @@ def _named_paths(config: RunConfig) -> dict[str, object]:
             kind = "file" if base == text and not os.path.isdir(text) else "directory"
             named[f"input {kind} {i}"] = base
     try:
-        output = None if config.output == STDOUT else target(config.output, config.storage_options)
-        errors = target(config.errors_file, config.storage_options) if config.errors_file else None
+        output = None if config.output == STDOUT else written(config, config.output)
+        errors = written(config, config.errors_file) if config.errors_file else None
     except InputError:  # preflight names the bad path, with the report written
         return named
     if output is not None:
@@ -190,11 +194,11 @@ def check_report_file(report: str, replaceable: bool) -> None:
     """A --report path (- is stderr) must be writable; an existing report is replaced only when replaceable
     or when it is a failed run's report."""
     if report != STDOUT:
-        path = LocalTarget(report)
+        path = Location.on_disk(report)
         check_side_file("report", path, replaceable or _failed_report(path))
 
 
-def _failed_report(path: Target) -> bool:
+def _failed_report(path: Location) -> bool:
     """True when path holds the report of a run that did not succeed."""
     try:
         return json.loads(path.read_bytes() or b"").get("status") != "succeeded"
@@ -202,7 +206,7 @@ def _failed_report(path: Target) -> bool:
         return False
 
 
-def check_side_file(name: str, path: Target, replaceable: bool) -> None:
+def check_side_file(name: str, path: Location, replaceable: bool) -> None:
     """A side file (errors file, report) must be creatable now, and replaced only when allowed."""
     if path.is_dir():
         raise InputError(f"{name} {path.uri!r} is a directory; give a file path")
@@ -212,15 +216,15 @@ def check_side_file(name: str, path: Target, replaceable: bool) -> None:
     check_local_container(name, path)
 
 
-def check_local_container(name: str, path: Target, probe: bool = True) -> None:
+def check_local_container(name: str, path: Location, probe: bool = True) -> None:
     """A local path's directory must exist, be a directory and (probe) take new files now, before hours of
     scoring: an InputError (exit 2) names a file in the way, a missing directory or a place no file can be
     created (/proc); a machine that refuses (permission, read-only, disk full) stays an OSError (exit 3)."""
-    if path.local_path is None:
+    if not path.local:
         return
-    shown = Path(path.uri) if "://" not in path.uri else path.local_path
+    shown = Path(path.uri) if "://" not in path.uri else Path(path.path)
     parent = shown.parent
-    if not path.local_path.parent.is_dir():
+    if not Path(path.path).parent.is_dir():
         blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
         if blocking is not None:
             raise InputError(f"{name} {path.uri!r}: {str(blocking)!r} is a file, not a directory")

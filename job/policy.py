@@ -1,5 +1,5 @@
 """Rules shared by every runner: the destination guard, on-error fail, the failure threshold, leftovers. Every
-written path is a Target (io_formats.target): the same code for local files and object stores."""
+written path is a Location (io_formats.locations): the same code for local files and object stores."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pyarrow.fs import FileType
 from score_batch.errors import TooManyFailed
 from score_batch.io_formats.columns import ERROR
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.parts import MANIFEST
-from score_batch.io_formats.target import Target, target
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
 from score_batch.job.completion import Completion
 from score_batch.job.contract import OutputContract, check_partition_by
-from score_batch.job.paths import check_local_container, parts_dir
+from score_batch.job.paths import check_local_container, parts_dir, written
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
 
 
-def check_destination(config: RunConfig, directory: bool) -> Target | None:
+def check_destination(config: RunConfig, directory: bool) -> Location | None:
     """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output (with
     --partition-by the output is a directory too, and the partition columns must be ids or kept columns)."""
     partitioned = bool(config.partition_by)
@@ -42,7 +42,7 @@ def check_destination(config: RunConfig, directory: bool) -> Target | None:
             f"output {config.output!r}: --partition-by writes a directory of Parquet files; "
             "give a directory path (without .parquet or .jsonl)"
         )
-    destination = target(config.output, config.storage_options)
+    destination = written(config, config.output)
     check_local_container("output", destination)  # a file in the way, or a place that takes no files
     missing = destination.missing_container()
     if missing is not None:
@@ -75,7 +75,7 @@ def check_destination(config: RunConfig, directory: bool) -> Target | None:
     return destination
 
 
-def _unfinished_publish(destination: Target) -> bool:
+def _unfinished_publish(destination: Location) -> bool:
     """A dataset prefix without _SUCCESS while this output's checkpoints remain: a publish cut off midway
     (object stores publish file by file), which --resume or --overwrite replaces."""
     return (
@@ -114,7 +114,7 @@ def enforce_failed_rate(report: RunReport, config: RunConfig) -> None:
     raise TooManyFailed(f"{said}; {where}")
 
 
-def remove_leftovers(*paths: Target | None) -> None:
+def remove_leftovers(*paths: Location | None) -> None:
     """Delete temporary files an interrupted run left beside these paths (the caller holds the output's lock)."""
     for path in paths:
         for leftover in path.remove_leftovers() if path is not None else ():

@@ -33,7 +33,7 @@ class Checked:
 
     @property
     def destination(self):
-        """The checked output (a local Path or an object-store Location); None for stdout."""
+        """The checked output (a Location: a local path or an object store); None for stdout."""
         return self.paths.output
 
 

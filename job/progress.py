@@ -10,7 +10,7 @@ import time
 
 from tqdm import tqdm
 
-from score_batch.io_formats.target import Target
+from score_batch.io_formats.locations import Location
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import STDOUT, RunConfig
 
@@ -67,7 +67,7 @@ class Progress:
         self._bar.close()
 
 
-def warn_failed_items(report: RunReport, config: RunConfig, errors: Target | None) -> None:
+def warn_failed_items(report: RunReport, config: RunConfig, errors: Location | None) -> None:
     """Log at WARNING how many items failed and where they went (errors: RunPaths.errors), so a run that lost
     or flagged rows never ends silently; nothing for batch files (their runner logs failed requests)."""
     if not report.items_failed or report.requests:

@@ -31,8 +31,8 @@ from score_batch.engine.model.setup import load_planner
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units
-from score_batch.io_formats.target import Target
 from score_batch.io_formats.window import concat, token_key
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow, ScoringPhase
@@ -71,7 +71,7 @@ def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
     ]
 
 
-def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: Target | None) -> dict:
+def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: Location | None) -> dict:
     """Ray Data stage: read units (on their own filesystem) → one row per query group of each unit: its key and
     its rows as a window (io_formats/window: columns, pickled whole) with their pairs' joined earlier values
     (--reuse; reused: the joined file on the output's store). A nested-layout row, or a row that cannot be
@@ -108,7 +108,7 @@ def _unit_groups(window, layout: str):
         yield f"row:{int(window.index[row])}", np.array([row])
 
 
-def _joined_rows(reused: Target | None, first: int, end: int) -> dict[int, list[dict]]:
+def _joined_rows(reused: Location | None, first: int, end: int) -> dict[int, list[dict]]:
     """The joined earlier values of input rows [first, end), by row index (the file is sorted: the scan reads
     only the row groups that hold them)."""
     if reused is None:
@@ -332,7 +332,9 @@ def _score_on_ray(dataset, contract, sink, partitioning, phase, label: str) -> l
     return counts
 
 
-def _joined_on_store(config: RunConfig, source: InputSource, destination: Target, contract, gpus) -> Target:
+def _joined_on_store(
+    config: RunConfig, source: InputSource, destination: Location, contract, gpus
+) -> Location:
     """--reuse: this run's keys joined to the earlier outputs (job/reuse.EarlierScores, on this machine, keyed
     with the score identity an actor resolves) and copied into a hidden directory beside OUTPUT, on its store,
     where every read task can reach it."""

@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.parts import PartStore
-from score_batch.io_formats.target import Target
 from score_batch.io_formats.writers import (
     STDOUT,
     StdoutJsonlWriter,
@@ -220,7 +220,7 @@ class PartsSink:
     def _publish_file(
         self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None], fingerprint
     ) -> None:
-        """One file written whole and published in one step (see Target.atomic_writer); ready() runs once
+        """One file written whole and published in one step (see Location.atomic_writer); ready() runs once
         every row is written, before the output appears."""
         schema = contract.final_schema()
         writer = self.destination.atomic_writer(
@@ -263,9 +263,9 @@ class PartsSink:
 
 
 class StagedFile:
-    """Lines written to a staging file (opened at the first write) and published at a Target in one step."""
+    """Lines written to a staging file (opened at the first write) and published at a Location in one step."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Location) -> None:
         self.target = target
         self._tmp: Path | None = None
         self._handle = None
@@ -300,7 +300,7 @@ class StagedFile:
 class ErrorsSink:
     """Skipped rows under --on-error skip: JSONL lines published at the errors target, or warnings in the log."""
 
-    def __init__(self, path: Target | None) -> None:
+    def __init__(self, path: Location | None) -> None:
         self.path = path
         self.count = 0
         self._file = None if path is None else StagedFile(path)
@@ -335,7 +335,7 @@ class ErrorsSink:
 class LinesSink:
     """A batch file's response lines: a staging file published in one step, stdout, or nowhere (a dry run)."""
 
-    def __init__(self, destination: Target | None, stdout: bool) -> None:
+    def __init__(self, destination: Location | None, stdout: bool) -> None:
         self.stdout = stdout
         self.rows_written = 0  # response lines
         self.file = None if destination is None else StagedFile(destination)
@@ -366,7 +366,7 @@ class StagedDirectorySink:
     """A directory output that other writers fill (a Ray run's write tasks): a hidden staging directory beside
     OUTPUT on its store, published whole (`_SUCCESS` last) after the errors file."""
 
-    def __init__(self, destination: Target, schema: pa.Schema, errors: ErrorsSink) -> None:
+    def __init__(self, destination: Location, schema: pa.Schema, errors: ErrorsSink) -> None:
         self.destination, self.schema, self.errors = destination, schema, errors
         self.rows_written: int | None = None  # set by a ranked run; else the items less the skipped ones
         self.staging = destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed

@@ -238,14 +238,14 @@ def test_output_inside_the_input_prefix_is_refused(qwen3_causal, s3):
 
 
 def test_lock_is_a_conditional_create(s3):
-    from score_batch.io_formats.locations import parse_location, parse_storage_options
-    from score_batch.io_formats.remote import create_exclusive
+    from score_batch.io_formats.locations import parse_location
+    from score_batch.io_formats.remote import parse_storage_options
 
     _, bucket, options = s3
     storage = parse_storage_options([options[1]])
     lock = parse_location(f"s3://{bucket}/x.parquet.lock", storage)
-    assert create_exclusive(lock, b"first", storage)
-    assert not create_exclusive(lock, b"second", storage)
+    assert lock.create_exclusive(b"first")
+    assert not lock.create_exclusive(b"second")
 
 
 def test_secrets_are_refused_as_storage_options(qwen3_causal, tmp_path):
@@ -379,7 +379,7 @@ def test_round_trip_with_the_endpoint_from_aws_endpoint_url(qwen3_causal, s3, tm
 def test_endpoint_resolution_order(s3, monkeypatch, tmp_path, qwen3_causal):
     """AWS_ENDPOINT_URL_S3 before AWS_ENDPOINT_URL; --storage-option endpoint_override before both; one answer
     for pyarrow's filesystem and the boto3 client."""
-    from score_batch.io_formats.locations import s3_client_kwargs, s3_options
+    from score_batch.io_formats.remote import s3_client_kwargs, s3_options
 
     client, bucket, options = s3
     endpoint = options[1].split("=", 1)[1]
@@ -411,15 +411,16 @@ def test_a_file_is_published_whole_past_the_multipart_threshold(s3, tmp_path, mo
     """A 20 MB output (boto3 uploads it in parts, which S3 shows only once complete) lands whole at its key,
     the local file consumed and no temporary key left; without boto3 the copy-into-place path does the same."""
     from score_batch.io_formats import remote
-    from score_batch.io_formats.locations import parse_storage_options
-    from score_batch.io_formats.target import target
+    from score_batch.io_formats.locations import parse_location
+    from score_batch.io_formats.remote import parse_storage_options
 
     client, bucket, options = s3
     if not boto3_installed:
-        monkeypatch.setattr(remote, "_s3_client", lambda options, without: None)
+        monkeypatch.setattr(remote, "s3_client", lambda options, without: None)
     data = os.urandom(20 << 20)
     local = tmp_path / "out.parquet"
     local.write_bytes(data)
-    target(f"s3://{bucket}/out/scores.parquet", parse_storage_options([options[1]])).publish_file(local)
+    storage = parse_storage_options([options[1]])
+    parse_location(f"s3://{bucket}/out/scores.parquet", storage, write=True).publish_file(local)
     assert client.get_object(Bucket=bucket, Key="out/scores.parquet")["Body"].read() == data
     assert keys(client, bucket) == ["out/scores.parquet"] and not local.exists()

@@ -1,4 +1,4 @@
-"""Output targets: every spelling of one object-store object is one target for the collision checks."""
+"""Output locations: every spelling of one object-store object is one target for the collision checks."""
 
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ def test_a_double_slash_output_elsewhere_is_written_at_its_folded_key(qwen3_caus
 
 
 def _contract(where):
-    """The Target operations a run relies on, the same on every store."""
-    from score_batch.io_formats.target import Target
+    """The Location operations a run relies on, the same on every store."""
+    from score_batch.io_formats.locations import Location
 
-    assert isinstance(where, Target)
+    assert isinstance(where, Location)
     out = where.child("out.parquet")
     assert out.sibling(".lock").name == "out.parquet.lock" and out.parent.key() == where.key()
     assert not out.exists() and out.read_bytes() is None
@@ -90,17 +90,19 @@ def _contract(where):
 
 
 def test_local_target_operations(tmp_path):
-    from score_batch.io_formats.target import target
+    from score_batch.io_formats.locations import parse_location
 
-    _contract(target(str(tmp_path)))
-    assert target(f"{tmp_path}/./a//b").key() == target(f"{tmp_path}/a/b").key()
+    _contract(parse_location(str(tmp_path), write=True))
+    assert parse_location(f"{tmp_path}/./a//b").key() == parse_location(f"{tmp_path}/a/b").key()
 
 
 def test_object_target_operations(s3):  # noqa: F811
-    from score_batch.io_formats.locations import parse_storage_options
-    from score_batch.io_formats.target import target
+    from score_batch.io_formats.locations import parse_location
+    from score_batch.io_formats.remote import parse_storage_options
 
     _, bucket, options = s3
     storage = parse_storage_options([options[1]])
-    _contract(target(f"s3://{bucket}/dir", storage))
-    assert target(f"s3://{bucket}/dir//x/", storage).key() == f"s3://{bucket}/dir/x"
+    _contract(parse_location(f"s3://{bucket}/dir", storage, write=True))
+    assert parse_location(f"s3://{bucket}/dir//x/", storage).key() == f"s3://{bucket}/dir/x"
+    # a trailing `/` names the same object: its lock is named as it is written (dir.lock, not dir/.lock)
+    assert parse_location(f"s3://{bucket}/dir/", storage).sibling(".lock").uri == f"s3://{bucket}/dir.lock"
