@@ -1,4 +1,4 @@
-"""An OpenAI-style batch file run: request lines → engine groups → one response line per request.
+"""An OpenAI-style batch file run: request lines → a window of pairs → the one scoring loop → response lines.
 
 A runner of job.run's loop (batch_preflight, run_batch_file) with a table run's guarantees: paths checked and
 the output locked before scoring, lines written to an exclusive temporary file and published by atomic rename
@@ -8,11 +8,14 @@ scored gets an error line and the run goes on (the batch format's own error hand
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
 
 from score_batch.engine import Group
 from score_batch.engine.activation import RequestActivation
@@ -28,20 +31,26 @@ from score_batch.io_formats.batch_requests import (
     score_body,
     success_line,
 )
+from score_batch.io_formats.columns import SCORE, SCORES
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.io_formats.window import Window, encode_queries
+from score_batch.job.contract import OutputContract
 from score_batch.job.paths import check_run_paths
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import check_destination
 from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
+from score_batch.job.reuse import ScoredPairs, score_identity
 from score_batch.job.run_config import STDOUT, RunConfig
+from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
 from score_batch.job.sinks import LinesSink
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
+PAIRS = OutputContract((pa.int64(), pa.int64()), (), None, "record", False)  # the scored part's columns
 
 
 def is_openai_batch(input_format: str, source: InputSource) -> bool:
@@ -87,32 +96,41 @@ def check_batch_config(config: RunConfig) -> None:
 
 def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
     """The batch-file runner's score-and-publish phase (job.run holds the lock, leftovers removed): every
-    request scored (stdin: read from the source's spool), one response line each, published in one step."""
+    request scored (stdin: read from the source's spool), one response line each, published in one step.
+    A window of requests becomes a window of pairs (_window) that the one scoring loop (job/scoring.py)
+    prepares, plans and scores; the part's scores become the response lines."""
     batch, destination = readers.batch_reader(checked.source), checked.destination
     scorer, planner, setup = load_engine(config, report)
-    model, created = str(config.model_dir), int(time.time())
+    tools = WindowTools(planner, PAIRS, score_identity(config, setup), None, ScoredPairs())  # no pairs added
     scoring = config.engine.scoring
     switches = RequestActivation(scoring.activation, scoring.score_index, scoring.label_score)
+    writer = _Writer(str(config.model_dir), int(time.time()), switches)
     sink = LinesSink(
         None if config.dry_run else destination, stdout=config.output == STDOUT and not config.dry_run
     )
     with ScoringPhase(config, report, sink) as phase:
-        for window in _windows(batch.requests(), config.window_rows):
-            groups, owners = _groups(window, planner)
-            plan = planner.plan(groups) if groups else None
-            results = None if plan is None or scorer is None else scorer.run(plan, phase.advance)
+        for number, requests in enumerate(_windows(batch.requests(), config.window_rows)):
+            window, bounds = _window(requests, planner)
+            prepared = prepare(number, window, tools)
+            stats, part = None, None
+            if prepared.todo.groups:
+                prepared = planned(prepared, tools)
+                part, _ = score(prepared, tools, scorer, phase.advance)
+                stats = prepared.plan.stats
+            scored, ran = writer.items(window, prepared, part), part is not None and scorer is not None
             lines, items, failed, refused = [], 0, 0, 0  # failed items, in refused requests
-            for number, request in enumerate(window):
-                line, error = _response(request, number, owners, plan, results, model, created, switches)
+            for request, start, stop in zip(requests, bounds, bounds[1:]):
+                line, error = writer.response(request, ran, *(values[start:stop] for values in scored))
                 items += len(request.items)
                 if error is not None:
                     failed, refused = failed + len(request.items), refused + 1
                     if report.requests_failed + refused <= LOGGED_FAILURES:
                         log.warning("request %r failed: %s", request.custom_id, error.message)
                 lines.append(line)
-            stats = None if plan is None else plan.stats
             phase.add(
-                ScoredWindow(len(window), items, failed, stats, requests=len(window), requests_failed=refused)
+                ScoredWindow(
+                    len(requests), items, failed, stats, requests=len(requests), requests_failed=refused
+                )
             )
             if not config.dry_run:
                 sink.write(lines)
@@ -137,28 +155,19 @@ def _windows(requests, window_items: int):
         yield window
 
 
-@dataclasses.dataclass(frozen=True)
-class _Part:
-    """Some items of a request: the engine group scoring them (None: refused) and their request positions."""
-
-    group: int | None
-    positions: list[int]
-    refused: str | None = None  # why these items are not scored (group None)
-
-
-Owners = dict[int, list[_Part]]  # request number → its parts
-
-
-def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], Owners]:
-    """The engine groups of a window's good requests, and per request its (group index, item positions).
+def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, list[int]]:
+    """The pairs of a window's requests as a window of the long layout (one item a row: the row index is the
+    request's, the item id its position in the request, the query id its engine group), and each request's
+    first row (and the end).
 
     Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts; then a pair over
     truncate_prompt_tokens N is scored on N of its tokens, or, with TEI's truncate, a pair over the model's
-    limit is cut longest first; each such pair is its own group. A request whose settings cannot be honoured
-    gets its error here."""
-    groups: list[Group] = []
-    owners: Owners = {}
-    for number, request in enumerate(window):
+    limit is cut longest first; each such pair is its own group, a pair that cannot be cut a row with the
+    reason as its error. A request whose settings cannot be honoured gets its error here (and no rows)."""
+    rows: list[tuple] = []  # (request index, group, position, query, item, error)
+    bounds, group = [], 0
+    for request in requests:
+        bounds.append(len(rows))
         if request.error is None and request.use_activation is False and planner.cfg.label_score == "sigmoid":
             request.error = BatchError(
                 "unsupported_parameter",
@@ -176,7 +185,6 @@ def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], 
         except RequestRefused as refused:
             request.error = BatchError(refused.code, f"line {request.line}: {refused}")
             continue
-        owners[number] = []
         for positions, query, items in grouped:
             cut: dict[int, Group | str] = {}
             if request.truncate_prompt_tokens is not None:
@@ -185,62 +193,88 @@ def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], 
                 )
             elif request.truncate:
                 cut = tei_truncated_pairs(query, items, request.truncation_direction, planner)
-            kept = [k for k in range(len(positions)) if k not in cut]
-            if kept:
-                owners[number].append(_Part(len(groups), [positions[k] for k in kept]))
-                groups.append(Group(query, [items[k] for k in kept]))
-            for k, group in cut.items():
-                if isinstance(group, str):
-                    owners[number].append(_Part(None, [positions[k]], group))
+            group += 1
+            rows.extend(
+                (request.index, group, positions[k], query, items[k], None)
+                for k in range(len(positions))
+                if k not in cut
+            )
+            for k, pair in cut.items():
+                group += 1
+                if isinstance(pair, str):
+                    rows.append((request.index, -1, positions[k], query, items[k], pair))
                 else:
-                    owners[number].append(_Part(len(groups), [positions[k]]))
-                    groups.append(group)
-    return groups, owners
+                    rows.append((request.index, group, positions[k], pair.query, pair.items[0], None))
+    bounds.append(len(rows))
+    index, groups, positions, queries, items, errors = [list(c) for c in zip(*rows)] or [[] for _ in range(6)]
+    codes, values = encode_queries(queries)
+    window = Window(
+        np.array(index, np.int64), codes, values, items, np.arange(len(rows) + 1, dtype=np.int64),
+        groups, {}, pa.array(positions, pa.int64()), errors,
+    )  # fmt: skip
+    return window, bounds
 
 
-def _response(
-    request, number, owners, plan, results, model, created, switches: RequestActivation
-) -> tuple[str, BatchError | None]:
-    """A request's output line, and its error (None when it was scored, or planned in a dry run)."""
-    if request.error is not None:
-        return error_line(request, request.error), request.error
-    scores = [math.nan] * len(request.items)
-    errors: list[str | None] = [None] * len(request.items)
-    tokens = 0
-    for part in owners[number]:
-        if part.group is None:
-            for position in part.positions:
-                errors[position] = part.refused
-            continue
-        planned = plan.tokenized[part.group]
-        values = None
-        if results is not None:
-            result = results[part.group]
-            values = switches.values(result.scores, result.score, request.use_activation)
-        for k, position in enumerate(part.positions):
-            errors[position] = planned.errors[k]
-            if planned.errors[k] is None:
-                tokens += len(getattr(planned, "query_ids", [])) + len(planned.item_ids[k])
-            if values is not None:
-                scores[position] = float(values[k])
-                if errors[position] is None and result.errors[k] is not None:
-                    errors[position] = result.errors[k]
-                if errors[position] is None and not math.isfinite(scores[position]):
-                    errors[position] = "the model gave a non-finite score"
-    failed = [p for p, e in enumerate(errors) if e is not None]
-    if failed:
-        first = failed[0]
-        error = BatchError(
-            "invalid_input",
-            f"line {request.line}: {len(failed)} of {len(errors)} inputs could not be scored; "
-            f"{request.item_field}[{first}]: {errors[first]}",
-        )
-        return error_line(request, error), error
-    if results is None:
-        return "", None
-    if request.endpoint == "rerank":
-        return success_line(request, rerank_body(request, scores, tokens, model)), None
-    return success_line(request, score_body(request, scores, tokens, model, created)), None
+@dataclass(frozen=True)
+class _Writer:
+    """A window's scored part → each request's response line."""
+
+    model: str
+    created: int
+    switches: RequestActivation
+
+    @staticmethod
+    def items(window: Window, prepared: Prepared, part: pa.Table | None) -> tuple:
+        """[items] of a window: each pair's error (the row's, or the plan's), prompt tokens, position in its
+        request, score and scores (NaN where nothing was planned)."""
+        n = window.num_items
+        errors, tokens = list(window.errors), np.zeros(n, np.int64)
+        planned_groups = () if part is None else zip(prepared.plan.tokenized, prepared.todo.refs)
+        for group, refs in planned_groups:
+            query = len(getattr(group, "query_ids", ()))  # a pair plan's groups have none
+            for at, error, ids in zip(refs.tolist(), group.errors, group.item_ids):
+                errors[at] = error
+                if error is None:
+                    tokens[at] = query + len(ids)
+        if part is None:
+            return errors, tokens, window.item_ids.to_numpy(), np.full(n, np.nan), np.full((n, 1), np.nan)
+        scores = part[SCORES].combine_chunks().values.to_numpy(zero_copy_only=False).reshape(n, -1)
+        return (
+            errors,
+            tokens,
+            window.item_ids.to_numpy(),
+            part[SCORE].to_numpy(),
+            scores,
+        )  # [items, num_scores]
+
+    def response(self, request: BatchRequest, ran: bool, errors, tokens, positions, score, scores) -> tuple:
+        """A request's output line, and its error (None when it was scored, or planned in a dry run)."""
+        if request.error is not None:
+            return error_line(request, request.error), request.error
+        values = [math.nan] * len(request.items)
+        failures: list[str | None] = [None] * len(request.items)
+        activated = self.switches.values(scores, score, request.use_activation) if ran else ()
+        for k, position in enumerate(positions.tolist()):
+            failures[position] = errors[k]
+            if ran:
+                values[position] = float(activated[k])
+                if errors[k] is None and not math.isfinite(values[position]):
+                    failures[position] = "the model gave a non-finite score"
+        failed = [p for p, e in enumerate(failures) if e is not None]
+        if failed:
+            first = failed[0]
+            error = BatchError(
+                "invalid_input",
+                f"line {request.line}: {len(failed)} of {len(failures)} inputs could not be scored; "
+                f"{request.item_field}[{first}]: {failures[first]}",
+            )
+            return error_line(request, error), error
+        if not ran:
+            return "", None
+        prompt = int(tokens.sum())
+        if request.endpoint == "rerank":
+            return success_line(request, rerank_body(request, values, prompt, self.model)), None
+        return success_line(request, score_body(request, values, prompt, self.model, self.created)), None
 
 
 __all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]
