@@ -26,17 +26,14 @@ from score_batch.io_formats.batch_requests import (
     STDIN,
     BatchError,
     BatchRequest,
-    error_line,
-    rerank_body,
-    score_body,
-    success_line,
+    response_line,
 )
 from score_batch.io_formats.columns import SCORE, SCORES
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.io_formats.window import Window, encode_queries
+from score_batch.io_formats.window import Window, encode_queries, first_appearance_codes
 from score_batch.job.contract import OutputContract
 from score_batch.job.paths import check_run_paths
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
@@ -47,6 +44,7 @@ from score_batch.job.reuse import ScoredPairs, score_identity
 from score_batch.job.run_config import STDOUT, RunConfig
 from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
 from score_batch.job.sinks import LinesSink
+from score_batch.job.windows import members
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
@@ -177,10 +175,13 @@ def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, lis
         if request.error is not None:
             continue
         limits = (request.max_tokens_per_query, request.max_tokens_per_doc)
+        codes, firsts = first_appearance_codes(
+            request.queries, len(request.queries)
+        )  # N:N: a group per text_1
         try:
             grouped = [
-                (positions, *cut_texts(query, [request.items[p] for p in positions], *limits, planner))
-                for query, positions in request.grouped()
+                (at, *cut_texts(request.queries[first], [request.items[k] for k in at], *limits, planner))
+                for first, at in zip(firsts, (m.tolist() for m in members(codes, len(firsts))))
             ]
         except RequestRefused as refused:
             request.error = BatchError(refused.code, f"line {request.line}: {refused}")
@@ -248,33 +249,18 @@ class _Writer:
         )  # [items, num_scores]
 
     def response(self, request: BatchRequest, ran: bool, errors, tokens, positions, score, scores) -> tuple:
-        """A request's output line, and its error (None when it was scored, or planned in a dry run)."""
-        if request.error is not None:
-            return error_line(request, request.error), request.error
+        """A request's output line and its error (ran: the window was scored, not a dry run's plan)."""
         values = [math.nan] * len(request.items)
         failures: list[str | None] = [None] * len(request.items)
-        activated = self.switches.values(scores, score, request.use_activation) if ran else ()
+        activated = self.switches.values(scores, score, request.use_activation) if ran and len(errors) else ()
         for k, position in enumerate(positions.tolist()):
             failures[position] = errors[k]
             if ran:
                 values[position] = float(activated[k])
                 if errors[k] is None and not math.isfinite(values[position]):
                     failures[position] = "the model gave a non-finite score"
-        failed = [p for p, e in enumerate(failures) if e is not None]
-        if failed:
-            first = failed[0]
-            error = BatchError(
-                "invalid_input",
-                f"line {request.line}: {len(failed)} of {len(failures)} inputs could not be scored; "
-                f"{request.item_field}[{first}]: {failures[first]}",
-            )
-            return error_line(request, error), error
-        if not ran:
-            return "", None
         prompt = int(tokens.sum())
-        if request.endpoint == "rerank":
-            return success_line(request, rerank_body(request, values, prompt, self.model)), None
-        return success_line(request, score_body(request, values, prompt, self.model, self.created)), None
+        return response_line(request, values if ran else None, failures, prompt, self.model, self.created)
 
 
 __all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]
