@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -102,29 +101,28 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
     tools = WindowTools(planner, PAIRS, score_identity(config, setup), None, ScoredPairs())  # no pairs added
     scoring = config.engine.scoring
     switches = RequestActivation(scoring.activation, scoring.score_index, scoring.label_score)
-    writer = _Writer(str(config.model_dir), int(time.time()), switches)
+    model, created = str(config.model_dir), int(time.time())
     sink = LinesSink(
         None if config.dry_run else destination, stdout=config.output == STDOUT and not config.dry_run
     )
     with ScoringPhase(config, report, sink) as phase:
         for number, requests in enumerate(_windows(batch.requests(), config.window_rows)):
             window, bounds = _window(requests, planner)
-            prepared = prepare(number, window, tools)
-            stats, part = None, None
+            prepared, part = prepare(number, window, tools), None
             if prepared.todo.groups:
                 prepared = planned(prepared, tools)
                 part, _ = score(prepared, tools, scorer, phase.advance)
-                stats = prepared.plan.stats
-            scored, ran = writer.items(window, prepared, part), part is not None and scorer is not None
+            columns = _columns(window, prepared, part, scorer)
             lines, items, failed, refused = [], 0, 0, 0  # failed items, in refused requests
             for request, start, stop in zip(requests, bounds, bounds[1:]):
-                line, error = writer.response(request, ran, *(values[start:stop] for values in scored))
+                line, error = _response(request, slice(start, stop), columns, switches, model, created)
                 items += len(request.items)
                 if error is not None:
                     failed, refused = failed + len(request.items), refused + 1
                     if report.requests_failed + refused <= LOGGED_FAILURES:
                         log.warning("request %r failed: %s", request.custom_id, error.message)
                 lines.append(line)
+            stats = None if part is None else prepared.plan.stats
             phase.add(
                 ScoredWindow(
                     len(requests), items, failed, stats, requests=len(requests), requests_failed=refused
@@ -216,51 +214,38 @@ def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, lis
     return window, bounds
 
 
-@dataclass(frozen=True)
-class _Writer:
-    """A window's scored part → each request's response line."""
+def _columns(window: Window, prepared: Prepared, part: pa.Table | None, scorer) -> tuple:
+    """[items] of a window: each pair's error (the row's, or the plan's), prompt tokens and position in its
+    request; the part's score and scores ([items, num_scores]), None where nothing ran (a dry run)."""
+    errors, tokens = list(window.errors), np.zeros(window.num_items, np.int64)
+    for group, refs in () if part is None else zip(prepared.plan.tokenized, prepared.todo.refs):
+        query = len(getattr(group, "query_ids", ()))  # a pair plan's groups have none
+        for at, error, ids in zip(refs.tolist(), group.errors, group.item_ids):
+            errors[at] = error
+            if error is None:
+                tokens[at] = query + len(ids)
+    if part is None or scorer is None:
+        return errors, tokens, window.item_ids.to_numpy(), None, None
+    scores = part[SCORES].combine_chunks().values.to_numpy(zero_copy_only=False).reshape(window.num_items, -1)
+    return errors, tokens, window.item_ids.to_numpy(), part[SCORE].to_numpy(), scores
 
-    model: str
-    created: int
-    switches: RequestActivation
 
-    @staticmethod
-    def items(window: Window, prepared: Prepared, part: pa.Table | None) -> tuple:
-        """[items] of a window: each pair's error (the row's, or the plan's), prompt tokens, position in its
-        request, score and scores (NaN where nothing was planned)."""
-        n = window.num_items
-        errors, tokens = list(window.errors), np.zeros(n, np.int64)
-        planned_groups = () if part is None else zip(prepared.plan.tokenized, prepared.todo.refs)
-        for group, refs in planned_groups:
-            query = len(getattr(group, "query_ids", ()))  # a pair plan's groups have none
-            for at, error, ids in zip(refs.tolist(), group.errors, group.item_ids):
-                errors[at] = error
-                if error is None:
-                    tokens[at] = query + len(ids)
-        if part is None:
-            return errors, tokens, window.item_ids.to_numpy(), np.full(n, np.nan), np.full((n, 1), np.nan)
-        scores = part[SCORES].combine_chunks().values.to_numpy(zero_copy_only=False).reshape(n, -1)
-        return (
-            errors,
-            tokens,
-            window.item_ids.to_numpy(),
-            part[SCORE].to_numpy(),
-            scores,
-        )  # [items, num_scores]
-
-    def response(self, request: BatchRequest, ran: bool, errors, tokens, positions, score, scores) -> tuple:
-        """A request's output line and its error (ran: the window was scored, not a dry run's plan)."""
-        values = [math.nan] * len(request.items)
-        failures: list[str | None] = [None] * len(request.items)
-        activated = self.switches.values(scores, score, request.use_activation) if ran and len(errors) else ()
-        for k, position in enumerate(positions.tolist()):
-            failures[position] = errors[k]
-            if ran:
-                values[position] = float(activated[k])
-                if errors[k] is None and not math.isfinite(values[position]):
-                    failures[position] = "the model gave a non-finite score"
-        prompt = int(tokens.sum())
-        return response_line(request, values if ran else None, failures, prompt, self.model, self.created)
+def _response(
+    request: BatchRequest, rows: slice, columns: tuple, switches, model: str, created: int
+) -> tuple:
+    """A request's output line and its error, from its rows of the window's _columns."""
+    errors, tokens, positions, score, scores = columns
+    values, failures = [math.nan] * len(request.items), [None] * len(request.items)
+    ran = score is not None and rows.start < rows.stop
+    activated = switches.values(scores[rows], score[rows], request.use_activation) if ran else ()
+    for k, position in enumerate(positions[rows].tolist()):
+        failures[position] = errors[rows.start + k]
+        if ran:
+            values[position] = float(activated[k])
+            if failures[position] is None and not math.isfinite(values[position]):
+                failures[position] = "the model gave a non-finite score"
+    scored = None if score is None else values
+    return response_line(request, scored, failures, int(tokens[rows].sum()), model, created)
 
 
 __all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]
