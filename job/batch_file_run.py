@@ -122,12 +122,8 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
                     if report.requests_failed + refused <= LOGGED_FAILURES:
                         log.warning("request %r failed: %s", request.custom_id, error.message)
                 lines.append(line)
-            stats = None if part is None else prepared.plan.stats
-            phase.add(
-                ScoredWindow(
-                    len(requests), items, failed, stats, requests=len(requests), requests_failed=refused
-                )
-            )
+            stats, count = None if part is None else prepared.plan.stats, len(requests)
+            phase.add(ScoredWindow(count, items, failed, stats, requests=count, requests_failed=refused))
             if not config.dry_run:
                 sink.write(lines)
             phase.check()
@@ -173,9 +169,7 @@ def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, lis
         if request.error is not None:
             continue
         limits = (request.max_tokens_per_query, request.max_tokens_per_doc)
-        codes, firsts = first_appearance_codes(
-            request.queries, len(request.queries)
-        )  # N:N: a group per text_1
+        codes, firsts = first_appearance_codes(request.queries, len(request.queries))  # a group per query
         try:
             grouped = [
                 (at, *cut_texts(request.queries[first], [request.items[k] for k in at], *limits, planner))
