@@ -383,10 +383,7 @@ def response_line(
             f"{request.item_field}[{failed[0]}]: {failures[failed[0]]}",
         )
     if error is not None:
-        response = (
-            {"status_code": 400, "request_id": _request_id(request), "body": None} if error.http else None
-        )
-        return _line(request, response, {"code": error.code, "message": error.message}), error
+        return _line(request, 400 if error.http else None, None, error), error
     if scores is None:
         return "", None
     if request.endpoint == "rerank":
@@ -415,17 +412,17 @@ def response_line(
                 "prompt_tokens_details": None,
             },
         }
-    return _line(request, {"status_code": 200, "request_id": _request_id(request), "body": body}, None), None
+    return _line(request, 200, body, None), None
 
 
-def _request_id(request: BatchRequest) -> str:
-    """The response's request_id (deterministic: the request's position)."""
-    return f"score-batch-req-{request.index}"
-
-
-def _line(request: BatchRequest, response: dict | None, error: dict | None) -> str:
-    """One output line; its id is deterministic (the request's position)."""
+def _line(request: BatchRequest, status: int | None, body: dict | None, error: BatchError | None) -> str:
+    """One output line (status None: no response, the line was not a request); its ids are deterministic (the
+    request's position)."""
+    response = None
+    if status is not None:
+        response = {"status_code": status, "request_id": f"score-batch-req-{request.index}", "body": body}
     record = {"id": f"score-batch-{request.index}", "custom_id": request.custom_id, "response": response}
+    error = None if error is None else {"code": error.code, "message": error.message}
     return json.dumps({**record, "error": error}, ensure_ascii=False) + "\n"
 
 
