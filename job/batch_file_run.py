@@ -32,18 +32,17 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.io_formats.window import Window, encode_queries, first_appearance_codes
+from score_batch.io_formats.window import Window, encode_queries
 from score_batch.job.contract import OutputContract
 from score_batch.job.paths import check_run_paths
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import check_destination
 from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import ScoredPairs, score_identity
+from score_batch.job.reuse import ScoredPairs
 from score_batch.job.run_config import STDOUT, RunConfig
 from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
 from score_batch.job.sinks import LinesSink
-from score_batch.job.windows import members
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
@@ -97,8 +96,8 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
     A window of requests becomes a window of pairs (_window) that the one scoring loop (job/scoring.py)
     prepares, plans and scores; the part's scores become the response lines."""
     batch, destination = readers.batch_reader(checked.source), checked.destination
-    scorer, planner, setup = load_engine(config, report)
-    tools = WindowTools(planner, PAIRS, score_identity(config, setup), None, ScoredPairs())  # no pairs added
+    scorer, planner, _ = load_engine(config, report)
+    tools = WindowTools(planner, PAIRS, None, None, ScoredPairs())  # no keys: nothing is copied
     scoring = config.engine.scoring
     switches = RequestActivation(scoring.activation, scoring.score_index, scoring.label_score)
     model, created = str(config.model_dir), int(time.time())
@@ -148,15 +147,15 @@ def _windows(requests, window_items: int):
 
 
 def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, list[int]]:
-    """The pairs of a window's requests as a window of the long layout (one item a row: the row index is the
-    request's, the item id its position in the request, the query id its engine group), and each request's
-    first row (and the end).
+    """The pairs of a window's requests as a window of the nested layout (a row per engine group: the row index
+    is the request's, the query id the group's, the item ids the items' positions in the request), and each
+    request's first item (and the end).
 
     Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts; then a pair over
     truncate_prompt_tokens N is scored on N of its tokens, or, with TEI's truncate, a pair over the model's
     limit is cut longest first; each such pair is its own group, a pair that cannot be cut a row with the
     reason as its error. A request whose settings cannot be honoured gets its error here (and no rows)."""
-    rows: list[tuple] = []  # (request index, group, position, query, item, error)
+    rows: list[tuple] = []  # (request index, group, query, items, their positions, error)
     bounds, group = [], 0
     for request in requests:
         bounds.append(len(rows))
@@ -169,11 +168,13 @@ def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, lis
         if request.error is not None:
             continue
         limits = (request.max_tokens_per_query, request.max_tokens_per_doc)
-        codes, firsts = first_appearance_codes(request.queries, len(request.queries))  # a group per query
+        by_query: dict[str, list[int]] = {}  # N:N: a group per distinct text_1, in order of first appearance
+        for position, query in enumerate(request.queries):
+            by_query.setdefault(query, []).append(position)
         try:
             grouped = [
-                (at, *cut_texts(request.queries[first], [request.items[k] for k in at], *limits, planner))
-                for first, at in zip(firsts, (m.tolist() for m in members(codes, len(firsts))))
+                (at, *cut_texts(query, [request.items[k] for k in at], *limits, planner))
+                for query, at in by_query.items()
             ]
         except RequestRefused as refused:
             request.error = BatchError(refused.code, f"line {request.line}: {refused}")
@@ -186,42 +187,53 @@ def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, lis
                 )
             elif request.truncate:
                 cut = tei_truncated_pairs(query, items, request.truncation_direction, planner)
-            group += 1
-            rows.extend(
-                (request.index, group, positions[k], query, items[k], None)
-                for k in range(len(positions))
-                if k not in cut
-            )
+            kept = [k for k in range(len(positions)) if k not in cut]
+            if kept:
+                group += 1
+                rows.append(
+                    (
+                        request.index,
+                        group,
+                        query,
+                        [items[k] for k in kept],
+                        [positions[k] for k in kept],
+                        None,
+                    )
+                )
             for k, pair in cut.items():
                 group += 1
                 if isinstance(pair, str):
-                    rows.append((request.index, -1, positions[k], query, items[k], pair))
+                    rows.append((request.index, -1, query, [items[k]], [positions[k]], pair))
                 else:
-                    rows.append((request.index, group, positions[k], pair.query, pair.items[0], None))
+                    rows.append((request.index, group, pair.query, pair.items, [positions[k]], None))
     bounds.append(len(rows))
-    index, groups, positions, queries, items, errors = [list(c) for c in zip(*rows)] or [[] for _ in range(6)]
+    index, groups, queries, items, positions, errors = [list(c) for c in zip(*rows)] or [[] for _ in range(6)]
     codes, values = encode_queries(queries)
+    offsets = np.concatenate([[0], np.cumsum([len(row) for row in items])]).astype(np.int64)
     window = Window(
-        np.array(index, np.int64), codes, values, items, np.arange(len(rows) + 1, dtype=np.int64),
-        groups, {}, pa.array(positions, pa.int64()), errors,
+        np.array(index, np.int64), codes, values, [item for row in items for item in row], offsets, groups, {},
+        pa.array([p for row in positions for p in row], pa.int64()), errors,
     )  # fmt: skip
-    return window, bounds
+    return window, offsets[bounds].tolist()
 
 
 def _columns(window: Window, prepared: Prepared, part: pa.Table | None, scorer) -> tuple:
-    """[items] of a window: each pair's error (the row's, or the plan's), prompt tokens and position in its
-    request; the part's score and scores ([items, num_scores]), None where nothing ran (a dry run)."""
-    errors, tokens = list(window.errors), np.zeros(window.num_items, np.int64)
+    """[items] of a window: each pair's error (the row's, or the plan's), the prompt tokens up to it ([items +
+    1], cumulative), its position in its request; the part's score and scores ([items, num_scores]), None where
+    nothing ran (a dry run)."""
+    errors = [window.errors[row] for row in window.item_rows().tolist()]
+    tokens = np.zeros(window.num_items, np.int64)
     for group, refs in () if part is None else zip(prepared.plan.tokenized, prepared.todo.refs):
         query = len(getattr(group, "query_ids", ()))  # a pair plan's groups have none
         for at, error, ids in zip(refs.tolist(), group.errors, group.item_ids):
             errors[at] = error
             if error is None:
                 tokens[at] = query + len(ids)
+    tokens, positions = np.concatenate([[0], np.cumsum(tokens)]), window.item_ids.to_numpy()  # [items + 1]
     if part is None or scorer is None:
-        return errors, tokens, window.item_ids.to_numpy(), None, None
+        return errors, tokens, positions, None, None
     scores = part[SCORES].combine_chunks().values.to_numpy(zero_copy_only=False).reshape(window.num_items, -1)
-    return errors, tokens, window.item_ids.to_numpy(), part[SCORE].to_numpy(), scores
+    return errors, tokens, positions, part[SCORE].to_numpy(), scores
 
 
 def _response(
@@ -239,7 +251,9 @@ def _response(
             if failures[position] is None and not math.isfinite(values[position]):
                 failures[position] = "the model gave a non-finite score"
     scored = None if score is None else values
-    return response_line(request, scored, failures, int(tokens[rows].sum()), model, created)
+    return response_line(
+        request, scored, failures, int(tokens[rows.stop] - tokens[rows.start]), model, created
+    )
 
 
 __all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]
