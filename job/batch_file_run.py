@@ -147,13 +147,10 @@ def _windows(requests, window_items: int):
 
 
 def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, list[int]]:
-    """The pairs of a window's requests as a window of the nested layout (a row per engine group: the row index
-    is the request's, the query id the group's, the item ids the items' positions in the request), and each
-    request's first item (and the end).
-
-    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts; then a pair over
-    truncate_prompt_tokens N is scored on N of its tokens, or, with TEI's truncate, a pair over the model's
-    limit is cut longest first; each such pair is its own group, a pair that cannot be cut a row with the
+    """The requests as a window (a row per engine group: the request's index, the group as query id, the items'
+    request positions as item ids) and each request's first item (and the end). Per request, in vLLM's order:
+    max_tokens_per_query / max_tokens_per_doc cut the texts; a pair over truncate_prompt_tokens N keeps N tokens,
+    or with TEI's truncate one over the model's limit is cut longest first: its own group, or a row with the
     reason as its error. A request whose settings cannot be honoured gets its error here (and no rows)."""
     rows: list[tuple] = []  # (request index, group, query, items, their positions, error)
     bounds, group = [], 0
@@ -189,17 +186,8 @@ def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, lis
                 cut = tei_truncated_pairs(query, items, request.truncation_direction, planner)
             kept = [k for k in range(len(positions)) if k not in cut]
             if kept:
-                group += 1
-                rows.append(
-                    (
-                        request.index,
-                        group,
-                        query,
-                        [items[k] for k in kept],
-                        [positions[k] for k in kept],
-                        None,
-                    )
-                )
+                group, at = group + 1, [positions[k] for k in kept]
+                rows.append((request.index, group, query, [items[k] for k in kept], at, None))
             for k, pair in cut.items():
                 group += 1
                 if isinstance(pair, str):
