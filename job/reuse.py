@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from score_batch.engine.model_source import model_identity
+from score_batch.engine.model.source import model_identity
 from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.earlier import join_earlier, open_earlier
 from score_batch.io_formats.readers import InputSource, read_windows
