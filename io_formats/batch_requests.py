@@ -63,9 +63,8 @@ class BatchRequest:
     custom_id: Any = None  # as given (echoed even when it is not a string)
     endpoint: str | None = None  # "score" | "rerank"
     item_field: str = ""  # the body field holding the items (text_2, documents, ...), for messages
-    queries: list[str] = field(default_factory=list)  # distinct queries, in order of first appearance
     items: list[str] = field(default_factory=list)  # one per response entry, in request order
-    item_query: list[int] = field(default_factory=list)  # index into queries, per item
+    queries: list[str] = field(default_factory=list)  # per item, its query (text_1 or the query)
     top_n: int = 0  # rerank: keep the best top_n results (0: all)
     return_documents: bool = True  # rerank: include each document's text
     use_activation: bool | None = None  # None: the run's own score; False: the raw value; True: activated
@@ -78,13 +77,6 @@ class BatchRequest:
     truncate: bool = False
     truncation_direction: str = "right"  # TEI, with truncate: right cuts the ends, left the starts
     error: BatchError | None = None
-
-    def grouped(self) -> list[tuple[str, list[int]]]:
-        """(query, positions of its items) per distinct query: the groups the engine scores."""
-        positions: list[list[int]] = [[] for _ in self.queries]
-        for position, query in enumerate(self.item_query):
-            positions[query].append(position)
-        return list(zip(self.queries, positions))
 
 
 def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
@@ -183,7 +175,7 @@ def parse_request(raw: bytes | str, line: int, index: int) -> BatchRequest:
             raise _BodyError("unsupported_url", f"url {url!r} is not supported (supported: {supported})")
     except _BodyError as error:
         request.error = BatchError(error.code, f"line {line}: {error.message}")
-        request.queries, request.items, request.item_query = [], [], []
+        request.queries, request.items = [], []
     return request
 
 
@@ -314,14 +306,7 @@ def _parse_score(request: BatchRequest, body: dict) -> None:
             "lengths must be 1:1, 1:N or N:N",
         )
     request.item_field = second_field
-    request.items = seconds
-    if len(firsts) == 1:
-        request.queries, request.item_query = firsts, [0] * len(seconds)
-        return
-    positions: dict[str, int] = {}
-    for text in firsts:  # N:N: pairs that share a text_1 are scored as one group
-        request.item_query.append(positions.setdefault(text, len(positions)))
-    request.queries = list(positions)
+    request.items, request.queries = seconds, firsts * len(seconds) if len(firsts) == 1 else firsts
 
 
 def _parse_rerank(request: BatchRequest, body: dict) -> None:
@@ -346,7 +331,7 @@ def _parse_rerank(request: BatchRequest, body: dict) -> None:
         if value is not None:
             return_documents = value
     request.item_field = documents_field
-    request.queries, request.items, request.item_query = [query], documents, [0] * len(documents)
+    request.queries, request.items = [query] * len(documents), documents
     request.top_n = max(top_n, 0)
     request.return_documents = return_documents
 
@@ -377,61 +362,67 @@ def _json_type(value: Any) -> str:
 # Responses ----------------------------------------------------------------------------------------
 
 
-def request_id(request: BatchRequest) -> str:
-    """The response's request_id (deterministic: the request's position)."""
-    return f"score-batch-req-{request.index}"
+def response_line(
+    request: BatchRequest,
+    scores: list[float] | None,
+    failures: list,
+    prompt_tokens: int,
+    model: str,
+    created: int,
+) -> tuple[str, BatchError | None]:
+    """A request's output line and its error (None when it succeeded): an error line when it has one or an item
+    failed (failures: per item its error or None), else vLLM's ScoreResponse (one entry per item, in request
+    order) or RerankResponse (sorted by relevance, ties in document order, top_n kept); scores None (a dry
+    run): no line."""
+    failed = [p for p, e in enumerate(failures) if e is not None]
+    error = request.error
+    if error is None and failed:
+        error = BatchError(
+            "invalid_input",
+            f"line {request.line}: {len(failed)} of {len(failures)} inputs could not be scored; "
+            f"{request.item_field}[{failed[0]}]: {failures[failed[0]]}",
+        )
+    if error is not None:
+        return _line(request, 400 if error.http else None, None, error), error
+    if scores is None:
+        return "", None
+    if request.endpoint == "rerank":
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep document order
+        texts = request.items if request.return_documents else [None] * len(scores)
+        body = {
+            "id": f"rerank-{request.index}",
+            "model": model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+            "results": [
+                {"index": i, "document": {"text": texts[i]}, "relevance_score": _finite(scores[i])}
+                for i in order[: request.top_n or None]
+            ],
+        }
+    else:
+        body = {
+            "id": f"score-{request.index}",
+            "object": "list",
+            "created": created,
+            "model": model,
+            "data": [{"index": i, "object": "score", "score": _finite(s)} for i, s in enumerate(scores)],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens,
+                "completion_tokens": 0,
+                "prompt_tokens_details": None,
+            },
+        }
+    return _line(request, 200, body, None), None
 
 
-def score_body(
-    request: BatchRequest, scores: list[float], prompt_tokens: int, model: str, created: int
-) -> dict:
-    """A vLLM ScoreResponse: one entry per item, in request order."""
-    return {
-        "id": f"score-{request.index}",
-        "object": "list",
-        "created": created,
-        "model": model,
-        "data": [{"index": i, "object": "score", "score": _finite(s)} for i, s in enumerate(scores)],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "total_tokens": prompt_tokens,
-            "completion_tokens": 0,
-            "prompt_tokens_details": None,
-        },
-    }
-
-
-def rerank_body(request: BatchRequest, scores: list[float], prompt_tokens: int, model: str) -> dict:
-    """A vLLM RerankResponse: results sorted by relevance (ties in document order), top_n kept."""
-    order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: ties keep document order
-    if 0 < request.top_n < len(order):
-        order = order[: request.top_n]
-    texts = request.items if request.return_documents else [None] * len(scores)
-    results = [
-        {"index": i, "document": {"text": texts[i]}, "relevance_score": _finite(scores[i])} for i in order
-    ]
-    return {
-        "id": f"rerank-{request.index}",
-        "model": model,
-        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        "results": results,
-    }
-
-
-def success_line(request: BatchRequest, body: dict) -> str:
-    """The output line of a request that was scored."""
-    return _line(request, {"status_code": 200, "request_id": request_id(request), "body": body}, None)
-
-
-def error_line(request: BatchRequest, error: BatchError) -> str:
-    """The output line of a request that failed: response null (not a request) or status 400, and the error."""
-    response = {"status_code": 400, "request_id": request_id(request), "body": None} if error.http else None
-    return _line(request, response, {"code": error.code, "message": error.message})
-
-
-def _line(request: BatchRequest, response: dict | None, error: dict | None) -> str:
-    """One output line; its id is deterministic (the request's position)."""
+def _line(request: BatchRequest, status: int | None, body: dict | None, error: BatchError | None) -> str:
+    """One output line (status None: no response, the line was not a request); its ids are deterministic (the
+    request's position)."""
+    response = None
+    if status is not None:
+        response = {"status_code": status, "request_id": f"score-batch-req-{request.index}", "body": body}
     record = {"id": f"score-batch-{request.index}", "custom_id": request.custom_id, "response": response}
+    error = None if error is None else {"code": error.code, "message": error.message}
     return json.dumps({**record, "error": error}, ensure_ascii=False) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""An OpenAI-style batch file run: request lines → engine groups → one response line per request.
+"""An OpenAI-style batch file run: request lines → a window of pairs → the one scoring loop → response lines.
 
 A runner of job.run's loop (batch_preflight, run_batch_file) with a table run's guarantees: paths checked and
 the output locked before scoring, lines written to an exclusive temporary file and published by atomic rename
@@ -8,11 +8,13 @@ scored gets an error line and the run goes on (the batch format's own error hand
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
 
 from score_batch.engine import Group
 from score_batch.engine.activation import RequestActivation
@@ -28,25 +30,28 @@ from score_batch.io_formats.batch_requests import (
     STDIN,
     BatchError,
     BatchRequest,
-    error_line,
-    rerank_body,
-    score_body,
-    success_line,
+    response_line,
 )
+from score_batch.io_formats.columns import SCORE, SCORES
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.io_formats.window import Window, encode_queries
+from score_batch.job.contract import OutputContract
 from score_batch.job.paths import check_run_paths
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import check_destination
 from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
+from score_batch.job.reuse import ScoredPairs
 from score_batch.job.run_config import STDOUT, RunConfig
+from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
 from score_batch.job.sinks import LinesSink
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
+PAIRS = OutputContract((pa.int64(), pa.int64()), (), None, "record", False)  # the scored part's columns
 
 
 def is_openai_batch(input_format: str, source: InputSource) -> bool:
@@ -92,33 +97,37 @@ def check_batch_config(config: RunConfig) -> None:
 
 def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
     """The batch-file runner's score-and-publish phase (job.run holds the lock, leftovers removed): every
-    request scored (stdin: read from the source's spool), one response line each, published in one step."""
+    request scored (stdin: read from the source's spool), one response line each, published in one step.
+    A window of requests becomes a window of pairs (_window) that the one scoring loop (job/scoring.py)
+    prepares, plans and scores; the part's scores become the response lines."""
     batch, destination = readers.batch_reader(checked.source), checked.destination
-    scorer, planner, setup = load_engine(config, report)
-    model, created = str(config.model_dir), int(time.time())
+    scorer, planner, _ = load_engine(config, report)
+    tools = WindowTools(planner, PAIRS, None, None, ScoredPairs())  # no keys: nothing is copied
     scoring = config.engine.scoring
     switches = RequestActivation(scoring.activation, scoring.score_index, scoring.label_score)
+    model, created = str(config.model_dir), int(time.time())
     sink = LinesSink(
         None if config.dry_run else destination, stdout=config.output == STDOUT and not config.dry_run
     )
     with ScoringPhase(config, report, sink) as phase:
-        for window in _windows(batch.requests(), config.window_rows):
-            groups, owners = _groups(window, planner)
-            plan = planner.plan(groups) if groups else None
-            results = None if plan is None or scorer is None else scorer.run(plan, phase.advance)
+        for number, requests in enumerate(_windows(batch.requests(), config.window_rows)):
+            window, bounds = _window(requests, planner)
+            prepared, part = prepare(number, window, tools), None
+            if prepared.todo.groups:
+                prepared = planned(prepared, tools)
+                part, _ = score(prepared, tools, scorer, phase.advance)
+            columns = _columns(window, prepared, part, scorer)
             lines, items, failed, refused = [], 0, 0, 0  # failed items, in refused requests
-            for number, request in enumerate(window):
-                line, error = _response(request, number, owners, plan, results, model, created, switches)
+            for request, start, stop in zip(requests, bounds, bounds[1:]):
+                line, error = _response(request, slice(start, stop), columns, switches, model, created)
                 items += len(request.items)
                 if error is not None:
                     failed, refused = failed + len(request.items), refused + 1
                     if report.requests_failed + refused <= LOGGED_FAILURES:
                         log.warning("request %r failed: %s", request.custom_id, error.message)
                 lines.append(line)
-            stats = None if plan is None else plan.stats
-            phase.add(
-                ScoredWindow(len(window), items, failed, stats, requests=len(window), requests_failed=refused)
-            )
+            stats, count = None if part is None else prepared.plan.stats, len(requests)
+            phase.add(ScoredWindow(count, items, failed, stats, requests=count, requests_failed=refused))
             if not config.dry_run:
                 sink.write(lines)
             phase.check()
@@ -142,28 +151,16 @@ def _windows(requests, window_items: int):
         yield window
 
 
-@dataclasses.dataclass(frozen=True)
-class _Part:
-    """Some items of a request: the engine group scoring them (None: refused) and their request positions."""
-
-    group: int | None
-    positions: list[int]
-    refused: str | None = None  # why these items are not scored (group None)
-
-
-Owners = dict[int, list[_Part]]  # request number → its parts
-
-
-def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], Owners]:
-    """The engine groups of a window's good requests, and per request its (group index, item positions).
-
-    Per request, in vLLM's order: max_tokens_per_query / max_tokens_per_doc cut the texts; then a pair over
-    truncate_prompt_tokens N is scored on N of its tokens, or, with TEI's truncate, a pair over the model's
-    limit is cut longest first; each such pair is its own group. A request whose settings cannot be honoured
-    gets its error here."""
-    groups: list[Group] = []
-    owners: Owners = {}
-    for number, request in enumerate(window):
+def _window(requests: list[BatchRequest], planner: Planner) -> tuple[Window, list[int]]:
+    """The requests as a window (a row per engine group: the request's index, the group as query id, the items'
+    request positions as item ids) and each request's first item (and the end). Per request, in vLLM's order:
+    max_tokens_per_query / max_tokens_per_doc cut the texts; a pair over truncate_prompt_tokens N keeps N tokens,
+    or with TEI's truncate one over the model's limit is cut longest first: its own group, or a row with the
+    reason as its error. A request whose settings cannot be honoured gets its error here (and no rows)."""
+    rows: list[tuple] = []  # (request index, group, query, items, their positions, error)
+    bounds, group = [], 0
+    for request in requests:
+        bounds.append(len(rows))
         if request.error is None and request.use_activation is False and planner.cfg.label_score == "sigmoid":
             request.error = BatchError(
                 "unsupported_parameter",
@@ -173,15 +170,17 @@ def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], 
         if request.error is not None:
             continue
         limits = (request.max_tokens_per_query, request.max_tokens_per_doc)
+        by_query: dict[str, list[int]] = {}  # N:N: a group per distinct text_1, in order of first appearance
+        for position, query in enumerate(request.queries):
+            by_query.setdefault(query, []).append(position)
         try:
             grouped = [
-                (positions, *cut_texts(query, [request.items[p] for p in positions], *limits, planner))
-                for query, positions in request.grouped()
+                (at, *cut_texts(query, [request.items[k] for k in at], *limits, planner))
+                for query, at in by_query.items()
             ]
         except RequestRefused as refused:
             request.error = BatchError(refused.code, f"line {request.line}: {refused}")
             continue
-        owners[number] = []
         for positions, query, items in grouped:
             cut: dict[int, Group | str] = {}
             if request.truncate_prompt_tokens is not None:
@@ -192,60 +191,62 @@ def _groups(window: list[BatchRequest], planner: Planner) -> tuple[list[Group], 
                 cut = tei_truncated_pairs(query, items, request.truncation_direction, planner)
             kept = [k for k in range(len(positions)) if k not in cut]
             if kept:
-                owners[number].append(_Part(len(groups), [positions[k] for k in kept]))
-                groups.append(Group(query, [items[k] for k in kept]))
-            for k, group in cut.items():
-                if isinstance(group, str):
-                    owners[number].append(_Part(None, [positions[k]], group))
+                group, at = group + 1, [positions[k] for k in kept]
+                rows.append((request.index, group, query, [items[k] for k in kept], at, None))
+            for k, pair in cut.items():
+                group += 1
+                if isinstance(pair, str):
+                    rows.append((request.index, -1, query, [items[k]], [positions[k]], pair))
                 else:
-                    owners[number].append(_Part(len(groups), [positions[k]]))
-                    groups.append(group)
-    return groups, owners
+                    rows.append((request.index, group, pair.query, pair.items, [positions[k]], None))
+    bounds.append(len(rows))
+    index, groups, queries, items, positions, errors = [list(c) for c in zip(*rows)] or [[] for _ in range(6)]
+    codes, values = encode_queries(queries)
+    offsets = np.concatenate([[0], np.cumsum([len(row) for row in items])]).astype(np.int64)
+    window = Window(
+        np.array(index, np.int64), codes, values, [item for row in items for item in row], offsets, groups, {},
+        pa.array([p for row in positions for p in row], pa.int64()), errors,
+    )  # fmt: skip
+    return window, offsets[bounds].tolist()
+
+
+def _columns(window: Window, prepared: Prepared, part: pa.Table | None, scorer) -> tuple:
+    """[items] of a window: each pair's error (the row's, or the plan's), the prompt tokens up to it ([items +
+    1], cumulative), its position in its request; the part's score and scores ([items, num_scores]), None where
+    nothing ran (a dry run)."""
+    errors = [window.errors[row] for row in window.item_rows().tolist()]
+    tokens = np.zeros(window.num_items, np.int64)
+    for group, refs in () if part is None else zip(prepared.plan.tokenized, prepared.todo.refs):
+        query = len(getattr(group, "query_ids", ()))  # a pair plan's groups have none
+        for at, error, ids in zip(refs.tolist(), group.errors, group.item_ids):
+            errors[at] = error
+            if error is None:
+                tokens[at] = query + len(ids)
+    tokens, positions = np.concatenate([[0], np.cumsum(tokens)]), window.item_ids.to_numpy()  # [items + 1]
+    if part is None or scorer is None:
+        return errors, tokens, positions, None, None
+    scores = part[SCORES].combine_chunks().values.to_numpy(zero_copy_only=False).reshape(window.num_items, -1)
+    return errors, tokens, positions, part[SCORE].to_numpy(), scores
 
 
 def _response(
-    request, number, owners, plan, results, model, created, switches: RequestActivation
-) -> tuple[str, BatchError | None]:
-    """A request's output line, and its error (None when it was scored, or planned in a dry run)."""
-    if request.error is not None:
-        return error_line(request, request.error), request.error
-    scores = [math.nan] * len(request.items)
-    errors: list[str | None] = [None] * len(request.items)
-    tokens = 0
-    for part in owners[number]:
-        if part.group is None:
-            for position in part.positions:
-                errors[position] = part.refused
-            continue
-        planned = plan.tokenized[part.group]
-        values = None
-        if results is not None:
-            result = results[part.group]
-            values = switches.values(result.scores, result.score, request.use_activation)
-        for k, position in enumerate(part.positions):
-            errors[position] = planned.errors[k]
-            if planned.errors[k] is None:
-                tokens += len(getattr(planned, "query_ids", [])) + len(planned.item_ids[k])
-            if values is not None:
-                scores[position] = float(values[k])
-                if errors[position] is None and result.errors[k] is not None:
-                    errors[position] = result.errors[k]
-                if errors[position] is None and not math.isfinite(scores[position]):
-                    errors[position] = "the model gave a non-finite score"
-    failed = [p for p, e in enumerate(errors) if e is not None]
-    if failed:
-        first = failed[0]
-        error = BatchError(
-            "invalid_input",
-            f"line {request.line}: {len(failed)} of {len(errors)} inputs could not be scored; "
-            f"{request.item_field}[{first}]: {errors[first]}",
-        )
-        return error_line(request, error), error
-    if results is None:
-        return "", None
-    if request.endpoint == "rerank":
-        return success_line(request, rerank_body(request, scores, tokens, model)), None
-    return success_line(request, score_body(request, scores, tokens, model, created)), None
+    request: BatchRequest, rows: slice, columns: tuple, switches, model: str, created: int
+) -> tuple:
+    """A request's output line and its error, from its rows of the window's _columns."""
+    errors, tokens, positions, score, scores = columns
+    values, failures = [math.nan] * len(request.items), [None] * len(request.items)
+    ran = score is not None and rows.start < rows.stop
+    activated = switches.values(scores[rows], score[rows], request.use_activation) if ran else ()
+    for k, position in enumerate(positions[rows].tolist()):
+        failures[position] = errors[rows.start + k]
+        if ran:
+            values[position] = float(activated[k])
+            if failures[position] is None and not math.isfinite(values[position]):
+                failures[position] = "the model gave a non-finite score"
+    scored = None if score is None else values
+    return response_line(
+        request, scored, failures, int(tokens[rows.stop] - tokens[rows.start]), model, created
+    )
 
 
 __all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]

@@ -246,9 +246,9 @@ def test_parse_errors(line, code, http, needle):
 def test_parse_mapping():
     request = parse_request(_request({"text_1": ["a", "b", "a"], "text_2": ["x", "y", "z"]}), 1, 0)
     assert request.error is None and request.endpoint == "score"
-    assert request.grouped() == [("a", [0, 2]), ("b", [1])]
+    assert request.queries == ["a", "b", "a"] and request.items == ["x", "y", "z"]
     request = parse_request(_request({"queries": "q", "documents": ["x", "y"], "model": "m"}), 1, 0)
-    assert request.grouped() == [("q", [0, 1])] and request.item_field == "documents"
+    assert request.queries == ["q", "q"] and request.item_field == "documents"
     request = parse_request(_request({"query": "q", "documents": "only", "top_n": 0}, url="/v1/rerank"), 1, 0)
     assert request.endpoint == "rerank" and request.items == ["only"] and request.top_n == 0
 
