@@ -185,8 +185,8 @@ def _ids(query_id: Any, item_id: Any) -> str:
 
 def pair_keys(window: Window, identity: bytes) -> list[str | None]:
     """[items] each pair's score key (hex), None for an item of a row that cannot be read: the 128-bit BLAKE2b,
-    keyed with the run's score identity, of the query's digest (io_formats/window.query_digest, once per
-    distinct query) then the item (text as UTF-8 behind a tag byte, token ids as JSON)."""
+    keyed with the run identity's score key (job/identity), of the query's digest (io_formats/window.query_digest,
+    once per distinct query) then the item (text as UTF-8 behind a tag byte, token ids as JSON)."""
     states: dict[int, Any] = {}
     codes = window.query_codes.copy()
     for row, error in enumerate(window.errors):

@@ -122,6 +122,35 @@ def test_resume_after_a_torch_upgrade_is_refused(job):
     assert run_cli(*base, "-o", out, "--resume").returncode == 0  # the same versions still resume
 
 
+def test_resume_checks_the_input_by_content_and_refuses_older_parts_by_version(job):
+    """The parts record the run's identity (model, settings, versions) and each window's input digest: an
+    input touched but unchanged resumes; parts of 0.4.0 (its record held the input files' sizes and times)
+    are refused naming the version."""
+    import score_batch
+
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    killed_after_two_parts(base, out)
+    manifest = tmp_path / "out.parquet.parts" / "manifest.json"
+    written = manifest.read_text()
+    older = json.loads(written)
+    older["fingerprint"] = "0" * 64
+    older["record"]["input"] = [[f"file://{base[0]}", base[0].stat().st_size, 1]]
+    older["record"]["software"] = [
+        [n, "0.4.0" if n == "score-batch" else v] for n, v in older["record"]["software"]
+    ]
+    manifest.write_text(json.dumps(older))
+    refused = run_cli(*base, "-o", out, "--resume")
+    assert refused.returncode == 2, refused.stderr
+    assert f"written differently: score-batch 0.4.0 → {score_batch.__version__};" in refused.stderr
+    manifest.write_text(written)
+    stat = base[0].stat()
+    os.utime(base[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, its content kept
+    resumed = run_cli(*base, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
+
+
 def test_existing_output_needs_overwrite(job):
     base, reference, _ = job
     before = reference.read_bytes()
