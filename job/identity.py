@@ -1,17 +1,10 @@
-"""A run's identity: what decides its output besides the input rows, computed once per run (job.run, after
-preflight) and the one source of every check that a checkpoint, an output or a reused score is this run's.
-
-It records the settings that decide the output rows, the model's content (engine/model_source.model_identity)
-and the versions of the software that computes the scores. Derived from it:
-
-- a checkpoint manifest's digest: a --resume of another run is refused, naming what differs (each part also
-  records its window's input digest, io_formats/window.InputDigest: a changed input is refused there);
-- a completed output's record, `completed(input digest)`: the identity with the input's content digest;
-- the key of every pair's score key (--reuse, repeats; job/windows.pair_keys), `score_key(setup)`: the model,
-  engine settings and versions, plus the engine as this machine resolved it.
-
-Not in it: settings that leave scores within the batch-invariance bound (the batch token budget, window rows:
-kept beside as `layout`, a resumed run reads its parts' windows) and what a run does with its rows.
+"""A run's identity: the settings that decide its output rows, the model's content (engine/model_source) and the
+versions of the software that computes scores; computed once per run, after preflight (job.run). Derived from it:
+the checkpoint manifest's digest (each part also records its window's input digest, io_formats/window), a
+completed output's record (`completed(input digest)`) and the key of every pair's score key (`score_key(setup)`,
+with the engine as the scoring machine resolved it; job/windows.pair_keys). Not in it: settings that leave
+scores within the batch-invariance bound (window rows are kept beside as `layout`: a resumed run reads its
+parts' windows) and what a run does with its rows.
 """
 
 from __future__ import annotations
@@ -79,17 +72,10 @@ class RunIdentity:
         """The 32-byte key of every pair's score key: this identity's model, engine settings and versions, and
         the engine as setup (a ResolvedSetup) resolved it on this machine."""
         engine = {k: v for k, v in self.record["settings"]["engine"].items() if k not in RESOLVED_ENGINE}
-        resolved = {
-            "device": setup.device.type,
-            "gpu": device_name(str(setup.device)) if setup.device.type == "cuda" else None,
-            "dtype": str(setup.dtype),
-            "backend": setup.backend,
-            "packing": setup.packing,
-            "layers": setup.layers,
-            "ops": setup.ops,
-            "label_ids": list(setup.label_ids),
-            "unscored_tail_id": setup.limits.unscored_tail_id,  # a classifier's pad id: where its scores are read
-        }
+        resolved = {name: getattr(setup, name) for name in ("backend", "packing", "layers", "ops")}
+        resolved.update(device=setup.device.type, dtype=str(setup.dtype), label_ids=list(setup.label_ids))
+        resolved["gpu"] = device_name(str(setup.device)) if setup.device.type == "cuda" else None
+        resolved["unscored_tail_id"] = setup.limits.unscored_tail_id  # a classifier's pad id
         key = {"engine": engine, "resolved": resolved, **{k: self.record[k] for k in ("model", "software")}}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).digest()
 
@@ -105,11 +91,7 @@ class RunIdentity:
             said.append("the model's files changed (their content)")
         if earlier.get("input") != self.record.get("input") and same_build:
             said.append("the input changed")
-        said.extend(
-            f"{name} {before.get(name)} → {version}"
-            for name, version in now.items()
-            if before.get(name) != version
-        )
+        said += [f"{name} {before.get(name)} → {new}" for name, new in now.items() if before.get(name) != new]
         return "; ".join(said)
 
 

@@ -359,8 +359,7 @@ def _joined_on_store(config: RunConfig, checked: Checked, contract, gpus) -> Tar
 
 
 def _actor_score_key(config: RunConfig, identity: RunIdentity) -> bytes:
-    """Ray task: the run identity's score key as an actor with the actors' resources resolves the engine (no
-    weights loaded)."""
+    """Ray task: the score key with the engine as an actor's resources resolve it (no weights loaded)."""
     _, setup = load_planner(config.model_dir, config.engine)
     return identity.score_key(setup)
 
