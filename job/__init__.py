@@ -90,7 +90,7 @@ def _run_phases(config: RunConfig, report: RunReport):
     try:
         runner = _resolve(config, source)
         checked = runner.preflight(config, source)
-        # The run's identity (job/identity): the model's content is read here, where a stop ends the run at once.
+        # The run's identity (job/identity): the model's content is read here, where a stop ends it at once.
         if runner.kind != "batch-file":
             checked = dataclasses.replace(checked, identity=RunIdentity.of(config))
         with contextlib.nullcontext() if checked.paths.lock is None else OutputLock(checked.paths.lock):

@@ -1,14 +1,14 @@
 """Idempotent reruns: how a finished output records what produced it and what it published; a rerun's check.
 
-Every published Parquet file carries its completion record (the run's identity, job/identity, with a digest of
-the input's rows, whatever the window size) in its schema metadata and its row count in its footer (a rewrite by another
-tool drops it). A --resume run writing JSONL or a --partition-by dataset (no place inside it that every
-reader skips) records it in OUTPUT.done beside the output, with the output's size and modification time (a
-dataset: every file's, as git and make compare them; trusted only with `_SUCCESS`). Rerunning the same
-command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no model is loaded)
-and, when the fingerprints match and the output is still what was published, exits 0 "already complete"
-without touching it. A changed input, model or setting, or an output changed since (filtered in place, a
-partition gone, a file rewritten at the same size), is refused as an existing output always was.
+Every published Parquet file carries its completion record (the run's identity, job/identity, with a digest
+of the input's rows, whatever the window size) in its schema metadata and its row count in its footer (a
+rewrite by another tool drops it). A --resume run writing JSONL or a --partition-by dataset (no place inside
+it that every reader skips) records it in OUTPUT.done beside the output, with the output's size and
+modification time (a dataset: every file's, as git and make compare them; trusted only with `_SUCCESS`).
+Rerunning the same command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no
+model is loaded) and, when the records match and the output is still what was published, exits 0 "already
+complete" without touching it. A changed input, model or setting, or an output changed since (filtered in
+place, a partition gone, a file rewritten at the same size), is refused as an existing output always was.
 """
 
 from __future__ import annotations

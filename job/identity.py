@@ -1,10 +1,10 @@
-"""A run's identity: the settings that decide its output rows, the model's content (engine/model_source) and the
-versions of the software that computes scores; computed once per run, after preflight (job.run). Derived from it:
-the checkpoint manifest's digest (each part also records its window's input digest, io_formats/window), a
-completed output's record (`completed(input digest)`) and the key of every pair's score key (`score_key(setup)`,
-with the engine as the scoring machine resolved it; job/windows.pair_keys). Not in it: settings that leave
-scores within the batch-invariance bound (window rows are kept beside as `layout`: a resumed run reads its
-parts' windows) and what a run does with its rows.
+"""A run's identity: the settings that decide its output rows, the model's content (engine/model_source) and
+the versions of the software that computes scores; computed once per run, after preflight (job.run).
+Derived from it: the checkpoint manifest's digest (each part also records its window's input digest,
+io_formats/window), a completed output's record (`completed(input digest)`) and the key of every pair's
+score key (`score_key(setup)`, with the engine as the scoring machine resolved it; job/windows.pair_keys).
+Not in it: settings that leave scores within the batch-invariance bound (window rows are kept beside as
+`layout`: a resumed run reads its parts' windows) and what a run does with its rows.
 """
 
 from __future__ import annotations

@@ -81,11 +81,11 @@ def _tools_of(ready: Future[WindowTools]) -> WindowTools:
 
 def _tools(config: RunConfig, checked: Checked, planner: Planner, setup) -> WindowTools:
     """The worker's tools once the tokenizer is there; under --reuse the earlier outputs are joined first."""
-    identity, contract = checked.identity.score_key(setup), run_contract(config, checked, setup)
+    key, contract = checked.identity.score_key(setup), run_contract(config, checked, setup)
     earlier = None
     if config.reuse:
-        earlier = EarlierScores.join(config, checked.source, identity, reused_schema(contract.part_schema()))
-    return WindowTools(planner, contract, identity, earlier, ScoredPairs())
+        earlier = EarlierScores.join(config, checked.source, key, reused_schema(contract.part_schema()))
+    return WindowTools(planner, contract, key, earlier, ScoredPairs())
 
 
 def _stages(

@@ -58,9 +58,7 @@ class EarlierScores:
         self._next = 0
 
     @classmethod
-    def join(
-        cls, config: RunConfig, source: InputSource, identity: bytes, values: pa.Schema
-    ) -> EarlierScores:
+    def join(cls, config: RunConfig, source: InputSource, key: bytes, values: pa.Schema) -> EarlierScores:
         """Key every pair of the input, join the keys to config.reuse's outputs; values: the reused columns'
         types in this run's output (score, scores, and chunks / pooled_hidden_state when the run writes them)."""
         _remove_stale_directories()
@@ -72,7 +70,7 @@ class EarlierScores:
                 pq.write_table(pa.schema([*KEY_SCHEMA, *values]).empty_table(), joined)
                 return cls(directory, joined, 0)
             keys = directory / "keys.parquet"
-            _write_keys(config, source, identity, keys)
+            _write_keys(config, source, key, keys)
             matched = join_earlier(outputs, keys, values, directory, joined, available_cpus())
             partial = any(
                 output.top_k() is not None for output in outputs
@@ -237,12 +235,12 @@ class _HeldWindow:
     start: int = 0
 
 
-def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:
+def _write_keys(config: RunConfig, source: InputSource, key: bytes, path: Path) -> None:
     """One pass over the input: (row_index, item_pos, score_key) of every readable pair, to a Parquet file."""
     _, windows = read_windows(source, config.columns, config.window_rows)
     with pq.ParquetWriter(path, KEY_SCHEMA) as writer:
         for window in windows:
-            keys = pa.array(pair_keys(window, identity), pa.string())
+            keys = pa.array(pair_keys(window, key), pa.string())
             table = pa.table(
                 [window.index[window.item_rows()], window.item_positions().astype(np.int32), keys],
                 schema=KEY_SCHEMA,
