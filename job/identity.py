@@ -43,7 +43,7 @@ class RunIdentity:
     """What produced an output: its digest (compared) and the record it digests (to name a difference)."""
 
     digest: str
-    record: dict  # {settings, model, software} (a completed output's: and input), layout beside
+    record: dict  # {settings, model, software} (a completed output's: and input); layout beside
 
     @classmethod
     def of(cls, config: RunConfig) -> RunIdentity:
@@ -55,7 +55,6 @@ class RunIdentity:
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)
         record = {"settings": settings, "model": model_identity(config.model_dir), "software": software()}
-        record["layout"] = {"window_rows": config.window_rows}
         return cls._of(json.loads(json.dumps(record, sort_keys=True, default=str)))
 
     @classmethod
@@ -63,6 +62,10 @@ class RunIdentity:
         """The identity with a record's digest."""
         payload = json.dumps([record[k] for k in RECORD_PARTS if k in record], sort_keys=True, default=str)
         return cls(hashlib.sha256(payload.encode()).hexdigest(), record)
+
+    def laid_out(self, window_rows: int) -> RunIdentity:
+        """This identity with the window rows its parts are written with beside it (not digested)."""
+        return dataclasses.replace(self, record={**self.record, "layout": {"window_rows": window_rows}})
 
     def completed(self, input_digest: str) -> RunIdentity:
         """The identity an output completed from an input of this content digest records."""

@@ -30,6 +30,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     """Score windows on this machine and publish (the output locked, leftovers removed), filling report."""
     sink = open_sink(config, checked.paths)
     config = config.reads_windows_of(sink.resumed_record())  # a resumed run reads its parts' windows
+    checked = dataclasses.replace(checked, identity=checked.identity.laid_out(config.window_rows))
     mapping, windows = read_windows(checked.source, config.columns, config.window_rows)
     listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
     ready: Future[WindowTools] = Future()

@@ -91,8 +91,13 @@ def test_resume_with_other_settings_is_refused(job):
     assert result.returncode == 2
     assert "written differently: setting engine.scoring.apply_softmax false → true" in result.stderr
     # The batch budget and window rows leave scores within the invariance bound: resuming with others goes
-    # on, reading the windows its parts were written with.
-    resumed = run_cli(*base, "-o", out, "--resume", "--max-batch-tokens", "333", "--window-rows", "5")
+    # on, reading the windows its parts were written with, and records that size for the next resume.
+    other = ("--max-batch-tokens", "333", "--window-rows", "5")
+    again = start_cli(*base, "-o", out, "--resume", *other)
+    wait_for_parts(Path(f"{out}.parts"), 4, again)
+    again.kill()
+    again.wait()
+    resumed = run_cli(*base, "-o", out, "--resume", *other)
     assert resumed.returncode == 0, resumed.stderr
     assert pq.read_table(out).equals(pq.read_table(reference))
 
