@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-QUERY_SEGMENT, DELIMITER_SEGMENT = -1, -2  # as engine/packing.py
+QUERY_SEGMENT, DELIMITER_SEGMENT = -1, -2  # as engine/plan/packing.py
 MFU_BASIS = (
     "mfu_dense and mfu_with_attention count the tokens run: every token through every layer, multi-item "
     "delimiters and plain-HF padding included; mfu_dense_useful counts query and item tokens only"

@@ -108,7 +108,7 @@ class ZeroForward:
     """The packed runner's forward replaced by zeros of the right shapes (bench only: no model time)."""
 
     def __init__(self) -> None:
-        from score_batch.engine import packed_runner
+        from score_batch.engine.run import packed_runner
 
         self.module = packed_runner
         self.original = packed_runner.PackedRunner._launch
@@ -138,7 +138,7 @@ class TokenizerLookup:
     the Python ceiling, what the host path does when tokenizing costs nothing."""
 
     def __init__(self, tokenizer, path: Path) -> None:
-        from score_batch.engine import tokenize
+        from score_batch.engine.text import tokenize
 
         self.module = tokenize
         self.original = tokenize._backend_encode
@@ -168,7 +168,7 @@ class TokenizerLookup:
 @contextlib.contextmanager
 def stage_timers(totals: dict[str, float]):
     """Wrap the job's host steps with timers that add their seconds into totals (both threads)."""
-    from score_batch.engine import planner as planner_module
+    from score_batch.engine.plan import planner as planner_module
     from score_batch.io_formats import readers
     from score_batch.job import contract, local, sinks
 

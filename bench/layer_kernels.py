@@ -25,9 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/ holds the stub and models
 
 from score_batch.engine.attention.flashinfer import FlashInferBackend  # noqa: E402
-from score_batch.engine.batching import collate  # noqa: E402
 from score_batch.engine.native.load import load_native  # noqa: E402
-from score_batch.engine.packing import ItemRef, mis_pack  # noqa: E402
+from score_batch.engine.plan.batching import collate  # noqa: E402
+from score_batch.engine.plan.packing import ItemRef, mis_pack  # noqa: E402
 from tests import flashinfer_stub  # noqa: E402
 from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
 

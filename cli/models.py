@@ -61,7 +61,7 @@ def models(
     from rich.console import Console
     from rich.table import Table
 
-    from score_batch.engine.profiles import builtin_profiles
+    from score_batch.engine.model.profiles import builtin_profiles
 
     console = Console()
     families = Table(title="Supported models", show_lines=True)
@@ -82,9 +82,9 @@ def models(
 
 def _describe(model: str) -> str:
     """One model's architecture, kind, allowed packing and profile, or why it cannot run."""
-    from score_batch.engine.model_kind import read_model_kind
-    from score_batch.engine.model_source import resolve_model_dir
-    from score_batch.engine.profiles import choose_profile
+    from score_batch.engine.model.kind import read_model_kind
+    from score_batch.engine.model.profiles import choose_profile
+    from score_batch.engine.model.source import resolve_model_dir
 
     try:
         path = resolve_model_dir(model)

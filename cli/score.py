@@ -48,7 +48,7 @@ RUN_BATCH_FIXED = {"input_format": "openai-batch"}  # what run-batch means, so i
 
 
 # SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh),
-# and the model file digests' cache (engine/model_digest.CACHE_VARIABLE).
+# and the model file digests' cache (engine/model/digest.CACHE_VARIABLE).
 TOOLING_VARIABLES = ("SCORE_BATCH_NO_FA3", "SCORE_BATCH_REQUIRE_GPU", "SCORE_BATCH_CACHE_DIR")
 
 
@@ -100,8 +100,8 @@ def run_config(options: ScoreOptions):
     scoring profile applied (or None)."""
     from score_batch.demo import demo_model_path
     from score_batch.engine.config import EngineConfig, ScoringConfig
-    from score_batch.engine.model_source import hub_id_of, resolve_model_dir
-    from score_batch.engine.profiles import choose_profile, scoring_config
+    from score_batch.engine.model.profiles import choose_profile, scoring_config
+    from score_batch.engine.model.source import hub_id_of, resolve_model_dir
     from score_batch.io_formats.schema import ColumnOverrides
     from score_batch.job.run_config import RayOptions, RunConfig
 

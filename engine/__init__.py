@@ -13,15 +13,15 @@ _EXPORTS = {
     "ScoringConfig": "score_batch.engine.config",
     "ScoringInputError": "score_batch.engine.errors",
     "SettingError": "score_batch.engine.errors",
-    "ranks": "score_batch.engine.ranking",
-    "top_k_order": "score_batch.engine.ranking",
+    "ranks": "score_batch.engine.run.ranking",
+    "top_k_order": "score_batch.engine.run.ranking",
     "Group": "score_batch.engine.types",
     "GroupResult": "score_batch.engine.types",
     "activate": "score_batch.engine.activation",
     "ResolvedActivation": "score_batch.engine.activation",
     "Scorer": "score_batch.engine.scorer",
-    "ResolvedSetup": "score_batch.engine.setup",
-    "load_planner": "score_batch.engine.setup",
+    "ResolvedSetup": "score_batch.engine.model.setup",
+    "load_planner": "score_batch.engine.model.setup",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,7 +35,7 @@ class ScoringConfig:
     chunk_aggregate: choices.ChunkAggregate = "max"
     # The `score` column's activation; auto: as CrossEncoder (engine/activation.py).
     activation: choices.ActivationChoice = "auto"
-    # CausalLM label scores (engine/heads.label_scores): probability = P(label) over the whole vocabulary
+    # CausalLM label scores (engine/run/heads.label_scores): probability = P(label) over the whole vocabulary
     # (a softmax over the labels with apply_softmax); logit = the label token's raw logit (FlagEmbedding's LLM
     # rerankers, sentence-transformers' LogitScore with one token); sigmoid = the sigmoid of that logit
     # (FlagEmbedding's normalize=True). A classifier's scores are its head's logits whatever this says.

@@ -2,7 +2,7 @@
 
 They follow CrossEncoder 6.2 (constructor arguments, input shapes, activations, output types, dict keys,
 truncation) over the engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs
-are the token sequences CrossEncoder itself builds (engine/st_model.py), scored in shared-prefix groups, and
+are the token sequences CrossEncoder itself builds (engine/model/st_model.py), scored in shared-prefix groups, and
 a CausalLM is scored with its LogitScore (logit["yes"] - logit["no"]).
 """
 
@@ -21,8 +21,8 @@ from score_batch.choices import BACKENDS
 from score_batch.engine.activation import model_activation_fn
 from score_batch.engine.config import EngineConfig
 from score_batch.engine.errors import ScoringInputError, SettingError
-from score_batch.engine.planner import Planner
-from score_batch.engine.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
+from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
+from score_batch.engine.plan.planner import Planner
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from score_batch.engine.activation import ResolvedActivation
-from score_batch.engine.backend_tokenizer import BackendTokenizer
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import (
     ACTIVATION_NAMES,
@@ -26,15 +25,16 @@ from score_batch.engine.crossencoder import (
     check_num_labels,
 )
 from score_batch.engine.errors import ScoringInputError
-from score_batch.engine.heads import LogitScoreHead
-from score_batch.engine.model_loading import ModelInfo, load_model, load_tokenizer, read_model_info
-from score_batch.engine.model_source import hub_id_of, resolve_model_dir
-from score_batch.engine.packed_runner import PackedRunner
-from score_batch.engine.pair_runner import PairRunner
-from score_batch.engine.planner import Planner, WorkPlan
-from score_batch.engine.profiles import Profile, resolve_scoring
-from score_batch.engine.setup import ResolvedSetup, label_free_scoring, load_planner
-from score_batch.engine.st_model import read_cross_encoder
+from score_batch.engine.model.loading import ModelInfo, load_model, load_tokenizer, read_model_info
+from score_batch.engine.model.profiles import Profile, resolve_scoring
+from score_batch.engine.model.setup import ResolvedSetup, label_free_scoring, load_planner
+from score_batch.engine.model.source import hub_id_of, resolve_model_dir
+from score_batch.engine.model.st_model import read_cross_encoder
+from score_batch.engine.plan.planner import Planner, WorkPlan
+from score_batch.engine.run.heads import LogitScoreHead
+from score_batch.engine.run.packed_runner import PackedRunner
+from score_batch.engine.run.pair_runner import PairRunner
+from score_batch.engine.text.backend_tokenizer import BackendTokenizer
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)

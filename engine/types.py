@@ -33,7 +33,7 @@ class GroupResult:
     raw: np.ndarray | None = None  # [num_items, num_scores] float32 before activation (classifier logits)
     # [num_items] int32 under truncate="chunk": the chunks each item was scored as (1 for an item that fit its
     # limit, 0 for an item that failed before scoring); None otherwise. The other fields are then the
-    # aggregate of the item's chunks (ScoringConfig.chunk_aggregate; engine/chunking.py).
+    # aggregate of the item's chunks (ScoringConfig.chunk_aggregate; engine/text/chunking.py).
     chunks: np.ndarray | None = None
 
     @property

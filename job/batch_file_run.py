@@ -16,8 +16,13 @@ from pathlib import Path
 
 from score_batch.engine import Group
 from score_batch.engine.activation import RequestActivation
-from score_batch.engine.pair_truncation import RequestRefused, cut_texts, tei_truncated_pairs, truncated_pairs
-from score_batch.engine.planner import Planner
+from score_batch.engine.plan.pair_truncation import (
+    RequestRefused,
+    cut_texts,
+    tei_truncated_pairs,
+    truncated_pairs,
+)
+from score_batch.engine.plan.planner import Planner
 from score_batch.io_formats import readers
 from score_batch.io_formats.batch_requests import (
     STDIN,

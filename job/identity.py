@@ -1,4 +1,4 @@
-"""A run's identity: the settings that decide its output rows, the model's content (engine/model_source) and
+"""A run's identity: the settings that decide its output rows, the model's content (engine/model/source) and
 the versions of the software that computes scores; computed once per run, after preflight (job.run).
 Derived from it: the checkpoint manifest's digest (each part also records its window's input digest,
 io_formats/window), a completed output's record (`completed(input digest)`) and the key of every pair's
@@ -16,7 +16,7 @@ import json
 from typing import TYPE_CHECKING
 
 from score_batch import __version__
-from score_batch.engine.model_source import model_identity
+from score_batch.engine.model.source import model_identity
 from score_batch.machine import device_name
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class RunIdentity:
 
     @classmethod
     def of(cls, config: RunConfig) -> RunIdentity:
-        """A run's identity (the model's files are digested once, then cached: engine/model_digest)."""
+        """A run's identity (the model's files are digested once, then cached: engine/model/digest)."""
         settings = dataclasses.asdict(config)
         settings["engine"]["scoring"] = dataclasses.asdict(config.engine.scoring.deciding())
         for name in UNFINGERPRINTED:

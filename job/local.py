@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 
-from score_batch.engine.planner import Planner
+from score_batch.engine.plan.planner import Planner
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import SCORE
 from score_batch.io_formats.errors import InputError

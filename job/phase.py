@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
-from score_batch.engine.planner import Planner
+from score_batch.engine.model.setup import ResolvedSetup, load_planner
+from score_batch.engine.plan.planner import Planner
 from score_batch.engine.scorer import Scorer
-from score_batch.engine.setup import ResolvedSetup, load_planner
 from score_batch.errors import UserError
 from score_batch.job.policy import enforce_failed_rate
 from score_batch.job.progress import Progress

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from score_batch.engine.ranking import ranks, top_k_order
+from score_batch.engine.run.ranking import ranks, top_k_order
 from score_batch.io_formats.columns import QUERY_ID, QUERY_KEY, RANK, ROW_INDEX, SCORE
 from score_batch.job.contract import OutputContract
 

@@ -67,7 +67,7 @@ class RunReport:
     layers: str = ""  # as resolved: native (engine/native) or transformers (its modeling code)
     # the native layers' element-wise kernels: torch or flashinfer; none for transformers layers
     ops: str = ""
-    # what auto fell back from when FlashInfer failed its check at load, and why (engine/proof.py)
+    # what auto fell back from when FlashInfer failed its check at load, and why (engine/model/proof.py)
     fallbacks: list = field(default_factory=list)
     dry_run: bool = False
     already_complete: bool = False  # --resume found the output complete for the same model, settings, input
@@ -81,7 +81,7 @@ class RunReport:
     usage: dict = field(default_factory=dict)
 
     def add_setup(self, setup) -> None:
-        """The engine settings as resolved for this model and machine (an engine.setup.ResolvedSetup)."""
+        """The engine settings as resolved for this model and machine (an engine.model.setup.ResolvedSetup)."""
         self.backend, self.device = setup.backend, str(setup.device)
         self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
         self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from score_batch.engine.planner import Planner, WorkPlan
-from score_batch.engine.results import planned_results
+from score_batch.engine.plan.planner import Planner, WorkPlan
+from score_batch.engine.run.results import planned_results
 from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.window import Window
 from score_batch.job.contract import OutputContract

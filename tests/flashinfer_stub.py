@@ -1,4 +1,4 @@
-"""A stand-in for the `flashinfer` package on the CPU, for the load-time kernel checks (engine/proof.py).
+"""A stand-in for the `flashinfer` package on the CPU, for the load-time kernel checks (engine/model/proof.py).
 
 Its kernels keep FlashInfer 0.6.6's contracts (16-bit inputs only, last dimension contiguous, RMSNorm of 2-D rows
 or 3-D heads read through their strides, a float32 cos/sin cache, the paged prefill's multi-item rule of

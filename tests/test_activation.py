@@ -66,9 +66,9 @@ def test_auto_resolution(tmp_path):
 def test_light_engine_modules_import_without_torch():
     code = (
         "import sys\n"
-        "import score_batch.engine, score_batch.engine.config, score_batch.engine.model_source\n"
-        "import score_batch.engine.profiles, score_batch.engine.activation, score_batch.engine.ranking\n"
-        "import score_batch.engine.model_kind\n"
+        "import score_batch.engine, score_batch.engine.config, score_batch.engine.model.source\n"
+        "import score_batch.engine.model.profiles, score_batch.engine.activation, score_batch.engine.run.ranking\n"
+        "import score_batch.engine.model.kind\n"
         "from score_batch.engine import EngineConfig, ScoringConfig, Group, GroupResult, activate\n"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'\n"
     )

@@ -17,8 +17,8 @@ from score_batch.engine.attention.flashinfer_plan import build_metadata
 from score_batch.engine.attention.flex import FlexBackend, bucket_tokens
 from score_batch.engine.attention.sdpa import SdpaBackend
 from score_batch.engine.attention.split import SplitBackend
-from score_batch.engine.batching import collate
-from score_batch.engine.packing import ItemRef, mis_pack, single_pack
+from score_batch.engine.plan.batching import collate
+from score_batch.engine.plan.packing import ItemRef, mis_pack, single_pack
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 LABELS = (" to", " the")

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from score_batch.demo import demo_model_path
-from score_batch.engine.backend_tokenizer import BackendTokenizer, backend_tokenizer
-from score_batch.engine.model_loading import load_tokenizer
+from score_batch.engine.model.loading import load_tokenizer
+from score_batch.engine.text.backend_tokenizer import BackendTokenizer, backend_tokenizer
 from tests.test_batch_tokenize import WORDS
 from tests.tiny_models import build_tokenizer
 

@@ -8,10 +8,10 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from score_batch.engine import tokenize
-from score_batch.engine.backend_tokenizer import BackendTokenizer, backend_tokenizer
 from score_batch.engine.config import ScoringConfig
-from score_batch.engine.planner import PackedPlanner, PlanLimits
+from score_batch.engine.plan.planner import PackedPlanner, PlanLimits
+from score_batch.engine.text import tokenize
+from score_batch.engine.text.backend_tokenizer import BackendTokenizer, backend_tokenizer
 from score_batch.engine.types import Group
 from tests.tiny_models import BASE_CORPUS, build_tokenizer
 

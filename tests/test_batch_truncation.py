@@ -313,7 +313,7 @@ def test_tei_truncate_with_templates_is_an_error_only_where_a_cut_is_needed(qwen
 
 def test_tei_text_cut_that_does_not_reencode_is_refused():
     """An encoder takes text: a cut whose text does not encode back to TEI's tokens is refused, not guessed."""
-    from score_batch.engine.pair_truncation import _tei_text_pair
+    from score_batch.engine.plan.pair_truncation import _tei_text_pair
 
     class Encoding:  # TEI kept [CLS] "Tok" [SEP] "Ja" [SEP] (made up: no text encodes to token 999)
         ids = [1, 999, 2, 998, 2]

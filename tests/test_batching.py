@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from score_batch.engine.batching import collate, make_batches
-from score_batch.engine.packing import ItemRef, mis_pack
+from score_batch.engine.plan.batching import collate, make_batches
+from score_batch.engine.plan.packing import ItemRef, mis_pack
 
 
 def _packs():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from score_batch.engine import Scorer
-from score_batch.engine.packing import ItemRef, attention_mask, mis_pack, single_pack
+from score_batch.engine.plan.packing import ItemRef, attention_mask, mis_pack, single_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

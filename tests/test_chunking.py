@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.engine import EngineConfig, Group, GroupResult, ScoringConfig, SettingError
-from score_batch.engine.chunking import ChunkedGroup, aggregate, chunk_spans, split_chunks
-from score_batch.engine.planner import PackedPlanner, PairPlanner, PlanLimits
-from score_batch.engine.setup import load_planner
+from score_batch.engine.model.setup import load_planner
+from score_batch.engine.plan.planner import PackedPlanner, PairPlanner, PlanLimits
+from score_batch.engine.text.chunking import ChunkedGroup, aggregate, chunk_spans, split_chunks
 from tests.reference import max_abs_diff, reference_scores, tokenizer
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import start_cli, wait_for_parts

@@ -111,7 +111,7 @@ def test_a_composite_config_gives_its_text_pad_id(tmp_path):
     # Gemma 3 keeps pad_token_id in text_config; transformers pools at config.get_text_config().pad_token_id
     from transformers import Gemma3Config
 
-    from score_batch.engine.model_loading import read_model_info
+    from score_batch.engine.model.loading import read_model_info
 
     text = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
     Gemma3Config(
@@ -124,7 +124,7 @@ def test_a_composite_config_gives_its_text_pad_id(tmp_path):
 def test_request_truncation_measures_whole_pairs_pad_ids_included(zoo):
     # truncate_prompt_tokens keeps the pair's last (left) or first (right) tokens, pad ids included, and the
     # kept tokens are then read as transformers reads them; a right cut of query tokens only stays refused
-    from score_batch.engine.pair_truncation import tei_truncated_pairs, truncated_pairs
+    from score_batch.engine.plan.pair_truncation import tei_truncated_pairs, truncated_pairs
 
     model_dir = zoo.get("qwen3", "classifier")  # pad_token_id 0: the tokenizer's <|endoftext|>
     scorer = make_scorer(model_dir, kind="classifier", max_pack_tokens=8)

@@ -14,8 +14,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
-from score_batch.engine.compiled import OpaquePlan, compilable_modules
 from score_batch.engine.errors import SettingError
+from score_batch.engine.run.compiled import OpaquePlan, compilable_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the quick brown fox jumps over the lazy dog Tokyo is a city in Japan red running shoes".split()
@@ -62,7 +62,7 @@ def test_opaque_plan_delegates_attend():
 def test_torch_dynamo_is_imported_only_when_compiling_is_asked_for():
     code = (
         "import sys\n"
-        "import score_batch.engine.scorer, score_batch.engine.compiled as c\n"
+        "import score_batch.engine.scorer, score_batch.engine.run.compiled as c\n"
         "print('torch._dynamo' in sys.modules)\n"
         "class Plan:\n"
         "    def attend(self, *args): return args\n"

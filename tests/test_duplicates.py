@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.engine import Group
-from score_batch.engine.packing import ItemRef
-from score_batch.engine.planner import duplicate_sequences
+from score_batch.engine.plan.packing import ItemRef
+from score_batch.engine.plan.planner import duplicate_sequences
 from score_batch.engine.types import TokenizedGroup
 from score_batch.job.reuse import KEY_BYTES, ScoredPairs
 from score_batch.job.windows import WindowGroups

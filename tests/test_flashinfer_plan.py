@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from score_batch.engine.attention.flashinfer_plan import build_metadata, kernel_mask, pack_item_positions
-from score_batch.engine.batching import collate
-from score_batch.engine.packing import ItemRef, attention_mask, mis_pack, single_pack
+from score_batch.engine.plan.batching import collate
+from score_batch.engine.plan.packing import ItemRef, attention_mask, mis_pack, single_pack
 
 
 def _pack(query_len, item_lens):
@@ -66,9 +66,9 @@ def test_vectorized_metadata_equals_a_per_token_count_on_random_batches():
 
 
 def _cached_api():
-    packing = pytest.importorskip("score_batch.engine.packing")
+    packing = pytest.importorskip("score_batch.engine.plan.packing")
     if not hasattr(packing, "cached_mis_pack"):
-        pytest.skip("engine.packing has no cached packs yet")
+        pytest.skip("engine.plan.packing has no cached packs yet")
     return packing
 
 

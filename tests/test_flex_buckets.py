@@ -10,8 +10,8 @@ from torch._dynamo.utils import counters
 
 from score_batch.engine.attention.flex import FLEX_BLOCK_SIZE, FlexBackend, bucket_tokens
 from score_batch.engine.attention.sdpa import SdpaBackend
-from score_batch.engine.batching import collate
-from score_batch.engine.packing import ItemRef, mis_pack, single_pack
+from score_batch.engine.plan.batching import collate
+from score_batch.engine.plan.packing import ItemRef, mis_pack, single_pack
 
 
 def test_buckets_are_block_multiples_with_bounded_padding():

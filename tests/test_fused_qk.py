@@ -49,7 +49,7 @@ print(worst)
 # FlashInferOps takes the fused kernel (its other kernels stood in for by tests/flashinfer_stub.py): the load-time
 # proof passes on it, and a native Qwen3 forward equals TorchOps' in bf16
 import pytest
-from score_batch.engine.proof import prove_ops
+from score_batch.engine.model.proof import prove_ops
 from score_batch.engine.native.ops import FlashInferOps
 from tests.flashinfer_stub import FlashInferStub
 

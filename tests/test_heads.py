@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from score_batch.engine import heads
 from score_batch.engine.config import ScoringConfig
-from score_batch.engine.heads import classifier_scores, label_scores, pooled_vectors, soft_cap
+from score_batch.engine.run import heads
+from score_batch.engine.run.heads import classifier_scores, label_scores, pooled_vectors, soft_cap
 
 RTOL = 1e-5  # float32: a label-row matmul differs from the full one by ~1e-6 on logits of ~5
 IDENTITY = torch.eye(4)  # the head passes the hidden state through as logits

@@ -8,8 +8,8 @@ import numpy as np
 
 import score_batch.engine.attention.sdpa as sdpa
 from score_batch.engine.attention.flashinfer_plan import build_metadata, kernel_mask
-from score_batch.engine.batching import collate
-from score_batch.engine.packing import DELIMITER_SEGMENT, ItemRef, mis_pack
+from score_batch.engine.plan.batching import collate
+from score_batch.engine.plan.packing import DELIMITER_SEGMENT, ItemRef, mis_pack
 from tests.isolation import BOUND, QUERY_TOKENS, goal_groups, isolation, leak_one_key, leaked_key, scorer
 
 D = 99  # the delimiter token id

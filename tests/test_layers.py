@@ -124,6 +124,6 @@ def test_no_import_cycles():
 
 def test_the_graph_sees_the_layers():
     edges = graph()
-    assert "score_batch.engine.setup" in edges["score_batch.engine.scorer"]
+    assert "score_batch.engine.model.setup" in edges["score_batch.engine.scorer"]
     assert "score_batch.engine.scorer" in edges["score_batch.job.phase"]
     assert "score_batch.choices" in edges["score_batch.cli.options"]

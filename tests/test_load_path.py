@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import score_batch.engine.model_source as model_source
+import score_batch.engine.model.source as model_source
 import score_batch.engine.scorer as scorer_module
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig
-from score_batch.engine.setup import load_planner
+from score_batch.engine.model.setup import load_planner
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
 
 

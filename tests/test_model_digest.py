@@ -1,4 +1,4 @@
-"""A model's identity by content (engine/model_digest, engine/model_source.model_identity): cached by each
+"""A model's identity by content (engine/model/digest, engine/model/source.model_identity): cached by each
 file's device, inode, size, mtime and ctime, so a file rewritten with its size and time restored is read again."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from score_batch.engine import model_digest
-from score_batch.engine.model_source import model_identity
+from score_batch.engine.model import digest as model_digest
+from score_batch.engine.model.source import model_identity
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def test_encoder_token_id_input_is_a_row_error(zoo):
 def test_encoder_decoder_models_are_refused(tmp_path):
     from transformers import AutoConfig
 
-    from score_batch.engine.model_loading import read_model_info
+    from score_batch.engine.model.loading import read_model_info
 
     AutoConfig.for_model("t5", architectures=["T5ForSequenceClassification"]).save_pretrained(tmp_path)
     with pytest.raises(ScoringInputError, match="encoder-decoder"):

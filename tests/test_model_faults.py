@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError
 from score_batch.engine.errors import SettingError
-from score_batch.engine.model_source import check_weight_files, resolve_model_dir
-from score_batch.engine.planner import Planner
-from score_batch.engine.setup import load_planner
+from score_batch.engine.model.setup import load_planner
+from score_batch.engine.model.source import check_weight_files, resolve_model_dir
+from score_batch.engine.plan.planner import Planner
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
@@ -335,7 +335,7 @@ def test_token_id_input_obeys_the_position_limit(short_model):
 
 
 def test_rope_scaling_extends_the_position_limit(tmp_path, short_model):
-    from score_batch.engine.model_loading import read_model_info
+    from score_batch.engine.model.loading import read_model_info
 
     raw = json.loads((short_model / "config.json").read_text())
     raw["rope_scaling"] = {
@@ -391,7 +391,7 @@ def test_the_weight_check_runs_no_python_import_inside_safetensors(qwen3_causal)
     import sys
 
     code = (
-        "import sys; from score_batch.engine.model_source import check_weight_files, resolve_model_dir; "
+        "import sys; from score_batch.engine.model.source import check_weight_files, resolve_model_dir; "
         f"check_weight_files({str(qwen3_causal)!r}); print('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

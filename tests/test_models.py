@@ -8,8 +8,8 @@ import pytest
 from transformers import AutoConfig
 
 from score_batch.engine import EngineConfig, Scorer, ScoringConfig, ScoringInputError
-from score_batch.engine.model_loading import read_model_info
-from score_batch.engine.setup import load_planner
+from score_batch.engine.model.loading import read_model_info
+from score_batch.engine.model.setup import load_planner
 
 
 def _config_dir(tmp_path, model_type: str, architecture: str, **extra):
@@ -79,7 +79,7 @@ def test_not_a_model_directory(tmp_path):
     [("qwen3", "causal"), ("qwen3", "classifier"), ("bert", "classifier"), ("gemma2", "causal")],
 )
 def test_torch_free_model_kind_equals_read_model_info(zoo, family, kind):
-    from score_batch.engine.model_kind import read_model_kind
+    from score_batch.engine.model.kind import read_model_kind
 
     path = zoo.get(family, kind)
     info, shape = read_model_info(path), read_model_kind(path)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import score_batch.engine.native.config as native_config_module
-from score_batch.engine.model_loading import read_model_info
+from score_batch.engine.model.loading import read_model_info
 from score_batch.engine.native.config import model_config, native_config
 from score_batch.engine.native.rope import inverse_frequencies
 from score_batch.engine.native.spec import decoder_spec, native_refusal
@@ -168,7 +168,7 @@ def test_other_configs_are_left_to_autoconfig(tmp_path, name):
 def test_reading_a_native_config_imports_no_transformers(tmp_path):
     path = _model_dir(tmp_path, CONFIGS["qwen3-layer-types"])
     code = (
-        "import sys; from score_batch.engine.model_loading import read_model_info; "
+        "import sys; from score_batch.engine.model.loading import read_model_info; "
         f"info = read_model_info({str(path)!r}); assert info.native_refusal is None, info; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
     )

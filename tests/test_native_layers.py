@@ -184,7 +184,7 @@ def test_scoring_a_native_family_imports_no_transformers_modeling_module(qwen3_c
 
 
 def test_ops_resolution_on_cuda_without_a_gpu():
-    from score_batch.engine.setup import resolve_ops
+    from score_batch.engine.model.setup import resolve_ops
 
     cuda = torch.device("cuda")  # resolve_ops only reads the device type: no GPU needed
 
@@ -272,9 +272,9 @@ def test_flashinfer_ops_norm_q_and_k_heads_where_the_fused_projection_left_them(
     """FlashInferOps (its kernels stood in for on the CPU: tests/flashinfer_stub.py) hand the q/k norms the
     [tokens, heads, head_dim] views of the QKV output, strided, never a copy; hidden states equal TorchOps' in bf16."""
     from score_batch.engine.attention.sdpa import SdpaBackend
-    from score_batch.engine.batching import collate
     from score_batch.engine.native.load import load_native
-    from score_batch.engine.packing import ItemRef, mis_pack
+    from score_batch.engine.plan.batching import collate
+    from score_batch.engine.plan.packing import ItemRef, mis_pack
     from tests.flashinfer_stub import FlashInferStub
 
     stub = FlashInferStub().install(monkeypatch)

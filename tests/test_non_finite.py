@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
-from score_batch.engine.results import non_finite_message
+from score_batch.engine.run.results import non_finite_message
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 LABELS = (" yes", " no")

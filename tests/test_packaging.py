@@ -29,7 +29,7 @@ def test_wheel_in_a_fresh_venv_runs_the_zero_flag_demo_from_elsewhere(tmp_path):
     assert "score_batch/cli/demo_model/model.safetensors" in names
     for name in ("modules.json", "chat_template.jinja", "1_LogitScore/config.json"):  # CrossEncoder's files
         assert f"score_batch/cli/demo_model/{name}" in names
-    assert "score_batch/engine/builtin_profiles/qwen3-reranker.json" in names
+    assert "score_batch/engine/model/builtin_profiles/qwen3-reranker.json" in names
     assert {name.split("/")[0] for name in names if not name.startswith("score_batch-")} == {"score_batch"}
     assert not [name for name in names if "tiny_models" in name or name.startswith("score_batch/tests")]
     # torch and the other dependencies come from this interpreter wherever it keeps them (system-wide or a

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from score_batch.engine.packing import ItemRef
-from score_batch.engine.results import ResultTable
+from score_batch.engine.plan.packing import ItemRef
+from score_batch.engine.run.results import ResultTable
 from tests.test_scorer import GROUPS, assert_matches_reference, make_scorer
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from score_batch.engine.packing import (
+from score_batch.engine.plan.packing import (
     ItemRef,
     attention_mask,
     mis_pack,

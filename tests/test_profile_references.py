@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from score_batch.engine import Group, Scorer
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
-from score_batch.engine.heads import label_scores
-from score_batch.engine.profiles import builtin_profiles
+from score_batch.engine.model.profiles import builtin_profiles
+from score_batch.engine.run.heads import label_scores
 from tests.tiny_models import BASE_CORPUS, build_model, build_tokenizer
 
 QUERIES = ["what is the capital of Japan?", "red running shoes", "wireless headphones"]

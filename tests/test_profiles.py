@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.engine import ScoringInputError
-from score_batch.engine.model_source import resolve_model_dir
-from score_batch.engine.profiles import builtin_profiles, choose_profile, merge_profile
+from score_batch.engine.model.profiles import builtin_profiles, choose_profile, merge_profile
+from score_batch.engine.model.source import resolve_model_dir
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import run_cli, write_jsonl
 
@@ -178,7 +178,7 @@ def test_encoder_on_the_command_line(tmp_path, zoo):
 
 def test_a_profile_may_set_the_activation_and_a_bad_one_is_named():
     from score_batch.engine.errors import ScoringInputError
-    from score_batch.engine.profiles import parse_profile, scoring_config
+    from score_batch.engine.model.profiles import parse_profile, scoring_config
 
     profile = parse_profile("p", "p.json", '{"activation": "none", "apply_softmax": false}')
     assert scoring_config(profile, {}).activation == "none"

@@ -1,4 +1,4 @@
-"""FlashInfer proven at load (engine/proof.py), on the CPU against a stub package with FlashInfer's contracts
+"""FlashInfer proven at load (engine/model/proof.py), on the CPU against a stub package with FlashInfer's contracts
 (tests/flashinfer_stub.py): correct kernels pass; a JIT build that fails and a wrong kernel make auto fall back
 with one warning naming the cause, recorded in the setup and the run report; an explicit flashinfer exits 2."""
 
@@ -15,8 +15,8 @@ import torch
 
 from score_batch.engine import EngineConfig, ScoringConfig, SettingError
 from score_batch.engine.attention.flashinfer import FlashInferBackend
-from score_batch.engine.proof import prove_attention, prove_ops
-from score_batch.engine.setup import load_planner, prove_setup
+from score_batch.engine.model.proof import prove_attention, prove_ops
+from score_batch.engine.model.setup import load_planner, prove_setup
 from score_batch.errors import exit_code
 from tests.flashinfer_stub import NO_NVCC, FlashInferStub
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
@@ -61,7 +61,7 @@ def test_a_cpu_setup_runs_no_kernel(stub, qwen3_causal):
 
 def test_a_jit_build_that_fails_makes_auto_fall_back_with_one_warning_each(stub, qwen3_causal, caplog):
     stub.build = _no_nvcc
-    with caplog.at_level(logging.WARNING, logger="score_batch.engine.proof"):
+    with caplog.at_level(logging.WARNING, logger="score_batch.engine.model.proof"):
         proven = prove_setup(_cuda_like_setup(qwen3_causal), EngineConfig(device="cpu", dtype="bfloat16"))
     assert (proven.ops, proven.backend) == ("torch", "flex")  # flex runs this workload: auto's next choice
     ops, backend = proven.fallbacks

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig, ScoringInputError, SettingError
-from score_batch.engine.profiles import builtin_profiles
-from score_batch.engine.ranking import ranks, top_k_order
+from score_batch.engine.model.profiles import builtin_profiles
+from score_batch.engine.run.ranking import ranks, top_k_order
 from score_batch.engine.types import GroupResult
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 from tests.test_cli import run_cli, write_jsonl
@@ -61,7 +61,7 @@ def profiled_dir(qwen3_causal, copy_model):
     return model_dir
 
 
-# --- engine/ranking.py -----------------------------------------------------------------------------
+# --- engine/run/ranking.py -----------------------------------------------------------------------------
 
 
 def plain_order(scores) -> list[int]:

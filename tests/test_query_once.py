@@ -13,9 +13,9 @@ from score_batch.engine.attention.flex import FlexBackend
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.attention.sdpa import SdpaBackend
 from score_batch.engine.attention.split import SplitBackend
-from score_batch.engine.batching import collate, make_batches
-from score_batch.engine.packing import ItemRef, cached_mis_pack, mis_pack, pack_mask, split_items
-from score_batch.engine.planner import PackedPlanner, PlanLimits
+from score_batch.engine.plan.batching import collate, make_batches
+from score_batch.engine.plan.packing import ItemRef, cached_mis_pack, mis_pack, pack_mask, split_items
+from score_batch.engine.plan.planner import PackedPlanner, PlanLimits
 from tests.reference import max_abs_diff
 from tests.test_scorer import LABELS, assert_matches_reference, make_scorer
 

@@ -1,4 +1,4 @@
-"""sentence-transformers 6.2 CrossEncoder parity by construction (engine/st_model.py), against the real CrossEncoder.
+"""sentence-transformers 6.2 CrossEncoder parity by construction (engine/model/st_model.py), against the real CrossEncoder.
 
 Tiny local models: encoders with empty items (1 and 2 labels), a saved max_length, CausalLM rerankers that
 CrossEncoder loads as Transformer + LogitScore with no arguments (plain, saved with modules.json, through a chat
@@ -20,8 +20,8 @@ import torch
 
 from score_batch import Scorer
 from score_batch.engine import EngineConfig, Group, ScoringConfig, ScoringInputError, SettingError
-from score_batch.engine.model_source import hub_id_of
-from score_batch.engine.st_model import longest_first_lengths
+from score_batch.engine.model.source import hub_id_of
+from score_batch.engine.model.st_model import longest_first_lengths
 from tests.reference import max_abs_diff, reference_scores, tokenizer
 from tests.test_cli import run_cli, write_jsonl
 from tests.tiny_models import build_tokenizer

@@ -8,7 +8,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from score_batch.engine.attention.query_cache import QueryCache
-from score_batch.engine.batching import Batch
+from score_batch.engine.plan.batching import Batch
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ import torch
 
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.flashinfer_plan import MAX_ITEM_TOKENS, MultiItemMetadata, build_metadata
-from score_batch.engine.batching import Batch
 from score_batch.engine.errors import SettingError
+from score_batch.engine.plan.batching import Batch
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 KERNELS = ("fa2", "fa3")

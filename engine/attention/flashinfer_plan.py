@@ -4,7 +4,7 @@ For each pack (one request): prefix_len = the query length; token_pos_in_items c
 the first delimiter to the end: 0 at every delimiter, 1, 2, … inside each item; requests are
 concatenated, each zero-padded to a common length; max_item_len = the longest item. The kernel's
 rule (FlashInfer's FA2 and FA3 multi-item paths) is reproduced by `kernel_mask` so tests can compare it
-with the reference mask of engine.packing.
+with the reference mask of engine.plan.packing.
 
 Cached packs (Pack.query_cached: `D item D item … D`, the query computed once per group) are planned the
 way FlashInfer's own multi-item benchmark plans a cached prefix: the request's Q rows are the pack's own
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from score_batch.engine.batching import Batch
-from score_batch.engine.packing import DELIMITER_SEGMENT, Pack
+from score_batch.engine.plan.batching import Batch
+from score_batch.engine.plan.packing import DELIMITER_SEGMENT, Pack
 
 MAX_ITEM_TOKENS = int(np.iinfo(np.uint16).max)  # token_pos_in_items is uint16
 

@@ -21,8 +21,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.query_cache import QueryCache
-from score_batch.engine.batching import Batch
-from score_batch.engine.packing import QUERY_SEGMENT
+from score_batch.engine.plan.batching import Batch
+from score_batch.engine.plan.packing import QUERY_SEGMENT
 
 FLEX_BLOCK_SIZE = 128
 BUCKETS_PER_OCTAVE = 4  # padding stays under one block or a quarter of the batch, whichever is larger

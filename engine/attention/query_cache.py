@@ -22,8 +22,8 @@ from collections.abc import Iterable
 
 import torch
 
-from score_batch.engine.batching import Batch
-from score_batch.engine.packing import Pack
+from score_batch.engine.plan.batching import Batch
+from score_batch.engine.plan.packing import Pack
 
 
 class QueryCache:

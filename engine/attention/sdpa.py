@@ -7,8 +7,8 @@ import torch
 from score_batch.engine.attention.base import Capabilities
 from score_batch.engine.attention.query_cache import QueryCache, cached_query_kv, check_cache, store_query_kv
 from score_batch.engine.attention.softcap import attention
-from score_batch.engine.batching import Batch
-from score_batch.engine.packing import pack_mask
+from score_batch.engine.plan.batching import Batch
+from score_batch.engine.plan.packing import pack_mask
 
 
 class SdpaPlan:

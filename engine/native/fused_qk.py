@@ -4,7 +4,7 @@ FlashInfer 0.6.6 has no fused q/k-norm + RoPE: its path is three launches (q nor
 writing q and k. This kernel reads each head of q and k once, normalizes it in float32 (times its weight),
 rotates it (neox halves, cos/sin from the float32 cache at the token's position) and writes it back once,
 rounded once. One program per (token, head); q's heads then k's heads are adjacent in a QKV row, so both are
-one strided [tokens, heads + kv_heads, head_dim] view. Imported only where triton is; engine/proof.py checks it
+one strided [tokens, heads + kv_heads, head_dim] view. Imported only where triton is; engine/model/proof.py checks it
 against TorchOps at load, so a wrong result falls back instead of scoring.
 """
 

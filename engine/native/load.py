@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from score_batch.engine.model_kind import read_config_json
+from score_batch.engine.model.kind import read_config_json
 from score_batch.engine.native.config import model_config
 from score_batch.engine.native.layers import Linear, NativeDecoder
 from score_batch.engine.native.ops import make_ops

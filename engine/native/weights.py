@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from score_batch.engine.errors import ScoringInputError
-from score_batch.engine.model_source import weight_files
+from score_batch.engine.model.source import weight_files
 
 BACKBONE_PREFIX = "model."
 # Checkpoint names of each fused parameter's parts, in the order they are concatenated.

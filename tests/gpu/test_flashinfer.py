@@ -21,8 +21,8 @@ from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig  # noq
 from score_batch.engine.attention.flashinfer import FlashInferBackend  # noqa: E402
 from score_batch.engine.attention.flex import FlexBackend  # noqa: E402
 from score_batch.engine.attention.sdpa import SdpaBackend  # noqa: E402
-from score_batch.engine.batching import collate  # noqa: E402
-from score_batch.engine.packing import ItemRef, mis_pack, single_pack  # noqa: E402
+from score_batch.engine.plan.batching import collate  # noqa: E402
+from score_batch.engine.plan.packing import ItemRef, mis_pack, single_pack  # noqa: E402
 from tests.gpu.common import (  # noqa: E402
     BF16_VS_FP32,
     CUDA,
@@ -132,9 +132,9 @@ def test_goal_shape_batch_matches_fp32_without_forced_splits(model_dir):
 
 def _cached_group(seed: int = 0):
     """(storing pack, cached pack, the inline pack of the cached pack's items) of one 300-token query."""
-    packing = pytest.importorskip("score_batch.engine.packing")
+    packing = pytest.importorskip("score_batch.engine.plan.packing")
     if not hasattr(packing, "cached_mis_pack"):
-        pytest.skip("engine.packing has no cached packs (the query-once work) in this checkout")
+        pytest.skip("engine.plan.packing has no cached packs (the query-once work) in this checkout")
     rng = random.Random(seed)
     query = [rng.randrange(1, 500) for _ in range(300)]
     first = [[rng.randrange(1, 500) for _ in range(n)] for n in (40, 3)]

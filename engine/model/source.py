@@ -201,8 +201,8 @@ MODEL_FILE_SUFFIXES = (".json", ".txt", ".model", ".tiktoken", ".jinja", ".py")
 def model_identity(model_dir: Path) -> list:
     """[name, SHA-256 of its content] of every file of the model that decides a score: the weights transformers
     loads, and the configs, tokenizer files, chat templates and code beside them and in the folders of its
-    sentence-transformers modules (engine/model_digest: read once, then cached by each file's inode and times)."""
-    from score_batch.engine.model_digest import file_digests
+    sentence-transformers modules (engine/model/digest: read once, then cached by each file's inode and times)."""
+    from score_batch.engine.model.digest import file_digests
 
     model_dir = Path(model_dir)
     files = {file.relative_to(model_dir).as_posix(): file for file in _scoring_files(model_dir)}

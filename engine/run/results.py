@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from score_batch.engine.activation import ResolvedActivation, activate
-from score_batch.engine.packing import ItemRef
+from score_batch.engine.plan.packing import ItemRef
 from score_batch.engine.types import GroupResult
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from score_batch.engine.planner import Planner
-from score_batch.engine.tokenize import MIS_DELIMITERS_PER_ITEM
+from score_batch.engine.plan.planner import Planner
+from score_batch.engine.text.tokenize import MIS_DELIMITERS_PER_ITEM
 from score_batch.engine.types import Group
 
 UNLIMITED = 1 << 40  # token limits of the planner that measures whole pairs for truncation

@@ -1,7 +1,7 @@
 """Scoring profiles: ScoringConfig values for a model (labels, templates, softmax), merged under the caller's.
 
 Where a profile comes from, first match wins: an explicit name or JSON file; score_batch.json in the
-model directory; a built-in profile (engine/builtin_profiles/*.json) listing the model's hub id or
+model directory; a built-in profile (engine/model/builtin_profiles/*.json) listing the model's hub id or
 directory name. A profile's keys are ScoringConfig's field names, checked against the fields' types.
 """
 
@@ -20,7 +20,7 @@ from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import ScoringInputError, SettingError
 
 PROFILE_FILE = "score_batch.json"
-BUILTIN_PACKAGE = "score_batch.engine.builtin_profiles"
+BUILTIN_PACKAGE = "score_batch.engine.model.builtin_profiles"
 META_KEYS = ("description", "models")
 FIELD_TYPES = typing.get_type_hints(ScoringConfig)
 PROFILE_KEYS = tuple(f.name for f in dataclasses.fields(ScoringConfig))
@@ -107,7 +107,7 @@ def _describe(expected: Any, python: bool = False) -> str:
 
 
 def builtin_profiles() -> dict[str, Profile]:
-    """The profiles shipped in engine/builtin_profiles/, by name."""
+    """The profiles shipped in engine/model/builtin_profiles/, by name."""
     found = {}
     for entry in sorted(resources.files(BUILTIN_PACKAGE).iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".json"):

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from score_batch.engine.batching import Batch, make_batches
-from score_batch.engine.chunking import ChunkedGroup, check_chunk_settings, chunk_group
 from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
-from score_batch.engine.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
-from score_batch.engine.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
-from score_batch.engine.tokenize import TokenizedGroup, encode_groups, tokenize_group, without_unscored_tail
+from score_batch.engine.plan.batching import Batch, make_batches
+from score_batch.engine.plan.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
+from score_batch.engine.text.chunking import ChunkedGroup, check_chunk_settings, chunk_group
+from score_batch.engine.text.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
+from score_batch.engine.text.tokenize import (
+    TokenizedGroup,
+    encode_groups,
+    tokenize_group,
+    without_unscored_tail,
+)
 from score_batch.engine.types import Group
 
 
@@ -79,7 +84,7 @@ class PairPlan:
     tokenized: list[PairGroup]  # the encoded pairs of each group (named as PackedPlan's for callers)
     batches: list[PairBatch]
     stats: PlanStats = field(default_factory=PlanStats)
-    chunked: None = None  # encoders are never chunked (engine/chunking.check_chunk_settings)
+    chunked: None = None  # encoders are never chunked (engine/text/chunking.check_chunk_settings)
 
 
 @dataclass(frozen=True)

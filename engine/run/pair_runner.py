@@ -8,12 +8,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from score_batch.engine.heads import score_and_pool
-from score_batch.engine.model_loading import LoadedModel
-from score_batch.engine.pairs import PairBatch, pad_pairs
-from score_batch.engine.planner import PairPlan, PairPlanner
-from score_batch.engine.results import ResultTable, non_finite_rows
-from score_batch.engine.setup import ResolvedSetup
+from score_batch.engine.model.loading import LoadedModel
+from score_batch.engine.model.setup import ResolvedSetup
+from score_batch.engine.plan.planner import PairPlan, PairPlanner
+from score_batch.engine.run.heads import score_and_pool
+from score_batch.engine.run.results import ResultTable, non_finite_rows
+from score_batch.engine.text.pairs import PairBatch, pad_pairs
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)

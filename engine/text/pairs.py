@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from score_batch.engine.config import ScoringConfig
-from score_batch.engine.packing import ItemRef
+from score_batch.engine.plan.packing import ItemRef
 from score_batch.engine.types import Group
 
 

@@ -1,6 +1,6 @@
 """Files by content: the SHA-256 of each file, cached by its (device, inode, size, mtime, ctime).
 
-A model's identity (engine/model_source.model_identity) is the content of its files, so a model rewritten in
+A model's identity (engine/model/source.model_identity) is the content of its files, so a model rewritten in
 place with its size and modification time restored (what `cp -p`, tar and reproducible deploys leave) is a
 new model. Hashing gigabytes on every run would cost seconds, so each digest is kept in a small cache file;
 the inode change time (ctime) is in its key because no copy or restore can set it back. The cache lives in

@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from score_batch.engine.backend_tokenizer import BackendTokenizer
-from score_batch.engine.chunking import split_chunks
 from score_batch.engine.config import ScoringConfig
+from score_batch.engine.text.backend_tokenizer import BackendTokenizer
+from score_batch.engine.text.chunking import split_chunks
 from score_batch.engine.types import Group, TokenizedGroup
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
@@ -210,7 +210,7 @@ def _chunk(
 ) -> tuple[list[int], list[list[int]], str | None]:
     """truncate="chunk": (the item's whole ids, its chunks of at most limit tokens, None) or an error.
 
-    An item within the limit is its one chunk; a longer one is split by engine/chunking.split_chunks (the
+    An item within the limit is its one chunk; a longer one is split by engine/text/chunking.split_chunks (the
     template's tokens around every chunk, content chunks as a Hugging Face tokenizer's overflow makes them).
     """
     chunks, reason = split_chunks(encoded.ids, encoded.touching(), limit, overlap)
@@ -330,7 +330,7 @@ def _longest_first(
     A pair may hold the smallest of pack_limit (max_pack_tokens less the item's delimiters), the position
     limit and the tokenizer's model_max_length (CrossEncoder's limit). max_query_tokens / max_item_tokens,
     when set, first cut that side's content tail. Then, as the tokenizer truncates a pair
-    (engine/st_model.longest_first_lengths), the longer content loses its tail until the pair fits, both
+    (engine/model/st_model.longest_first_lengths), the longer content loses its tail until the pair fits, both
     when both must (the shorter keeps half the room); templates and special tokens are kept.
 
     An item whose pair needs the query cut sees a shorter query than its neighbours: the group's shared
@@ -338,7 +338,7 @@ def _longest_first(
     tokens, template included) at its head, so that query_ids + item_ids is exactly its cut pair. Under
     item_first the whole pair is the item's and the shared query is empty.
     """
-    from score_batch.engine.st_model import UNLIMITED, longest_first_lengths
+    from score_batch.engine.model.st_model import UNLIMITED, longest_first_lengths
 
     limit, why = pack_limit, "the pack limit (max_pack_tokens less the delimiters)"
     if max_positions is not None and max_positions < limit:

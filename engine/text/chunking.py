@@ -21,7 +21,7 @@ from score_batch.engine.errors import SettingError
 from score_batch.engine.types import GroupResult, TokenizedGroup
 
 if TYPE_CHECKING:
-    from score_batch.engine.packing import ItemRef
+    from score_batch.engine.plan.packing import ItemRef
 
 
 def chunk_spans(length: int, size: int, overlap: int) -> list[tuple[int, int]]:

@@ -18,8 +18,9 @@ from score_batch.engine.attention.base import Workload
 from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failure, select_backend, why_not
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
-from score_batch.engine.model_loading import ModelInfo, load_tokenizer, read_model_info
-from score_batch.engine.planner import (
+from score_batch.engine.model.loading import ModelInfo, load_tokenizer, read_model_info
+from score_batch.engine.model.st_model import LogitScoreSpec, read_cross_encoder
+from score_batch.engine.plan.planner import (
     PackedPlanner,
     PairPlanner,
     PlanLimits,
@@ -27,7 +28,6 @@ from score_batch.engine.planner import (
     default_delimiter,
     resolve_label_ids,
 )
-from score_batch.engine.st_model import LogitScoreSpec, read_cross_encoder
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ResolvedSetup:
     # A CausalLM given no label tokens: its LogitScore (info then reads as a one-label classifier's)
     logit_score: LogitScoreSpec | None = None
     # What `auto` fell back from when its FlashInfer kernels failed their check at load, and why
-    # (engine/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
+    # (engine/model/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
     fallbacks: tuple[str, ...] = ()
 
 
@@ -193,7 +193,7 @@ def resolve_ops(
     import_error: Callable[[str], str | None] = import_failure,
 ) -> Literal["torch", "flashinfer", "none"]:
     """The native layers' kernels: auto → flashinfer on CUDA in 16 bits when it imports (not under compile), else
-    torch; importing proves no kernel: engine/proof.py runs them at load."""
+    torch; importing proves no kernel: engine/model/proof.py runs them at load."""
     from score_batch.engine.native.ops import OPS_MODULE
 
     if layers != "native":
@@ -357,7 +357,7 @@ def load_planner(
     (Scorer, which applies CrossEncoder's tokenizer arguments); a tokenizer read here is a BackendTokenizer
     where the directory allows it (no transformers import). logit_score: "read" decides it here
     (label_free_scoring); a LogitScoreSpec or None is taken as decided (CrossEncoder's own rule, in Scorer).
-    prove: run the FlashInfer kernels the setup names once on the device first (engine/proof.py), so that an
+    prove: run the FlashInfer kernels the setup names once on the device first (engine/model/proof.py), so that an
     auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
     """
     if info is None:
@@ -386,13 +386,13 @@ NO_JIT = " (no nvcc here: checked with FLASHINFER_DISABLE_JIT=1, FlashInfer's pr
 
 
 def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
-    """The setup with every FlashInfer kernel it names proven on its device (engine/proof.py), or auto's fallback
+    """The setup with every FlashInfer kernel it names proven on its device (engine/model/proof.py), or auto's fallback
     (ops → torch; attention → flex, else sdpa) with one warning naming the cause, recorded in fallbacks (and so
     in the run report); an explicit `flashinfer` fails the load with a SettingError (exit 2) naming it. auto
     without a CUDA compiler proves with FLASHINFER_DISABLE_JIT=1: a kernel FlashInfer has not prebuilt fails at
     once instead of a JIT build that cannot succeed (docs/operations.md, FlashInfer without a JIT)."""
-    from score_batch.engine import proof  # runs kernels: imported only for a load
     from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
+    from score_batch.engine.model import proof  # runs kernels: imported only for a load
 
     fallbacks = list(setup.fallbacks)
     ops, backend = setup.ops, setup.backend

@@ -10,17 +10,17 @@ import torch
 
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.attention.registry import make_backend
-from score_batch.engine.batching import Batch, collate
-from score_batch.engine.chunking import ItemCountdown, aggregate
-from score_batch.engine.compiled import OpaquePlan, compile_backbone
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
-from score_batch.engine.heads import score_and_pool
-from score_batch.engine.model_loading import LoadedModel
-from score_batch.engine.packing import single_pack
-from score_batch.engine.planner import PackedPlan, PackedPlanner
-from score_batch.engine.results import ResultTable, non_finite_rows
-from score_batch.engine.setup import ResolvedSetup
+from score_batch.engine.model.loading import LoadedModel
+from score_batch.engine.model.setup import ResolvedSetup
+from score_batch.engine.plan.batching import Batch, collate
+from score_batch.engine.plan.packing import single_pack
+from score_batch.engine.plan.planner import PackedPlan, PackedPlanner
+from score_batch.engine.run.compiled import OpaquePlan, compile_backbone
+from score_batch.engine.run.heads import score_and_pool
+from score_batch.engine.run.results import ResultTable, non_finite_rows
+from score_batch.engine.text.chunking import ItemCountdown, aggregate
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class PackedRunner:
         A pack with a non-finite output has each of its items scored again alone (its own reference
         sequence, its own batch), so a NaN that leaked through masked attention cannot cost a neighbour its
         score; only items non-finite on their own become item errors. Under truncate="chunk" each item's
-        chunks are aggregated into its one result (engine/chunking.py), with their count in `chunks`.
+        chunks are aggregated into its one result (engine/text/chunking.py), with their count in `chunks`.
         """
         results = self.run_sequences(plan, on_items)
         if plan.chunked is None:

@@ -1,4 +1,4 @@
-"""FlashInfer proven on the device: each kernel runs once on a tiny input against torch (engine/setup.py's
+"""FlashInfer proven on the device: each kernel runs once on a tiny input against torch (engine/model/setup.py's
 load_planner(prove=True) runs this at load, and falls back or fails on the cause).
 
 `import flashinfer` succeeds without nvcc; its kernels are built by a JIT at their first call, which then
@@ -15,9 +15,9 @@ import torch
 
 from score_batch.engine.attention.registry import make_backend
 from score_batch.engine.attention.sdpa import SdpaBackend
-from score_batch.engine.batching import collate
 from score_batch.engine.native.ops import Ops, TorchOps, make_ops
-from score_batch.engine.packing import DELIMITER_SEGMENT, ItemRef, mis_pack, single_pack
+from score_batch.engine.plan.batching import collate
+from score_batch.engine.plan.packing import DELIMITER_SEGMENT, ItemRef, mis_pack, single_pack
 
 log = logging.getLogger(__name__)
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from score_batch.engine.backend_tokenizer import backend_tokenizer
 from score_batch.engine.errors import ScoringInputError, SettingError
-from score_batch.engine.model_kind import (
+from score_batch.engine.model.kind import (
     POSITION_OFFSET_MODEL_TYPES,
     model_kind,
     read_config_json,
     read_json_file,
 )
-from score_batch.engine.model_source import SAFETENSORS_INDEX, check_weight_files
+from score_batch.engine.model.source import SAFETENSORS_INDEX, check_weight_files
+from score_batch.engine.text.backend_tokenizer import backend_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ TOKENIZER_JSON_FILES = (
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False, backend: bool = False):
     """Load the tokenizer stored in a model directory (offline). backend: a BackendTokenizer where its
-    tokenizer.json is what transformers would run unchanged (engine/backend_tokenizer.py: no transformers
+    tokenizer.json is what transformers would run unchanged (engine/text/backend_tokenizer.py: no transformers
     import), else transformers' own."""
     path = Path(path)
     if not any((path / name).exists() for name in TOKENIZER_FILES) and not any(path.glob("*.model")):

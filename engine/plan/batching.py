@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from score_batch.engine.packing import ItemRef, Pack
+from score_batch.engine.plan.packing import ItemRef, Pack
 
 
 @dataclass(frozen=True)
