@@ -111,15 +111,6 @@ class InputSource:
         """How messages name the input."""
         return "stdin" if self.path == STDIN else self.path
 
-    def identity(self) -> list:
-        """Normalized URIs, sizes and modification times of the input files (stdin has none)."""
-        identity = []
-        for file in self.files:
-            info = file.location.info()
-            mtime = info.mtime_ns if info.mtime is not None else None
-            identity.append([file.location.key(), info.size, mtime])
-        return identity
-
     def total_rows(self) -> int | None:
         """Row count: Parquet metadata; JSONL from the first pass over the lines."""
         return reader(self).total_rows()

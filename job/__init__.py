@@ -6,24 +6,25 @@
 2. resolve: which runner (local, Ray, or an OpenAI-style batch file);
 3. preflight: every check that needs no weights (paths and collisions, inputs, column names and types,
    reserved output names, partition columns) → `Checked` with the run's `RunPaths`;
-4. lock: `OUTPUT.lock`; a --resume on an output completed with the same fingerprint ends here ("already
-   complete"); leftovers of an interrupted run are removed;
+4. identity and lock: the run's identity (job/identity); `OUTPUT.lock`; a --resume on an output completed with
+   the same identity and input ends here ("already complete"); leftovers of an interrupted run are removed;
 5. score windows and publish: the runner (local: windows → engine → checkpointed parts; Ray: read units →
    actor pool → staged directory; then one publish);
 6. report: written however the run ends (SIGINT/SIGTERM: at once before scoring, at a safe point during it).
 """
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from score_batch.engine.model.source import model_identity
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
+from score_batch.job.identity import RunIdentity
 from score_batch.job.lock import OutputLock
 from score_batch.job.paths import check_report_path
 from score_batch.job.policy import remove_leftovers
@@ -89,10 +90,9 @@ def _run_phases(config: RunConfig, report: RunReport):
     try:
         runner = _resolve(config, source)
         checked = runner.preflight(config, source)
-        # The model's content for fingerprints and score keys, read here where a signal stops it at once (a
-        # later call, on the prefetch worker too, finds the digests in memory).
+        # The run's identity (job/identity): the model's content is read here, where a stop ends it at once.
         if runner.kind != "batch-file":
-            model_identity(config.model_dir)
+            checked = dataclasses.replace(checked, identity=RunIdentity.of(config))
         with contextlib.nullcontext() if checked.paths.lock is None else OutputLock(checked.paths.lock):
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
@@ -124,7 +124,7 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     completion = checked.paths.completion
     if not config.resume or completion is None or not completion.exists():
         return False
-    completion.check_rerun(config, checked.source)
+    completion.check_rerun(config, checked.source, checked.identity)
     report.already_complete = True
     log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True

@@ -1,14 +1,14 @@
 """Idempotent reruns: how a finished output records what produced it and what it published; a rerun's check.
 
-Every published Parquet file carries its completion fingerprint (model, settings and a digest of the input's
-rows, whatever the window size) in its schema metadata and its row count in its footer (a rewrite by another
-tool drops it). A --resume run writing JSONL or a --partition-by dataset (no place inside it that every
-reader skips) records it in OUTPUT.done beside the output, with the output's size and modification time (a
-dataset: every file's, as git and make compare them; trusted only with `_SUCCESS`). Rerunning the same
-command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no model is loaded)
-and, when the fingerprints match and the output is still what was published, exits 0 "already complete"
-without touching it. A changed input, model or setting, or an output changed since (filtered in place, a
-partition gone, a file rewritten at the same size), is refused as an existing output always was.
+Every published Parquet file carries its completion record (the run's identity, job/identity, with a digest
+of the input's rows, whatever the window size) in its schema metadata and its row count in its footer (a
+rewrite by another tool drops it). A --resume run writing JSONL or a --partition-by dataset (no place inside
+it that every reader skips) records it in OUTPUT.done beside the output, with the output's size and
+modification time (a dataset: every file's, as git and make compare them; trusted only with `_SUCCESS`).
+Rerunning the same command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no
+model is loaded) and, when the records match and the output is still what was published, exits 0 "already
+complete" without touching it. A changed input, model or setting, or an output changed since (filtered in
+place, a partition gone, a file rewritten at the same size), is refused as an existing output always was.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from score_batch.engine.model.source import model_identity
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import InputDigest
 from score_batch.io_formats.writers import ROWS_KEY, SUCCESS, output_format
-from score_batch.job.run_config import FINGERPRINTED, Fingerprint, RunConfig
+from score_batch.job.identity import FINGERPRINTED, RunIdentity
+from score_batch.job.run_config import RunConfig
 
 METADATA_KEY = b"score_batch.completion"
 RECORD_KEY = b"score_batch.completion_record"  # what the fingerprint digests, to name a difference
@@ -42,18 +42,13 @@ def input_digest(config: RunConfig, source: InputSource) -> str:
     return content.hexdigest()
 
 
-def completion_fingerprint(config: RunConfig, digest: str) -> Fingerprint:
-    """The fingerprint a completed output is recorded with: settings, model and input content."""
-    return config.fingerprint(model_identity(config.model_dir), [digest])
-
-
-def stamped(schema: pa.Schema, fingerprint: Fingerprint | None) -> pa.Schema:
-    """A Parquet output's schema carrying its completion fingerprint and record (unchanged when there is none)."""
-    if fingerprint is None:
+def stamped(schema: pa.Schema, completed: RunIdentity | None) -> pa.Schema:
+    """A Parquet output's schema carrying its completed identity's digest and record (unchanged: none)."""
+    if completed is None:
         return schema
-    record = json.dumps(fingerprint.record, sort_keys=True).encode()
+    record = json.dumps(completed.record, sort_keys=True).encode()
     return schema.with_metadata(
-        {**(schema.metadata or {}), METADATA_KEY: fingerprint.digest.encode(), RECORD_KEY: record}
+        {**(schema.metadata or {}), METADATA_KEY: completed.digest.encode(), RECORD_KEY: record}
     )
 
 
@@ -109,11 +104,11 @@ class Completion:
         """True when an earlier run completed this output."""
         return self._stamp().fingerprint is not None
 
-    def check_rerun(self, config: RunConfig, source: InputSource) -> None:
-        """Refuse a rerun on a completed output unless model, settings and input content are the same and the
-        output is still what that run published."""
+    def check_rerun(self, config: RunConfig, source: InputSource, identity: RunIdentity) -> None:
+        """Refuse a rerun on a completed output unless this run's identity and input content are the same and
+        the output is still what that run published."""
         stamp = self._stamp()
-        now = completion_fingerprint(config, input_digest(config, source))
+        now = identity.completed(input_digest(config, source))
         if stamp.fingerprint != now.digest:
             what = now.difference(stamp.record) if stamp.fingerprint is not None else ""
             differs = (
@@ -128,7 +123,7 @@ class Completion:
                 "what this run would publish; pass --overwrite to replace it"
             )
 
-    def published(self, fingerprint: Fingerprint, resume: bool) -> None:
+    def published(self, completed: RunIdentity, resume: bool) -> None:
         """After publishing: the OUTPUT.done of a JSONL or dataset output (--resume runs write it; others drop
         a stale one)."""
         if not self.sidecar:
@@ -136,7 +131,7 @@ class Completion:
         if not resume:
             self.record.delete()
             return
-        record = {"fingerprint": fingerprint.digest, "record": fingerprint.record}
+        record = {"fingerprint": completed.digest, "record": completed.record}
         record["files" if self.dataset else "output"] = self._published()
         self.record.write_bytes(json.dumps(record).encode())
 

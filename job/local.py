@@ -8,20 +8,18 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 
-from score_batch.engine.model.source import model_identity
 from score_batch.engine.plan.planner import Planner
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import InputDigest, Window
-from score_batch.job.completion import completion_fingerprint
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.preflight import Checked, run_contract
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema, score_identity
+from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RunConfig
 from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
 from score_batch.job.sinks import open_sink
@@ -32,6 +30,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     """Score windows on this machine and publish (the output locked, leftovers removed), filling report."""
     sink = open_sink(config, checked.paths)
     config = config.reads_windows_of(sink.resumed_record())  # a resumed run reads its parts' windows
+    checked = dataclasses.replace(checked, identity=checked.identity.laid_out(config.window_rows))
     mapping, windows = read_windows(checked.source, config.columns, config.window_rows)
     listed = sink.listed()  # windows an earlier run finished: the worker does not plan them
     ready: Future[WindowTools] = Future()
@@ -83,11 +82,11 @@ def _tools_of(ready: Future[WindowTools]) -> WindowTools:
 
 def _tools(config: RunConfig, checked: Checked, planner: Planner, setup) -> WindowTools:
     """The worker's tools once the tokenizer is there; under --reuse the earlier outputs are joined first."""
-    identity, contract = score_identity(config, setup), run_contract(config, checked, setup)
+    key, contract = checked.identity.score_key(setup), run_contract(config, checked, setup)
     earlier = None
     if config.reuse:
-        earlier = EarlierScores.join(config, checked.source, identity, reused_schema(contract.part_schema()))
-    return WindowTools(planner, contract, identity, earlier, ScoredPairs())
+        earlier = EarlierScores.join(config, checked.source, key, reused_schema(contract.part_schema()))
+    return WindowTools(planner, contract, key, earlier, ScoredPairs())
 
 
 def _stages(
@@ -112,7 +111,7 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
     """Score the prefetched windows into the sink and publish (see run_local)."""
     source, completion = checked.source, checked.paths.completion
     scorer, tools = engine[0], ready.result()
-    sink.start(config.fingerprint(model_identity(config.model_dir), source.identity()))
+    sink.start(checked.identity)
     total = source.total_rows() if mapping.layout == "long" else None
     windows_read = 0
     with ScoringPhase(config, report, sink, total) as phase:
@@ -144,10 +143,10 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
                 sink.write(number, part, tools.contract, prepared.digest)
             phase.check()
         sink.check_read(windows_read)
-        fingerprint = completion_fingerprint(config, content.hexdigest())
-        phase.commit(tools.contract, phase.check, fingerprint)
+        completed = checked.identity.completed(content.hexdigest())
+        phase.commit(tools.contract, phase.check, completed)
         if completion is not None:
-            completion.published(fingerprint, config.resume)
+            completion.published(completed, config.resume)
 
 
 def _fail_on_unreadable_row(window: Window, source: InputSource) -> None:

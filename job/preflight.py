@@ -15,6 +15,7 @@ from score_batch.io_formats.earlier import open_earlier
 from score_batch.io_formats.readers import InputSource, column_types, input_mapping
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.job.contract import OutputContract, check_jsonl_columns
+from score_batch.job.identity import RunIdentity
 from score_batch.job.paths import RunPaths, check_run_paths
 from score_batch.job.policy import check_destination
 from score_batch.job.run_config import RunConfig
@@ -30,6 +31,7 @@ class Checked:
     paths: RunPaths  # every path the run writes
     mapping: ColumnMapping | None  # None: a batch file, whose requests have no columns
     types: dict[str, pa.DataType]
+    identity: RunIdentity | None = None  # job/identity, set by job.run after preflight (None: a batch file)
 
     @property
     def destination(self):

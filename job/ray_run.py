@@ -35,12 +35,13 @@ from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units
 from score_batch.io_formats.window import concat, token_key
 from score_batch.job.contract import OutputContract
+from score_batch.job.identity import RunIdentity
 from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
 from score_batch.job.preflight import Checked, preflight, run_contract
 from score_batch.job.query_ranking import rank_parts
 from score_batch.job.report import RunReport
-from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema, score_identity
+from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.job.score_stats import written_scores
 from score_batch.job.scoring import WindowTools, planned, prepare, score
@@ -130,7 +131,9 @@ def _collapse_group(group: pa.Table) -> pa.Table:
 class ScoreActor:
     """Holds one loaded Scorer; scores batches of complete query groups into part-schema tables."""
 
-    def __init__(self, config: RunConfig, contract: OutputContract, threads: int) -> None:
+    def __init__(
+        self, config: RunConfig, identity: RunIdentity, contract: OutputContract, threads: int
+    ) -> None:
         import torch
 
         from score_batch.engine.scorer import Scorer
@@ -141,7 +144,7 @@ class ScoreActor:
         self.config = config
         self.contract = contract
         self.scorer = Scorer.load(config.model_dir, config.engine)
-        self.identity = score_identity(config, self.scorer.setup)  # as this actor resolved the device
+        self.score_key = identity.score_key(self.scorer.setup)  # as this actor resolved the device
         self.pairs = ScoredPairs()  # the pairs this actor wrote: a repeat in a later batch is copied
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -154,7 +157,7 @@ class ScoreActor:
         tools = WindowTools(
             self.scorer,
             self.contract,
-            self.identity,
+            self.score_key,
             JoinedScores([r for _, rows in entries for r in rows]),
             self.pairs,
         )
@@ -225,7 +228,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     if gpus is None:
         gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 and config.engine.device != "cpu" else 0
 
-    reused = _joined_on_store(config, source, destination, contract, gpus) if config.reuse else None
+    reused = _joined_on_store(config, checked, contract, gpus) if config.reuse else None
     try:
         sink = StagedDirectorySink(destination, contract.ray_schema(), ErrorsSink(checked.paths.errors))
         try:
@@ -282,7 +285,7 @@ def _dataset(config, checked, options, units, contract, gpus, reused, total_rows
         )
     return dataset.map_batches(
         ScoreActor,
-        fn_constructor_args=(config, contract, int(options.cpus_per_worker)),
+        fn_constructor_args=(config, checked.identity, contract, int(options.cpus_per_worker)),
         batch_size=options.groups_per_batch,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=options.num_workers),
@@ -332,19 +335,17 @@ def _score_on_ray(dataset, contract, sink, partitioning, phase, label: str) -> l
     return counts
 
 
-def _joined_on_store(
-    config: RunConfig, source: InputSource, destination: Location, contract, gpus
-) -> Location:
+def _joined_on_store(config: RunConfig, checked: Checked, contract, gpus) -> Location:
     """--reuse: this run's keys joined to the earlier outputs (job/reuse.EarlierScores, on this machine, keyed
-    with the score identity an actor resolves) and copied into a hidden directory beside OUTPUT, on its store,
+    with the score key an actor resolves) and copied into a hidden directory beside OUTPUT, on its store,
     where every read task can reach it."""
     import ray
 
-    task = ray.remote(_actor_identity).options(num_cpus=LIGHT_CPUS, num_gpus=gpus)
+    task = ray.remote(_actor_score_key).options(num_cpus=LIGHT_CPUS, num_gpus=gpus)
     with _user_errors():  # the device, dtype and ops an actor resolves may differ from this machine's
-        identity = ray.get(task.remote(config))
-    earlier = EarlierScores.join(config, source, identity, reused_schema(contract.part_schema()))
-    directory = destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
+        key = ray.get(task.remote(config, checked.identity))
+    earlier = EarlierScores.join(config, checked.source, key, reused_schema(contract.part_schema()))
+    directory = checked.destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
     try:
         joined = directory.child("reused.parquet")
         pafs.copy_files(str(earlier.joined), joined.path, destination_filesystem=joined.fs)
@@ -357,10 +358,10 @@ def _joined_on_store(
     return joined
 
 
-def _actor_identity(config: RunConfig) -> bytes:
-    """Ray task: the score identity as an actor with the actors' resources resolves it (no weights loaded)."""
+def _actor_score_key(config: RunConfig, identity: RunIdentity) -> bytes:
+    """Ray task: the score key with the engine as an actor's resources resolve it (no weights loaded)."""
     _, setup = load_planner(config.model_dir, config.engine)
-    return score_identity(config, setup)
+    return identity.score_key(setup)
 
 
 def _write_block(

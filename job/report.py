@@ -14,7 +14,7 @@ from pathlib import Path
 from score_batch import __version__
 from score_batch.errors import exit_code
 from score_batch.io_formats.writers import durable_replace, exclusive_temp
-from score_batch.job.run_config import package_versions
+from score_batch.job.identity import package_versions
 from score_batch.machine import device_name, seconds_since_start
 
 log = logging.getLogger(__name__)

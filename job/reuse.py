@@ -1,11 +1,9 @@
 """--reuse: the score key every output row carries, and earlier outputs' scores joined to this run's pairs.
 
 A pair's score key is a 128-bit BLAKE2b digest of its query and item (text or token ids, as read), keyed with
-the run's score identity: the model (config and weight files: names, sizes, modification times), every
-setting that can change a score (templates, labels, truncation, chunking, packing, pooling, activation, …),
-the resolved device type, dtype, attention backend, decoder layers and element-wise ops, and the versions of
-score-batch, torch, transformers and flashinfer; not settings that leave scores within the batch-invariance
-bound (batch token budget, window rows, prefetch, threads). Equal keys mean the same pair scored the same way.
+the run identity's score key (job/identity.RunIdentity.score_key: the model's content, every engine setting
+that can change a score, the engine as resolved on the scoring machine, the versions of score-batch, torch,
+transformers, tokenizers and flashinfer). Equal keys mean the same pair scored the same way.
 
 The join is streamed and bounded in memory: this run's keys go to a temporary Parquet file in one pass over
 the input, and DuckDB joins them to the earlier outputs, scanned in record batches (io_formats/earlier,
@@ -16,8 +14,6 @@ which the run reads window by window.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -32,52 +28,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from score_batch.engine.model.source import model_identity
 from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.earlier import join_earlier, open_earlier
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import Window
 from score_batch.job.lock import process_gone
-from score_batch.job.run_config import INVARIANT_SETTINGS, RunConfig, software_identity
+from score_batch.job.run_config import RunConfig
 from score_batch.job.windows import pair_keys
-from score_batch.machine import available_cpus, device_name
+from score_batch.machine import available_cpus
 
 log = logging.getLogger(__name__)
 REUSED = (SCORE, SCORES, CHUNKS, POOLED)  # the values a reused row copies
-RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # taken as resolved, not as asked
 KEY_ROWS = 65_536  # keys per written batch
 TEMP_PREFIX = "score-batch-reuse-"  # + pid: the key and join files of one run, in the system's temp dir
 PAIRS_MEMORY = 256 << 20  # bytes of scored values a run keeps for later repeats (ScoredPairs)
 KEY_BYTES = 200  # a held key: its 32-character string and its dict entry
 KEY_SCHEMA = pa.schema([(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCORE_KEY, pa.string())])
-
-
-def score_identity(config: RunConfig, setup) -> bytes:
-    """The 32-byte digest of everything besides the pair's text that decides its score (see the module)."""
-    engine = dataclasses.asdict(dataclasses.replace(config.engine, scoring=config.engine.scoring.deciding()))
-    for owner, name in INVARIANT_SETTINGS:
-        if owner == "engine":
-            engine.pop(name)
-    for name in RESOLVED_ENGINE:
-        engine.pop(name)
-    resolved = {
-        "device": setup.device.type,
-        "gpu": device_name(str(setup.device)) if setup.device.type == "cuda" else None,
-        "dtype": str(setup.dtype),
-        "backend": setup.backend,
-        "packing": setup.packing,
-        "layers": setup.layers,
-        "ops": setup.ops,
-        "label_ids": list(setup.label_ids),
-        "unscored_tail_id": setup.limits.unscored_tail_id,  # a classifier's pad id: where its scores are read
-    }
-    record = {
-        "engine": engine,
-        "resolved": resolved,
-        "model": model_identity(config.model_dir),
-        "software": software_identity(),
-    }
-    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).digest()
 
 
 class EarlierScores:
@@ -92,9 +58,7 @@ class EarlierScores:
         self._next = 0
 
     @classmethod
-    def join(
-        cls, config: RunConfig, source: InputSource, identity: bytes, values: pa.Schema
-    ) -> EarlierScores:
+    def join(cls, config: RunConfig, source: InputSource, key: bytes, values: pa.Schema) -> EarlierScores:
         """Key every pair of the input, join the keys to config.reuse's outputs; values: the reused columns'
         types in this run's output (score, scores, and chunks / pooled_hidden_state when the run writes them)."""
         _remove_stale_directories()
@@ -106,7 +70,7 @@ class EarlierScores:
                 pq.write_table(pa.schema([*KEY_SCHEMA, *values]).empty_table(), joined)
                 return cls(directory, joined, 0)
             keys = directory / "keys.parquet"
-            _write_keys(config, source, identity, keys)
+            _write_keys(config, source, key, keys)
             matched = join_earlier(outputs, keys, values, directory, joined, available_cpus())
             partial = any(
                 output.top_k() is not None for output in outputs
@@ -271,12 +235,12 @@ class _HeldWindow:
     start: int = 0
 
 
-def _write_keys(config: RunConfig, source: InputSource, identity: bytes, path: Path) -> None:
+def _write_keys(config: RunConfig, source: InputSource, key: bytes, path: Path) -> None:
     """One pass over the input: (row_index, item_pos, score_key) of every readable pair, to a Parquet file."""
     _, windows = read_windows(source, config.columns, config.window_rows)
     with pq.ParquetWriter(path, KEY_SCHEMA) as writer:
         for window in windows:
-            keys = pa.array(pair_keys(window, identity), pa.string())
+            keys = pa.array(pair_keys(window, key), pa.string())
             table = pa.table(
                 [window.index[window.item_rows()], window.item_positions().astype(np.int32), keys],
                 schema=KEY_SCHEMA,

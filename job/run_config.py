@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.metadata
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from score_batch import __version__
 from score_batch.choices import INPUT_FORMATS, ON_ERROR_MODES, HiveTypes, OnError, RequestedFormat
 from score_batch.engine import EngineConfig
 from score_batch.errors import ConfigError
@@ -113,35 +109,14 @@ class RunConfig:
         """Whether over-long items are scored as chunks (--truncate chunk): the output gets a chunks column."""
         return self.engine.scoring.truncate == "chunk"
 
-    def fingerprint(self, model_identity: list, input_identity: list) -> Fingerprint:
-        """Everything that decides the output rows, for refusing a mismatched --resume (and saying what differs)."""
-        settings = dataclasses.asdict(self)
-        settings["engine"]["scoring"] = dataclasses.asdict(self.engine.scoring.deciding())
-        for name in UNFINGERPRINTED:
-            settings.pop(name)
-        for owner, name in INVARIANT_SETTINGS:
-            settings[owner].pop(name)
-        record = {"settings": settings, "model": model_identity, "input": input_identity}
-        record.update(layout={"window_rows": self.window_rows}, software=software_identity())
-        return Fingerprint.of(json.loads(json.dumps(record, sort_keys=True, default=str)))
-
     def reads_windows_of(self, record: dict | None) -> RunConfig:
-        """This config reading windows of the size an earlier run's fingerprint record names (its checkpoint
+        """This config reading windows of the size an earlier run's identity record names (its checkpoint
         parts are numbered by them); itself when the record names none."""
         layout = record.get("layout") if isinstance(record, dict) else None
         rows = layout.get("window_rows") if isinstance(layout, dict) else None
         if not isinstance(rows, int) or rows < 1 or rows == self.window_rows:
             return self
         return dataclasses.replace(self, window_rows=rows)
-
-
-# What a run does with its output rows but not which rows: never in the fingerprint. (reuse: reused scores are
-# the scores the run gives, job/reuse.py; window_rows is recorded, not digested: a resumed run reads its parts'.)
-UNFINGERPRINTED = (
-    *("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray", "threads"),
-    *("progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse", "reuse_missing_ok"),
-    *("window_rows", "max_failed_rate"),
-)
 
 
 def _fraction(value: float | None) -> bool:
@@ -151,78 +126,3 @@ def _fraction(value: float | None) -> bool:
 
 def _one_of(choices: tuple[str, ...]) -> str:
     return f"is not one of {', '.join(choices)}"
-
-
-# Settings whose changes leave scores within the documented batch-invariance bound: not fingerprinted.
-INVARIANT_SETTINGS = (("engine", "max_batch_tokens"),)
-RECORD_PARTS = ("settings", "model", "input", "software")
-
-
-@dataclasses.dataclass(frozen=True)
-class Fingerprint:
-    """What produced an output: its digest (compared) and the record it digests (to name a difference); the
-    record's `layout` (window rows) is kept beside it, not digested."""
-
-    digest: str
-    record: dict
-
-    @classmethod
-    def of(cls, record: dict) -> Fingerprint:
-        """The fingerprint of a record {settings, model, input, software}."""
-        payload = json.dumps([record[k] for k in RECORD_PARTS], sort_keys=True, default=str)
-        return cls(hashlib.sha256(payload.encode()).hexdigest(), record)
-
-    def difference(self, earlier: dict | None) -> str:
-        """What differs from an earlier record, in words ('' when unknown: an output of an older version)."""
-        if not isinstance(earlier, dict) or any(k not in earlier for k in RECORD_PARTS):
-            return ""
-        before, now = dict(earlier["software"]), dict(self.record["software"])
-        said = _changed_settings(earlier["settings"], self.record["settings"])
-        # Another score-batch may digest the same model or input differently: then only its version is named.
-        same_build = before.get("score-batch") == now.get("score-batch")
-        if earlier["model"] != self.record["model"] and same_build:
-            said.append("the model's files changed (their content)")
-        if earlier["input"] != self.record["input"] and same_build:
-            said.append("the input changed")
-        said.extend(
-            f"{name} {before.get(name)} → {version}"
-            for name, version in self.record["software"]
-            if before.get(name) != version
-        )
-        return "; ".join(said)
-
-
-def _changed_settings(before: dict, now: dict, prefix: str = "") -> list[str]:
-    """'setting name old → new' for every setting that differs, nested configs by dotted name."""
-    changed = []
-    for key in sorted(now):  # a setting an older version recorded and this one no longer does is no change
-        old, new = before.get(key), now.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            changed.extend(_changed_settings(old, new, f"{prefix}{key}."))
-        elif old != new:
-            changed.append(f"setting {prefix}{key} {json.dumps(old)} → {json.dumps(new)}")
-    return changed
-
-
-SCORING_SOFTWARE = ("score-batch", "torch", "transformers", "tokenizers", "flashinfer-python")
-# for refusal messages
-FINGERPRINTED = "model, input, settings or score-batch/torch/transformers/tokenizers version"
-
-
-def software_identity() -> list:
-    """The installed versions of the packages that compute the scores (None: not installed); read from package
-    metadata, so nothing is imported (score-batch's own: score_batch.__version__, a checkout's pyproject.toml).
-    An upgrade between a killed run and its --resume must not mix scores."""
-    versions = {**package_versions(SCORING_SOFTWARE), "score-batch": __version__}
-    return [[name, versions[name]] for name in SCORING_SOFTWARE]
-
-
-def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
-    """Installed versions by package name, from package metadata (None: not installed; nothing imported)."""
-    found: dict[str, str | None] = {}
-    for name in names:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found

@@ -34,7 +34,9 @@ class WindowTools:
 
     planner: Planner
     contract: OutputContract  # the run's output (job/preflight.run_contract)
-    identity: bytes | None  # job/reuse.score_identity: the key of every pair's score key (None: no keys)
+    score_key: (
+        bytes | None
+    )  # job/identity.RunIdentity.score_key: what every pair's key is keyed with (None: no keys)
     earlier: EarlierScores | None  # --reuse: the earlier outputs' values for this run's pairs
     pairs: ScoredPairs  # the values of pairs written by earlier windows (or batches) of this run
 
@@ -58,7 +60,7 @@ def prepare(number: int, window: Window, tools: WindowTools, reused: dict | None
     """Group and key a window, and take out the pairs whose values are copied: from --reuse's earlier outputs
     (tools.earlier, or `reused` as a Ray actor's batch carries them) and repeats of pairs already written."""
     grouped = group_window(window)
-    keys = [None] * window.num_items if tools.identity is None else pair_keys(window, tools.identity)
+    keys = [None] * window.num_items if tools.score_key is None else pair_keys(window, tools.score_key)
     if reused is None:
         reused = {} if tools.earlier is None else tools.earlier.take(window, keys)
     copies = tools.pairs.take(without(grouped, reused), keys)

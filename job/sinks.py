@@ -23,9 +23,10 @@ from score_batch.io_formats.writers import (
 )
 from score_batch.job.completion import stamped
 from score_batch.job.contract import OutputContract
+from score_batch.job.identity import FINGERPRINTED, RunIdentity
 from score_batch.job.paths import RunPaths, normalized
 from score_batch.job.query_ranking import rank_parts
-from score_batch.job.run_config import FINGERPRINTED, Fingerprint, RunConfig
+from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class NullSink:
         """No window is ever finished before."""
         return False
 
-    def start(self, fingerprint: Fingerprint) -> None:
+    def start(self, fingerprint: RunIdentity) -> None:
         """Nothing to record."""
 
     def check_read(self, windows_read: int) -> None:
@@ -57,7 +58,7 @@ class NullSink:
         """Drop the rows."""
 
     def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
     ) -> int:
         """Nothing to publish; no row was skipped."""
         return 0
@@ -92,7 +93,7 @@ class StdoutSink(NullSink):
         self.rows_written += kept.num_rows
 
     def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
     ) -> int:
         """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
         if contract.ranked:
@@ -130,8 +131,8 @@ class PartsSink:
                 )
             self.parts.clear()
 
-    def start(self, fingerprint: Fingerprint) -> None:
-        """Refuse to resume parts of another run (naming what differs); record this run's fingerprint."""
+    def start(self, fingerprint: RunIdentity) -> None:
+        """Refuse to resume parts of another run (naming what differs); record this run's identity."""
         previous = self._previous
         if self.config.resume and previous is not None and previous != fingerprint.digest:
             what = fingerprint.difference(self.parts.record())
@@ -178,7 +179,7 @@ class PartsSink:
             )
 
     def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: Fingerprint | None = None
+        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
     ) -> int:
         """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts."""
         errors = ErrorsSink(self.paths.errors)

@@ -183,10 +183,11 @@ def _ids(query_id: Any, item_id: Any) -> str:
     return f" ({', '.join(named)})" if named else ""
 
 
-def pair_keys(window: Window, identity: bytes) -> list[str | None]:
+def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
     """[items] each pair's score key (hex), None for an item of a row that cannot be read: the 128-bit BLAKE2b,
-    keyed with the run's score identity, of the query's digest (io_formats/window.query_digest, once per
-    distinct query) then the item (text as UTF-8 behind a tag byte, token ids as JSON)."""
+    keyed with score_key (the run identity's, job/identity), of the query's digest (io_formats/window's
+    query_digest, once per distinct query) then the item (text as UTF-8 behind a tag byte, token ids as
+    JSON)."""
     states: dict[int, Any] = {}
     codes = window.query_codes.copy()
     for row, error in enumerate(window.errors):
@@ -201,7 +202,7 @@ def pair_keys(window: Window, identity: bytes) -> list[str | None]:
         state = states.get(code)
         if state is None:
             state = states[code] = blake2b(
-                query_digest(window.query_values[code]), digest_size=16, key=identity
+                query_digest(window.query_values[code]), digest_size=16, key=score_key
             )
         pair = state.copy()
         pair.update(_item_bytes(item))

@@ -91,8 +91,13 @@ def test_resume_with_other_settings_is_refused(job):
     assert result.returncode == 2
     assert "written differently: setting engine.scoring.apply_softmax false → true" in result.stderr
     # The batch budget and window rows leave scores within the invariance bound: resuming with others goes
-    # on, reading the windows its parts were written with.
-    resumed = run_cli(*base, "-o", out, "--resume", "--max-batch-tokens", "333", "--window-rows", "5")
+    # on, reading the windows its parts were written with, and records that size for the next resume.
+    other = ("--max-batch-tokens", "333", "--window-rows", "5")
+    again = start_cli(*base, "-o", out, "--resume", *other)
+    wait_for_parts(Path(f"{out}.parts"), 4, again)
+    again.kill()
+    again.wait()
+    resumed = run_cli(*base, "-o", out, "--resume", *other)
     assert resumed.returncode == 0, resumed.stderr
     assert pq.read_table(out).equals(pq.read_table(reference))
 
@@ -120,6 +125,35 @@ def test_resume_after_a_torch_upgrade_is_refused(job):
     assert result.returncode == 2 and "written differently: torch " in result.stderr, result.stderr
     assert "→ 9.9.9" in result.stderr
     assert run_cli(*base, "-o", out, "--resume").returncode == 0  # the same versions still resume
+
+
+def test_resume_checks_the_input_by_content_and_refuses_older_parts_by_version(job):
+    """The parts record the run's identity (model, settings, versions) and each window's input digest: an
+    input touched but unchanged resumes; parts of 0.4.0 (its record held the input files' sizes and times)
+    are refused naming the version."""
+    import score_batch
+
+    base, reference, tmp_path = job
+    out = tmp_path / "out.parquet"
+    killed_after_two_parts(base, out)
+    manifest = tmp_path / "out.parquet.parts" / "manifest.json"
+    written = manifest.read_text()
+    older = json.loads(written)
+    older["fingerprint"] = "0" * 64
+    older["record"]["input"] = [[f"file://{base[0]}", base[0].stat().st_size, 1]]
+    older["record"]["software"] = [
+        [n, "0.4.0" if n == "score-batch" else v] for n, v in older["record"]["software"]
+    ]
+    manifest.write_text(json.dumps(older))
+    refused = run_cli(*base, "-o", out, "--resume")
+    assert refused.returncode == 2, refused.stderr
+    assert f"written differently: score-batch 0.4.0 → {score_batch.__version__};" in refused.stderr
+    manifest.write_text(written)
+    stat = base[0].stat()
+    os.utime(base[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, its content kept
+    resumed = run_cli(*base, "-o", out, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert pq.read_table(out).equals(pq.read_table(reference))
 
 
 def test_existing_output_needs_overwrite(job):

@@ -123,13 +123,14 @@ def test_the_version_in_every_identity_is_the_checkouts_and_an_older_ones_parts_
     import score_batch
     from score_batch.engine.config import EngineConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.run_config import RunConfig, software_identity
+    from score_batch.job.identity import RunIdentity, software
+    from score_batch.job.run_config import RunConfig
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     version = re.search(r'^version = "(.+)"', pyproject, re.M).group(1)
-    assert score_batch.__version__ == version == dict(software_identity())["score-batch"]
+    assert score_batch.__version__ == version == dict(software())["score-batch"]
     config = RunConfig("in.jsonl", "o.parquet", tmp_path, ColumnOverrides(), EngineConfig())
-    now = config.fingerprint([["model.safetensors", "b" * 64]], ["input"])
+    now = RunIdentity.of(config)
     older = json.loads(json.dumps(now.record))
     older["model"] = [["config.json", "c" * 64], ["model.safetensors", [1234, 5678]]]  # 0.2's identity
     older["software"] = [[n, "0.2.1" if n == "score-batch" else v] for n, v in older["software"]]

@@ -505,7 +505,7 @@ def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
 
     from score_batch.engine.config import EngineConfig, ScoringConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.reuse import score_identity
+    from score_batch.job.identity import RunIdentity
     from score_batch.job.run_config import RunConfig
 
     model = tmp_path / "model"
@@ -521,8 +521,8 @@ def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
         return RunConfig("in.jsonl", "out.parquet", model, ColumnOverrides(), engine)
 
     def identities(**scoring) -> tuple[bytes, str]:
-        run = config(**scoring)
-        return score_identity(run, setup), run.fingerprint([], []).digest
+        identity = RunIdentity.of(config(**scoring))
+        return identity.score_key(setup), identity.digest
 
     assert identities() == identities(chunk_overlap=4, chunk_aggregate="mean")
     assert identities(truncate="item-tail") == identities(truncate="item-tail", chunk_overlap=4)
