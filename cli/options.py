@@ -215,6 +215,9 @@ OPTIONS = (
            "rank column.", (), "N"),
     Option("rank", RUN, bool, False, OUTPUT, "Add a rank column (1 = best); each query's items come out "
            "best first.", ("--rank",)),
+    Option("ranked_output", RUN, str | None, None, OUTPUT, "With --rank or --top-k: write that ranked view "
+           "here and every row, unranked, to OUTPUT, in one run (published just before OUTPUT).", (),
+           "PATH"),
     Option("device", ENG, choices.Device, "auto", ENGINE, "Where to run."),
     Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU."),
     Option("backend", ENG, choices.Backend, "auto", ENGINE, "Attention: sdpa is the reference; flashinfer "

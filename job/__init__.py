@@ -93,7 +93,9 @@ def _run_phases(config: RunConfig, report: RunReport):
         # later call, on the prefetch worker too, finds the digests in memory).
         if runner.kind != "batch-file":
             model_identity(config.model_dir)
-        with contextlib.nullcontext() if checked.paths.lock is None else OutputLock(checked.paths.lock):
+        with contextlib.ExitStack() as held:
+            for lock in checked.paths.locks:  # OUTPUT's, then the ranked view's
+                held.enter_context(OutputLock(lock))
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
                     remove_leftovers(*checked.paths.leftovers)
