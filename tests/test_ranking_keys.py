@@ -201,3 +201,20 @@ def test_rank_rows_equals_a_pandas_groupby_rank(seed, top_k):
     expected = expected.sort_values(["first", "failed", "rank", "row_index"])
     assert ranked["row_index"].tolist() == expected["row_index"].tolist()
     assert ranked["rank"].fillna(0).astype(int).tolist() == expected["rank"].fillna(0).astype(int).tolist()
+
+
+@pytest.mark.slow
+def test_ray_ranks_a_composite_key_as_a_local_run_does(qwen3_causal, tmp_path):
+    pytest.importorskip("ray")
+    data = write_jsonl(tmp_path / "in.jsonl", nightly_rows())
+    common = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--query-id-col", ",".join(KEY), "--top-k", "2"]
+    local = run_cli(*common, "-o", tmp_path / "local.parquet")
+    assert local.returncode == 0, local.stderr
+    ray = run_cli(
+        *common, "-o", tmp_path / "ray_out", "--ray", "--num-workers", "1", "-q", fresh_process=True
+    )
+    assert ray.returncode == 0, ray.stderr
+    expected = pq.read_table(tmp_path / "local.parquet").to_pylist()
+    got = ds.dataset(tmp_path / "ray_out", format="parquet").to_table().to_pylist()
+    keys = ("query_id", "item_id", "rank")
+    assert [tuple(r[k] for k in keys) for r in got] == [tuple(r[k] for k in keys) for r in expected]
