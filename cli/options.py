@@ -150,8 +150,10 @@ OPTIONS = (
            "item, or item_tokens"),
     Option("items_col", COLS, str | None, None, INPUT, "List-of-items column (a list per row).", (), "COLUMN",
            "items, or items_tokens"),
-    Option("query_id_col", COLS, str | None, None, INPUT, "Query id column.", (), "COLUMN",
-           "query_id if present"),
+    Option("query_id_col", COLS, str | None, None, INPUT, "Query id column, or several comma-separated "
+           "(dt,user_id,query): rows equal in each are one query, for --rank and --top-k; query_id is then "
+           "a struct of them. Without one, query_id is a digest of the query text (docs/ranking.md).", (),
+           "COLUMNS", "query_id if present"),
     Option("item_id_col", COLS, str | None, None, INPUT, "Item id column.", (), "COLUMN",
            "item_id, or item_ids if present"),
     Option("keep_columns", COLS, str | None, None, OUTPUT, "Comma-separated input columns to copy to the "
@@ -213,6 +215,9 @@ OPTIONS = (
            "rank column.", (), "N"),
     Option("rank", RUN, bool, False, OUTPUT, "Add a rank column (1 = best); each query's items come out "
            "best first.", ("--rank",)),
+    Option("ranked_output", RUN, str | None, None, OUTPUT, "With --rank or --top-k: write that ranked view "
+           "here and every row, unranked, to OUTPUT, in one run (published just before OUTPUT).", (),
+           "PATH"),
     Option("device", ENG, choices.Device, "auto", ENGINE, "Where to run."),
     Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU."),
     Option("backend", ENG, choices.Backend, "auto", ENGINE, "Attention: sdpa is the reference; flashinfer "

@@ -51,13 +51,14 @@ class _ParquetOutput:
             return None
 
     def top_k(self) -> int | None:
-        """The --top-k of the run that wrote this output, from its completion record (None: all its pairs)."""
+        """The --top-k of the run that wrote this output, from its completion record (None: all its pairs; also
+        the OUTPUT of a run with --ranked-output, which holds every row: its view's record names none)."""
         try:
             record = json.loads((self.dataset.schema.metadata or {}).get(COMPLETION_RECORD, b"null"))
-            top_k = record["settings"]["top_k"]
-        except (ValueError, TypeError, KeyError):
+            top_k, view = record["settings"]["top_k"], record["settings"].get("ranked_output")
+        except (ValueError, TypeError, KeyError, AttributeError):
             return None
-        return top_k if isinstance(top_k, int) else None
+        return top_k if isinstance(top_k, int) and not view else None
 
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         import pyarrow.dataset as ds

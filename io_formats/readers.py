@@ -239,7 +239,7 @@ def _window_batches(
     """The input's (or one unit's) validated rows, a batch at a time, as windows: the long layout column by
     column (Parquet batches: window.long_window; JSONL blocks: window.json_window), whatever those cannot take
     record by record (rows.to_row)."""
-    shape = (mapping.query_id is not None, mapping.keep)
+    shape = (bool(mapping.id_columns), mapping.keep)
     long = mapping.layout == "long"
     index = 0 if unit is None else unit.first_row
     where = None if unit is None else (unit.file, unit.row_group)
@@ -342,7 +342,7 @@ def read_units(source: InputSource) -> list[ReadUnit]:
 def read_unit(unit: ReadUnit, mapping: ColumnMapping, types: dict[str, pa.DataType] | None = None) -> Window:
     """The validated rows of one unit as a window, indexed as in a whole-input read (types: column_types)."""
     windows = list(_window_batches(reader(unit.source), mapping, types or {}, unit))
-    return concat(windows) if windows else from_rows([], mapping.query_id is not None, mapping.keep)
+    return concat(windows) if windows else from_rows([], bool(mapping.id_columns), mapping.keep)
 
 
 def _element_type(dtype: pa.DataType, name: str, label: str) -> pa.DataType:

@@ -58,6 +58,8 @@ def to_row(index: int, record: Record, mapping: ColumnMapping, types: dict[str, 
     kept = {name: value(name, record.get(name)) for name in mapping.keep}
     query = record.get(mapping.query)
     query_id = value(mapping.query_id, record.get(mapping.query_id)) if mapping.query_id else None
+    if mapping.query_key:  # a composite key: the values of its columns by name
+        query_id = {name: value(name, record.get(name)) for name in mapping.query_key}
     if mapping.layout == "long":
         items = [record.get(mapping.items)]
         item_ids = [value(mapping.item_id, record.get(mapping.item_id)) if mapping.item_id else index]

@@ -16,7 +16,7 @@ class ColumnOverrides:
     query_col: str | None = None
     item_col: str | None = None
     items_col: str | None = None
-    query_id_col: str | None = None
+    query_id_col: str | None = None  # one column, or several comma-separated (a composite key)
     item_id_col: str | None = None
     keep_columns: tuple[str, ...] = ()
 
@@ -31,10 +31,16 @@ class ColumnMapping:
     query_id: str | None
     item_id: str | None  # item id column (long) or item ids list column (nested)
     keep: tuple[str, ...]
+    query_key: tuple[str, ...] = ()  # a composite query id (several columns; query_id is then None)
+
+    @property
+    def id_columns(self) -> tuple[str, ...]:
+        """The columns that identify a query: the composite key, the query-id column, or none."""
+        return self.query_key or ((self.query_id,) if self.query_id else ())
 
     def typed_columns(self) -> list[str]:
-        """The columns whose values reach the output: ids and kept columns."""
-        names = [self.query_id, self.item_id, *self.keep]
+        """The columns whose values reach the output: ids (each key column) and kept columns."""
+        names = [*self.id_columns, self.item_id, *self.keep]
         return list(dict.fromkeys(name for name in names if name is not None))
 
     def read_columns(self) -> list[str]:
@@ -86,14 +92,34 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
         items = item
         layout = "long"
         item_id = pick(overrides.item_id_col, ("item_id",), "--item-id-col", False)
-    query_id = pick(overrides.query_id_col, ("query_id",), "--query-id-col", False)
+    key = id_key(overrides.query_id_col, present)
+    query_id = pick(key[0] if key else None, ("query_id",), "--query-id-col", False) if len(key) < 2 else None
+    for column in key if len(key) > 1 else ():
+        pick(column, (), "--query-id-col", True)
     for name in overrides.keep_columns:
         if name not in present:
             raise InputError(
                 f"{source}: --keep-columns names {name!r}, which is not in the input; columns: {_list(columns)}"
             )
     _check_keep(overrides.keep_columns, query_id, item_id)
-    return ColumnMapping(layout, query, items, query_id, item_id, tuple(overrides.keep_columns))
+    keep = tuple(overrides.keep_columns)
+    return ColumnMapping(layout, query, items, query_id, item_id, keep, key if len(key) > 1 else ())
+
+
+def id_key(query_id_col: str | None, present: set[str] | None = None) -> tuple[str, ...]:
+    """--query-id-col as its columns: one name (also one holding a comma, when the input has it), or several
+    comma-separated (a composite key), each once."""
+    if query_id_col is None:
+        return ()
+    if present is not None and query_id_col in present or "," not in query_id_col:
+        return (query_id_col,)
+    names = tuple(name.strip() for name in query_id_col.split(",") if name.strip())
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:
+        raise InputError(f"--query-id-col names {twice!r} twice")
+    if not names:
+        raise InputError(f"--query-id-col {query_id_col!r} names no column")
+    return names
 
 
 def _check_keep(keep: tuple[str, ...], query_id: str | None, item_id: str | None) -> None:
@@ -116,9 +142,13 @@ def _empty_input_mapping(overrides: ColumnOverrides) -> ColumnMapping:
     query = overrides.query_col or "query"
     nested = overrides.items_col is not None and overrides.item_col is None
     items = overrides.items_col if nested else (overrides.item_col or "item")
-    ids, keep = (overrides.query_id_col, overrides.item_id_col), tuple(overrides.keep_columns)
+    key = id_key(overrides.query_id_col)
+    ids = (key[0] if len(key) == 1 else None, overrides.item_id_col)
+    keep = tuple(overrides.keep_columns)
     _check_keep(keep, *ids)
-    return ColumnMapping("nested" if nested else "long", query, items, *ids, keep)
+    return ColumnMapping(
+        "nested" if nested else "long", query, items, *ids, keep, key if len(key) > 1 else ()
+    )
 
 
 def _list(names) -> str:

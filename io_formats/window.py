@@ -246,8 +246,10 @@ def long_window(
             dtype = dtype.value_type
         if dtype not in text:
             return None
-    for name in (mapping.query_id, mapping.item_id, *mapping.keep):
-        if name is not None and name in schema.names and schema.field(name).type != types.get(name):
+    for name in (*mapping.id_columns, mapping.item_id, *mapping.keep):
+        if name is None or name not in schema.names:
+            continue
+        if _plain(schema.field(name).type) != _plain(types.get(name) or pa.null()):
             return None  # to_row converts (an integer id in a float column): the per-record path
     n = batch.num_rows
     try:  # Parquet's reader does not check UTF-8: a row with bytes that are not text goes the per-record way
@@ -280,11 +282,32 @@ def long_window(
         queries.dictionary.to_pylist(),
         items.to_pylist(),
         np.arange(n + 1, dtype=np.int64),
-        column(mapping.query_id) if mapping.query_id else None,
+        key_struct([column(name) for name in mapping.query_key], mapping.query_key, types)
+        if mapping.query_key
+        else column(mapping.query_id)
+        if mapping.query_id
+        else None,
         {name: column(name) for name in mapping.keep},
         item_ids,
         errors,
     )
+
+
+def _plain(dtype: pa.DataType) -> pa.DataType:
+    """A dictionary (pandas categorical) type as its values' type; any other as is."""
+    return dtype.value_type if pa.types.is_dictionary(dtype) else dtype
+
+
+def key_type(key: tuple[str, ...], types: dict[str, pa.DataType]) -> pa.DataType:
+    """The query_id type of a composite key: a struct of its columns (a dictionary column by its values)."""
+    return pa.struct([pa.field(name, _plain(types.get(name) or pa.null())) for name in key])
+
+
+def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa.StructArray:
+    """A composite key's columns as one struct column (never null itself; its fields may be)."""
+    fields = key_type(key, types)
+    children = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, fields)]
+    return pa.StructArray.from_arrays(children, fields=list(fields))
 
 
 def json_window(

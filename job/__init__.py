@@ -93,7 +93,9 @@ def _run_phases(config: RunConfig, report: RunReport):
         # The run's identity (job/identity): the model's content is read here, where a stop ends it at once.
         if runner.kind != "batch-file":
             checked = dataclasses.replace(checked, identity=RunIdentity.of(config))
-        with contextlib.nullcontext() if checked.paths.lock is None else OutputLock(checked.paths.lock):
+        with contextlib.ExitStack() as held:
+            for lock in checked.paths.locks:  # OUTPUT's, then the ranked view's
+                held.enter_context(OutputLock(lock))
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
                     remove_leftovers(*checked.paths.leftovers)

@@ -30,6 +30,7 @@ from score_batch.io_formats.columns import (
 )
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
+from score_batch.io_formats.window import key_type
 from score_batch.io_formats.writers import json_lines, jsonl_unwritable, output_format
 
 
@@ -59,7 +60,7 @@ def check_jsonl_columns(mapping: ColumnMapping, types: dict[str, pa.DataType], o
             return
     except InputError:  # a directory (--partition-by, a Ray run): Parquet
         return
-    for name in (mapping.query_id, mapping.item_id, *mapping.keep):
+    for name in (*mapping.id_columns, mapping.item_id, *mapping.keep):
         why = jsonl_unwritable(types[name]) if name and name in types else None
         if why is not None:
             raise InputError(
@@ -89,10 +90,11 @@ class OutputContract:
     kept: tuple[tuple[str, pa.DataType], ...]  # pass-through columns in order
     pooled_dim: int | None  # width of pooled_hidden_state, None when not asked for
     on_error: str  # fail | record | skip
-    query_ids_given: bool  # the input has a query-id column; else the row index is the query id
+    query_ids_given: bool  # the input has query-id columns; else query_id is a digest of the query
     ranked: bool = False  # add a rank column; rows of a query come out best first
     top_k: int | None = None  # keep only the top_k scored items of each query
     chunked: bool = False  # --truncate chunk: add the chunks column (chunks per item)
+    query_key: tuple[str, ...] = ()  # a composite query id's columns (query_id is a struct of them)
 
     @classmethod
     def from_types(
@@ -114,9 +116,14 @@ class OutputContract:
             dtype = types.get(column) if column else None
             return default if dtype is None or pa.types.is_null(dtype) else dtype
 
-        id_types = (typed(mapping.query_id, pa.int64()), typed(mapping.item_id, pa.int64()))
+        key = mapping.query_key
+        id_types = (
+            key_type(key, types) if key else typed(mapping.query_id, pa.int64()),
+            typed(mapping.item_id, pa.int64()),
+        )
         kept = tuple((name, typed(name, pa.string())) for name in mapping.keep)
-        return cls(id_types, kept, pooled_dim, on_error, mapping.query_id is not None, ranked, top_k, chunked)
+        given = bool(mapping.id_columns)
+        return cls(id_types, kept, pooled_dim, on_error, given, ranked, top_k, chunked, mapping.query_key)
 
     @staticmethod
     def written_columns(*, ranked: bool, pooled: bool, chunked: bool = False) -> tuple[str, ...]:
@@ -177,9 +184,10 @@ class OutputContract:
             )
         for field in fields:
             if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
+                hint = " (keep a column of the composite key with --keep-columns)" if self.query_key else ""
                 raise InputError(
                     f"--partition-by {field.name!r}: a column of type {field.type} cannot name a directory; "
-                    "partition by a column of numbers, text, dates or booleans"
+                    f"partition by a column of numbers, text, dates or booleans{hint}"
                 )
         return pa.schema(fields)
 

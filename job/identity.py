@@ -63,6 +63,10 @@ class RunIdentity:
         payload = json.dumps([record[k] for k in RECORD_PARTS if k in record], sort_keys=True, default=str)
         return cls(hashlib.sha256(payload.encode()).hexdigest(), record)
 
+    def with_settings(self, **settings) -> RunIdentity:
+        """This identity with some settings replaced (a ranked view records the --top-k run it equals)."""
+        return self._of({**self.record, "settings": {**self.record["settings"], **settings}})
+
     def laid_out(self, window_rows: int) -> RunIdentity:
         """This identity with the window rows its parts are written with beside it (not digested)."""
         return dataclasses.replace(self, record={**self.record, "layout": {"window_rows": window_rows}})

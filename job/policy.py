@@ -25,35 +25,45 @@ log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
 
 
-def check_destination(config: RunConfig, directory: bool) -> Location | None:
+def check_destination(config: RunConfig, directory: bool, ranked: bool = False) -> Location | None:
     """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output (with
-    --partition-by the output is a directory too, and the partition columns must be ids or kept columns)."""
+    --partition-by the output is a directory too, and the partition columns must be ids or kept columns).
+    ranked: check --ranked-output instead, which --resume may replace too (a run cut off between its
+    publish and OUTPUT's derives it again)."""
+    text, name = (config.ranked_output, "--ranked-output") if ranked else (config.output, "output")
     partitioned = bool(config.partition_by)
     if partitioned:
         check_partition_by(config.partition_by, config.columns.keep_columns)
     dataset = directory or partitioned
     writer = "--partition-by" if partitioned else "--ray"
-    if config.output == STDOUT:
+    if text == STDOUT:
         if directory:
             raise InputError(f"{writer} writes a directory of Parquet files; give -o OUTPUT_DIR, not -")
         return None
-    if partitioned and Path(config.output.rstrip("/")).suffix.lower() in OUTPUT_FORMATS:
+    if partitioned and Path(text.rstrip("/")).suffix.lower() in OUTPUT_FORMATS:
         raise InputError(
-            f"output {config.output!r}: --partition-by writes a directory of Parquet files; "
+            f"{name} {text!r}: --partition-by writes a directory of Parquet files; "
             "give a directory path (without .parquet or .jsonl)"
         )
-    destination = written(config, config.output)
-    check_local_container("output", destination)  # a file in the way, or a place that takes no files
+    destination = written(config, text)
+    check_local_container(name, destination)  # a file in the way, or a place that takes no files
     missing = destination.missing_container()
     if missing is not None:
         raise InputError(missing)
     kind = destination.info().type
     if kind == FileType.Directory and not dataset:
-        raise InputError(f"output {config.output!r} is a directory; give a .parquet or .jsonl file path")
+        raise InputError(f"{name} {text!r} is a directory; give a .parquet or .jsonl file path")
     if not dataset:
-        output_format(config.output)  # a .csv output fails here, in a dry run too
+        try:
+            output_format(text)  # a .csv output fails here, in a dry run too
+        except InputError:
+            if not ranked:
+                raise
+            raise InputError(
+                f"{name} {text!r}: give a .parquet or .jsonl (or .jsonl.gz, .jsonl.zst) path"
+            ) from None
     if kind == FileType.File and dataset:
-        raise InputError(f"output {config.output!r} is a file; {writer} writes a directory of Parquet files")
+        raise InputError(f"{name} {text!r} is a file; {writer} writes a directory of Parquet files")
     if (
         kind == FileType.Directory
         and (config.resume or config.overwrite)
@@ -63,13 +73,13 @@ def check_destination(config: RunConfig, directory: bool) -> Location | None:
         return destination
     if kind != FileType.NotFound and not config.overwrite:
         # an output --resume finds recorded as complete goes on (job.run checks it against the input)
-        if not (config.resume and Completion(destination, partitioned).exists()):
-            raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
+        if not (config.resume and (ranked or Completion(destination, partitioned).exists())):
+            raise InputError(f"{name} {text!r} already exists; pass --overwrite to replace it")
     if kind == FileType.Directory and dataset and config.overwrite:  # only an empty or finished dataset
         names = destination.list_names() + destination.list_directories()
         if names and SUCCESS not in names:
             raise InputError(
-                f"output {config.output!r} is a directory without a {SUCCESS} marker, so not a dataset this "
+                f"{name} {text!r} is a directory without a {SUCCESS} marker, so not a dataset this "
                 "tool wrote; --overwrite will not delete it: remove it yourself or choose another path"
             )
     return destination

@@ -42,6 +42,8 @@ class Checked:
 def preflight(config: RunConfig, source: InputSource, directory: bool = False) -> Checked:
     """Check a table run on its open input before any model load (directory: a Ray run's directory output)."""
     destination = check_destination(config, directory=directory)
+    if config.ranked_output:
+        check_destination(config, directory=directory, ranked=True)
     paths = check_run_paths(config, source.files, destination, source.directories)
     mapping = input_mapping(source, config.columns)
     types = column_types(source, mapping)

@@ -64,6 +64,7 @@ class RunConfig:
     input_format: RequestedFormat = "auto"  # auto: openai-batch when the lines are batch requests, else table
     top_k: int | None = None  # keep the best top_k items per query (adds rank)
     rank: bool = False  # add a rank column (1 = best) to every row
+    ranked_output: str | None = None  # the ranked view; OUTPUT then holds every row, unranked
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
     progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
     pipeline: bool = True  # read and plan the next window on a worker thread while this one is scored
@@ -97,6 +98,21 @@ class RunConfig:
             ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),
             ("partition_by", lambda: self.partition_by and stdout, "needs an output directory, not stdout"),
             ("resume", lambda: self.resume and stdout, "needs an output file (stdout cannot be resumed)"),
+            (
+                "ranked_output",
+                lambda: self.ranked_output and not (self.rank or self.top_k is not None),
+                "needs --rank or --top-k (the ranking it writes)",
+            ),
+            (
+                "ranked_output",
+                lambda: self.ranked_output and stdout,
+                "needs an output file for every row, not -",
+            ),
+            (
+                "ranked_output",
+                lambda: self.ranked_output and self.ray is not None,
+                "is not supported with --ray",
+            ),
         )
 
     @property

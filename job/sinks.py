@@ -4,6 +4,7 @@ directory; skipped rows' errors file."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import sys
@@ -121,6 +122,10 @@ class PartsSink:
             # Checked again under the lock: a run that finished after this one's preflight published it
             # (object stores: a publish cut off midway may be there, replaced under --resume).
             raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
+        if paths.ranked is not None and paths.ranked.exists() and not (config.overwrite or config.resume):
+            raise InputError(
+                f"--ranked-output {config.ranked_output!r} already exists; pass --overwrite to replace it"
+            )
         self.parts = PartStore(paths.parts)
         self._previous = self.parts.load() if self.parts.exists() else None
         if self.parts.exists() and not config.resume:
@@ -181,15 +186,17 @@ class PartsSink:
     def commit(
         self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
     ) -> int:
-        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts."""
+        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts.
+        With --ranked-output the ranked view is derived from the same parts and published first, OUTPUT (every
+        row, unranked) last: OUTPUT, with its completion record, never appears without the view."""
         errors = ErrorsSink(self.paths.errors)
         try:
+            if self.paths.ranked is not None:
+                self._publish_ranked(contract, check, fingerprint)
+                contract = dataclasses.replace(contract, ranked=False, top_k=None)
             tables = self._final_tables(contract, check, errors)
             # The errors file is published before the output: an output never appears without its list.
-            if self.config.partition_by:
-                self._publish_dataset(tables, contract, errors.commit, fingerprint, check)
-            else:
-                self._publish_file(tables, contract, errors.commit, fingerprint)
+            self._publish(tables, contract, errors.commit, fingerprint, check, self.destination, self.format)
         except BaseException:
             errors.abort()
             raise
@@ -198,6 +205,25 @@ class PartsSink:
             stale.delete()
         self.parts.clear()
         return errors.count
+
+    def _publish_ranked(self, contract: OutputContract, check: Callable[[], None], fingerprint) -> None:
+        """--ranked-output: the whole run ranked (as a --rank/--top-k run writes OUTPUT), stamped as the output
+        of such a run (its record without ranked_output: --reuse sees a --top-k output)."""
+        ranked, _ = rank_parts([self.parts.read(window) for window in self.parts.windows()], contract)
+        check()
+        if fingerprint is not None:
+            fingerprint = fingerprint.with_settings(ranked_output=None)
+        form = "parquet" if self.config.partition_by else output_format(self.config.ranked_output)
+        view = iter([contract.final_view(ranked)])
+        self._publish(view, contract, lambda: None, fingerprint, check, self.paths.ranked, form)
+        log.info("the ranked view (%d rows) is in %s", ranked.num_rows, self.config.ranked_output)
+
+    def _publish(self, tables, contract, ready, fingerprint, check, destination: Location, form: str) -> None:
+        """Tables published at destination: a hive-partitioned dataset (--partition-by) or one file."""
+        if self.config.partition_by:
+            self._publish_dataset(tables, contract, ready, fingerprint, check, destination)
+        else:
+            self._publish_file(tables, contract, ready, fingerprint, destination, form)
 
     def _final_tables(
         self, contract: OutputContract, check: Callable[[], None], errors: ErrorsSink
@@ -219,13 +245,19 @@ class PartsSink:
             check()  # a signal during the merge stops it; the parts stay for --resume
 
     def _publish_file(
-        self, tables: Iterator[pa.Table], contract: OutputContract, ready: Callable[[], None], fingerprint
+        self,
+        tables: Iterator[pa.Table],
+        contract: OutputContract,
+        ready: Callable[[], None],
+        fingerprint,
+        destination: Location,
+        form: str,
     ) -> None:
         """One file written whole and published in one step (see Location.atomic_writer); ready() runs once
         every row is written, before the output appears."""
         schema = contract.final_schema()
-        writer = self.destination.atomic_writer(
-            stamped(schema, fingerprint) if self.format == "parquet" else schema, self.format
+        writer = destination.atomic_writer(
+            stamped(schema, fingerprint) if form == "parquet" else schema, form
         )
         try:
             for table in tables:
@@ -243,17 +275,18 @@ class PartsSink:
         ready: Callable[[], None],
         fingerprint,
         check: Callable[[], None],
+        destination: Location,
     ) -> None:
         """--partition-by: hive-partitioned Parquet in a staging directory, published whole (a local rename;
         object stores: uploaded under a hidden prefix, moved into place, _SUCCESS last); a signal stops the
         writing and the upload (check), never the step that replaces the output."""
         partitioning = contract.partition_schema(self.config.partition_by)
-        staging = self.destination.staging_directory()
+        staging = destination.staging_directory()
         try:
             schema = stamped(contract.final_schema(), fingerprint)
             write_partitioned(tables, staging, schema, partitioning, check)
             ready()
-            self.destination.publish_directory(staging, check)
+            destination.publish_directory(staging, check)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 

@@ -98,8 +98,8 @@ def output_columns(
 ) -> dict[str, list | pa.Array]:
     """Output columns (one row per item, input order); failed items get null scores and an error.
 
-    A null id stays null when the input has an id column; without one, the row index is the query id. Under
-    --truncate chunk each item also has its chunk count. keys: each item's score key (pair_keys); reused: the
+    A null id stays null when the input has an id column; without one, the query id is generated (generated_ids).
+    Under --truncate chunk each item also has its chunk count. keys: each item's score key (pair_keys); reused: the
     values of items copied from earlier (grouped and results leave them out), by window item index. Ids and
     kept columns are taken from the window by row; scores and vectors are built from numpy."""
     dim, n = contract.pooled_dim, window.num_items
@@ -133,7 +133,7 @@ def output_columns(
             start, stop = int(window.offsets[row]), int(window.offsets[row + 1])
             errors[start:stop] = [error] * (stop - start)
     row_index = window.index[rows]  # [items]
-    query_ids = pick(window.query_ids, rows) if contract.query_ids_given else pa.array(row_index)
+    query_ids = pick(window.query_ids if contract.query_ids_given else generated_ids(window), rows)
     failed = np.fromiter((error is not None for error in errors), bool, n)  # [items]
     columns: dict[str, list | pa.Array] = {
         ROW_INDEX: pa.array(row_index),
@@ -148,7 +148,7 @@ def output_columns(
         else [None] * n,
     }  # by name: OutputContract.part_table puts them in the schema's order
     if failed.any():
-        ids = python(query_ids) if contract.query_ids_given else row_index.tolist()
+        ids = python(query_ids) if contract.query_ids_given else [None] * n  # a digest says little
         item_ids = python(window.item_ids)
         for k in np.flatnonzero(failed).tolist():
             errors[k] = f"row {int(row_index[k])}: {errors[k]}{_ids(ids[k], item_ids[k])}"
@@ -165,6 +165,17 @@ def output_columns(
         )
     columns[ERROR] = errors
     return columns
+
+
+def generated_ids(window: Window) -> pa.Array:
+    """[rows] int64 the query_id of an input without id columns: the first 63 bits (big-endian) of the query's
+    SHA-256 (io_formats/window.query_digest), the same for the same query in any run and any input order;
+    null for a row without a query."""
+    codes = window.query_codes  # [rows]
+    used = np.unique(codes[codes >= 0])  # [distinct queries of the window]
+    digests = [int.from_bytes(query_digest(window.query_values[c])[:8], "big") >> 1 for c in used.tolist()]
+    ids = np.array(digests, np.int64)[np.searchsorted(used, np.maximum(codes, 0))] if len(used) else codes
+    return pa.array(ids, pa.int64(), mask=codes < 0)
 
 
 def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int:
@@ -218,8 +229,9 @@ def _item_bytes(item: Any) -> bytes:
 
 
 def query_identity(window: Window, row: int, ids_given: bool) -> tuple:
-    """Which query a row belongs to over the whole run: its id when the input has an id column and the row's id
-    is not null; else its text (or token ids); a row that could not be read at all is a query of its own."""
+    """Which query a row belongs to over the whole run: its id when the input has id columns and the row's id
+    is not null (a composite key's values, nulls among them, are never null as a whole); else its text (or token
+    ids); a row that could not be read at all is a query of its own."""
     query_id = window.query_ids[row] if ids_given else None
     if isinstance(query_id, pa.Scalar):
         query_id = query_id.as_py()

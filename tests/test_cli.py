@@ -131,7 +131,7 @@ def test_nested_jsonl_stdin_to_stdout(qwen3_causal):
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["item_id"] for line in lines] == [1, 3, 5]
-    assert all(line["query_id"] == 0 for line in lines)  # no query_id column: the input row index
+    assert len({line["query_id"] for line in lines}) == 1  # no query_id column: the query's digest
     rows = [r for r in ROWS if r["query_id"] == "a"]
     for expected, line in zip(expected_scores(qwen3_causal, rows), lines):
         assert max_abs_diff(expected, line["scores"]) <= 1e-4

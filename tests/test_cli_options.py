@@ -163,6 +163,7 @@ CASES = {
     "chunk_aggregate": (["--truncate", "chunk", "--chunk-aggregate", "mean"], "engine.scoring.chunk_aggregate", "mean"),
     "top_k": (["--top-k", "3"], "top_k", 3),
     "rank": (["--rank"], "rank", True),
+    "ranked_output": (["--rank", "--ranked-output", "{tmp}/v.parquet"], "ranked_output", "{tmp}/v.parquet"),
     "device": (["--device", "cpu"], "engine.device", "cpu"),
     "dtype": (["--dtype", "float32"], "engine.dtype", "float32"),
     "backend": (["--backend", "sdpa"], "engine.backend", "sdpa"),
