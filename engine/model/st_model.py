@@ -33,7 +33,7 @@ from typing import Literal
 
 from score_batch.engine.activation import json_object, model_activation_fn
 from score_batch.engine.errors import SettingError
-from score_batch.engine.text.tokenize import UNLIMITED
+from score_batch.engine.text.truncation import UNLIMITED
 
 log = logging.getLogger(__name__)
 
