@@ -232,17 +232,7 @@ def resolve_setup(
     packing = resolve_packing(info, cfg)
     device = resolve_device(config.device)
     label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
-    if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
-        log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
-    if info.kind == "classifier" and cfg.label_score != "probability":
-        raise SettingError(
-            "ScoringConfig.label_score",
-            cfg.label_score,
-            "applies to CausalLM label tokens (ScoringConfig.label_tokens), and none are given: this CausalLM is "
-            "scored by its LogitScore"
-            if logit_score is not None
-            else "applies to CausalLM label tokens; a SequenceClassification model's scores are its head's logits",
-        )
+    _check_classifier_labels(info, cfg, logit_score is not None)
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
     _check_scores(info, cfg, num_scores, logit_score is not None)
     activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
@@ -252,37 +242,48 @@ def resolve_setup(
         )
     dtype = resolve_dtype(config.dtype, device)
     backend = _backend(info, config, device, dtype)
-    limits = PlanLimits(
+    limits = _plan_limits(info, config, tokenizer, device, backend)
+    runner: RunnerKind = "pairs" if info.encoder else "packed"
+    layers = resolve_layers(info, config)
+    ops = resolve_ops(config, layers, device, dtype)
+    return ResolvedSetup(
+        info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner, layers, ops,
+        logit_score=logit_score,
+    )  # fmt: skip
+
+
+def _plan_limits(
+    info: ModelInfo, config: EngineConfig, tokenizer, device: torch.device, backend
+) -> PlanLimits:
+    """The token budgets, delimiter and limits plans of this model and device use."""
+    return PlanLimits(
         max_pack_tokens=config.max_pack_tokens,
         max_batch_tokens=config.max_batch_tokens or DEFAULT_BATCH_TOKENS[device.type],
-        delimiter_token_id=default_delimiter(cfg.delimiter_token_id, tokenizer, info.vocab_size),
+        delimiter_token_id=default_delimiter(config.scoring.delimiter_token_id, tokenizer, info.vocab_size),
         vocab_size=info.vocab_size,
         isolate_sequences=info.isolate_sequences,
-        pair_max_length=_pair_max_length(info, cfg, config, tokenizer),
+        pair_max_length=_pair_max_length(info, config.scoring, config, tokenizer),
         pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
         max_positions=None if info.encoder else info.max_length,
         # The query computed once per group where the backend attends over cached query K/V.
         cache_query=_caches_query(backend),
         unscored_tail_id=info.unscored_tail_id,
     )
-    runner: RunnerKind = "pairs" if info.encoder else "packed"
-    layers = resolve_layers(info, config)
-    ops = resolve_ops(config, layers, device, dtype)
-    return ResolvedSetup(
-        info,
-        device,
-        dtype,
-        backend,
-        limits,
-        label_ids,
-        num_scores,
-        packing,
-        activation,
-        runner,
-        layers,
-        ops,
-        logit_score=logit_score,
-    )
+
+
+def _check_classifier_labels(info: ModelInfo, cfg: ScoringConfig, logit_score: bool) -> None:
+    """Label settings a classifier (or a CausalLM run by its LogitScore) ignores are warned of or refused."""
+    if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
+        log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
+    if info.kind == "classifier" and cfg.label_score != "probability":
+        raise SettingError(
+            "ScoringConfig.label_score",
+            cfg.label_score,
+            "applies to CausalLM label tokens (ScoringConfig.label_tokens), and none are given: this CausalLM is "
+            "scored by its LogitScore"
+            if logit_score
+            else "applies to CausalLM label tokens; a SequenceClassification model's scores are its head's logits",
+        )
 
 
 def label_free_scoring(

@@ -110,49 +110,16 @@ def read_cross_encoder(
         modules = None
     saved = isinstance(modules, list) and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
     unsupported: list[str] = []
-    transformer_config: dict = {}
-    logit_score: LogitScoreSpec | None = None
-    refusal = None
-    causal = architecture.endswith("ForCausalLM")
     if saved:
-        types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
-        for module, name in zip(modules, types):
-            if name == TRANSFORMER:  # its config file, or the first legacy name CrossEncoder still tries
-                module_dir = path / str(module.get("path", ""))
-                configs = (json_object(module_dir / file) for file in TRANSFORMER_CONFIGS)
-                transformer_config = next((config for config in configs if config), {})
-            elif name == LOGIT_SCORE:
-                settings = json_object(path / str(module.get("path", "")) / "config.json")
-                true_id, false_id = settings.get("true_token_id"), settings.get("false_token_id")
-                if isinstance(true_id, int):
-                    logit_score = LogitScoreSpec(true_id, None if false_id is None else int(false_id))
-                else:
-                    refusal = f"its LogitScore module ({module.get('path')}/config.json) has no true_token_id"
-            else:
-                unsupported.append(f"a {name or '?'} module (modules.json)")
-        if TRANSFORMER not in types:
-            unsupported.append("no Transformer module first in modules.json")
+        transformer_config, logit_score, refusal = _saved_modules(path, modules, unsupported)
         causal = transformer_config.get("transformer_task") == "text-generation" or logit_score is not None
-    elif causal:
-        true_id = _token_id(tokenizer, "yes")
-        false_id = _token_id(tokenizer, "no")
-        if true_id is None or false_id is None:
-            refusal = (
-                "its tokenizer has no 'yes' and/or 'no' tokens, which CrossEncoder's default LogitScore module "
-                "scores with"
-            )
-        else:
-            logit_score = LogitScoreSpec(true_id, false_id)
+    else:
+        transformer_config, logit_score, refusal = {}, None, None
+        causal = architecture.endswith("ForCausalLM")
+        if causal:
+            logit_score, refusal = _default_logit_score(tokenizer)
     if causal and logit_score is None and refusal is None:
         refusal = "modules.json has a text-generation Transformer without a LogitScore module"
-    processor_kwargs = dict(
-        transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
-    )
-    processor_kwargs.update(tokenizer_kwargs or {})
-    if max_length is not None:
-        processor_kwargs["model_max_length"] = max_length
-    elif transformer_config.get("max_seq_length") is not None and "model_max_length" not in processor_kwargs:
-        processor_kwargs["model_max_length"] = transformer_config["max_seq_length"]
     if transformer_config.get("do_lower_case"):
         unsupported.append("do_lower_case (the Transformer lower-cases its input)")
     if transformer_config.get("query_expansion"):
@@ -164,12 +131,13 @@ def read_cross_encoder(
     chat = _chat_format(
         tokenizer, model_type, transformer_config, processing
     )  # (this order: which error wins)
-    activation = model_activation_fn(path, saved=saved)
     prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
         logit_score=logit_score,
-        max_length=ce_max_length(tokenizer, path, processor_kwargs.get("model_max_length")),
-        activation=activation,
+        max_length=ce_max_length(
+            tokenizer, path, _given_max_length(transformer_config, tokenizer_kwargs, max_length)
+        ),
+        activation=model_activation_fn(path, saved=saved),
         chat=chat,
         text_kwargs=text_kwargs,
         default_prompt=(prompts[prompt_name] or None) if prompt_name else None,
@@ -178,6 +146,63 @@ def read_cross_encoder(
         unsupported=tuple(unsupported),
         refusal=refusal,
     )
+
+
+def _given_max_length(
+    transformer_config: dict, tokenizer_kwargs: dict | None, max_length: int | None
+) -> int | None:
+    """The model_max_length CrossEncoder's tokenizer is given: max_length, else its processor kwargs' (the
+    caller's tokenizer_kwargs over the saved ones), else the saved max_seq_length."""
+    kwargs = dict(
+        transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
+    )
+    kwargs.update(tokenizer_kwargs or {})
+    if max_length is not None:
+        return max_length
+    return (
+        kwargs["model_max_length"]
+        if "model_max_length" in kwargs
+        else transformer_config.get("max_seq_length")
+    )
+
+
+def _saved_modules(
+    path: Path, modules: list, unsupported: list[str]
+) -> tuple[dict, LogitScoreSpec | None, str | None]:
+    """A saved CrossEncoder's modules.json: its Transformer's config, its LogitScore (or why it has none);
+    the modules score-batch does not apply go into unsupported."""
+    transformer_config: dict = {}
+    logit_score = refusal = None
+    types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
+    for module, name in zip(modules, types):
+        if name == TRANSFORMER:  # its config file, or the first legacy name CrossEncoder still tries
+            module_dir = path / str(module.get("path", ""))
+            configs = (json_object(module_dir / file) for file in TRANSFORMER_CONFIGS)
+            transformer_config = next((config for config in configs if config), {})
+        elif name == LOGIT_SCORE:
+            settings = json_object(path / str(module.get("path", "")) / "config.json")
+            true_id, false_id = settings.get("true_token_id"), settings.get("false_token_id")
+            if isinstance(true_id, int):
+                logit_score = LogitScoreSpec(true_id, None if false_id is None else int(false_id))
+            else:
+                refusal = f"its LogitScore module ({module.get('path')}/config.json) has no true_token_id"
+        else:
+            unsupported.append(f"a {name or '?'} module (modules.json)")
+    if TRANSFORMER not in types:
+        unsupported.append("no Transformer module first in modules.json")
+    return transformer_config, logit_score, refusal
+
+
+def _default_logit_score(tokenizer) -> tuple[LogitScoreSpec | None, str | None]:
+    """CrossEncoder's default LogitScore for a CausalLM saved without modules.json (its "yes" and "no"), or why not."""
+    true_id = _token_id(tokenizer, "yes")
+    false_id = _token_id(tokenizer, "no")
+    if true_id is None or false_id is None:
+        return None, (
+            "its tokenizer has no 'yes' and/or 'no' tokens, which CrossEncoder's default LogitScore module "
+            "scores with"
+        )
+    return LogitScoreSpec(true_id, false_id), None
 
 
 def ce_prompts(
