@@ -1,7 +1,4 @@
-"""Setup resolution: an EngineConfig and a model directory → devices, budgets, packing, labels, activation, runner.
-
-Everything here runs before any weight loads (dry runs and the Ray driver use it alone).
-"""
+"""An EngineConfig and a model directory → device, budgets, packing, labels, activation, runner (no weights)."""
 
 from __future__ import annotations
 
@@ -85,11 +82,8 @@ def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "sing
 
 
 def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, tokenizer) -> int | None:
-    """The longest encoder pair (None for decoders), refusing limits that only packing knows.
-
-    The smallest of the model's positions, max_pack_tokens and the tokenizer's model_max_length (a
-    CrossEncoder saved with max_length=32 stores 32 there, and CrossEncoder truncates at it).
-    """
+    """The longest encoder pair (None for decoders), refusing limits that only packing knows: the smallest of the
+    model's positions, max_pack_tokens and model_max_length (where CrossEncoder's saved max_length goes)."""
     if not info.encoder:
         return None
     packing_only = {
@@ -222,10 +216,8 @@ def resolve_ops(
 def resolve_setup(
     info: ModelInfo, config: EngineConfig, tokenizer, logit_score: LogitScoreSpec | None = None
 ) -> ResolvedSetup:
-    """Check the model against the config and resolve devices, budgets, packing, labels and activation.
-
-    logit_score: a CausalLM scored by its LogitScore, which runs as a one-label scorer (label_free_scoring).
-    """
+    """Check the model against the config and resolve devices, budgets, packing, labels and activation
+    (logit_score: a CausalLM scored by its LogitScore, run as a one-label scorer)."""
     cfg = config.scoring
     if logit_score is not None:
         info = replace(info, kind="classifier", num_labels=1)
@@ -350,16 +342,12 @@ def load_planner(
     tokenizer=None,
     logit_score: LogitScoreSpec | None | Literal["read"] = "read",
 ) -> tuple[Planner, ResolvedSetup]:
-    """Tokenizer and resolved settings of a model directory, without loading its weights: the one way an
-    engine is built (the job, the Ray driver and Scorer call it).
+    """Tokenizer and resolved settings of a model directory its caller resolved, without its weights: the one
+    way an engine is built (the job, the Ray driver and Scorer call it).
 
-    model_dir: the directory its caller resolved once (resolve_model_dir: the command line's run_config,
-    Scorer), not looked up again here. info, tokenizer: the directory's, when the caller read them already
-    (Scorer, which applies CrossEncoder's tokenizer arguments); a tokenizer read here is a BackendTokenizer
-    where the directory allows it (no transformers import). logit_score: "read" decides it here
-    (label_free_scoring); a LogitScoreSpec or None is taken as decided (CrossEncoder's own rule, in Scorer).
-    prove: run the FlashInfer kernels the setup names once on the device first (engine/model/proof.py), so that an
-    auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
+    info, tokenizer: when the caller read them already (else a BackendTokenizer where the directory allows);
+    logit_score: "read" decides it here (label_free_scoring), else it is taken as decided (Scorer); prove: the
+    setup's FlashInfer kernels run once first, so an auto fallback is settled before the planner is built.
     """
     if info is None:
         info = read_model_info(model_dir, config.trust_remote_code)
@@ -392,38 +380,45 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
     in the run report); an explicit `flashinfer` fails the load with a SettingError (exit 2) naming it. auto
     without a CUDA compiler proves with FLASHINFER_DISABLE_JIT=1: a kernel FlashInfer has not prebuilt fails at
     once instead of a JIT build that cannot succeed (docs/operations.md, FlashInfer without a JIT)."""
-    from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
     from score_batch.engine.model import proof  # runs kernels: imported only for a load
 
     fallbacks = list(setup.fallbacks)
-    ops, backend = setup.ops, setup.backend
-    if ops == "flashinfer":
-        # auto without a compiler: FlashInfer's prebuilt kernels only, a missing one fails at once (no JIT)
-        with jit_disabled_without_compiler(config.ops == "auto") as no_jit:
-            cause = proof.prove_ops(
-                "flashinfer", setup.device, setup.dtype, setup.info.hidden_size, setup.info.head_dim
-            )
-        if cause is not None and no_jit:
-            cause += NO_JIT
-        if cause is not None:
-            _reset_failed_builds()
-            ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
-            fallbacks.append(f"ops flashinfer → torch: {cause}")
-    if backend == "flashinfer":
-        with jit_disabled_without_compiler(config.backend == "auto") as no_jit:
-            cause = proof.prove_attention("flashinfer", setup.device, setup.dtype, setup.info.head_dim)
-        if cause is not None and no_jit:
-            cause += NO_JIT
-        if cause is not None:
-            _reset_failed_builds()
-            need = workload(setup.info, config, setup.device, setup.dtype)
-            instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
-            backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
-            fallbacks.append(f"backend flashinfer → {instead}: {cause}")
+    ops, backend, info = setup.ops, setup.backend, setup.info
+    if ops == "flashinfer" and (
+        cause := _proven(
+            config.ops, proof.prove_ops, setup.device, setup.dtype, info.hidden_size, info.head_dim
+        )
+    ):
+        ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
+        fallbacks.append(f"ops flashinfer → torch: {cause}")
+    if (
+        backend == "flashinfer"
+        and (
+            cause := _proven(config.backend, proof.prove_attention, setup.device, setup.dtype, info.head_dim)
+        )
+        is not None
+    ):
+        need = workload(info, config, setup.device, setup.dtype)
+        instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
+        backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
+        fallbacks.append(f"backend flashinfer → {instead}: {cause}")
     if len(fallbacks) == len(setup.fallbacks):
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
     return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
+
+
+def _proven(asked: str, prove: Callable[..., str | None], *args) -> str | None:
+    """prove("flashinfer", *args): the cause of its failure (the failed builds reset), or None."""
+    from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
+
+    # auto without a compiler: FlashInfer's prebuilt kernels only, a missing one fails at once (no JIT)
+    with jit_disabled_without_compiler(asked == "auto") as no_jit:
+        cause = prove("flashinfer", *args)
+    if cause is None:
+        return None
+    _reset_failed_builds()
+    return cause + NO_JIT if no_jit else cause
 
 
 def _reset_failed_builds() -> None:
