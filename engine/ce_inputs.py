@@ -56,12 +56,10 @@ def ce_default_activation_fn(
 def prefix_groups(
     sequences: list[tuple[int, list[int]]],
 ) -> list[tuple[list[int], list[tuple[int, list[int]]]]]:
-    """Token sequences of one query as engine groups: (shared query ids, [(position, item ids)]).
-
-    The query is the sequences' longest common prefix, so query + item is each sequence exactly (an empty
-    item's score row is the query's last token). Sequences are grouped by their first token; an empty
-    sequence stays alone (it fails as an empty query).
-    """
+    """Token sequences of one query as engine groups: (shared query ids, [(position, item ids)]). The query is
+    the sequences' longest common prefix, so query + item is each sequence exactly (an empty item's score row
+    is the query's last token). Sequences are grouped by their first token; an empty sequence stays alone (it
+    fails as an empty query)."""
     by_first: dict[int | None, list[tuple[int, list[int]]]] = {}
     for position, ids in sequences:
         by_first.setdefault(ids[0] if ids else None, []).append((position, ids))

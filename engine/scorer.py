@@ -210,11 +210,8 @@ def _load_runner(
     config: EngineConfig, planned: tuple[Planner, ResolvedSetup], load_info: ModelInfo | None = None
 ) -> Runner:
     """Load the weights of a planned setup (load_planner's) and build the runner the model needs (chosen once,
-    here).
-
-    load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
-    scorer whose head is LogitScoreHead; read again when not given).
-    """
+    here). load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a
+    one-label scorer whose head is LogitScoreHead; read again when not given)."""
     # FlashInfer's kernels ran once in load_planner(prove=True): auto fell back, explicit failed.
     planner, setup = planned
     logit_score = setup.logit_score

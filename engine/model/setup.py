@@ -282,13 +282,11 @@ def label_free_scoring(
     info: ModelInfo, config: EngineConfig, tokenizer
 ) -> tuple[EngineConfig, LogitScoreSpec | None]:
     """A CausalLM given no label tokens is scored as CrossEncoder 6.2 scores it: by its LogitScore,
-    logit["yes"] − logit["no"] at the last token of query + item (a saved LogitScore's tokens; a saved
-    default prompt as the query template). (config, None) for labels and classifiers.
-
-    Refused, naming the label tokens, where CrossEncoder's text is not query + item (a chat template, a
-    pair encoding that adds tokens between the texts) and no templates or item_first say what to score,
-    and where CrossEncoder refuses the model too (no "yes"/"no" tokens).
-    """
+    logit["yes"] − logit["no"] at the last token of query + item (a saved LogitScore's tokens; a saved default
+    prompt as the query template). (config, None) for labels and classifiers. Refused, naming the label
+    tokens, where CrossEncoder's text is not query + item (a chat template, a pair encoding that adds tokens
+    between the texts) and no templates or item_first say what to score, and where CrossEncoder refuses the
+    model too (no "yes"/"no" tokens)."""
     cfg = config.scoring
     if info.kind != "causal" or cfg.label_tokens or cfg.label_token_ids:
         return config, None
@@ -343,12 +341,10 @@ def load_planner(
     logit_score: LogitScoreSpec | None | Literal["read"] = "read",
 ) -> tuple[Planner, ResolvedSetup]:
     """Tokenizer and resolved settings of a model directory its caller resolved, without its weights: the one
-    way an engine is built (the job, the Ray driver and Scorer call it).
-
-    info, tokenizer: when the caller read them already (else a BackendTokenizer where the directory allows);
-    logit_score: "read" decides it here (label_free_scoring), else it is taken as decided (Scorer); prove: the
-    setup's FlashInfer kernels run once first, so an auto fallback is settled before the planner is built.
-    """
+    way an engine is built (the job, the Ray driver and Scorer call it). info, tokenizer: when the caller read
+    them already (else a BackendTokenizer where the directory allows); logit_score: "read" decides it here
+    (label_free_scoring), else it is taken as decided (Scorer); prove: the setup's FlashInfer kernels run once
+    first, so an auto fallback is settled before the planner is built."""
     if info is None:
         info = read_model_info(model_dir, config.trust_remote_code)
     if tokenizer is None:

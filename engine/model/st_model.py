@@ -99,9 +99,7 @@ def read_cross_encoder(
     default_prompt_name: str | None = None,
 ) -> CrossEncoderSpec:
     """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…, prompts=…) would.
-
-    tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's.
-    """
+    tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's."""
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
     try:
@@ -208,11 +206,9 @@ def _default_logit_score(tokenizer) -> tuple[LogitScoreSpec | None, str | None]:
 def ce_prompts(
     saved_config: dict, given: dict | None, default_name: str | None
 ) -> tuple[dict[str, str], str | None]:
-    """CrossEncoder's prompts and default prompt name: the given ones first, the saved ones for what they leave.
-
-    A saved prompt fills a name not given (or given as None); a name still None is ""; the default name must
-    be one of the prompts' names (CrossEncoder raises ValueError otherwise).
-    """
+    """CrossEncoder's prompts and default prompt name: the given ones first, the saved ones for what they
+    leave. A saved prompt fills a name not given (or given as None); a name still None is ""; the default name
+    must be one of the prompts' names (CrossEncoder raises ValueError otherwise)."""
     merged = dict(given or {})
     saved_prompts = saved_config.get("prompts")
     for name, text in (saved_prompts if isinstance(saved_prompts, dict) else {}).items():

@@ -26,13 +26,11 @@ MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing
 def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> TokenizedGroup:
     """The group read where transformers' *ForSequenceClassification reads a decoder classifier: at the last
     token of each reference sequence that is not tail_id, its pad id (PlanLimits.unscored_tail_id); at the
-    first token when every token is tail_id.
-
-    Trailing tail_id tokens of items and chunks are dropped; an item left empty is read at the query's
-    end. The query's own tail_id tokens move to the front of every non-empty item, so an empty item is read at
-    the query's last token that is not tail_id while the others still see the whole query. Under item_first
-    the query ends every sequence: its tail is dropped, and the items' too when nothing else is left.
-    """
+    first token when every token is tail_id. Trailing tail_id tokens of items and chunks are dropped; an item
+    left empty is read at the query's end. The query's own tail_id tokens move to the front of every non-empty
+    item, so an empty item is read at the query's last token that is not tail_id while the others still see
+    the whole query. Under item_first the query ends every sequence: its tail is dropped, and the items' too
+    when nothing else is left."""
     if tail_id is None:
         return group
 
@@ -173,11 +171,10 @@ def _fit_items(
 def _chunk(
     encoded: Encoded, limit: int, overlap: int, what: str, why: str
 ) -> tuple[list[int], list[list[int]], str | None]:
-    """truncate="chunk": (the item's whole ids, its chunks of at most limit tokens, None) or an error.
-
-    An item within the limit is its one chunk; a longer one is split by engine/text/chunking.split_chunks (the
-    template's tokens around every chunk, content chunks as a Hugging Face tokenizer's overflow makes them).
-    """
+    """truncate="chunk": (the item's whole ids, its chunks of at most limit tokens, None) or an error. An item
+    within the limit is its one chunk; a longer one is split by engine/text/chunking.split_chunks (the
+    template's tokens around every chunk, content chunks as a Hugging Face tokenizer's overflow makes
+    them)."""
     chunks, reason = split_chunks(encoded.ids, encoded.touching(), limit, overlap)
     if reason is None:
         return encoded.ids, chunks, None

@@ -245,12 +245,11 @@ def checked_group(
 
 
 def longest_first_lengths(first: int, second: int, limit: int) -> tuple[int, int]:
-    """How many tokens of each sequence a Hugging Face (Rust) tokenizer keeps under truncation="longest_first".
-
-    limit is the maximum length less the special tokens the pair adds. The shorter sequence is kept whole when
-    the longer one alone can absorb the excess; otherwise the shorter keeps limit // 2 and the longer the rest
-    (on equal lengths, the second keeps the odd token). Both are cut at their end.
-    """
+    """How many tokens of each sequence a Hugging Face (Rust) tokenizer keeps under
+    truncation="longest_first". limit is the maximum length less the special tokens the pair adds. The shorter
+    sequence is kept whole when the longer one alone can absorb the excess; otherwise the shorter keeps limit
+    // 2 and the longer the rest (on equal lengths, the second keeps the odd token). Both are cut at their
+    end."""
     if first + second <= limit:
         return first, second
     if limit <= 0:
