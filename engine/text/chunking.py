@@ -147,10 +147,7 @@ class ItemCountdown:
 
 
 def aggregate(
-    chunks: list[GroupResult],
-    chunked: list[ChunkedGroup],
-    errors: list[list[str | None]],
-    how: str,
+    chunks: list[GroupResult], chunked: list[ChunkedGroup], errors: list[list[str | None]], how: str
 ) -> list[GroupResult]:
     """Per-chunk GroupResults (one row per chunk) → per-item GroupResults with `chunks` (chunks per item).
     how: max (the chunk with the highest `score`, the first on ties, gives score, scores, raw and pooled),

@@ -10,14 +10,7 @@ import numpy as np
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.text.chunking import split_chunks
 from score_batch.engine.text.encode import Encoded, encode_groups, given_ids
-from score_batch.engine.text.truncation import (
-    EMPTY_QUERY,
-    check_ids,
-    failed,
-    fit,
-    longest_first,
-    query_head,
-)
+from score_batch.engine.text.truncation import EMPTY_QUERY, check_ids, failed, fit, longest_first, query_head
 from score_batch.engine.types import Group, TokenizedGroup
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
@@ -69,10 +62,7 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
         return tail + kept if tail and kept else kept
 
     return replace(
-        group,
-        query_ids=head,
-        item_ids=each(cut_and_carry, group.item_ids),
-        chunks=each_chunk(cut_and_carry),
+        group, query_ids=head, item_ids=each(cut_and_carry, group.item_ids), chunks=each_chunk(cut_and_carry)
     )
 
 
