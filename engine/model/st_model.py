@@ -146,22 +146,14 @@ def read_cross_encoder(
     )
 
 
-def _given_max_length(
-    transformer_config: dict, tokenizer_kwargs: dict | None, max_length: int | None
-) -> int | None:
+def _given_max_length(transformer_config: dict, tokenizer_kwargs: dict | None, max_length: int | None):
     """The model_max_length CrossEncoder's tokenizer is given: max_length, else its processor kwargs' (the
     caller's tokenizer_kwargs over the saved ones), else the saved max_seq_length."""
-    kwargs = dict(
-        transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
-    )
-    kwargs.update(tokenizer_kwargs or {})
     if max_length is not None:
         return max_length
-    return (
-        kwargs["model_max_length"]
-        if "model_max_length" in kwargs
-        else transformer_config.get("max_seq_length")
-    )
+    saved = transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
+    kwargs = {**saved, **(tokenizer_kwargs or {})}
+    return kwargs.get("model_max_length", transformer_config.get("max_seq_length"))
 
 
 def _saved_modules(
