@@ -135,7 +135,7 @@ def check_num_labels(num_labels: int | None, info) -> None:
 def ce_scoring(
     scoring: ScoringConfig, chosen: Profile | None, overrides: dict, ce_defaults: bool, info: ModelInfo, fn
 ) -> tuple[ScoringConfig, bool]:
-    """The scoring CrossEncoder's defaults and activation_fn (fn) give, and whether a CausalLM needs a LogitScore."""
+    """The scoring CrossEncoder's defaults and activation_fn (fn) give; whether a CausalLM needs LogitScore."""
     given = {key for key, value in overrides.items() if value is not None}
     if ce_defaults and "truncate" not in set(chosen.settings if chosen else {}) | given:
         scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder

@@ -1,9 +1,7 @@
-"""sentence-transformers' CrossEncoder API on a Scorer: predict, rank and rank_many (CrossEncoderAPI).
+"""sentence-transformers 6.2's CrossEncoder predict, rank and rank_many over a Scorer's `score`/`run`.
 
-They follow CrossEncoder 6.2 (constructor arguments, input shapes, activations, output types, dict keys,
-truncation) over the engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs
-are the token sequences CrossEncoder itself builds (engine/model/st_model.py), scored in shared-prefix groups, and
-a CausalLM is scored with its LogitScore (logit["yes"] - logit["no"]).
+Where no profile, label tokens or templates say otherwise, pairs are the token sequences CrossEncoder itself
+builds (engine/model/st_model.py), scored in shared-prefix groups; a CausalLM scores by its LogitScore.
 """
 
 from __future__ import annotations
@@ -369,8 +367,7 @@ class CrossEncoderAPI:
         errors: list[str | None],
     ) -> list[tuple[list[int], list[list[int]], list[int]]]:
         """Text pairs as CrossEncoder's token sequences, grouped by their longest common prefix; a sequence
-        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error.
-        """
+        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error."""
         truncate = self.scoring.truncate == "longest-first"
         sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
         limits = self.setup.limits

@@ -1,9 +1,4 @@
-"""The engine's facade: load a model once, then plan, run and score groups.
-
-`Scorer(model, device=...)` resolves scoring profiles as the command line does and takes CrossEncoder's
-constructor arguments; `predict` and `rank` come from CrossEncoderAPI (engine/crossencoder.py). The work
-happens in a runner chosen once at load: packed decoders (packed_runner.py) or encoder pairs (pair_runner.py).
-"""
+"""The engine's facade: load a model once (a packed or pair runner, chosen then), then plan, run and score."""
 
 from __future__ import annotations
 

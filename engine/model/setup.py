@@ -1,4 +1,4 @@
-"""An EngineConfig and a model directory → device, budgets, packing, labels, activation, runner (no weights)."""
+"""An EngineConfig and a model directory → device, budgets, packing, labels, activation, runner."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "sing
 
 
 def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, tokenizer) -> int | None:
-    """The longest encoder pair (None for decoders), refusing limits that only packing knows: the smallest of the
-    model's positions, max_pack_tokens and model_max_length (where CrossEncoder's saved max_length goes)."""
+    """The longest encoder pair (None for decoders), refusing limits that only packing knows: the smallest of
+    the model's positions, max_pack_tokens and model_max_length (where CrossEncoder saves max_length)."""
     if not info.encoder:
         return None
     packing_only = {

@@ -184,7 +184,7 @@ def _saved_modules(
 
 
 def _default_logit_score(tokenizer) -> tuple[LogitScoreSpec | None, str | None]:
-    """CrossEncoder's default LogitScore for a CausalLM saved without modules.json (its "yes" and "no"), or why not."""
+    """CrossEncoder's default LogitScore of a CausalLM without modules.json ("yes" and "no"), or why not."""
     true_id = _token_id(tokenizer, "yes")
     false_id = _token_id(tokenizer, "no")
     if true_id is None or false_id is None:

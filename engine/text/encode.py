@@ -1,4 +1,4 @@
-"""Texts → token ids under a template, each knowing which of its tokens are the content's (tokenize.py's input)."""
+"""Texts → token ids under a template, each knowing which of its tokens are the content's."""
 
 from __future__ import annotations
 

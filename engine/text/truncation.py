@@ -59,7 +59,7 @@ def longest_first(
     vocab_size: int,
     max_positions: int | None,
 ) -> TokenizedGroup:
-    """truncate="longest-first": each (query, item) pair cut by a Hugging Face tokenizer's longest_first rule."""
+    """truncate="longest-first": each (query, item) pair cut by a Hugging Face tokenizer's longest_first."""
     # A pair may hold the smallest of pack_limit (max_pack_tokens less the item's delimiters), the position
     # limit and the tokenizer's model_max_length (CrossEncoder's limit). max_query_tokens / max_item_tokens,
     # when set, first cut that side's content tail. Then, as the tokenizer truncates a pair
@@ -124,8 +124,7 @@ def query_head(
     vocab_size: int,
     max_positions: int | None,
 ) -> TokenizedGroup:
-    """truncate="query-head": the query's content loses tokens from its head until each pair fits; items are
-    never cut."""
+    """truncate="query-head": the query's content loses head tokens until each pair fits (items never cut)."""
     # The query is cut to its own limit, min(max_query_tokens or max_pack_tokens, max_pack_tokens − o); then,
     # for each item alone, further until query + item fit the pair limit: max_pack_tokens − o, and the position
     # limit. Each pair's cut depends on its own item only (never on the window). An item over max_item_tokens,
@@ -172,7 +171,7 @@ def _query_head_pair(
     why: str,
     vocab: int,
 ) -> tuple[tuple[list[int], list[int]] | None, str | None]:
-    """One item's (query ids, item ids): base, or the query's head cut further until the pair fits; or its error."""
+    """One item's (query ids, item ids): base, or the query's head cut until the pair fits; or its error."""
     error = check_ids(item.ids, vocab, what)
     if error is None and cfg.max_item_tokens is not None and len(item.ids) > cfg.max_item_tokens:
         error = (
@@ -198,8 +197,7 @@ def _query_head_pair(
 def _uncut_or_whole(
     base: list[int], pairs: Pairs, errors: list[str | None], item_first: bool
 ) -> TokenizedGroup | None:
-    """The group when no item cut the query (base shared), or under item_first (each pair all the item's);
-    else None."""
+    """The group when no item cut the query (base shared) or under item_first (pairs whole); else None."""
     if all(pair is None or len(pair[0]) == len(base) for pair in pairs):
         return checked_group(base, [None if p is None else p[1] for p in pairs], errors, item_first)
     if item_first:  # item then query: the pair is all the item's
@@ -245,11 +243,10 @@ def checked_group(
 
 
 def longest_first_lengths(first: int, second: int, limit: int) -> tuple[int, int]:
-    """How many tokens of each sequence a Hugging Face (Rust) tokenizer keeps under
-    truncation="longest_first". limit is the maximum length less the special tokens the pair adds. The shorter
-    sequence is kept whole when the longer one alone can absorb the excess; otherwise the shorter keeps limit
-    // 2 and the longer the rest (on equal lengths, the second keeps the odd token). Both are cut at their
-    end."""
+    """How many tokens of each sequence a Hugging Face (Rust) tokenizer keeps under truncation=longest_first.
+    limit is the maximum length less the special tokens the pair adds. The shorter sequence is kept whole when
+    the longer one alone can absorb the excess; otherwise the shorter keeps limit // 2 and the longer the rest
+    (on equal lengths, the second keeps the odd token). Both are cut at their end."""
     if first + second <= limit:
         return first, second
     if limit <= 0:
