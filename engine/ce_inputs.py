@@ -143,9 +143,14 @@ def ignore_kwargs(method: str, kwargs: dict) -> None:
         raise TypeError(f"{method}() got unexpected keyword arguments {sorted(kwargs)}")
 
 
+def whole(value, least: int) -> bool:
+    """Whether value is an int (not a bool) of at least `least`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def check_batch_size(batch_size) -> None:
     """CrossEncoder refuses a batch_size below 1; ours plans by tokens and otherwise ignores it."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+    if not whole(batch_size, 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
 
 

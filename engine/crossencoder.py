@@ -28,6 +28,7 @@ from score_batch.engine.ce_inputs import (
     progress,
     ranking_group,
     warn_failed,
+    whole,
 )
 from score_batch.engine.errors import ScoringInputError
 from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
@@ -186,7 +187,7 @@ class CrossEncoderAPI:
         """`rank` for many queries at once (scored together): one sorted list of records per (query, documents)."""
         prompt = self._resolve_prompt(_prompts[1], _prompts[0])
         check_batch_size(_batch_size)
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        if top_k is not None and not whole(top_k, 0):
             raise ScoringInputError(f"top_k must be a non-negative integer or None, got {top_k!r}")
         groups = [ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
         pairs = [(group.query, item) for group in groups for item in group.items]
@@ -405,9 +406,7 @@ class CrossEncoderAPI:
     ) -> list[GroupResult]:
         """(query, items, positions) groups planned by planner (None: by score()) and run in runs of whole
         groups of about batch_size_hint items each (None: all at once)."""
-        if batch_size_hint is not None and (
-            isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
-        ):
+        if batch_size_hint is not None and not whole(batch_size_hint, 1):
             raise ScoringInputError(
                 f"batch_size_hint must be a positive integer or None, got {batch_size_hint!r}"
             )
