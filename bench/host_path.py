@@ -138,10 +138,10 @@ class TokenizerLookup:
     the Python ceiling, what the host path does when tokenizing costs nothing."""
 
     def __init__(self, tokenizer, path: Path) -> None:
-        from score_batch.engine.text import tokenize
+        from score_batch.engine.text import encode
 
-        self.module = tokenize
-        self.original = tokenize._backend_encode
+        self.module = encode
+        self.original = encode.backend_encode
         table = pq.read_table(path, columns=["query", "item"])
         queries = list(dict.fromkeys(table["query"].to_pylist()))
         items = list(dict.fromkeys(table["item"].to_pylist()))
@@ -158,11 +158,11 @@ class TokenizerLookup:
         def lookup(tokenizer, texts, add_special_tokens):
             return [cache[(add_special_tokens, text)] for text in texts]
 
-        self.module._backend_encode = lookup
+        self.module.backend_encode = lookup
         return self
 
     def __exit__(self, *exc) -> None:
-        self.module._backend_encode = self.original
+        self.module.backend_encode = self.original
 
 
 @contextlib.contextmanager

@@ -63,13 +63,11 @@ def activate(
 
 @dataclass(frozen=True)
 class RequestActivation:
-    """A request's use_activation applied to a run's results, as vLLM's PoolingParams.use_activation.
-
-    None: the run's own `score`. False: the raw value, entry score_index of `scores`. True: the run's `score`
-    when the run applies an activation (`auto` by default, as vLLM's default use_activation=true), else a
-    sigmoid (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit
-    applies none; under label_score sigmoid there is no raw value (such a request is refused before scoring).
-    """
+    """A request's use_activation applied to a run's results, as vLLM's PoolingParams.use_activation. None:
+    the run's own `score`. False: the raw value, entry score_index of `scores`. True: the run's `score` when
+    the run applies an activation (`auto` by default, as vLLM's default use_activation=true), else a sigmoid
+    (one score per item) or softmax (several) over `scores`. A CausalLM run with label_score logit applies
+    none; under label_score sigmoid there is no raw value (such a request is refused before scoring)."""
 
     run_activation: str  # the run's ScoringConfig.activation (auto | none | sigmoid | softmax)
     score_index: int
@@ -87,13 +85,11 @@ class RequestActivation:
 
 
 def model_activation_fn(model_dir: str | Path, saved: bool | None = None) -> tuple[str, str] | None:
-    """The activation function a model's files name for CrossEncoder, as (dotted path, where), or None.
-
-    Looked up as CrossEncoder does: config_sentence_transformers.json "activation_fn", then config.json
+    """The activation function a model's files name for CrossEncoder, as (dotted path, where), or None. Looked
+    up as CrossEncoder does: config_sentence_transformers.json "activation_fn", then config.json
     "sentence_transformers": {"activation_fn": …}, then config.json "sbert_ce_default_activation_function"
     (sentence-transformers < 4). saved: whether the directory is a saved CrossEncoder, the only case in which
-    CrossEncoder 6.2 reads config_sentence_transformers.json (None: read it whenever it is there).
-    """
+    CrossEncoder 6.2 reads config_sentence_transformers.json (None: read it whenever it is there)."""
     model_dir = Path(model_dir)
     st_config = json_object(model_dir / "config_sentence_transformers.json")
     if saved is not False and isinstance(st_config.get("activation_fn"), str):

@@ -1,9 +1,7 @@
-"""sentence-transformers' CrossEncoder API on a Scorer: predict, rank and rank_many (CrossEncoderAPI).
+"""sentence-transformers 6.2's CrossEncoder predict, rank and rank_many over a Scorer's `score`/`run`.
 
-They follow CrossEncoder 6.2 (constructor arguments, input shapes, activations, output types, dict keys,
-truncation) over the engine's `score`/`run`. Where no profile, label tokens or templates say otherwise, pairs
-are the token sequences CrossEncoder itself builds (engine/model/st_model.py), scored in shared-prefix groups, and
-a CausalLM is scored with its LogitScore (logit["yes"] - logit["no"]).
+Where no profile, label tokens or templates say otherwise, pairs are the token sequences CrossEncoder itself
+builds (engine/model/st_model.py), scored in shared-prefix groups; a CausalLM scores by its LogitScore.
 """
 
 from __future__ import annotations
@@ -12,165 +10,35 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from importlib import import_module
 
 import numpy as np
 import torch
 
-from score_batch.choices import BACKENDS
 from score_batch.engine.activation import model_activation_fn
-from score_batch.engine.config import EngineConfig
-from score_batch.engine.errors import ScoringInputError, SettingError
+from score_batch.engine.ce_inputs import (
+    Text,
+    ce_default_activation_fn,
+    ce_outputs,
+    check_batch_size,
+    ignore_kwargs,
+    is_singular_input,
+    label_logit,
+    pair_of,
+    prefix_groups,
+    progress,
+    ranking_group,
+    warn_failed,
+    whole,
+)
+from score_batch.engine.errors import ScoringInputError
 from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
 from score_batch.engine.plan.planner import Planner
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-Text = str | list[int]  # a query or an item: text, or token ids used as given
-
-
-def is_singular_input(inputs) -> bool:
-    """CrossEncoder's test: one (query, item) pair rather than a list of pairs."""
-    if isinstance(inputs, list | tuple):
-        return len(inputs) > 0 and not isinstance(inputs[0], list | tuple)
-    if isinstance(inputs, np.ndarray) and inputs.dtype.kind in ("U", "O"):
-        return inputs.size > 0 and inputs.ndim < 2
-    return not isinstance(inputs, Sequence | np.ndarray) or isinstance(inputs, str)
-
-
-def ce_default_activation_fn(
-    requested: str,
-    kind: str,
-    num_labels: int,
-    model_activation: tuple[str, str] | None,
-    trust_remote_code: bool = False,
-) -> Callable:
-    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins):
-    the model's own activation_fn when its path starts with "torch." (any path with trust_remote_code), else
-    Sigmoid for one label and Identity otherwise."""
-    if kind == "causal" or requested == "none":
-        return torch.nn.Identity()
-    if requested == "sigmoid":
-        return torch.nn.Sigmoid()
-    if requested == "softmax":
-        return torch.nn.Softmax(dim=-1)
-    if model_activation is not None and (trust_remote_code or model_activation[0].startswith("torch.")):
-        module, _, name = model_activation[0].rpartition(".")
-        try:
-            return getattr(import_module(module), name)()
-        except (ImportError, AttributeError, TypeError, ValueError) as error:
-            raise ScoringInputError(
-                f"the model's {model_activation[1]} names {model_activation[0]}, which cannot be loaded: {error}"
-            ) from error
-    return torch.nn.Sigmoid() if num_labels == 1 else torch.nn.Identity()
-
-
-def prefix_groups(
-    sequences: list[tuple[int, list[int]]],
-) -> list[tuple[list[int], list[tuple[int, list[int]]]]]:
-    """Token sequences of one query as engine groups: (shared query ids, [(position, item ids)]).
-
-    The query is the sequences' longest common prefix, so query + item is each sequence exactly (an empty
-    item's score row is the query's last token). Sequences are grouped by their first token; an empty
-    sequence stays alone (it fails as an empty query).
-    """
-    by_first: dict[int | None, list[tuple[int, list[int]]]] = {}
-    for position, ids in sequences:
-        by_first.setdefault(ids[0] if ids else None, []).append((position, ids))
-    groups = []
-    for part in by_first.values():
-        shortest = min(len(ids) for _, ids in part)
-        common = 0
-        while common < shortest and all(ids[common] == part[0][1][common] for _, ids in part):
-            common += 1
-        groups.append((part[0][1][:common], [(position, ids[common:]) for position, ids in part]))
-    return groups
-
-
-def ce_outputs(
-    raw: np.ndarray,  # [n, labels] float32 raw outputs, NaN rows for failed pairs
-    activation_fn: Callable,
-    apply_softmax: bool,
-    convert_to_numpy: bool,
-    convert_to_tensor: bool,
-    device: torch.device,
-    singular: bool,
-):
-    """CrossEncoder.predict's post-processing and return types over raw outputs."""
-    if raw.shape[0]:
-        scores = activation_fn(torch.from_numpy(np.ascontiguousarray(raw)).to(device))  # [n, labels]
-        if raw.shape[1] == 1 and scores.ndim > 1:
-            scores = scores.squeeze(-1)  # [n]
-        if apply_softmax and scores.ndim > 1:
-            scores = torch.nn.functional.softmax(scores, dim=1)
-    else:
-        scores = torch.tensor([], device=device)
-    if convert_to_tensor:
-        out = scores
-    elif convert_to_numpy:
-        out = scores.float().cpu().numpy() if len(scores) else np.array([])
-    else:
-        out = list(scores)
-    return out[0] if singular else out
-
-
-def text_of(value, where: str) -> Text:
-    """A query or item as the engine takes it: a str, or a list of int token ids."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple | np.ndarray) and all(
-        isinstance(t, int | np.integer) and not isinstance(t, bool) for t in value
-    ):
-        return [int(t) for t in value]
-    raise ScoringInputError(f"{where} must be a str or a list of int token ids, got {type(value).__name__}")
-
-
-def pair_of(pair, index: int) -> tuple[Text, Text]:
-    """One (query, item) of predict's input, checked."""
-    if isinstance(pair, str | bytes) or not isinstance(pair, Sequence | np.ndarray) or len(pair) != 2:
-        raise ScoringInputError(f"pairs[{index}] must be a (query, item) pair, got {pair!r:.80}")
-    query, item = pair
-    return text_of(query, f"pairs[{index}][0] (the query)"), text_of(item, f"pairs[{index}][1] (the item)")
-
-
-def ranking_group(entry, index: int) -> Group:
-    """One (query, documents) of rank_many's input as a Group, checked (a str of documents is a common slip)."""
-    where = f"queries_and_documents[{index}]"
-    if isinstance(entry, str | bytes) or not isinstance(entry, Sequence) or len(entry) != 2:
-        raise ScoringInputError(f"{where} must be a (query, documents) pair, got {entry!r:.80}")
-    query, documents = entry
-    if isinstance(documents, str | bytes) or not isinstance(documents, Sequence | np.ndarray):
-        raise ScoringInputError(
-            f"{where}: documents must be a list of documents, got {type(documents).__name__}"
-        )
-    return Group(
-        text_of(query, f"{where} query"),
-        [text_of(doc, f"{where} documents[{i}]") for i, doc in enumerate(documents)],
-    )
-
-
 # The item's index inside an internal group means nothing to the caller.
 _ITEM_NUMBER = re.compile(r"\bitem \d+\b")
-# torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
-ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
-# CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
-# and has no model cards): accepted, logged when given.
-_IGNORED = ("token", "local_files_only", "model_card_data", "keep_in_fp32_modules")
-# EngineConfig fields a keyword may set without giving an EngineConfig (which would drop CrossEncoder's defaults).
-_ENGINE_FIELDS = ("dtype", "max_batch_tokens", "max_pack_tokens", "allow_pickle", "compile", "layers", "ops")
-# Older CrossEncoder names of its arguments, as its own decorator maps them.
-_RENAMED = {
-    "model_name": "model_name_or_path",
-    "automodel_args": "model_kwargs",
-    "tokenizer_args": "tokenizer_kwargs",
-    "processor_kwargs": "tokenizer_kwargs",
-    "config_args": "config_kwargs",
-    "cache_dir": "cache_folder",
-    "default_activation_function": "activation_fn",
-}
-# The constructor arguments ce_arguments takes and returns, in order.
-_ARGUMENTS = ("model_kwargs", "tokenizer_kwargs", "config_kwargs", "cache_folder", "activation_fn")
 
 
 class CrossEncoderAPI:
@@ -253,15 +121,15 @@ class CrossEncoderAPI:
         time. Failed pairs are NaN (return_errors=True also returns the reason per pair).
         """
         prompt = self._resolve_prompt(prompt, prompt_name)
-        _check_batch_size(batch_size)
-        _ignore_kwargs("predict", kwargs)
+        check_batch_size(batch_size)
+        ignore_kwargs("predict", kwargs)
         singular = is_singular_input(inputs)
         pairs = (
             [inputs] if singular else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
         )
         raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
         errors = [None if e is None else f"pairs[{i}]: {e}" for i, e in enumerate(errors)]
-        _warn_failed(errors)
+        warn_failed(errors)
         values, fn = self._ce_logits(raw, score, activation_fn)
         result = ce_outputs(
             values, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, self.setup.device, singular
@@ -294,7 +162,7 @@ class CrossEncoderAPI:
         score_index column when given. Equal scores keep input order; failed documents are left out.
         apply_softmax, convert_to_numpy and convert_to_tensor have no effect, as in CrossEncoder.
         """
-        _ignore_kwargs("rank", kwargs)
+        ignore_kwargs("rank", kwargs)
         return self.rank_many(
             [(query, documents)],
             top_k=top_k,
@@ -318,8 +186,8 @@ class CrossEncoderAPI:
     ) -> list[list[dict]]:
         """`rank` for many queries at once (scored together): one sorted list of records per (query, documents)."""
         prompt = self._resolve_prompt(_prompts[1], _prompts[0])
-        _check_batch_size(_batch_size)
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        check_batch_size(_batch_size)
+        if top_k is not None and not whole(top_k, 0):
             raise ScoringInputError(f"top_k must be a non-negative integer or None, got {top_k!r}")
         groups = [ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
         pairs = [(group.query, item) for group in groups for item in group.items]
@@ -336,7 +204,7 @@ class CrossEncoderAPI:
             rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
             start += len(group.items)
         numbers = [number for number, group in enumerate(groups) for _ in group.items]
-        _warn_failed(
+        warn_failed(
             [None if e is None else f"queries_and_documents[{n}]: {e}" for n, e in zip(numbers, pair_errors)]
         )
         return rankings
@@ -376,32 +244,7 @@ class CrossEncoderAPI:
             return raw, activation_fn if activation_fn is not None else self.activation_fn
         if activation_fn is None:
             return score[:, None], torch.nn.Identity()  # [n, 1] the `score` column, as the CLI's
-        return self._label_logit(raw)[:, None], activation_fn
-
-    def _label_logit(self, raw: np.ndarray) -> np.ndarray:  # raw: [n, labels] → [n] float32
-        """A label scorer's logit as LogitScore defines it: logit[true] - logit[false], or logit[true] alone.
-        From probabilities, their log ratio (a softmax over the labels or the vocabulary divides both by the
-        same sum); from logits, their difference; from sigmoids, their logits."""
-        kind = self.scoring.label_score
-        values = raw.astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if kind == "probability":
-                logs = np.log(values)
-            elif kind == "sigmoid":
-                logs = np.log(values) - np.log1p(-values)
-            else:
-                logs = values
-        labels = values.shape[1]
-        if labels == 2:
-            true = self.scoring.score_index % 2
-            return (logs[:, true] - logs[:, 1 - true]).astype(np.float32)
-        if labels == 1 and kind != "probability":
-            return logs[:, 0].astype(np.float32)
-        raise ScoringInputError(
-            f"activation_fn applies to a CausalLM label scorer's log-odds, which needs two labels (or one label "
-            f"scored as a logit); this model has {labels} label(s) scored as {kind}s: call predict without "
-            "activation_fn for its score, or Scorer.score for every label's score"
-        )
+        return label_logit(raw, self.scoring.label_score, self.scoring.score_index)[:, None], activation_fn
 
     def _ranking_values(
         self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
@@ -498,16 +341,16 @@ class CrossEncoderAPI:
             items.append(item)
             positions.append(index)
         others = list(by_query.values())
-        progress = _progress(len(pairs)) if show_progress_bar else None
-        on_items = progress.update if progress is not None else None
+        bar = progress(len(pairs)) if show_progress_bar else None
+        on_items = bar.update if bar is not None else None
         # CrossEncoder's token sequences are cut already: planned with truncate="error", never cut again.
         as_given = replace(self._runner.planner, cfg=replace(self._runner.planner.cfg, truncate="error"))
         try:
             results = self._score_chunked(groups, batch_size_hint, on_items, as_given)
             results += self._score_chunked(others, batch_size_hint, on_items, planner)
         finally:
-            if progress is not None:
-                progress.close()
+            if bar is not None:
+                bar.close()
         groups += others
         for (_, _, positions), result in zip(groups, results):
             raw[positions] = result.raw if result.raw is not None else result.scores
@@ -525,8 +368,7 @@ class CrossEncoderAPI:
         errors: list[str | None],
     ) -> list[tuple[list[int], list[list[int]], list[int]]]:
         """Text pairs as CrossEncoder's token sequences, grouped by their longest common prefix; a sequence
-        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error.
-        """
+        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error."""
         truncate = self.scoring.truncate == "longest-first"
         sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
         limits = self.setup.limits
@@ -564,9 +406,7 @@ class CrossEncoderAPI:
     ) -> list[GroupResult]:
         """(query, items, positions) groups planned by planner (None: by score()) and run in runs of whole
         groups of about batch_size_hint items each (None: all at once)."""
-        if batch_size_hint is not None and (
-            isinstance(batch_size_hint, bool) or not isinstance(batch_size_hint, int) or batch_size_hint < 1
-        ):
+        if batch_size_hint is not None and not whole(batch_size_hint, 1):
             raise ScoringInputError(
                 f"batch_size_hint must be a positive integer or None, got {batch_size_hint!r}"
             )
@@ -581,126 +421,3 @@ class CrossEncoderAPI:
         if planner is None:
             return [result for chunk in chunks for result in self.score(chunk, on_items)]
         return [result for chunk in chunks for result in self.run(planner.plan(chunk), on_items)]
-
-
-def ce_arguments(overrides: dict, *values, num_labels: int | None = None) -> tuple:
-    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, and no-ops taken
-    out of overrides (the constructor's other keywords)."""
-    named = dict(zip(_ARGUMENTS, values))
-    for old, new in _RENAMED.items():
-        if old in overrides:
-            value = overrides.pop(old)
-            if new == "tokenizer_kwargs":
-                named[new] = {**(value or {}), **(named[new] or {})}
-            elif new in named:
-                named[new] = named[new] or value
-    overrides.pop("classifier_dropout", None)  # training only
-    ignored = {name: overrides.pop(name) for name in _IGNORED if name in overrides}
-    given = {name: value for name, value in ignored.items() if value not in (None, False, {}, [])}
-    if given:
-        log.info("ignored CrossEncoder arguments (no effect in score-batch): %s", ", ".join(given))
-    config_kwargs = named["config_kwargs"] = dict(named["config_kwargs"] or {})
-    if config_kwargs.get("num_labels") is not None and num_labels is None:
-        num_labels = config_kwargs.pop("num_labels")
-    if config_kwargs:
-        log.info(
-            "config_kwargs ignored (the model's config.json is used as saved): %s", sorted(config_kwargs)
-        )
-    return (*named.values(), num_labels)
-
-
-def ce_engine_config(
-    config: EngineConfig | None,
-    overrides: dict,
-    device,
-    trust_remote_code: bool | None,
-    backend: str | None,
-    model_kwargs: dict | None,
-) -> EngineConfig:
-    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend,
-    dtype) and of EngineConfig's fields among the constructor's keywords (overrides: taken out of it)."""
-    engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
-    config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
-    if device is not None:  # CrossEncoder-style: auto, cpu, cuda or cuda:0
-        if str(device) not in ("auto", "cpu", "cuda", "cuda:0"):
-            raise SettingError("EngineConfig.device", str(device), "is not one of auto, cpu, cuda")
-        config = replace(config, device=str(device).removesuffix(":0"))
-    if trust_remote_code is not None:
-        config = replace(config, trust_remote_code=bool(trust_remote_code))
-    if backend in BACKENDS:
-        config = replace(config, backend=backend)
-    elif backend in ("onnx", "openvino"):
-        log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
-    elif backend not in (None, "torch"):
-        raise SettingError(
-            "backend",
-            backend,
-            f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
-        )
-    kwargs = dict(model_kwargs or {})
-    dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
-    if dtype is not None:
-        name = str(dtype).removeprefix("torch.")
-        if name not in ("auto", "float32", "bfloat16", "float16"):
-            raise SettingError("model_kwargs dtype", dtype, "is not one of float32, bfloat16, float16, auto")
-        config = replace(config, dtype=name)
-    if kwargs:
-        log.info("model_kwargs ignored (score-batch loads and places the model itself): %s", sorted(kwargs))
-    return config
-
-
-def apply_tokenizer_kwargs(tokenizer, kwargs: dict | None) -> dict:
-    """Set the tokenizer attributes CrossEncoder's tokenizer kwargs set (truncation_side, padding_side)."""
-    kwargs = dict(kwargs or {})
-    for name in ("truncation_side", "padding_side"):
-        if name in kwargs:
-            setattr(tokenizer, name, kwargs[name])
-    unused = sorted(set(kwargs) - {"truncation_side", "padding_side", "model_max_length"})
-    if unused:
-        log.info("tokenizer_kwargs ignored (the tokenizer loads from its files): %s", unused)
-    return kwargs
-
-
-def check_num_labels(num_labels: int | None, info) -> None:
-    """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
-    # A CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore.
-    if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
-        raise SettingError(
-            "num_labels",
-            num_labels,
-            f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
-            "head; score-batch scores with the trained one only",
-        )
-
-
-def _ignore_kwargs(method: str, kwargs: dict) -> None:
-    """CrossEncoder's deprecated no-op arguments are accepted; anything else is a TypeError, as there."""
-    for name in ("num_workers", "convert_to_numpy", "convert_to_tensor", "apply_softmax"):
-        kwargs.pop(name, None)
-    if kwargs:
-        raise TypeError(f"{method}() got unexpected keyword arguments {sorted(kwargs)}")
-
-
-def _check_batch_size(batch_size) -> None:
-    """CrossEncoder refuses a batch_size below 1; ours plans by tokens and otherwise ignores it."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
-
-
-def _progress(total: int):
-    """A tqdm bar over scored items."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="Scoring", unit="item")
-
-
-def _warn_failed(errors: list[str | None]) -> None:
-    """Log how many items could not be scored, and the first reason."""
-    failed = [e for e in errors if e is not None]
-    if failed:
-        log.warning(
-            "%d of %d items could not be scored (NaN / left out); first: %s",
-            len(failed),
-            len(errors),
-            failed[0],
-        )

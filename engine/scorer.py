@@ -1,9 +1,4 @@
-"""The engine's facade: load a model once, then plan, run and score groups.
-
-`Scorer(model, device=...)` resolves scoring profiles as the command line does and takes CrossEncoder's
-constructor arguments; `predict` and `rank` come from CrossEncoderAPI (engine/crossencoder.py). The work
-happens in a runner chosen once at load: packed decoders (packed_runner.py) or encoder pairs (pair_runner.py).
-"""
+"""The engine's facade: load a model once (a packed or pair runner, chosen then), then plan, run and score."""
 
 from __future__ import annotations
 
@@ -15,21 +10,20 @@ from pathlib import Path
 import torch
 
 from score_batch.engine.activation import ResolvedActivation
-from score_batch.engine.config import EngineConfig, ScoringConfig
-from score_batch.engine.crossencoder import (
-    ACTIVATION_NAMES,
-    CrossEncoderAPI,
-    apply_tokenizer_kwargs,
+from score_batch.engine.ce_arguments import (
     ce_arguments,
     ce_engine_config,
+    ce_prompt_scoring,
+    ce_scoring,
+    ce_spec,
     check_num_labels,
 )
-from score_batch.engine.errors import ScoringInputError
+from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.engine.crossencoder import CrossEncoderAPI
 from score_batch.engine.model.loading import ModelInfo, load_model, load_tokenizer, read_model_info
 from score_batch.engine.model.profiles import Profile, resolve_scoring
-from score_batch.engine.model.setup import ResolvedSetup, label_free_scoring, load_planner
+from score_batch.engine.model.setup import ResolvedSetup, load_planner
 from score_batch.engine.model.source import hub_id_of, resolve_model_dir
-from score_batch.engine.model.st_model import read_cross_encoder
 from score_batch.engine.plan.planner import Planner, WorkPlan
 from score_batch.engine.run.heads import LogitScoreHead
 from score_batch.engine.run.packed_runner import PackedRunner
@@ -72,19 +66,10 @@ class Scorer(CrossEncoderAPI):
         default_prompt_name: str | None = None,
         **overrides,
     ) -> None:
-        if modules is not None:
-            raise ScoringInputError(
-                "modules= (a CrossEncoder built from module objects) is not supported: give a model directory"
-            )
         model_kwargs, tokenizer_kwargs, _, cache_folder, activation_fn, num_labels = ce_arguments(
-            overrides,
-            model_kwargs,
-            tokenizer_kwargs,
-            config_kwargs,
-            cache_folder,
-            activation_fn,
-            num_labels=num_labels,
-        )
+            overrides, model_kwargs, tokenizer_kwargs, config_kwargs, cache_folder, activation_fn,
+            num_labels=num_labels, modules=modules,
+        )  # fmt: skip
         # CrossEncoder's defaults (longest-first, a LogitScore, its pair tokens) unless an EngineConfig is given:
         # its ScoringConfig then holds the defaults (truncate "error", label tokens for a CausalLM).
         ce_defaults = config is None
@@ -95,55 +80,20 @@ class Scorer(CrossEncoderAPI):
         scoring, chosen = resolve_scoring(name, model_dir, config.scoring, profile, overrides)
         if chosen is not None:
             log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
-        given = {key for key, value in overrides.items() if value is not None}
-        if ce_defaults and "truncate" not in set(chosen.settings if chosen else {}) | given:
-            scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder
-        logit_score = info.kind == "causal" and not (scoring.label_tokens or scoring.label_token_ids)
-        fn_name = ACTIVATION_NAMES.get(type(activation_fn))
-        labels = 1 if logit_score else info.num_labels
-        if fn_name and overrides.get("activation") is None and (info.kind == "classifier" or logit_score):
-            if fn_name != "softmax" or labels > 1:  # the `score` column gets the given activation too
-                scoring = replace(scoring, activation=fn_name)
+        scoring, logit_score = ce_scoring(scoring, chosen, overrides, ce_defaults, info, activation_fn)
         tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-        tokenizer_kwargs = apply_tokenizer_kwargs(tokenizer, tokenizer_kwargs)
-        spec = read_cross_encoder(
-            model_dir,
-            tokenizer,
-            info.architecture,
-            info.model_type,
-            max_length=max_length,
-            tokenizer_kwargs=tokenizer_kwargs,
-            prompts=prompts,
-            default_prompt_name=default_prompt_name,
+        spec = ce_spec(
+            info, tokenizer, tokenizer_kwargs, logit_score, ce_defaults and chosen is None,
+            max_length=max_length, prompts=prompts, default_prompt_name=default_prompt_name,
+        )  # fmt: skip
+        config, prompt_template = ce_prompt_scoring(
+            replace(config, scoring=scoring), spec, info, tokenizer, ce_defaults, logit_score
         )
-        if spec.max_length is not None:
-            tokenizer.model_max_length = spec.max_length  # as CrossEncoder's tokenizer holds it
-        for unsupported in spec.unsupported if ce_defaults and chosen is None else ():
-            log.warning(
-                "the model's CrossEncoder configuration has %s, which score-batch does not apply; its scores can "
-                "differ from CrossEncoder's",
-                unsupported,
-            )
-        if logit_score and spec.logit_score is None:
-            raise ScoringInputError(
-                f"{info.architecture} needs label tokens to score: {spec.refusal} (CrossEncoder refuses it too); "
-                "give label_tokens=(' no', ' yes') or a profile (score-batch models lists them)"
-            )
-        if logit_score and not ce_defaults:  # groups' text, query + item: checked as the command line's
-            scoring = label_free_scoring(info, replace(config, scoring=scoring), tokenizer)[0].scoring
-        prompt_template = ce_defaults and info.encoder and scoring.query_template is None
-        if prompt_template and spec.default_prompt:
-            scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
         check_num_labels(num_labels, info)
-        config = replace(config, scoring=scoring)
         planned = load_planner(
-            model_dir,
-            config,
-            prove=True,
-            info=info,
-            tokenizer=tokenizer,
+            model_dir, config, prove=True, info=info, tokenizer=tokenizer,
             logit_score=spec.logit_score if logit_score else None,  # CrossEncoder's LogitScore, decided above
-        )
+        )  # fmt: skip
         self._runner = _load_runner(config, planned, info)
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
@@ -255,11 +205,8 @@ def _load_runner(
     config: EngineConfig, planned: tuple[Planner, ResolvedSetup], load_info: ModelInfo | None = None
 ) -> Runner:
     """Load the weights of a planned setup (load_planner's) and build the runner the model needs (chosen once,
-    here).
-
-    load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a one-label
-    scorer whose head is LogitScoreHead; read again when not given).
-    """
+    here). load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a
+    one-label scorer whose head is LogitScoreHead; read again when not given)."""
     # FlashInfer's kernels ran once in load_planner(prove=True): auto fell back, explicit failed.
     planner, setup = planned
     logit_score = setup.logit_score

@@ -27,11 +27,9 @@ class Group:
 
 @dataclass
 class GroupResult:
-    """Per-item results of one group; rows of failed items hold NaN and an error message.
-
-    `errors` are found before the model runs (tokenization, limits); `item_errors` after it (a non-finite
-    output the item gives on its own). `failures` merges both. An empty item_errors means none.
-    """
+    """Per-item results of one group; rows of failed items hold NaN and an error message. `errors` are found
+    before the model runs (tokenization, limits); `item_errors` after it (a non-finite output the item gives
+    on its own). `failures` merges both. An empty item_errors means none."""
 
     scores: np.ndarray  # [num_items, num_scores] float32, the Score-API column (docs/semantics.md)
     score: np.ndarray  # [num_items] float32, the activated relevance number of each item

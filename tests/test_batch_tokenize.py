@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits
-from score_batch.engine.text import tokenize
+from score_batch.engine.text import encode, truncation
 from score_batch.engine.text.backend_tokenizer import BackendTokenizer, backend_tokenizer
 from score_batch.engine.types import Group
 from tests.tiny_models import BASE_CORPUS, build_tokenizer
@@ -96,7 +96,7 @@ def test_backend_batch_equals_transformers_call(tokenizer, policy, templates, it
         groups = random_groups(seed)
         fast = plan_fields(planner.plan(groups))
         with monkeypatch.context() as patch:  # today's path: transformers' __call__ with offsets, per group
-            patch.setattr(tokenize, "_backend_encode", lambda *args: None)
+            patch.setattr(encode, "backend_encode", lambda *args: None)
             slow = plan_fields(PackedPlanner(tokenizer, cfg, limits).plan(groups))
             per_group = [plan_fields(PackedPlanner(tokenizer, cfg, limits).plan([g])) for g in groups]
         assert fast == slow
@@ -105,7 +105,7 @@ def test_backend_batch_equals_transformers_call(tokenizer, policy, templates, it
 
 def test_content_tokens_agree_with_transformers_offsets(tokenizer):
     texts = [" ".join(random.Random(k).choice(WORDS) for _ in range(9)) for k in range(20)]
-    encoded = tokenize._encode_texts(tokenizer, "Product: {item}!", "{item}", texts, True)
+    encoded = encode.encode_texts(tokenizer, "Product: {item}!", "{item}", texts, True)
     batch = tokenizer(["Product: " + t + "!" for t in texts], return_offsets_mapping=True)
     start = len("Product: ")
     for text, enc, ids, offsets in zip(texts, encoded, batch["input_ids"], batch["offset_mapping"]):
@@ -115,9 +115,9 @@ def test_content_tokens_agree_with_transformers_offsets(tokenizer):
 
 
 def test_token_ids_are_checked_as_before():
-    assert tokenize._check_ids([1, 2, 3], 4, "q") is None
-    assert "token id 4 " in tokenize._check_ids([1, 4], 4, "q")
-    assert "token id -1 " in tokenize._check_ids([-1, 2], 4, "q")
-    assert "token id 2.0 " in tokenize._check_ids([1, 2.0], 4, "q")  # a float is not a token id
-    assert "token id 'a' " in tokenize._check_ids([1, "a"], 4, "q")
-    assert tokenize._check_ids([True, 2], 4, "q") is None  # as the per-token check always took bools
+    assert truncation.check_ids([1, 2, 3], 4, "q") is None
+    assert "token id 4 " in truncation.check_ids([1, 4], 4, "q")
+    assert "token id -1 " in truncation.check_ids([-1, 2], 4, "q")
+    assert "token id 2.0 " in truncation.check_ids([1, 2.0], 4, "q")  # a float is not a token id
+    assert "token id 'a' " in truncation.check_ids([1, "a"], 4, "q")
+    assert truncation.check_ids([True, 2], 4, "q") is None  # as the per-token check always took bools

@@ -21,7 +21,7 @@ import torch
 from score_batch import Scorer
 from score_batch.engine import EngineConfig, Group, ScoringConfig, ScoringInputError, SettingError
 from score_batch.engine.model.source import hub_id_of
-from score_batch.engine.text.tokenize import longest_first_lengths
+from score_batch.engine.text.truncation import longest_first_lengths
 from tests.reference import max_abs_diff, reference_scores, tokenizer
 from tests.test_cli import run_cli, write_jsonl
 from tests.tiny_models import build_tokenizer

@@ -69,11 +69,9 @@ class AttentionPlan(Protocol):
         softcap: float | None = None,
         layer: int = 0,  # the decoder layer's index: the QueryCache entry of this layer
     ) -> torch.Tensor:  # [1, num_tokens, num_heads, head_dim]
-        """Attention of every batch token under the multi-item mask.
-
-        With a QueryCache, storing packs put this layer's query K/V first; cached packs' rows then attend
-        over [cached query K/V ; their own K/V] under the mask the inline pack would give.
-        """
+        """Attention of every batch token under the multi-item mask. With a QueryCache, storing packs put this
+        layer's query K/V first; cached packs' rows then attend over [cached query K/V ; their own K/V] under
+        the mask the inline pack would give."""
         ...
 
 
@@ -86,8 +84,6 @@ class AttentionBackend(Protocol):
     def plan(
         self, batch: Batch, device: torch.device, query_cache: QueryCache | None = None
     ) -> AttentionPlan:
-        """Build the per-batch plan from CPU metadata (the only host work per batch).
-
-        query_cache: the run's QueryCache; needed when the batch has a cached pack (Pack.query_cached).
-        """
+        """Build the per-batch plan from CPU metadata (the only host work per batch). query_cache: the run's
+        QueryCache; needed when the batch has a cached pack (Pack.query_cached)."""
         ...

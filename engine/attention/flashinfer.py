@@ -85,13 +85,11 @@ class SplitKv:
 
 
 class FlashInferPlan:
-    """Uploads the CPU-built metadata once, plans the wrapper on the first layer, runs it in every layer.
-
-    One output buffer per plan is passed to every layer's run(out=...): run() would otherwise allocate
-    and zero a [tokens, heads, head_dim] tensor per layer. A layer's output is consumed by its o_proj
-    (stream-ordered) before the next layer's run writes the buffer again. With cached queries, the paged
-    K/V are two buffers of [pages, 1, kv_heads, head_dim] per plan, written in every layer the same way.
-    """
+    """Uploads the CPU-built metadata once, plans the wrapper on the first layer, runs it in every layer. One
+    output buffer per plan is passed to every layer's run(out=...): run() would otherwise allocate and zero a
+    [tokens, heads, head_dim] tensor per layer. A layer's output is consumed by its o_proj (stream-ordered)
+    before the next layer's run writes the buffer again. With cached queries, the paged K/V are two buffers of
+    [pages, 1, kv_heads, head_dim] per plan, written in every layer the same way."""
 
     def __init__(
         self,
@@ -198,11 +196,9 @@ class FlashInferPlan:
 
 
 class FlashInferBackend:
-    """One paged prefill wrapper and its workspace, re-planned per batch.
-
-    kernel: "fa2" (default) or "fa3" (Hopper). cache_query: run cached packs (the query computed once per
-    group, from a QueryCache); off by default until a GPU run confirms it (tests/gpu/test_flashinfer.py).
-    """
+    """One paged prefill wrapper and its workspace, re-planned per batch. kernel: "fa2" (default) or "fa3"
+    (Hopper). cache_query: run cached packs (the query computed once per group, from a QueryCache); off by
+    default until a GPU run confirms it (tests/gpu/test_flashinfer.py)."""
 
     name = "flashinfer"
     _plan_copies: PlanCopies | None = None  # set on CUDA by __init__

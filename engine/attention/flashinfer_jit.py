@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -167,18 +166,3 @@ def remove_failed_builds() -> list[str]:
             continue
         reset.append(name)
     return reset
-
-
-def build_module(getter) -> dict:
-    """Call one getter (build and load); on failure the failed build is reset for a retry. seconds, error."""
-    start = time.time()
-    record: dict = {}
-    try:
-        getter()
-    except Exception as error:
-        record["error"] = f"{type(error).__name__}: {error}"
-        reset = remove_failed_builds()
-        if reset:
-            record["reset"] = reset
-    record["seconds"] = round(time.time() - start, 1)
-    return record

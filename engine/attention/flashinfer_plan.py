@@ -174,14 +174,12 @@ def _build_cached_metadata(batch: Batch) -> MultiItemMetadata:
 def kernel_mask(
     prefix_len: int, token_pos_in_items: np.ndarray, length: int, kv_len: int | None = None
 ) -> np.ndarray:
-    """The [length, kv_len] mask FlashInfer's multi-item kernel applies to one request of `length` Q rows.
-
-    Q row r sits at KV position p = r + kv_len - length (kv_len = length unless a cached query precedes
-    the rows). Row p sees column k iff k <= p and (p < prefix or k < prefix or p - k < t(p)), with
-    t(p) = token_pos_in_items[p - prefix] (0 at delimiters, so a delimiter row sees only the query).
-    Read from prefill.cuh's logits_mask_multi_item_scoring (FA2) and hopper/mainloop_mma.cuh's
-    mask_multi_item_scoring (FA3), FlashInfer 0.6.6.
-    """
+    """The [length, kv_len] mask FlashInfer's multi-item kernel applies to one request of `length` Q rows. Q
+    row r sits at KV position p = r + kv_len - length (kv_len = length unless a cached query precedes the
+    rows). Row p sees column k iff k <= p and (p < prefix or k < prefix or p - k < t(p)), with t(p) =
+    token_pos_in_items[p - prefix] (0 at delimiters, so a delimiter row sees only the query). Read from
+    prefill.cuh's logits_mask_multi_item_scoring (FA2) and hopper/mainloop_mma.cuh's mask_multi_item_scoring
+    (FA3), FlashInfer 0.6.6."""
     kv_len = length if kv_len is None else kv_len
     p = np.arange(length)[:, None] + (kv_len - length)  # [length, 1] KV position of each Q row
     k = np.arange(kv_len)[None, :]

@@ -76,10 +76,8 @@ class FlexPlan:
         return self._block_masks[sliding_window]
 
     def attend(self, query, key, value, scaling, sliding_window, softcap=None, layer=0):
-        """One flex_attention call over the whole ragged batch (padded to its bucket when compiled).
-
-        layer is accepted for the interface; flex runs every query inline (no QueryCache).
-        """
+        """One flex_attention call over the whole ragged batch (padded to its bucket when compiled). layer is
+        accepted for the interface; flex runs every query inline (no QueryCache)."""
         block_mask = self._block_mask(sliding_window)
         num_tokens = query.shape[2]
         query, key, value = (self._padded(role, x) for role, x in (("q", query), ("k", key), ("v", value)))

@@ -12,13 +12,11 @@ def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def native_gqa(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether SDPA gets the grouped K/V as they are (enable_gqa=True) rather than expanded to every head.
-
-    On the CPU, SDPA's fused kernel takes GQA with a mask. On CUDA (and any other accelerator) a boolean
-    mask (or a float32 query) rules out the flash kernel, and the memory-efficient kernel does not support
-    enable_gqa, so SDPA would fall back to its math kernel ([heads, L, L] fp32 scores: ~4 GiB per 8k pack
-    and layer at 16 heads); expanding K/V keeps the memory-efficient kernel. Causal 16-bit: flash takes GQA.
-    """
+    """Whether SDPA gets the grouped K/V as they are (enable_gqa=True) rather than expanded to every head. On
+    the CPU, SDPA's fused kernel takes GQA with a mask. On CUDA (and any other accelerator) a boolean mask (or
+    a float32 query) rules out the flash kernel, and the memory-efficient kernel does not support enable_gqa,
+    so SDPA would fall back to its math kernel ([heads, L, L] fp32 scores: ~4 GiB per 8k pack and layer at 16
+    heads); expanding K/V keeps the memory-efficient kernel. Causal 16-bit: flash takes GQA."""
     if key.shape[-3] == query.shape[-3]:
         return False
     return query.device.type == "cpu" or (mask is None and query.dtype in (torch.float16, torch.bfloat16))

@@ -105,9 +105,7 @@ def _items_by_merged_parts(
     q_all, k_all, v_all, k_query, v_query, layout: _PackLayout, scaling
 ) -> torch.Tensor:
     """Attention output of a pack's real item tokens [heads, item_tokens, d], from two merged mask-free parts.
-
-    k_query, v_query: the pack's query K/V [kv_heads, q, d] (its own rows, or the cached ones).
-    """
+    k_query, v_query: the pack's query K/V [kv_heads, q, d] (its own rows, or the cached ones)."""
     heads = q_all.shape[0]
     n, width = layout.item_index.shape
     flat = layout.item_index.reshape(-1)  # [n * width]

@@ -122,13 +122,11 @@ CONTEXT_EXTENDING_ROPE = {"yarn", "dynamic", "linear", "longrope"}
 
 
 def _scaled_position_limit(text_config, max_positions: int) -> int:
-    """max_position_embeddings, times the RoPE scaling factor when a config extends its original context.
-
-    A YaRN config such as Qwen's keeps max_position_embeddings at the original length and sets
-    rope_scaling {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32768}; the model
-    then takes factor × that many positions. Configs that already raised max_position_embeddings
-    (Llama 3.1: 131072 with an original of 8192; Gemma 3's linear scaling) keep their value.
-    """
+    """max_position_embeddings, times the RoPE scaling factor when a config extends its original context. A
+    YaRN config such as Qwen's keeps max_position_embeddings at the original length and sets rope_scaling
+    {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32768}; the model then takes factor
+    × that many positions. Configs that already raised max_position_embeddings (Llama 3.1: 131072 with an
+    original of 8192; Gemma 3's linear scaling) keep their value."""
     rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None)
     if not isinstance(rope, dict):
         return max_positions

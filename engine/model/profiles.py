@@ -190,11 +190,9 @@ def checked_overrides(overrides: dict) -> dict:
 def resolve_scoring(
     model_name: str, model_dir: Path, explicit: ScoringConfig | None, profile: str | None, overrides: dict
 ) -> tuple[ScoringConfig, Profile | None]:
-    """The ScoringConfig of a Python caller, resolved as the command line does, and the profile used.
-
-    A non-default explicit ScoringConfig wins over every profile (none is looked up); otherwise the profile
-    is chosen as the CLI's (choose_profile). Keyword overrides then replace single values, like flags.
-    """
+    """The ScoringConfig of a Python caller, resolved as the command line does, and the profile used. A
+    non-default explicit ScoringConfig wins over every profile (none is looked up); otherwise the profile is
+    chosen as the CLI's (choose_profile). Keyword overrides then replace single values, like flags."""
     overrides = checked_overrides(overrides)
     if explicit is not None and explicit != ScoringConfig():
         if profile:

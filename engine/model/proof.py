@@ -10,6 +10,7 @@ model's widths against the torch reference in the same dtype, device synchronize
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -33,11 +34,33 @@ EXACT = 1e-5  # any other dtype (FlashInfer refuses them at setup; CPU tests of 
 def prove_ops(
     name: str, device: torch.device, dtype: torch.dtype, hidden_size: int, head_dim: int
 ) -> str | None:
-    """Run each kernel of the named ops once as the native layers call them (RMSNorm of rows and of strided q/k
-    heads, fused add + RMSNorm, RoPE on strided q/k views, the q/k norms + RoPE in place on them, SiLU·mul)
-    against TorchOps; the device is synchronized.
-    The cause of the first exception or difference beyond OPS_BOUNDS, with the kernel's name; None when all agree."""
+    """Run each kernel of the named ops once as the native layers call them against TorchOps (the device
+    synchronized): the cause of the first exception or difference beyond OPS_BOUNDS, with the kernel's name;
+    None when all agree."""
     bound = OPS_BOUNDS.get(dtype, EXACT)
+    checks = _ops_checks(device, dtype, hidden_size, head_dim)
+    try:
+        kernels = make_ops(name, device)
+    except Exception as error:  # a broken install raises more than ImportError
+        return f"{name} ops: {describe(error)}"
+    reference = TorchOps()
+    for check, run in checks.items():
+        try:
+            got = run(kernels)
+            _sync(device)
+        except Exception as error:  # the JIT build of the kernel's module fails at its first call
+            return f"{check}: {describe(error)}"
+        cause = _mismatch(got, run(reference), bound, dtype, "torch's")
+        if cause is not None:
+            return f"{check} {cause}"
+    return None
+
+
+def _ops_checks(
+    device: torch.device, dtype: torch.dtype, hidden_size: int, head_dim: int
+) -> dict[str, Callable]:
+    """Each kernel called as the native layers call it (RMSNorm of rows and of strided q/k heads, fused
+    add + RMSNorm, RoPE on strided q/k views, the q/k norms + RoPE in place on them, SiLU·mul), by name."""
     generator = torch.Generator().manual_seed(0)
     tokens, heads, kv_heads = 5, 2, 1
 
@@ -67,7 +90,7 @@ def prove_ops(
         tables = kernel.rope_tables(positions, cos_sin, dtype)
         return torch.cat(kernel.qk_norm_rope(tables, q, k, norms, head_dim), dim=-1)
 
-    checks = {
+    return {
         "rms_norm": lambda kernel: kernel.rms_norm(x, weight, 1e-6),
         "rms_norm of q/k heads": q_heads,
         "add_rms_norm": lambda kernel: torch.cat(
@@ -77,21 +100,6 @@ def prove_ops(
         "q/k norms + rope on strided views": qk_norm_rope,
         "silu_mul": lambda kernel: kernel.silu_mul(torch.cat([x, residual], dim=-1)),
     }
-    try:
-        kernels = make_ops(name, device)
-    except Exception as error:  # a broken install raises more than ImportError
-        return f"{name} ops: {describe(error)}"
-    reference = TorchOps()
-    for check, run in checks.items():
-        try:
-            got = run(kernels)
-            _sync(device)
-        except Exception as error:  # the JIT build of the kernel's module fails at its first call
-            return f"{check}: {describe(error)}"
-        cause = _mismatch(got, run(reference), bound, dtype, "torch's")
-        if cause is not None:
-            return f"{check} {cause}"
-    return None
 
 
 def prove_attention(name: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:

@@ -1,7 +1,4 @@
-"""Setup resolution: an EngineConfig and a model directory → devices, budgets, packing, labels, activation, runner.
-
-Everything here runs before any weight loads (dry runs and the Ray driver use it alone).
-"""
+"""An EngineConfig and a model directory → device, budgets, packing, labels, activation, runner."""
 
 from __future__ import annotations
 
@@ -85,11 +82,8 @@ def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "sing
 
 
 def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, tokenizer) -> int | None:
-    """The longest encoder pair (None for decoders), refusing limits that only packing knows.
-
-    The smallest of the model's positions, max_pack_tokens and the tokenizer's model_max_length (a
-    CrossEncoder saved with max_length=32 stores 32 there, and CrossEncoder truncates at it).
-    """
+    """The longest encoder pair (None for decoders), refusing limits that only packing knows: the smallest of
+    the model's positions, max_pack_tokens and model_max_length (where CrossEncoder saves max_length)."""
     if not info.encoder:
         return None
     packing_only = {
@@ -222,27 +216,15 @@ def resolve_ops(
 def resolve_setup(
     info: ModelInfo, config: EngineConfig, tokenizer, logit_score: LogitScoreSpec | None = None
 ) -> ResolvedSetup:
-    """Check the model against the config and resolve devices, budgets, packing, labels and activation.
-
-    logit_score: a CausalLM scored by its LogitScore, which runs as a one-label scorer (label_free_scoring).
-    """
+    """Check the model against the config and resolve devices, budgets, packing, labels and activation
+    (logit_score: a CausalLM scored by its LogitScore, run as a one-label scorer)."""
     cfg = config.scoring
     if logit_score is not None:
         info = replace(info, kind="classifier", num_labels=1)
     packing = resolve_packing(info, cfg)
     device = resolve_device(config.device)
     label_ids = resolve_label_ids(cfg, tokenizer, info.kind, info.vocab_size)
-    if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
-        log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
-    if info.kind == "classifier" and cfg.label_score != "probability":
-        raise SettingError(
-            "ScoringConfig.label_score",
-            cfg.label_score,
-            "applies to CausalLM label tokens (ScoringConfig.label_tokens), and none are given: this CausalLM is "
-            "scored by its LogitScore"
-            if logit_score is not None
-            else "applies to CausalLM label tokens; a SequenceClassification model's scores are its head's logits",
-        )
+    _check_classifier_labels(info, cfg, logit_score is not None)
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
     _check_scores(info, cfg, num_scores, logit_score is not None)
     activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
@@ -252,50 +234,59 @@ def resolve_setup(
         )
     dtype = resolve_dtype(config.dtype, device)
     backend = _backend(info, config, device, dtype)
-    limits = PlanLimits(
+    limits = _plan_limits(info, config, tokenizer, device, backend)
+    runner: RunnerKind = "pairs" if info.encoder else "packed"
+    layers = resolve_layers(info, config)
+    ops = resolve_ops(config, layers, device, dtype)
+    return ResolvedSetup(
+        info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner, layers, ops,
+        logit_score=logit_score,
+    )  # fmt: skip
+
+
+def _plan_limits(
+    info: ModelInfo, config: EngineConfig, tokenizer, device: torch.device, backend
+) -> PlanLimits:
+    """The token budgets, delimiter and limits plans of this model and device use."""
+    return PlanLimits(
         max_pack_tokens=config.max_pack_tokens,
         max_batch_tokens=config.max_batch_tokens or DEFAULT_BATCH_TOKENS[device.type],
-        delimiter_token_id=default_delimiter(cfg.delimiter_token_id, tokenizer, info.vocab_size),
+        delimiter_token_id=default_delimiter(config.scoring.delimiter_token_id, tokenizer, info.vocab_size),
         vocab_size=info.vocab_size,
         isolate_sequences=info.isolate_sequences,
-        pair_max_length=_pair_max_length(info, cfg, config, tokenizer),
+        pair_max_length=_pair_max_length(info, config.scoring, config, tokenizer),
         pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
         max_positions=None if info.encoder else info.max_length,
         # The query computed once per group where the backend attends over cached query K/V.
         cache_query=_caches_query(backend),
         unscored_tail_id=info.unscored_tail_id,
     )
-    runner: RunnerKind = "pairs" if info.encoder else "packed"
-    layers = resolve_layers(info, config)
-    ops = resolve_ops(config, layers, device, dtype)
-    return ResolvedSetup(
-        info,
-        device,
-        dtype,
-        backend,
-        limits,
-        label_ids,
-        num_scores,
-        packing,
-        activation,
-        runner,
-        layers,
-        ops,
-        logit_score=logit_score,
-    )
+
+
+def _check_classifier_labels(info: ModelInfo, cfg: ScoringConfig, logit_score: bool) -> None:
+    """Label settings a classifier (or a CausalLM run by its LogitScore) ignores are warned of or refused."""
+    if info.kind == "classifier" and (cfg.label_tokens or cfg.label_token_ids):
+        log.warning("label tokens are ignored for a SequenceClassification model (its head gives the scores)")
+    if info.kind == "classifier" and cfg.label_score != "probability":
+        raise SettingError(
+            "ScoringConfig.label_score",
+            cfg.label_score,
+            "applies to CausalLM label tokens (ScoringConfig.label_tokens), and none are given: this CausalLM is "
+            "scored by its LogitScore"
+            if logit_score
+            else "applies to CausalLM label tokens; a SequenceClassification model's scores are its head's logits",
+        )
 
 
 def label_free_scoring(
     info: ModelInfo, config: EngineConfig, tokenizer
 ) -> tuple[EngineConfig, LogitScoreSpec | None]:
     """A CausalLM given no label tokens is scored as CrossEncoder 6.2 scores it: by its LogitScore,
-    logit["yes"] − logit["no"] at the last token of query + item (a saved LogitScore's tokens; a saved
-    default prompt as the query template). (config, None) for labels and classifiers.
-
-    Refused, naming the label tokens, where CrossEncoder's text is not query + item (a chat template, a
-    pair encoding that adds tokens between the texts) and no templates or item_first say what to score,
-    and where CrossEncoder refuses the model too (no "yes"/"no" tokens).
-    """
+    logit["yes"] − logit["no"] at the last token of query + item (a saved LogitScore's tokens; a saved default
+    prompt as the query template). (config, None) for labels and classifiers. Refused, naming the label
+    tokens, where CrossEncoder's text is not query + item (a chat template, a pair encoding that adds tokens
+    between the texts) and no templates or item_first say what to score, and where CrossEncoder refuses the
+    model too (no "yes"/"no" tokens)."""
     cfg = config.scoring
     if info.kind != "causal" or cfg.label_tokens or cfg.label_token_ids:
         return config, None
@@ -349,17 +340,11 @@ def load_planner(
     tokenizer=None,
     logit_score: LogitScoreSpec | None | Literal["read"] = "read",
 ) -> tuple[Planner, ResolvedSetup]:
-    """Tokenizer and resolved settings of a model directory, without loading its weights: the one way an
-    engine is built (the job, the Ray driver and Scorer call it).
-
-    model_dir: the directory its caller resolved once (resolve_model_dir: the command line's run_config,
-    Scorer), not looked up again here. info, tokenizer: the directory's, when the caller read them already
-    (Scorer, which applies CrossEncoder's tokenizer arguments); a tokenizer read here is a BackendTokenizer
-    where the directory allows it (no transformers import). logit_score: "read" decides it here
-    (label_free_scoring); a LogitScoreSpec or None is taken as decided (CrossEncoder's own rule, in Scorer).
-    prove: run the FlashInfer kernels the setup names once on the device first (engine/model/proof.py), so that an
-    auto fallback is settled before the planner is built (a fallback backend may not read cached query K/V).
-    """
+    """Tokenizer and resolved settings of a model directory its caller resolved, without its weights: the one
+    way an engine is built (the job, the Ray driver and Scorer call it). info, tokenizer: when the caller read
+    them already (else a BackendTokenizer where the directory allows); logit_score: "read" decides it here
+    (label_free_scoring), else it is taken as decided (Scorer); prove: the setup's FlashInfer kernels run once
+    first, so an auto fallback is settled before the planner is built."""
     if info is None:
         info = read_model_info(model_dir, config.trust_remote_code)
     if tokenizer is None:
@@ -391,38 +376,45 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
     in the run report); an explicit `flashinfer` fails the load with a SettingError (exit 2) naming it. auto
     without a CUDA compiler proves with FLASHINFER_DISABLE_JIT=1: a kernel FlashInfer has not prebuilt fails at
     once instead of a JIT build that cannot succeed (docs/operations.md, FlashInfer without a JIT)."""
-    from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
     from score_batch.engine.model import proof  # runs kernels: imported only for a load
 
     fallbacks = list(setup.fallbacks)
-    ops, backend = setup.ops, setup.backend
-    if ops == "flashinfer":
-        # auto without a compiler: FlashInfer's prebuilt kernels only, a missing one fails at once (no JIT)
-        with jit_disabled_without_compiler(config.ops == "auto") as no_jit:
-            cause = proof.prove_ops(
-                "flashinfer", setup.device, setup.dtype, setup.info.hidden_size, setup.info.head_dim
-            )
-        if cause is not None and no_jit:
-            cause += NO_JIT
-        if cause is not None:
-            _reset_failed_builds()
-            ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
-            fallbacks.append(f"ops flashinfer → torch: {cause}")
-    if backend == "flashinfer":
-        with jit_disabled_without_compiler(config.backend == "auto") as no_jit:
-            cause = proof.prove_attention("flashinfer", setup.device, setup.dtype, setup.info.head_dim)
-        if cause is not None and no_jit:
-            cause += NO_JIT
-        if cause is not None:
-            _reset_failed_builds()
-            need = workload(setup.info, config, setup.device, setup.dtype)
-            instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
-            backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
-            fallbacks.append(f"backend flashinfer → {instead}: {cause}")
+    ops, backend, info = setup.ops, setup.backend, setup.info
+    if ops == "flashinfer" and (
+        cause := _proven(
+            config.ops, proof.prove_ops, setup.device, setup.dtype, info.hidden_size, info.head_dim
+        )
+    ):
+        ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
+        fallbacks.append(f"ops flashinfer → torch: {cause}")
+    if (
+        backend == "flashinfer"
+        and (
+            cause := _proven(config.backend, proof.prove_attention, setup.device, setup.dtype, info.head_dim)
+        )
+        is not None
+    ):
+        need = workload(info, config, setup.device, setup.dtype)
+        instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
+        backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
+        fallbacks.append(f"backend flashinfer → {instead}: {cause}")
     if len(fallbacks) == len(setup.fallbacks):
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
     return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
+
+
+def _proven(asked: str, prove: Callable[..., str | None], *args) -> str | None:
+    """prove("flashinfer", *args): the cause of its failure (the failed builds reset), or None."""
+    from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
+
+    # auto without a compiler: FlashInfer's prebuilt kernels only, a missing one fails at once (no JIT)
+    with jit_disabled_without_compiler(asked == "auto") as no_jit:
+        cause = prove("flashinfer", *args)
+    if cause is None:
+        return None
+    _reset_failed_builds()
+    return cause + NO_JIT if no_jit else cause
 
 
 def _reset_failed_builds() -> None:

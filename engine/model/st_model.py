@@ -33,7 +33,7 @@ from typing import Literal
 
 from score_batch.engine.activation import json_object, model_activation_fn
 from score_batch.engine.errors import SettingError
-from score_batch.engine.text.tokenize import UNLIMITED
+from score_batch.engine.text.truncation import UNLIMITED
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +99,7 @@ def read_cross_encoder(
     default_prompt_name: str | None = None,
 ) -> CrossEncoderSpec:
     """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…, prompts=…) would.
-
-    tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's.
-    """
+    tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's."""
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
     try:
@@ -110,49 +108,16 @@ def read_cross_encoder(
         modules = None
     saved = isinstance(modules, list) and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
     unsupported: list[str] = []
-    transformer_config: dict = {}
-    logit_score: LogitScoreSpec | None = None
-    refusal = None
-    causal = architecture.endswith("ForCausalLM")
     if saved:
-        types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
-        for module, name in zip(modules, types):
-            if name == TRANSFORMER:  # its config file, or the first legacy name CrossEncoder still tries
-                module_dir = path / str(module.get("path", ""))
-                configs = (json_object(module_dir / file) for file in TRANSFORMER_CONFIGS)
-                transformer_config = next((config for config in configs if config), {})
-            elif name == LOGIT_SCORE:
-                settings = json_object(path / str(module.get("path", "")) / "config.json")
-                true_id, false_id = settings.get("true_token_id"), settings.get("false_token_id")
-                if isinstance(true_id, int):
-                    logit_score = LogitScoreSpec(true_id, None if false_id is None else int(false_id))
-                else:
-                    refusal = f"its LogitScore module ({module.get('path')}/config.json) has no true_token_id"
-            else:
-                unsupported.append(f"a {name or '?'} module (modules.json)")
-        if TRANSFORMER not in types:
-            unsupported.append("no Transformer module first in modules.json")
+        transformer_config, logit_score, refusal = _saved_modules(path, modules, unsupported)
         causal = transformer_config.get("transformer_task") == "text-generation" or logit_score is not None
-    elif causal:
-        true_id = _token_id(tokenizer, "yes")
-        false_id = _token_id(tokenizer, "no")
-        if true_id is None or false_id is None:
-            refusal = (
-                "its tokenizer has no 'yes' and/or 'no' tokens, which CrossEncoder's default LogitScore module "
-                "scores with"
-            )
-        else:
-            logit_score = LogitScoreSpec(true_id, false_id)
+    else:
+        transformer_config, logit_score, refusal = {}, None, None
+        causal = architecture.endswith("ForCausalLM")
+        if causal:
+            logit_score, refusal = _default_logit_score(tokenizer)
     if causal and logit_score is None and refusal is None:
         refusal = "modules.json has a text-generation Transformer without a LogitScore module"
-    processor_kwargs = dict(
-        transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
-    )
-    processor_kwargs.update(tokenizer_kwargs or {})
-    if max_length is not None:
-        processor_kwargs["model_max_length"] = max_length
-    elif transformer_config.get("max_seq_length") is not None and "model_max_length" not in processor_kwargs:
-        processor_kwargs["model_max_length"] = transformer_config["max_seq_length"]
     if transformer_config.get("do_lower_case"):
         unsupported.append("do_lower_case (the Transformer lower-cases its input)")
     if transformer_config.get("query_expansion"):
@@ -164,12 +129,13 @@ def read_cross_encoder(
     chat = _chat_format(
         tokenizer, model_type, transformer_config, processing
     )  # (this order: which error wins)
-    activation = model_activation_fn(path, saved=saved)
     prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
         logit_score=logit_score,
-        max_length=ce_max_length(tokenizer, path, processor_kwargs.get("model_max_length")),
-        activation=activation,
+        max_length=ce_max_length(
+            tokenizer, path, _given_max_length(transformer_config, tokenizer_kwargs, max_length)
+        ),
+        activation=model_activation_fn(path, saved=saved),
         chat=chat,
         text_kwargs=text_kwargs,
         default_prompt=(prompts[prompt_name] or None) if prompt_name else None,
@@ -180,14 +146,61 @@ def read_cross_encoder(
     )
 
 
+def _given_max_length(transformer_config: dict, tokenizer_kwargs: dict | None, max_length: int | None):
+    """The model_max_length CrossEncoder's tokenizer is given: max_length, else its processor kwargs' (the
+    caller's tokenizer_kwargs over the saved ones), else the saved max_seq_length."""
+    if max_length is not None:
+        return max_length
+    saved = transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
+    kwargs = {**saved, **(tokenizer_kwargs or {})}
+    return kwargs.get("model_max_length", transformer_config.get("max_seq_length"))
+
+
+def _saved_modules(
+    path: Path, modules: list, unsupported: list[str]
+) -> tuple[dict, LogitScoreSpec | None, str | None]:
+    """A saved CrossEncoder's modules.json: its Transformer's config, its LogitScore (or why it has none);
+    the modules score-batch does not apply go into unsupported."""
+    transformer_config: dict = {}
+    logit_score = refusal = None
+    types = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules if isinstance(m, dict)]
+    for module, name in zip(modules, types):
+        if name == TRANSFORMER:  # its config file, or the first legacy name CrossEncoder still tries
+            module_dir = path / str(module.get("path", ""))
+            configs = (json_object(module_dir / file) for file in TRANSFORMER_CONFIGS)
+            transformer_config = next((config for config in configs if config), {})
+        elif name == LOGIT_SCORE:
+            settings = json_object(path / str(module.get("path", "")) / "config.json")
+            true_id, false_id = settings.get("true_token_id"), settings.get("false_token_id")
+            if isinstance(true_id, int):
+                logit_score = LogitScoreSpec(true_id, None if false_id is None else int(false_id))
+            else:
+                refusal = f"its LogitScore module ({module.get('path')}/config.json) has no true_token_id"
+        else:
+            unsupported.append(f"a {name or '?'} module (modules.json)")
+    if TRANSFORMER not in types:
+        unsupported.append("no Transformer module first in modules.json")
+    return transformer_config, logit_score, refusal
+
+
+def _default_logit_score(tokenizer) -> tuple[LogitScoreSpec | None, str | None]:
+    """CrossEncoder's default LogitScore of a CausalLM without modules.json ("yes" and "no"), or why not."""
+    true_id = _token_id(tokenizer, "yes")
+    false_id = _token_id(tokenizer, "no")
+    if true_id is None or false_id is None:
+        return None, (
+            "its tokenizer has no 'yes' and/or 'no' tokens, which CrossEncoder's default LogitScore module "
+            "scores with"
+        )
+    return LogitScoreSpec(true_id, false_id), None
+
+
 def ce_prompts(
     saved_config: dict, given: dict | None, default_name: str | None
 ) -> tuple[dict[str, str], str | None]:
-    """CrossEncoder's prompts and default prompt name: the given ones first, the saved ones for what they leave.
-
-    A saved prompt fills a name not given (or given as None); a name still None is ""; the default name must
-    be one of the prompts' names (CrossEncoder raises ValueError otherwise).
-    """
+    """CrossEncoder's prompts and default prompt name: the given ones first, the saved ones for what they
+    leave. A saved prompt fills a name not given (or given as None); a name still None is ""; the default name
+    must be one of the prompts' names (CrossEncoder raises ValueError otherwise)."""
     merged = dict(given or {})
     saved_prompts = saved_config.get("prompts")
     for name, text in (saved_prompts if isinstance(saved_prompts, dict) else {}).items():

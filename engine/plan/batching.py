@@ -45,12 +45,10 @@ def collate(packs: list[Pack]) -> Batch:
 
 
 def batch_order(packs: list[Pack]) -> list[int]:
-    """Pack indices longest first; a group with cached packs runs together, after its storing pack.
-
-    A pack sorts by (-len(pack), its index); a group with cached packs sorts as its storing pack,
-    then by its packs' order (storing pack first), so its cached packs run in the storing pack's batch
-    or a later one, and few cache entries are alive at once.
-    """
+    """Pack indices longest first; a group with cached packs runs together, after its storing pack. A pack
+    sorts by (-len(pack), its index); a group with cached packs sorts as its storing pack, then by its packs'
+    order (storing pack first), so its cached packs run in the storing pack's batch or a later one, and few
+    cache entries are alive at once."""
     storing = {p.query_key: i for i, p in enumerate(packs) if p.stores_query}
     missing = {p.query_key for p in packs if p.query_cached} - storing.keys()
     if missing:

@@ -45,10 +45,8 @@ def mis_pack(
     delimiter: int,
     query_key: int | None = None,
 ) -> Pack:
-    """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows.
-
-    With query_key, the pack also stores its query's per-layer K/V under that key for cached packs.
-    """
+    """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows. With query_key,
+    the pack also stores its query's per-layer K/V under that key for cached packs."""
     if not query_ids:
         raise ValueError("multi-item packing needs a query of at least one token")
     q, n = len(query_ids), len(items)
@@ -85,9 +83,7 @@ def cached_mis_pack(
     query_len: int, items: list[list[int]], refs: list[ItemRef], delimiter: int, key: int
 ) -> Pack:
     """Pack `D item0 D item1 D … D`: the tail of mis_pack's layout, its query K/V read from cache entry key.
-
-    Items must be non-empty: an empty item scores at the query's last token, which this pack lacks.
-    """
+    Items must be non-empty: an empty item scores at the query's last token, which this pack lacks."""
     if query_len < 1:
         raise ValueError("multi-item packing needs a query of at least one token")
     if any(not item for item in items):
@@ -135,10 +131,8 @@ def mis_pack_length(query_len: int, item_lens: list[int]) -> int:
 
 
 def split_items(query_len: int, item_lens: list[int], max_pack_tokens: int) -> list[list[int]]:
-    """Split item indices into consecutive runs whose MIS packs fit max_pack_tokens.
-
-    Every single item must already fit (query_len + item + 2 <= max_pack_tokens).
-    """
+    """Split item indices into consecutive runs whose MIS packs fit max_pack_tokens. Every single item must
+    already fit (query_len + item + 2 <= max_pack_tokens)."""
     runs: list[list[int]] = []
     current: list[int] = []
     length = query_len + 1
@@ -161,11 +155,9 @@ def split_items(query_len: int, item_lens: list[int], max_pack_tokens: int) -> l
 def attention_mask(
     segments: np.ndarray, positions: np.ndarray, sliding_window: int | None = None
 ) -> np.ndarray:
-    """Dense boolean [length, length] mask of one pack: True where row i may attend to column j.
-
-    Row i sees column j iff j <= i and (j is a query token, or i and j lie in the same item);
-    a sliding window applies to position distance, which equals distance in the reference sequence.
-    """
+    """Dense boolean [length, length] mask of one pack: True where row i may attend to column j. Row i sees
+    column j iff j <= i and (j is a query token, or i and j lie in the same item); a sliding window applies to
+    position distance, which equals distance in the reference sequence."""
     length = segments.shape[0]
     row = segments[:, None]  # [length, 1]
     col = segments[None, :]  # [1, length]

@@ -99,10 +99,8 @@ class PackedPlanner:
         check_chunk_settings(self.cfg, encoder=False)
 
     def plan(self, groups: list[Group]) -> PackedPlan:
-        """Tokenize, pack (MIS or single) and batch the groups of one call.
-
-        Under truncate="chunk" the packs score every item's chunks as items of its group (plan.chunked).
-        """
+        """Tokenize, pack (MIS or single) and batch the groups of one call. Under truncate="chunk" the packs
+        score every item's chunks as items of its group (plan.chunked)."""
         cfg, limits = self.cfg, self.limits
         encoded = encode_groups(groups, self.tokenizer, cfg)  # every text of the call in two tokenizer calls
         tokenized = [
@@ -193,11 +191,9 @@ def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[Ite
 def _group_packs(
     group_index: int, group: TokenizedGroup, cfg: ScoringConfig, limits: PlanLimits, skip: set[int]
 ) -> list[Pack]:
-    """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit.
-
-    With limits.cache_query, a group of several runs computes its query once (see _query_once_packs).
-    Items in skip (repeats of an earlier sequence) are left out.
-    """
+    """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit. With
+    limits.cache_query, a group of several runs computes its query once (see _query_once_packs). Items in skip
+    (repeats of an earlier sequence) are left out."""
     valid = [i for i, ids in enumerate(group.item_ids) if ids is not None and i not in skip]
     if cfg.packing == "single" or group.item_first:
         return [single_pack(group.reference_sequence(i), ItemRef(group_index, i)) for i in valid]

@@ -71,10 +71,8 @@ def _token_dynamic(compiled, token_dim: int):
 
 
 def compile_backbone(backbone: nn.Module, token_dim: int = TOKEN_DIM) -> list[str]:
-    """Compile the backbone's norms, dense MLPs and attention modules in place; their names.
-
-    token_dim: 1 for transformers' [1, tokens, …] tensors, 0 for the native layers' [tokens, …].
-    """
+    """Compile the backbone's norms, dense MLPs and attention modules in place; their names. token_dim: 1 for
+    transformers' [1, tokens, …] tensors, 0 for the native layers' [tokens, …]."""
     modules = compilable_modules(backbone)
     for _, module in modules:
         # The bound eager forward, compiled; the instance's forward attribute then shadows the class's.
@@ -83,12 +81,10 @@ def compile_backbone(backbone: nn.Module, token_dim: int = TOKEN_DIM) -> list[st
 
 
 class OpaquePlan:
-    """A batch's attention plan whose `attend` dynamo never traces: the compiled graph breaks there.
-
-    Only the type is guarded, so a new plan per batch compiles nothing new. Functions compiled on their
-    own inside attend (compiled flex_attention) still run compiled. Instances are of a subclass made on
-    first use, whose attend is wrapped by torch.compiler.disable (that import is what waits until then).
-    """
+    """A batch's attention plan whose `attend` dynamo never traces: the compiled graph breaks there. Only the
+    type is guarded, so a new plan per batch compiles nothing new. Functions compiled on their own inside
+    attend (compiled flex_attention) still run compiled. Instances are of a subclass made on first use, whose
+    attend is wrapped by torch.compiler.disable (that import is what waits until then)."""
 
     def __new__(cls, plan) -> OpaquePlan:
         return object.__new__(_untraced_plan_class())

@@ -50,12 +50,10 @@ def label_scores(
     label_score: str = "probability",
 ) -> torch.Tensor:  # [n, num_labels] float32
     """CausalLM label scores without [n, vocab] logits for the whole batch (docs/semantics.md, Label scores).
-
     label_score "probability" (default): P(label) = exp(logit[label] - logsumexp(logits)), the log-sum-exp
     over the vocabulary in chunks of rows whose logits fit budget_bytes; with apply_softmax, the softmax over
     the label logits only. "logit": the label tokens' logits (soft-capped when the model caps its final
-    logits); "sigmoid": the sigmoid of each. The last three need only the head's label rows.
-    """
+    logits); "sigmoid": the sigmoid of each. The last three need only the head's label rows."""
     if label_score not in ("probability", "logit", "sigmoid"):
         raise ValueError(f"label_score must be probability, logit or sigmoid, not {label_score!r}")
     if apply_softmax or label_score != "probability":

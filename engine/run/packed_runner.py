@@ -65,13 +65,11 @@ class PackedRunner:
         return self.planner.plan(groups)
 
     def run(self, plan: PackedPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
-        """Run a plan's batches and assemble per-group results in input order.
-
-        A pack with a non-finite output has each of its items scored again alone (its own reference
-        sequence, its own batch), so a NaN that leaked through masked attention cannot cost a neighbour its
-        score; only items non-finite on their own become item errors. Under truncate="chunk" each item's
-        chunks are aggregated into its one result (engine/text/chunking.py), with their count in `chunks`.
-        """
+        """Run a plan's batches and assemble per-group results in input order. A pack with a non-finite output
+        has each of its items scored again alone (its own reference sequence, its own batch), so a NaN that
+        leaked through masked attention cannot cost a neighbour its score; only items non-finite on their own
+        become item errors. Under truncate="chunk" each item's chunks are aggregated into its one result
+        (engine/text/chunking.py), with their count in `chunks`."""
         results = self.run_sequences(plan, on_items)
         if plan.chunked is None:
             return results
@@ -82,13 +80,11 @@ class PackedRunner:
         self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
     ) -> list[GroupResult]:
         """run() before aggregation: one result row per scored sequence (plan.scored's items; under
-        truncate="chunk" every chunk, else every item). on_items counts finished input items.
-
-        The device never waits for the host between batches: each batch is launched before the previous one's
-        outputs are read (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU
-        the launch is the forward itself), so the next batch's host work (its attention plan, its inputs)
-        overlaps the device's work on the previous one.
-        """
+        truncate="chunk" every chunk, else every item). on_items counts finished input items. The device never
+        waits for the host between batches: each batch is launched before the previous one's outputs are read
+        (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU the launch is
+        the forward itself), so the next batch's host work (its attention plan, its inputs) overlaps the
+        device's work on the previous one."""
         cfg = self.cfg
         table = ResultTable(
             [len(group.item_ids) for group in plan.scored],

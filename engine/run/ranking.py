@@ -17,10 +17,8 @@ def _is_scored(score: float | None) -> bool:
 
 
 def top_k_order(scores: Sequence[float | None], k: int | None) -> list[int]:
-    """Indices of the k best scored items, best first; equal scores keep input order; failed items never appear.
-
-    k = None gives every scored item; a k beyond the number of scored items gives them all.
-    """
+    """Indices of the k best scored items, best first; equal scores keep input order; failed items never
+    appear. k = None gives every scored item; a k beyond the number of scored items gives them all."""
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
         raise ValueError(f"k must be a non-negative integer or None, got {k!r}")
     scored = [(-float(score), index) for index, score in enumerate(scores) if _is_scored(score)]

@@ -15,10 +15,8 @@ def non_finite_rows(raw: np.ndarray) -> np.ndarray:  # raw: [rows, num_scores] â
 
 
 def non_finite_message(raw_row: np.ndarray, item: int, name: str | None = None) -> str:
-    """The item error of a row that stays non-finite when scored alone, naming the item and the value.
-
-    name: how to name it instead of "item N" (a chunk under truncate="chunk": "item 3 (chunk 2 of 5)").
-    """
+    """The item error of a row that stays non-finite when scored alone, naming the item and the value. name:
+    how to name it instead of "item N" (a chunk under truncate="chunk": "item 3 (chunk 2 of 5)")."""
     value = next(float(v) for v in raw_row if not np.isfinite(v))
     return f"non-finite score ({value}) for {name or f'item {item}'}"
 

@@ -11,8 +11,9 @@ transformers and are loaded there. tests/test_backend_tokenizer.py checks token 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from score_batch.engine.activation import json_object
 
 GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -109,10 +110,9 @@ class BackendTokenizer:
 
 def backend_tokenizer(path: Path, trust_remote_code: bool) -> BackendTokenizer | None:
     """The directory's BackendTokenizer, or None where transformers must load it (see the module's doc)."""
-    settings = _json(path / "tokenizer_config.json")
+    settings = json_object(path / "tokenizer_config.json")  # {}: transformers' load says why
     if (
-        settings is None
-        or settings.get("tokenizer_class") not in GENERIC_CLASSES
+        settings.get("tokenizer_class") not in GENERIC_CLASSES
         or not set(settings) <= SETTINGS
         or not (path / "tokenizer.json").is_file()
         or any((path / name).exists() for name in OTHER_FILES)
@@ -153,12 +153,3 @@ def _content(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
-
-
-def _json(path: Path) -> dict | None:
-    """A JSON object file, or None (missing, unreadable or not an object: transformers' load says why)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None

@@ -26,10 +26,8 @@ if TYPE_CHECKING:
 
 def chunk_spans(length: int, size: int, overlap: int) -> list[tuple[int, int]]:
     """[start, stop) of each chunk over `length` tokens: `size` tokens each, `overlap` shared by neighbours.
-
     Hugging Face's overflow rule: chunks start every size − overlap tokens and stop at the first one that
-    reaches the end. An empty sequence is one empty chunk; one within size is itself.
-    """
+    reaches the end. An empty sequence is one empty chunk; one within size is itself."""
     if not 0 <= overlap < size:
         raise ValueError(f"chunks of {size} tokens cannot share {overlap} tokens (needs 0 <= overlap < size)")
     spans = []
@@ -46,13 +44,11 @@ def split_chunks(
     ids: list[int], content: list[int], limit: int, overlap: int
 ) -> tuple[list[list[int]], str | None]:
     """The chunks of one templated item of at most `limit` tokens each, or ([], why it cannot be split).
-
-    content: indices into ids of the tokens holding the item's text, a token straddling the template
-    boundary included (all of them for token-id input).
-    The tokens before the first content token (template prefix, special tokens) and after the last one
-    (template suffix) wrap every chunk; the content tokens in between are split by chunk_spans into runs of
-    limit − len(prefix) − len(suffix) tokens. An item within the limit is its own single chunk.
-    """
+    content: indices into ids of the tokens holding the item's text, a token straddling the template boundary
+    included (all of them for token-id input). The tokens before the first content token (template prefix,
+    special tokens) and after the last one (template suffix) wrap every chunk; the content tokens in between
+    are split by chunk_spans into runs of limit − len(prefix) − len(suffix) tokens. An item within the limit
+    is its own single chunk."""
     if len(ids) <= limit:
         return [list(ids)], None
     if limit <= 0:
@@ -151,17 +147,12 @@ class ItemCountdown:
 
 
 def aggregate(
-    chunks: list[GroupResult],
-    chunked: list[ChunkedGroup],
-    errors: list[list[str | None]],
-    how: str,
+    chunks: list[GroupResult], chunked: list[ChunkedGroup], errors: list[list[str | None]], how: str
 ) -> list[GroupResult]:
     """Per-chunk GroupResults (one row per chunk) → per-item GroupResults with `chunks` (chunks per item).
-
     how: max (the chunk with the highest `score`, the first on ties, gives score, scores, raw and pooled),
-    first (the item's first chunk), mean (score, scores, raw and pooled each averaged over the chunks).
-    An item fails when any of its chunks fails (its error names the chunk); errors are the items' own.
-    """
+    first (the item's first chunk), mean (score, scores, raw and pooled each averaged over the chunks). An
+    item fails when any of its chunks fails (its error names the chunk); errors are the items' own."""
     return [
         _aggregate_group(result, group, group_errors, how)
         for result, group, group_errors in zip(chunks, chunked, errors)

@@ -42,12 +42,10 @@ class PairBatch:
 
 def encode_pairs(group: Group, tokenizer, cfg: ScoringConfig, max_length: int) -> PairGroup:
     """Encode every (query, item) pair of a group in one batch call, as CrossEncoder's batches encode them.
-
-    `tokenizer([(query, item), …])` encodes an empty item as a pair (`[CLS] q [SEP] [SEP]`), where a call
-    with one pair `tokenizer(query, "")` drops it (`[CLS] q [SEP]`). Beyond max_length: truncate="error" is a
+    `tokenizer([(query, item), …])` encodes an empty item as a pair (`[CLS] q [SEP] [SEP]`), where a call with
+    one pair `tokenizer(query, "")` drops it (`[CLS] q [SEP]`). Beyond max_length: truncate="error" is a
     per-item error, "item-tail" cuts the item's end (only_second; only_first under item_first) and
-    "longest-first" is the tokenizer's longest_first rule, CrossEncoder's.
-    """
+    "longest-first" is the tokenizer's longest_first rule, CrossEncoder's."""
     n = len(group.items)
     if not isinstance(group.query, str) or any(not isinstance(item, str) for item in group.items):
         error = "an encoder cross-encoder takes text (its tokenizer builds the pair), not token ids"
@@ -85,12 +83,10 @@ def encode_pairs(group: Group, tokenizer, cfg: ScoringConfig, max_length: int) -
 
 
 def _encode_batch(tokenizer, pairs: list[tuple[str, str]], **kwargs) -> list[dict | str]:
-    """Each pair's encoding ({input_ids, token_type_ids?}) from one batch call, or why it cannot be encoded.
-
-    A tokenizer refuses a whole batch when one pair cannot be truncated as asked (a query longer than the
-    limit under only_second); the pairs are then encoded one at a time (still in batch form, so that an
-    empty item stays a pair) to name the ones that fail.
-    """
+    """Each pair's encoding ({input_ids, token_type_ids?}) from one batch call, or why it cannot be encoded. A
+    tokenizer refuses a whole batch when one pair cannot be truncated as asked (a query longer than the limit
+    under only_second); the pairs are then encoded one at a time (still in batch form, so that an empty item
+    stays a pair) to name the ones that fail."""
     try:
         encoding = tokenizer([list(pair) for pair in pairs], **kwargs)
     except Exception as failure:  # the tokenizers library raises a bare Exception for truncation errors

@@ -1,0 +1,192 @@
+"""sentence-transformers' CrossEncoder constructor arguments as the Scorer's settings (Scorer.__init__)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from score_batch.choices import BACKENDS
+from score_batch.engine.config import EngineConfig, ScoringConfig
+from score_batch.engine.errors import ScoringInputError, SettingError
+from score_batch.engine.model.loading import ModelInfo
+from score_batch.engine.model.profiles import Profile
+from score_batch.engine.model.setup import label_free_scoring
+from score_batch.engine.model.st_model import CrossEncoderSpec, read_cross_encoder
+
+log = logging.getLogger(__name__)
+
+# torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
+ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
+# CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
+# and has no model cards): accepted, logged when given.
+_IGNORED = ("token", "local_files_only", "model_card_data", "keep_in_fp32_modules")
+# EngineConfig fields a keyword may set without giving an EngineConfig (which would drop CrossEncoder's defaults).
+_ENGINE_FIELDS = ("dtype", "max_batch_tokens", "max_pack_tokens", "allow_pickle", "compile", "layers", "ops")
+# Older CrossEncoder names of its arguments, as its own decorator maps them.
+_RENAMED = {
+    "model_name": "model_name_or_path",
+    "automodel_args": "model_kwargs",
+    "tokenizer_args": "tokenizer_kwargs",
+    "processor_kwargs": "tokenizer_kwargs",
+    "config_args": "config_kwargs",
+    "cache_dir": "cache_folder",
+    "default_activation_function": "activation_fn",
+}
+# The constructor arguments ce_arguments takes and returns, in order.
+_ARGUMENTS = ("model_kwargs", "tokenizer_kwargs", "config_kwargs", "cache_folder", "activation_fn")
+
+
+def ce_arguments(overrides: dict, *values, num_labels: int | None = None, modules=None) -> tuple:
+    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, and no-ops taken
+    out of overrides (the constructor's other keywords)."""
+    if modules is not None:
+        raise ScoringInputError(
+            "modules= (a CrossEncoder built from module objects) is not supported: give a model directory"
+        )
+    named = dict(zip(_ARGUMENTS, values))
+    for old, new in _RENAMED.items():
+        if old in overrides:
+            value = overrides.pop(old)
+            if new == "tokenizer_kwargs":
+                named[new] = {**(value or {}), **(named[new] or {})}
+            elif new in named:
+                named[new] = named[new] or value
+    overrides.pop("classifier_dropout", None)  # training only
+    ignored = {name: overrides.pop(name) for name in _IGNORED if name in overrides}
+    given = {name: value for name, value in ignored.items() if value not in (None, False, {}, [])}
+    if given:
+        log.info("ignored CrossEncoder arguments (no effect in score-batch): %s", ", ".join(given))
+    config_kwargs = named["config_kwargs"] = dict(named["config_kwargs"] or {})
+    if config_kwargs.get("num_labels") is not None and num_labels is None:
+        num_labels = config_kwargs.pop("num_labels")
+    if config_kwargs:
+        log.info(
+            "config_kwargs ignored (the model's config.json is used as saved): %s", sorted(config_kwargs)
+        )
+    return (*named.values(), num_labels)
+
+
+def ce_engine_config(
+    config: EngineConfig | None,
+    overrides: dict,
+    device,
+    trust_remote_code: bool | None,
+    backend: str | None,
+    model_kwargs: dict | None,
+) -> EngineConfig:
+    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend,
+    dtype) and of EngineConfig's fields among the constructor's keywords (overrides: taken out of it)."""
+    engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
+    config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
+    if device is not None:  # CrossEncoder-style: auto, cpu, cuda or cuda:0
+        if str(device) not in ("auto", "cpu", "cuda", "cuda:0"):
+            raise SettingError("EngineConfig.device", str(device), "is not one of auto, cpu, cuda")
+        config = replace(config, device=str(device).removesuffix(":0"))
+    if trust_remote_code is not None:
+        config = replace(config, trust_remote_code=bool(trust_remote_code))
+    if backend in BACKENDS:
+        config = replace(config, backend=backend)
+    elif backend in ("onnx", "openvino"):
+        log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
+    elif backend not in (None, "torch"):
+        raise SettingError(
+            "backend",
+            backend,
+            f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
+        )
+    kwargs = dict(model_kwargs or {})
+    dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+    if dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        if name not in ("auto", "float32", "bfloat16", "float16"):
+            raise SettingError("model_kwargs dtype", dtype, "is not one of float32, bfloat16, float16, auto")
+        config = replace(config, dtype=name)
+    if kwargs:
+        log.info("model_kwargs ignored (score-batch loads and places the model itself): %s", sorted(kwargs))
+    return config
+
+
+def apply_tokenizer_kwargs(tokenizer, kwargs: dict | None) -> dict:
+    """Set the tokenizer attributes CrossEncoder's tokenizer kwargs set (truncation_side, padding_side)."""
+    kwargs = dict(kwargs or {})
+    for name in ("truncation_side", "padding_side"):
+        if name in kwargs:
+            setattr(tokenizer, name, kwargs[name])
+    unused = sorted(set(kwargs) - {"truncation_side", "padding_side", "model_max_length"})
+    if unused:
+        log.info("tokenizer_kwargs ignored (the tokenizer loads from its files): %s", unused)
+    return kwargs
+
+
+def check_num_labels(num_labels: int | None, info) -> None:
+    """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
+    # A CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore.
+    if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
+        raise SettingError(
+            "num_labels",
+            num_labels,
+            f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
+            "head; score-batch scores with the trained one only",
+        )
+
+
+def ce_scoring(
+    scoring: ScoringConfig, chosen: Profile | None, overrides: dict, ce_defaults: bool, info: ModelInfo, fn
+) -> tuple[ScoringConfig, bool]:
+    """The scoring CrossEncoder's defaults and activation_fn (fn) give; whether a CausalLM needs LogitScore."""
+    given = {key for key, value in overrides.items() if value is not None}
+    if ce_defaults and "truncate" not in set(chosen.settings if chosen else {}) | given:
+        scoring = replace(scoring, truncate="longest-first")  # the Python API truncates as CrossEncoder
+    logit_score = info.kind == "causal" and not (scoring.label_tokens or scoring.label_token_ids)
+    fn_name = ACTIVATION_NAMES.get(type(fn))
+    labels = 1 if logit_score else info.num_labels
+    if fn_name and overrides.get("activation") is None and (info.kind == "classifier" or logit_score):
+        if fn_name != "softmax" or labels > 1:  # the `score` column gets the given activation too
+            scoring = replace(scoring, activation=fn_name)
+    return scoring, logit_score
+
+
+def ce_spec(
+    info: ModelInfo, tokenizer, tokenizer_kwargs: dict | None, logit_score: bool, warn: bool, **read
+) -> CrossEncoderSpec:
+    """The model directory read as CrossEncoder reads it (read: read_cross_encoder's keywords), its tokenizer
+    set as CrossEncoder's; a CausalLM without the LogitScore it needs is refused."""
+    kwargs = apply_tokenizer_kwargs(tokenizer, tokenizer_kwargs)
+    spec = read_cross_encoder(
+        info.path, tokenizer, info.architecture, info.model_type, tokenizer_kwargs=kwargs, **read
+    )
+    if spec.max_length is not None:
+        tokenizer.model_max_length = spec.max_length  # as CrossEncoder's tokenizer holds it
+    for unsupported in spec.unsupported if warn else ():
+        log.warning(
+            "the model's CrossEncoder configuration has %s, which score-batch does not apply; its scores can "
+            "differ from CrossEncoder's",
+            unsupported,
+        )
+    if logit_score and spec.logit_score is None:
+        raise ScoringInputError(
+            f"{info.architecture} needs label tokens to score: {spec.refusal} (CrossEncoder refuses it too); "
+            "give label_tokens=(' no', ' yes') or a profile (score-batch models lists them)"
+        )
+    return spec
+
+
+def ce_prompt_scoring(
+    config: EngineConfig,
+    spec: CrossEncoderSpec,
+    info: ModelInfo,
+    tokenizer,
+    ce_defaults: bool,
+    logit_score: bool,
+) -> tuple[EngineConfig, bool]:
+    """The config with a label-free CausalLM's and an encoder's default prompt applied, and whether that
+    prompt went in as the query_template."""
+    scoring = config.scoring
+    if logit_score and not ce_defaults:  # groups' text, query + item: checked as the command line's
+        scoring = label_free_scoring(info, config, tokenizer)[0].scoring
+    prompt_template = ce_defaults and info.encoder and scoring.query_template is None
+    if prompt_template and spec.default_prompt:
+        scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
+    return replace(config, scoring=scoring), prompt_template

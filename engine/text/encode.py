@@ -1,0 +1,122 @@
+"""Texts → token ids under a template, each knowing which of its tokens are the content's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from score_batch.engine.config import ScoringConfig
+from score_batch.engine.text.backend_tokenizer import BackendTokenizer
+from score_batch.engine.types import Group
+
+
+class Encoded:
+    """Token ids of a templated text and the indices of the tokens that come from the content (computed on first
+    use from the tokenizer's offsets: only truncation and chunking read them)."""
+
+    __slots__ = ("ids", "_content", "_offsets", "_span")
+
+    def __init__(self, ids: list[int], content=None, offsets=None, span: tuple[int, int] = (0, 0)) -> None:
+        self.ids = ids
+        self._content: list[int] | None = content
+        self._offsets = offsets  # an object whose .offsets are the tokens' (start, end) characters
+        self._span = span  # the content's characters in the templated text
+
+    @property
+    def content(self) -> list[int]:
+        """Indices into ids of the tokens wholly inside the content."""
+        if self._content is None:
+            start, end = self._span
+            offsets = self._offsets.offsets if self._offsets is not None else ()
+            self._content = [i for i, (s, e) in enumerate(offsets) if e > s and s >= start and e <= end]
+        return self._content
+
+    def touching(self) -> list[int]:
+        """Indices into ids of the tokens holding any of the content's characters: those wholly inside it and a
+        token that straddles a template boundary (" red" of "Product: red" with the template's space)."""
+        if self._offsets is None:
+            return self.content  # token ids given, or a slow tokenizer: no offsets to widen by
+        start, end = self._span
+        return [i for i, (s, e) in enumerate(self._offsets.offsets) if e > s and s < end and e > start]
+
+
+def given_ids(ids) -> Encoded:
+    """Token ids given as input: all content."""
+    ids = list(ids)
+    return Encoded(ids, list(range(len(ids))))
+
+
+def encode_groups(groups: list[Group], tokenizer, cfg: ScoringConfig) -> list[tuple | None]:
+    """Per group, its (query, items) encoded, the text of every group in two tokenizer calls (the distinct
+    queries, then all items); None for a group that is not all text (tokenize_group handles it)."""
+    texts = [isinstance(g.query, str) and all(isinstance(item, str) for item in g.items) for g in groups]
+    query_index: dict[str, int] = {}
+    for g, is_text in zip(groups, texts):
+        if is_text:
+            query_index.setdefault(g.query, len(query_index))
+    queries = encode_texts(tokenizer, cfg.query_template, "{query}", list(query_index), not cfg.item_first)
+    item_texts = [item for g, is_text in zip(groups, texts) if is_text for item in g.items]
+    items = encode_texts(tokenizer, cfg.item_template, "{item}", item_texts, cfg.item_first)
+    out: list[tuple | None] = []
+    at = 0
+    for g, is_text in zip(groups, texts):
+        if is_text:
+            out.append((queries[query_index[g.query]], items[at : at + len(g.items)]))
+            at += len(g.items)
+        else:
+            out.append(None)
+    return out
+
+
+def encode_texts(
+    tokenizer, template: str | None, placeholder: str, contents: list[str], add_special_tokens: bool
+) -> list[Encoded]:
+    """Encode each content wrapped in a template, in one tokenizer call; each encoding knows which of its
+    tokens are the content's (a fast tokenizer's offsets; a slow one's: none)."""
+    if not contents:
+        return []
+    prefix, suffix = template.split(placeholder, 1) if template else ("", "")
+    texts = [prefix + content + suffix for content in contents] if template else contents
+    if not getattr(tokenizer, "is_fast", False):
+        return [
+            Encoded(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"], []) for text in texts
+        ]
+    start = len(prefix)
+    encodings = backend_encode(tokenizer, texts, add_special_tokens)
+    if encodings is None:  # a tokenizer class of its own: through its __call__
+        batch = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        encodings = [Offsets(*pair) for pair in zip(batch["input_ids"], batch["offset_mapping"])]
+    return [
+        Encoded(encoding.ids, None, encoding, (start, start + len(content)))
+        for content, encoding in zip(contents, encodings)
+    ]
+
+
+@dataclass(frozen=True)
+class Offsets:
+    """Ids and offsets as transformers returns them, in the shape of a tokenizers Encoding."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+
+
+def backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> list | None:
+    """The fast tokenizer's Rust backend called as transformers' own __call__ calls it (no truncation, no
+    padding, its split_special_tokens), without building Python lists per token: tokenizers Encodings (the
+    GIL released while it runs), or None for a tokenizer class that encodes its own way."""
+    if isinstance(tokenizer, BackendTokenizer):  # tokenizer.json alone, as transformers would run it
+        return tokenizer.encode_batch(texts, add_special_tokens)
+    from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    if not isinstance(tokenizer, TokenizersBackend) or any(
+        getattr(type(tokenizer), name) is not getattr(TokenizersBackend, name)
+        for name in ("__call__", "_encode_plus", "set_truncation_and_padding")
+    ):
+        return None
+    tokenizer.set_truncation_and_padding(
+        PaddingStrategy.DO_NOT_PAD, TruncationStrategy.DO_NOT_TRUNCATE, None, 0, None, None
+    )
+    backend = tokenizer._tokenizer
+    if backend.encode_special_tokens != tokenizer.split_special_tokens:
+        backend.encode_special_tokens = tokenizer.split_special_tokens
+    return backend.encode_batch(texts, add_special_tokens=add_special_tokens, is_pretokenized=False)
