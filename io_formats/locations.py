@@ -369,8 +369,7 @@ def has_glob(text: str) -> bool:
 
 
 def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: bool = False) -> Location:
-    """An INPUT or OUTPUT (write: refused for a read-only scheme) string as a Location; InputError for an
-    unknown scheme or a refused option."""
+    """An INPUT or OUTPUT (write: refused for a read-only scheme) as a Location; InputError when refused."""
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) is None:  # no scheme: a local path
         return Location.on_disk(text)
     split = urllib.parse.urlsplit(text)

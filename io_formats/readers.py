@@ -18,30 +18,12 @@ from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
-from score_batch.io_formats.rows import BadLine, InputRow, Record, to_row
+from score_batch.io_formats.rows import InputRow, Record, to_row  # noqa: F401 (InputRow: re-exported)
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
-
-__all__ = [
-    "STDIN",
-    "BadLine",
-    "InputRow",
-    "InputSource",
-    "ReadUnit",
-    "TableReader",
-    "batch_reader",
-    "column_types",
-    "input_format",
-    "input_mapping",
-    "open_source",
-    "read_unit",
-    "read_units",
-    "read_windows",
-    "reader",
-]
 
 
 class TableReader(Protocol):
