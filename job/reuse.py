@@ -128,7 +128,7 @@ def matched_values(window: Window, keys: list[str | None], joined: pa.Table | No
     """Window item index → reused values ({score, scores, …}) of the joined rows (row_index, item_pos, score_key,
     values) whose pair's key (keys: job/windows.pair_keys of the window) is still the joined one: an input
     rewritten since the key pass is scored, never given another pair's value."""
-    if joined is None or not joined.num_rows:
+    if joined is None or not joined.num_rows or not window.num_rows:
         return {}
     rows = joined[ROW_INDEX].to_numpy()  # [joined]
     order = np.argsort(window.index, kind="stable")
