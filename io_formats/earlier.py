@@ -4,6 +4,7 @@ written, bit for bit; a column that cannot take this run's type (another model's
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Iterator
@@ -72,7 +73,8 @@ class _JsonlOutput:
     def __init__(self, file: InputFile) -> None:
         self.uri = file.uri
         self.file = file
-        first = next((line for line in self._lines() if line.strip()), None)
+        with self._stream() as stream:
+            first = next((line for line in io.TextIOWrapper(stream, encoding="utf-8") if line.strip()), None)
         try:
             row = json.loads(first) if first is not None else {}
         except ValueError:
@@ -92,12 +94,6 @@ class _JsonlOutput:
     def _stream(self):
         location = self.file.location
         return location.fs.open_input_stream(location.path, compression=self.file.compression)
-
-    def _lines(self) -> Iterator[str]:
-        import io
-
-        with self._stream() as stream:
-            yield from io.TextIOWrapper(stream, encoding="utf-8")
 
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc
