@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import pyarrow as pa
 
@@ -18,7 +17,7 @@ from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
-from score_batch.io_formats.rows import InputRow, Record, to_row  # noqa: F401 (InputRow: re-exported)
+from score_batch.io_formats.rows import InputRow, to_row  # noqa: F401 (InputRow: re-exported)
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
 
@@ -26,26 +25,9 @@ STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
 
 
-class TableReader(Protocol):
-    """What a query/item table format provides: columns, types, records in input order, units for workers."""
-
-    def columns(self) -> list[str] | None:
-        """Column names in order of first appearance (None: an input without a single row)."""
-
-    def column_type(self, name: str) -> pa.DataType:
-        """One column's Arrow type over the whole input (pa.null() when it holds no value)."""
-
-    def total_rows(self) -> int:
-        """Rows in the input (unreadable JSONL lines included)."""
-
-    def records(self, columns: list[str] | None = None) -> Iterator[tuple[str | None, Record]]:
-        """(JSONL line or None, record) per row, in input order (columns: only these, None for all)."""
-
-    def units(self) -> list[tuple[InputFile, int | None, int]]:
-        """(file, row group or None for a whole file, rows) per independently readable piece, in order."""
-
-    def close(self) -> None:
-        """Release what the reader holds (the stdin spool)."""
+# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows, records
+# (in input order), units (for distributed workers) and close.
+TableReader = ParquetReader | JsonlReader
 
 
 class _SourceState:
