@@ -179,8 +179,7 @@ class JsonlReader:
     def line_blocks(
         self, size: int, unit: tuple[InputFile, None] | None = None
     ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
-        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, file by file in order (unit: one
-        file's only)."""
+        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
         for index in range(self._file_count()):
             if unit is not None and self.files[index] != unit[0]:
                 continue

@@ -189,8 +189,7 @@ def _info(location: Location) -> pafs.FileInfo:
 
 
 def _directory(location: Location) -> list[InputFile]:
-    """A directory's data files and those of its hive partition directories (of one format: open_source refuses
-    a mix, as it does for files named side by side)."""
+    """A directory's data files and those of its hive partition directories (open_source refuses a format mix)."""
     # only hive partition directories are read below a directory
     files = _files_below(location, lambda relative: all(map(_PARTITION.match, relative.split("/")[:-1])))
     if not files:

@@ -128,8 +128,7 @@ class Location:
             return None
 
     def missing_container(self) -> str | None:
-        """Why an object cannot be created where it is (no key, or its bucket is missing), else None (a local
-        path's directory: job.paths.check_local_container)."""
+        """Why an object cannot be created where it is (no key, no bucket), else None (local: job.paths checks)."""
         if self.local:
             return None
         bucket = self.path.split("/", 1)[0]

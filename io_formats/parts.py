@@ -64,8 +64,7 @@ class PartStore:
         return self.dir.child(f"part-{window:08d}.parquet")
 
     def verified(self, window: int, input_hash: str) -> bool:
-        """True when window k's part is listed and its bytes are intact; InputError when it was scored from
-        another input (the input changed since)."""
+        """True when window k's part is listed and intact; InputError when it was scored from another input."""
         entry = self._manifest["parts"].get(str(window))
         if entry is None:
             return False

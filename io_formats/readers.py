@@ -120,8 +120,7 @@ def open_source(
     storage_options: tuple[tuple[str, str], ...] = (),
     hive_types: HiveTypes = "infer",
 ) -> InputSource:
-    """Check the INPUT arguments (files, directories or globs, see io_formats.listing; `-` alone for JSONL on
-    stdin) and say which files they mean, all of one format, with their hive partition values typed."""
+    """The files the INPUT arguments mean (io_formats.listing; `-` alone: JSONL on stdin), of one format, typed."""
     given = [paths] if isinstance(paths, str) else list(paths)
     if not given:
         raise InputError("give at least one INPUT")
@@ -182,8 +181,7 @@ def read_windows(
 def _window_batches(
     table: TableReader, mapping: ColumnMapping, types, unit: ReadUnit | None = None
 ) -> Iterator[Window]:
-    """The input's (or one unit's) rows a batch at a time as windows: the long layout column by column
-    (long_window, json_window), whatever those cannot take record by record (rows.to_row)."""
+    """The input's (or one unit's) rows a batch at a time as windows: columnar where it can, else rows.to_row."""
     shape = (mapping.query_id is not None, mapping.keep)
     long = mapping.layout == "long"
     index = 0 if unit is None else unit.first_row
