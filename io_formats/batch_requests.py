@@ -80,11 +80,8 @@ class BatchRequest:
 
 
 def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
-    """True when path (a local path, or a listed JSONL input file on any store) is a file whose first
-    non-blank line (a byte order mark and CRLF allowed) is a JSON object with custom_id, url and body.
-
-    Directories, Parquet files and anything unreadable are not; stdin ("-") is sniffed on its spool.
-    """
+    """True when path (local, or a listed JSONL input file on any store) is a file whose first non-blank line (BOM
+    and CRLF allowed) is a JSON object with custom_id, url and body; anything unreadable is not."""
     if str(path) == STDIN:
         return False
     if not isinstance(path, InputFile) and (
@@ -108,8 +105,7 @@ def is_request_record(record: Any) -> bool:
 
 @dataclass(frozen=True)
 class BatchFileReader:
-    """An OpenAI-style batch file (a local path, a listed input file on any store, compressed or not, the
-    stdin spool, or "-" for stdin itself) → requests."""
+    """An OpenAI-style batch file (local, a listed input file on any store, the stdin spool, or "-") → requests."""
 
     path: str | Path | InputFile
 
@@ -131,8 +127,7 @@ def _nonblank_lines(path: str | Path | InputFile) -> Iterator[tuple[int, bytes]]
 
 
 def _open_binary(path: str | Path | InputFile) -> BinaryIO:
-    """A local file, or a listed input file through its store's filesystem (decompressed by suffix), for
-    looks_like_openai_batch's bounded readline."""
+    """A local file, or a listed input file on its store (decompressed by suffix), for a bounded readline."""
     if isinstance(path, InputFile):
         location = path.location
         return io.BufferedReader(location.fs.open_input_stream(location.path, compression=path.compression))
@@ -416,8 +411,7 @@ def response_line(
 
 
 def _line(request: BatchRequest, status: int | None, body: dict | None, error: BatchError | None) -> str:
-    """One output line (status None: no response, the line was not a request); its ids are deterministic (the
-    request's position)."""
+    """One output line (status None: no response, the line was not a request); ids from the request's position."""
     response = None
     if status is not None:
         response = {"status_code": status, "request_id": f"score-batch-req-{request.index}", "body": body}

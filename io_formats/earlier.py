@@ -1,14 +1,10 @@
-"""Earlier score-batch outputs read back for --reuse: one stream of (score key, score values) rows.
-
-Each --reuse argument is what an INPUT may be (io_formats/listing), or several of those separated by
-commas; every file it means is one earlier output (Parquet, or JSONL plain or compressed). Rows are read
-in record batches, never held whole, in the types the current run writes, so a value read back is the
-value written, bit for bit. A column whose values cannot take this run's type (another model's pooled
-width) comes out null: such rows were scored under another score identity, so their keys cannot match.
-"""
+"""Earlier score-batch outputs read back for --reuse (each argument what an INPUT may be, or several joined by
+commas): record batches of (score key, values) in the types this run writes, so a value read back is the value
+written, bit for bit; a column that cannot take this run's type (another model's pooled width) reads as null."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Iterator
@@ -44,21 +40,21 @@ class _ParquetOutput:
 
     def written_by(self) -> str | None:
         """The score-batch version that wrote this output, from its completion record (None: not recorded)."""
-        try:
-            record = json.loads((self.dataset.schema.metadata or {}).get(COMPLETION_RECORD, b"null"))
-            return dict(record["software"]).get("score-batch")
-        except (ValueError, TypeError, KeyError):
-            return None
+        return self._recorded(lambda record: dict(record["software"]).get("score-batch"))
 
     def top_k(self) -> int | None:
         """The --top-k of the run that wrote this output, from its completion record (None: all its pairs; also
         the OUTPUT of a run with --ranked-output, which holds every row: its view's record names none)."""
+        top_k = self._recorded(lambda record: record["settings"]["top_k"])
+        view = self._recorded(lambda record: record["settings"].get("ranked_output"))
+        return top_k if isinstance(top_k, int) and not view else None
+
+    def _recorded(self, read) -> object:
+        """A value read from the completion record (None when it is missing or malformed)."""
         try:
-            record = json.loads((self.dataset.schema.metadata or {}).get(COMPLETION_RECORD, b"null"))
-            top_k, view = record["settings"]["top_k"], record["settings"].get("ranked_output")
+            return read(json.loads((self.dataset.schema.metadata or {}).get(COMPLETION_RECORD, b"null")))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
-        return top_k if isinstance(top_k, int) and not view else None
 
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         import pyarrow.dataset as ds
@@ -79,7 +75,8 @@ class _JsonlOutput:
     def __init__(self, file: InputFile) -> None:
         self.uri = file.uri
         self.file = file
-        first = next((line for line in self._lines() if line.strip()), None)
+        with self._stream() as stream:
+            first = next((line for line in io.TextIOWrapper(stream, encoding="utf-8") if line.strip()), None)
         try:
             row = json.loads(first) if first is not None else {}
         except ValueError:
@@ -100,12 +97,6 @@ class _JsonlOutput:
         location = self.file.location
         return location.fs.open_input_stream(location.path, compression=self.file.compression)
 
-    def _lines(self) -> Iterator[str]:
-        import io
-
-        with self._stream() as stream:
-            yield from io.TextIOWrapper(stream, encoding="utf-8")
-
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc
         import pyarrow.json as pj
@@ -121,9 +112,8 @@ class _JsonlOutput:
 
 
 def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, warn: bool = True) -> list:
-    """The earlier outputs, one per file the --reuse arguments mean, opened and checked (no rows read):
-    InputError for an argument that is missing (unless missing_ok: a warning, and no outputs from it), a file
-    that is not a score-batch output; a warning for outputs of another score-batch version (no key can match)."""
+    """The earlier outputs, one per file the --reuse arguments mean, opened and checked (no rows read); a missing
+    argument is an InputError unless missing_ok (then a warning)."""
     outputs = []
     for text in split_inputs(tuple(texts)):
         files = _files(text, options)
@@ -168,10 +158,8 @@ def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, w
 def join_earlier(
     outputs: list, keys: Path, values: pa.Schema, directory: Path, joined: Path, threads: int
 ) -> int:
-    """DuckDB: a run's keys (a Parquet file of row_index, item_pos, score_key) ⋈ the earlier outputs' rows, in
-    input order, to the Parquet file joined (those three, then the value columns in this run's types); the
-    number of pairs matched. Streamed: DuckDB spills to directory past JOIN_MEMORY. A key held by several
-    earlier rows takes the first output's, the lowest score there."""
+    """DuckDB: keys (Parquet: row_index, item_pos, score_key) ⋈ the earlier outputs' rows → joined, in input order
+    with values in this run's types (a key held twice: the first output's, lowest score); the pairs matched."""
     import pyarrow.parquet as pq
 
     try:
@@ -212,9 +200,8 @@ def join_earlier(
 
 
 def _earlier_batches(outputs: list, schema: pa.Schema, failed: list) -> Iterator[pa.RecordBatch]:
-    """Record batches of every earlier output in order, in schema (score_key first; the value columns the run
-    writes), with a `source` int32 column: the output's position. Rows with no score key (failed rows) are
-    dropped. An output that cannot be read is put in failed as an InputError, then raised."""
+    """Every earlier output's keyed rows in schema plus `source` (the output's position); an output that cannot
+    be read goes into failed as an InputError, then raises."""
     for number, output in enumerate(outputs):
         names = [name for name in schema.names if name in output.names]
         try:
@@ -246,8 +233,7 @@ def _sql_text(path: Path) -> str:
 
 
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:
-    """A batch in schema's columns and types (a column the output lacks, or whose values cannot take the
-    type, is null) plus its source number."""
+    """A batch in schema's columns and types (missing or uncastable: null) plus its source number."""
     arrays = []
     for field in schema:
         column = batch.column(field.name) if field.name in batch.schema.names else None
@@ -262,8 +248,7 @@ def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.Reco
 
 
 def _files(text: str, options) -> list[InputFile] | None:
-    """The output files one --reuse argument means, as an INPUT would (a file, a directory with hive partitions,
-    a glob); None when it names nothing (no such path, a glob matching no file)."""
+    """The output files one --reuse argument means, as an INPUT would; None when it names nothing."""
     location = parse_location(text, options)
     if has_glob(location.path) and location.scheme != HTTP:
         try:

@@ -1,10 +1,6 @@
-"""JSONL inputs (plain or compressed, local or remote, or standard input spooled to a file) → records.
-
-A first pass over every line (`JsonlReader.scan`) learns the columns in order of first appearance and the
-type of each column's values; reading then yields one record per non-blank line: an object with its
-file's partition values added, or a BadLine saying why the line is not one. Standard input is spooled
-to a temporary file (StdinReader), deleted by `close()`, garbage collection or the interpreter's exit.
-"""
+"""JSONL inputs (plain or compressed, local or remote, or stdin spooled to a file): a first pass learns the
+columns and their types; then one record per non-blank line (an object with its file's partition values, or a
+BadLine saying why not)."""
 
 from __future__ import annotations
 
@@ -183,32 +179,36 @@ class JsonlReader:
     def line_blocks(
         self, size: int, unit: tuple[InputFile, None] | None = None
     ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
-        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, file by file in order (unit: one
-        file's only)."""
-        several = len(self.files) > 1
+        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
         for index in range(self._file_count()):
             if unit is not None and self.files[index] != unit[0]:
                 continue
-            file = self.files[index] if self.files else None
             block: list[tuple[str, bytes]] = []
-            for number, raw in nonblank_lines(self._lines(index)):
-                block.append((f"{number} of {file}" if several else str(number), raw))
+            for line in self._numbered(index):
+                block.append(line)
                 if len(block) == size:
-                    yield file, block
+                    yield self._file(index), block
                     block = []
             if block:
-                yield file, block
+                yield self._file(index), block
 
     def file_records(self, index: int) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of one file, its partition values added."""
-        file = self.files[index] if self.files else None
-        several = len(self.files) > 1
-        for number, raw in nonblank_lines(self._lines(index)):
-            where = f"{number} of {file}" if several else str(number)
+        file = self._file(index)
+        for where, raw in self._numbered(index):
             record = parse_line(raw, where)
             if file is not None and isinstance(record, dict):
                 record = file.with_partitions(record)
             yield where, record
+
+    def _file(self, index: int) -> InputFile | None:
+        return self.files[index] if self.files else None
+
+    def _numbered(self, index: int) -> Iterator[tuple[str, bytes]]:
+        """(line as messages name it, raw bytes) per non-blank line of one file."""
+        several = len(self.files) > 1
+        for number, raw in nonblank_lines(self._lines(index)):
+            yield f"{number} of {self.files[index]}" if several else str(number), raw
 
     def _file_count(self) -> int:
         return len(self.files)
@@ -228,8 +228,8 @@ def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
 
 
 def file_lines(file: InputFile) -> Iterator[bytes]:
-    """The raw lines of one input file on its store, decompressed by its suffix; a damaged or vanished file is
-    an InputError, the machine's refusal an OSError."""
+    """The raw lines of one input file, decompressed by its suffix; a damaged or vanished file is an InputError,
+    the machine's refusal an OSError."""
     try:
         stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
     except FileNotFoundError:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import posixpath
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import pyarrow.fs as pafs
 from score_batch.choices import HiveTypes
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import HTTP, Location, has_glob
+from score_batch.io_formats.writers import JSONL_COMPRESSIONS
 
 
 class FileFormat(str, Enum):
@@ -46,7 +46,6 @@ class FileFormat(str, Enum):
 
 PARQUET, JSONL = FileFormat.PARQUET, FileFormat.JSONL
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
-_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2"}
 _PARTITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -99,11 +98,8 @@ _HIVE_TYPES: tuple[tuple[re.Pattern, Callable[[str], Any], pa.DataType], ...] = 
 def type_partitions(
     files: list[InputFile], hive_types: HiveTypes
 ) -> tuple[list[InputFile], dict[str, pa.DataType]]:
-    """The files with their partition values typed over all of them, and each partition key's Arrow type.
-
-    A key is a date32 (YYYY-MM-DD), timestamp[us] or int64 column when every non-null value of it parses
-    as one (the first such type, in DuckDB's order); otherwise, or with hive_types "string", strings.
-    """
+    """The files with their partition values typed over all of them, and each key's Arrow type: date32,
+    timestamp[us] or int64 when every non-null value parses as one (DuckDB's order), else (or "string") strings."""
     values: dict[str, list[str]] = {}
     for file in files:
         for key, value in file.partitions:
@@ -145,7 +141,7 @@ def file_format(name: str) -> tuple[FileFormat, str | None] | None:
     """(format, compression) from a file name, or None when it is not a data file we read."""
     lowered = name.lower()
     compression = None
-    for suffix, codec in _COMPRESSIONS.items():
+    for suffix, codec in JSONL_COMPRESSIONS.items():
         if lowered.endswith(suffix):
             lowered, compression = lowered[: -len(suffix)], codec
             break
@@ -193,22 +189,9 @@ def _info(location: Location) -> pafs.FileInfo:
 
 
 def _directory(location: Location) -> list[InputFile]:
-    """A directory's data files and those of its hive partition directories (of one format: open_source refuses
-    a mix, as it does for files named side by side)."""
-    base = location.path.rstrip("/")
-    selector = pafs.FileSelector(base, recursive=True)
-    found: list[InputFile] = []
-    for entry in location.fs.get_file_info(selector):
-        relative = entry.path[len(base) :].lstrip("/")
-        segments = relative.split("/")
-        if entry.type != pafs.FileType.File or any(s.startswith((".", "_")) for s in segments):
-            continue
-        if not all(_PARTITION.match(s) for s in segments[:-1]):
-            continue  # only hive partition directories are read below a directory
-        known = file_format(segments[-1])
-        if known is not None:
-            found.append(InputFile(location.child(relative), *known, partitions_of(entry.path)))
-    files = sorted(found, key=lambda f: f.location.path)
+    """A directory's data files and those of its hive partition directories (open_source refuses a format mix)."""
+    # only hive partition directories are read below a directory
+    files = _files_below(location, lambda relative: all(map(_PARTITION.match, relative.split("/")[:-1])))
     if not files:
         raise InputError(
             f"input directory {location.uri!r} holds no .parquet files (nor .jsonl files; sub-directories other than "
@@ -226,20 +209,26 @@ def _glob(location: Location) -> tuple[list[InputFile], Location]:
     base_uri = "/".join(uri_segments[: len(uri_segments) - (len(segments) - fixed)])
     base = Location(location.fs, base_path, base_uri, location.scheme)
     pattern = _glob_regex("/".join(segments[fixed:]))
-    files = []
-    if _info(base).type == pafs.FileType.Directory:
-        for entry in location.fs.get_file_info(pafs.FileSelector(base_path, recursive=True)):
-            relative = entry.path[len(base_path.rstrip("/")) :].lstrip("/")
-            if entry.type != pafs.FileType.File or not pattern.fullmatch(relative):
-                continue
-            if any(s.startswith((".", "_")) for s in relative.split("/")):
-                continue
-            known = file_format(posixpath.basename(relative))
-            if known is not None:
-                files.append(InputFile(base.child(relative), *known, partitions_of(entry.path)))
+    files = _files_below(base, pattern.fullmatch) if _info(base).type == pafs.FileType.Directory else []
     if not files:
         raise InputError(f"input {location.uri!r} matches no .parquet or .jsonl files")
-    return sorted(files, key=lambda f: f.location.path), base
+    return files, base
+
+
+def _files_below(base: Location, wanted: Callable[[str], Any]) -> list[InputFile]:
+    """The data files below base whose path relative to it is wanted, sorted by path; names starting with '.'
+    or '_' (`_SUCCESS`, `.part.tmp-1`) are never read."""
+    root = base.path.rstrip("/")
+    files = []
+    for entry in base.fs.get_file_info(pafs.FileSelector(root or "/", recursive=True)):
+        relative = entry.path[len(root) :].lstrip("/")
+        segments = relative.split("/")
+        if entry.type != pafs.FileType.File or any(s.startswith((".", "_")) for s in segments):
+            continue
+        known = file_format(segments[-1])
+        if known is not None and wanted(relative):
+            files.append(InputFile(base.child(relative), *known, partitions_of(entry.path)))
+    return sorted(files, key=lambda f: f.location.path)
 
 
 def _glob_regex(pattern: str) -> re.Pattern:

@@ -128,8 +128,7 @@ class Location:
             return None
 
     def missing_container(self) -> str | None:
-        """Why an object cannot be created where it is (no key, or its bucket is missing), else None (a local
-        path's directory: job.paths.check_local_container)."""
+        """Why an object cannot be created where it is (no key, no bucket), else None (local: job.paths checks)."""
         if self.local:
             return None
         bucket = self.path.split("/", 1)[0]
@@ -369,8 +368,7 @@ def has_glob(text: str) -> bool:
 
 
 def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: bool = False) -> Location:
-    """An INPUT or OUTPUT (write: refused for a read-only scheme) string as a Location; InputError for an
-    unknown scheme or a refused option."""
+    """An INPUT or OUTPUT (write: refused for a read-only scheme) as a Location; InputError when refused."""
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) is None:  # no scheme: a local path
         return Location.on_disk(text)
     split = urllib.parse.urlsplit(text)

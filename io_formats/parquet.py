@@ -1,8 +1,5 @@
-"""Parquet inputs (one file or many, local or remote, with hive partition values) → records.
-
-Schemas and row counts come from the footers (read once); a column's type is unified over all files;
-rows are read in batches, or one row group at a time for a distributed worker.
-"""
+"""Parquet inputs (local or remote, with hive partition values) → record batches: footers read once, a column's
+type unified over all files, one row group at a time for a distributed worker."""
 
 from __future__ import annotations
 
@@ -85,8 +82,7 @@ class ParquetReader:
         return sum(info.num_rows for info in self.infos())
 
     def records(self, columns: list[str] | None = None) -> Iterator[tuple[None, Record]]:
-        """(None, record) per row of every file in order, partition values added (columns: only these are
-        read and the records hold only these; None: all)."""
+        """(None, record) per row of every file in order, partition values added (columns: only these)."""
         for file, batch in self.batches(self.columns() if columns is None else columns):
             for record in batch.to_pylist():
                 yield None, file.with_partitions(record)
@@ -97,9 +93,8 @@ class ParquetReader:
         unit: tuple[InputFile, int | None] | None = None,
         dictionary: tuple[str, ...] = (),
     ) -> Iterator[tuple[InputFile, pa.RecordBatch]]:
-        """(file, record batch of the named columns the file holds) of every file in order, or of one unit's
-        row group (file, row group: what units() lists); the dictionary columns read dictionary-encoded (a
-        query repeated on every row of its items is one value, not one string per row)."""
+        """(file, batch of the named columns it holds) of every file in order, or of one unit's row group; the
+        dictionary columns read dictionary-encoded (a query repeated per item is one value)."""
         for info in self.infos():
             if unit is not None and info.file != unit[0]:
                 continue

@@ -1,9 +1,5 @@
-"""Checkpointed result parts beside the destination: what makes a killed run resumable.
-
-The manifest is the only record of finished work: a part counts only when the manifest lists it with
-the checksum of its bytes and the hash of the input window it was scored from. Anything else in the
-directory (a part written just before a kill, a truncated file, a stray file) is never merged.
-"""
+"""Checkpointed result parts beside the destination, what makes a killed run resumable: a part counts only when
+the manifest lists it with its bytes' checksum and its input window's hash; nothing else is ever merged."""
 
 from __future__ import annotations
 
@@ -68,8 +64,7 @@ class PartStore:
         return self.dir.child(f"part-{window:08d}.parquet")
 
     def verified(self, window: int, input_hash: str) -> bool:
-        """True when window k's part is listed and its bytes are intact; InputError when it was scored from
-        another input (the input changed since)."""
+        """True when window k's part is listed and intact; InputError when it was scored from another input."""
         entry = self._manifest["parts"].get(str(window))
         if entry is None:
             return False
@@ -88,11 +83,8 @@ class PartStore:
         return True
 
     def write(self, window: int, table: pa.Table, input_hash: str) -> None:
-        """Write window k's results: a staging file, listed in the manifest with its checksum, then published.
-
-        Listing before publishing means a kill at any point leaves either an unlisted staging file
-        (removed by the next run) or a listed part whose file is missing or whole (checked on resume).
-        """
+        """Write window k's results: a staging file, listed in the manifest with its checksum, then published (a
+        kill leaves an unlisted staging file, removed next run, or a listed part missing or whole)."""
         part = self.part(window)
         tmp = part.staging_file()
         try:

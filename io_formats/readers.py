@@ -1,23 +1,12 @@
-"""Input sources (Parquet files or directories, JSONL files plain or compressed, stdin) → windows of input rows.
-
-One reader class per format, behind the TableReader protocol: io_formats.parquet.ParquetReader,
-io_formats.jsonl.JsonlReader (compressed too) and io_formats.jsonl.StdinReader (stdin spooled to a
-file); OpenAI-style batch files are read by io_formats.batch_requests.BatchFileReader. `reader()` and
-`input_format()` below are the one place a format is chosen.
-
-Every input row is accounted for: a row that cannot be read (broken JSON, not an object, bytes that
-are not UTF-8, a value that cannot be written) becomes an InputRow with an `error` (null ids, one
-item), never an exception and never a missing row. Problems of the whole input (a corrupt Parquet
-file, files that disagree on a column's type, a column mixing numbers and text) are InputErrors
-(exit 2) raised before scoring.
-"""
+"""Input sources (Parquet, JSONL plain or compressed, stdin) → windows of input rows; `reader()` and
+`input_format()` are the one place a format is chosen. A row that cannot be read becomes a row with an error,
+never an exception or a missing row; problems of the whole input are InputErrors (exit 2) before scoring."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import pyarrow as pa
 
@@ -28,58 +17,21 @@ from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
-from score_batch.io_formats.rows import BadLine, InputRow, Record, to_row
+from score_batch.io_formats.rows import InputRow, to_row  # noqa: F401 (InputRow: re-exported)
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
 
-__all__ = [
-    "STDIN",
-    "BadLine",
-    "InputRow",
-    "InputSource",
-    "ReadUnit",
-    "TableReader",
-    "batch_reader",
-    "column_types",
-    "input_format",
-    "input_mapping",
-    "open_source",
-    "read_unit",
-    "read_units",
-    "read_windows",
-    "reader",
-]
 
-
-class TableReader(Protocol):
-    """What a query/item table format provides: columns, types, records in input order, units for workers."""
-
-    def columns(self) -> list[str] | None:
-        """Column names in order of first appearance (None: an input without a single row)."""
-
-    def column_type(self, name: str) -> pa.DataType:
-        """One column's Arrow type over the whole input (pa.null() when it holds no value)."""
-
-    def total_rows(self) -> int:
-        """Rows in the input (unreadable JSONL lines included)."""
-
-    def records(self, columns: list[str] | None = None) -> Iterator[tuple[str | None, Record]]:
-        """(JSONL line or None, record) per row, in input order; columns: the ones the caller reads (a columnar
-        format reads only those), None for all."""
-
-    def units(self) -> list[tuple[InputFile, int | None, int]]:
-        """(file, row group or None for a whole file, rows) per independently readable piece, in order."""
-
-    def close(self) -> None:
-        """Release what the reader holds (the stdin spool)."""
+# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows, records
+# (in input order), units (for distributed workers) and close.
+TableReader = ParquetReader | JsonlReader
 
 
 class _SourceState:
-    """The source's reader (footers, the JSONL scan, the stdin spool it has learned so far); not pickled: a
-    copy sent to another process starts empty and learns again what it needs."""
+    """The source's reader (footers, the JSONL scan, the stdin spool); a pickled copy starts empty."""
 
     def __init__(self) -> None:
         self.reader: TableReader | None = None
@@ -93,11 +45,8 @@ class _SourceState:
 
 @dataclass(frozen=True)
 class InputSource:
-    """The input's files (sorted within each INPUT argument), their format, and the directories they come from.
-
-    Row order: the INPUT arguments as given, each one's files sorted by path, each file's rows in order;
-    row_index counts rows over all of them.
-    """
+    """The input's files, their format and directories; rows in order of the INPUTs as given, each one's files
+    sorted by path (row_index counts over all of them)."""
 
     path: str  # how the input was given (several INPUTs: joined by ", "); "-" for stdin
     format: FileFormat  # of the files: PARQUET or JSONL (stdin: JSONL)
@@ -171,8 +120,7 @@ def open_source(
     storage_options: tuple[tuple[str, str], ...] = (),
     hive_types: HiveTypes = "infer",
 ) -> InputSource:
-    """Check the INPUT arguments (files, directories or globs, see io_formats.listing; `-` alone for JSONL on
-    stdin) and say which files they mean, all of one format, with their hive partition values typed."""
+    """The files the INPUT arguments mean (io_formats.listing; `-` alone: JSONL on stdin), of one format, typed."""
     given = [paths] if isinstance(paths, str) else list(paths)
     if not given:
         raise InputError("give at least one INPUT")
@@ -204,11 +152,8 @@ def open_source(
 def read_windows(
     source: InputSource, overrides: ColumnOverrides, window_rows: int
 ) -> tuple[ColumnMapping, Iterator[Window]]:
-    """The column mapping and an iterator over windows of at most window_rows input rows (io_formats/window).
-
-    The whole input's column types are checked first (column_types), so an input that cannot be given one
-    type per column fails here, before scoring; id and kept values then take those types.
-    """
+    """The column mapping and windows of at most window_rows rows; the column types are checked first (an input
+    that cannot take one type per column fails before scoring)."""
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
 
@@ -236,9 +181,7 @@ def read_windows(
 def _window_batches(
     table: TableReader, mapping: ColumnMapping, types, unit: ReadUnit | None = None
 ) -> Iterator[Window]:
-    """The input's (or one unit's) validated rows, a batch at a time, as windows: the long layout column by
-    column (Parquet batches: window.long_window; JSONL blocks: window.json_window), whatever those cannot take
-    record by record (rows.to_row)."""
+    """The input's (or one unit's) rows a batch at a time as windows: columnar where it can, else rows.to_row."""
     shape = (bool(mapping.id_columns), mapping.keep)
     long = mapping.layout == "long"
     index = 0 if unit is None else unit.first_row
@@ -264,31 +207,24 @@ def _window_batches(
 
 
 def _batch_rows(first: int, batch: pa.RecordBatch, file: InputFile, mapping: ColumnMapping, types) -> list:
-    """A Parquet record batch's rows record by record (rows.to_row); a string that is not UTF-8 (Parquet's
-    reader does not check) is read as null and fails its row, naming the column."""
+    """A Parquet batch's rows record by record (rows.to_row); a string that is not UTF-8 (Parquet's reader does
+    not check) reads as null and fails its row, naming the column."""
+    bad: dict[int, str] = {}  # row → its first column that is not UTF-8
     try:
         records = batch.to_pylist()
     except UnicodeDecodeError:
-        return [
-            _checked_row(first + k, batch.slice(k, 1), file, mapping, types) for k in range(batch.num_rows)
-        ]
-    return [to_row(first + k, file.with_partitions(r), mapping, types) for k, r in enumerate(records)]
-
-
-def _checked_row(
-    index: int, batch: pa.RecordBatch, file: InputFile, mapping: ColumnMapping, types
-) -> InputRow:
-    """One record's row, its values decoded column by column."""
-    record, bad = {}, None
-    for name, column in zip(batch.schema.names, batch.columns):
-        try:
-            record[name] = column[0].as_py()
-        except UnicodeDecodeError:
-            record[name], bad = None, bad or name
-    row = to_row(index, file.with_partitions(record), mapping, types)
-    if bad is not None:
-        row.error = f"column {bad!r} holds bytes that are not valid UTF-8"
-    return row
+        records = [{} for _ in range(batch.num_rows)]
+        for name, column in zip(batch.schema.names, batch.columns):
+            for k, record in enumerate(records):
+                try:
+                    record[name] = column[k].as_py()
+                except UnicodeDecodeError:
+                    record[name] = None
+                    bad.setdefault(k, name)
+    rows = [to_row(first + k, file.with_partitions(r), mapping, types) for k, r in enumerate(records)]
+    for k, name in bad.items():
+        rows[k].error = f"column {name!r} holds bytes that are not valid UTF-8"
+    return rows
 
 
 def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapping:
@@ -304,15 +240,8 @@ def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapp
 
 
 def column_types(source: InputSource, mapping: ColumnMapping) -> dict[str, pa.DataType]:
-    """The Arrow type of each id and kept column over the whole input (nested layout's item ids: the lists'
-    element type; a column null everywhere: pa.null()).
-
-    Parquet: the files' schemas unified (integers widen, integers and floats become floats; int64 with
-    uint64, which could lose values, is refused). JSONL: every line's values (integers with floats →
-    float64, lists and objects → pyarrow's inference over all of them). InputError, naming the column and
-    the files or lines, when a column cannot take one type (numbers and text, files that disagree, a
-    column missing from some files, an integer beyond 64 bits).
-    """
+    """The Arrow type of each id and kept column over the whole input (nested item ids: the lists' element type;
+    null everywhere: pa.null()); InputError, naming the column and where, when it cannot take one type."""
     table = reader(source)
     types = {name: table.column_type(name) for name in mapping.typed_columns()}
     if mapping.layout == "nested" and mapping.item_id is not None:

@@ -74,8 +74,7 @@ def s3_client_kwargs(options: tuple[tuple[str, str], ...]) -> dict:
 
 
 def s3_client(options: tuple[tuple[str, str], ...], without: str):
-    """A boto3 S3 client with the same endpoint and region (credentials: boto3's standard chain), or None
-    (logged with `without`: what a run does without boto3)."""
+    """A boto3 S3 client with the same endpoint and region, or None without boto3 (logged: `without`)."""
     try:
         import boto3
     except ImportError:

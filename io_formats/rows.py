@@ -1,8 +1,5 @@
-"""Input rows: one record (a Parquet row, a JSONL object or an unreadable line) → a validated InputRow.
-
-Problems of one row (a null or mistyped query or item, a lone surrogate, a bad nested shape) become the
-row's `error`, never an exception.
-"""
+"""Input rows: one record (a Parquet row, a JSONL object or an unreadable line) → a validated InputRow, its
+problems the row's `error`, never an exception."""
 
 from __future__ import annotations
 

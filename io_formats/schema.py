@@ -49,11 +49,8 @@ class ColumnMapping:
 
 
 def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, source: str) -> ColumnMapping:
-    """Detect the layout from column names (long, nested, token ids) and apply the user's overrides.
-
-    columns=None means an input without a single row (an empty JSONL file): nothing can be checked,
-    so the overrides are taken as given and the usual names (`query`, `item`) fill the rest.
-    """
+    """Detect the layout from column names (long, nested, token ids) and apply the user's overrides (columns
+    None, an input without a row: the overrides as given, the usual names for the rest)."""
     if columns is None:
         return _empty_input_mapping(overrides)
     present = set(columns)

@@ -1,10 +1,6 @@
-"""A window of input rows as columns: queries by code, items back to back, ids and kept columns as read.
-
-No Python object exists per row: the queries are dictionary-encoded (each distinct query is one Python value),
-the items are one flat list (the tokenizer's input), the id and kept columns stay Arrow arrays (taken by row for
-the output), and a row's error is its message or None. The records a reader could not take column by column
-(JSONL lines, mixed types, the nested layout) pass through rows.InputRow on their way in (`from_rows`).
-"""
+"""A window of input rows as columns: distinct queries by code, items back to back (the tokenizer's input), ids
+and kept columns as read (Arrow), a row's error or None. Records the columnar readers cannot take (JSONL lines,
+mixed types, the nested layout) come in as rows.InputRow (`from_rows`)."""
 
 from __future__ import annotations
 
@@ -188,8 +184,7 @@ def encode_queries(queries: list) -> tuple[np.ndarray, list]:
 
 
 def first_appearance_codes(keys, count: int) -> tuple[np.ndarray, list[int]]:
-    """[count] each key's code, numbered in order of first appearance (a None key: -1), and the position where
-    each code first appears."""
+    """[count] each key's code in order of first appearance (None: -1), and where each code first appears."""
     codes = np.full(count, -1, np.int64)
     index: dict = {}
     firsts: list[int] = []
@@ -205,16 +200,14 @@ def first_appearance_codes(keys, count: int) -> tuple[np.ndarray, list[int]]:
 
 
 def token_key(query: Any) -> Any:
-    """A dict key for a query that is not text: its token ids as a tuple, else (a value a row error names) its
-    JSON."""
+    """A dict key for a query that is not text: its token ids as a tuple, else its JSON."""
     if isinstance(query, list) and all(type(v) is int for v in query):
         return tuple(query)
     return ("value", json.dumps(query, default=repr, sort_keys=True))
 
 
 def from_rows(rows: list[InputRow], query_ids: bool, keep: tuple[str, ...]) -> Window:
-    """Validated InputRows (records read one by one) as a window (query_ids: the input has a query-id column;
-    keep: the kept columns)."""
+    """Validated InputRows as a window (query_ids: the input has a query-id column; keep: the kept columns)."""
     codes, values = encode_queries([row.query for row in rows])
     counts = np.fromiter((len(row.items) for row in rows), np.int64, len(rows))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -234,10 +227,8 @@ def from_rows(rows: list[InputRow], query_ids: bool, keep: tuple[str, ...]) -> W
 def long_window(
     first: int, batch: pa.RecordBatch, partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
-    """A Parquet record batch of the long layout read column by column: what from_rows(to_row(record) for each
-    record) gives (partitions: the file's hive values, for columns it lacks), or None when the batch needs
-    to_row's per-value checks (a query or item column that is not valid text, an id or kept column whose type
-    here is not the input's)."""
+    """A long-layout Parquet batch column by column, as from_rows(to_row(...)) would give it (partitions: the
+    file's hive values), or None when it needs to_row's checks (not valid text, a type not the input's)."""
     schema = batch.schema
     text = (pa.string(), pa.large_string())
     for name in (mapping.query, mapping.items):
@@ -313,10 +304,9 @@ def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa
 def json_window(
     first: int, lines: list[bytes], partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
-    """A block of JSONL lines of the long layout parsed by pyarrow's JSON reader into the input's column types:
-    what from_rows(to_row(parse_line(line)) for each line) gives, or None when a line needs the per-line path
-    (not an object, not valid JSON or UTF-8, a value of another type, a key given twice, a surrogate escape, a
-    column the file's partition values fill)."""
+    """A long-layout JSONL block parsed by pyarrow into the input's types, as the per-line path would give it,
+    or None when a line needs that path (not an object, bad JSON or UTF-8, another type, a repeated key, a
+    surrogate escape, a column partition values fill)."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
     typed = mapping.typed_columns()
@@ -339,10 +329,8 @@ def json_window(
 
 
 class InputDigest:
-    """A digest of everything read, streamed window by window and the same however the input is cut into
-    windows: one hash per column (row indexes and item counts as little-endian int64, each row's query as its
-    digest, items, item ids, id and kept columns and errors as the JSON list of a window's values without its
-    brackets, joined by ", "); the column hashes are combined at the end."""
+    """A digest of everything read, the same however the input is cut into windows: one hash per column (numbers
+    as little-endian int64, queries by their digest, other values as JSON joined by ", "), combined at the end."""
 
     VERSION = b"score-batch input digest 2"
 
@@ -387,8 +375,7 @@ class InputDigest:
 
 
 def window_digest(window: Window) -> str:
-    """One window's digest (what InputDigest.add returns): a resumed run's check that a part's rows did not
-    change."""
+    """One window's digest (InputDigest.add's): a resumed run's check that a part's rows did not change."""
     return InputDigest().add(window)
 
 

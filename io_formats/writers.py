@@ -181,18 +181,10 @@ def write_partitioned(
     partitioning: pa.Schema,
     check: Callable[[], None] = lambda: None,
 ) -> list[list]:
-    """Write tables as hive-partitioned Parquet (`col=value/part-00000000.parquet`, …) into an empty directory;
-    [path below it, rows, bytes] of every file written, in path order.
-
-    Rows keep their order within each partition: one writer thread, and a partition's files numbered in
-    the order they were opened (a partition gets several files only when more than the open-file limit
-    of partitions are written at once). The partition columns live in the directory names, not in the
-    files. Only data files and an empty `_SUCCESS`, written last, are in the directory: polars' plain
-    `read_parquet(directory)` refuses one holding any other non-empty file (`_common_metadata`: "paths with
-    different file extensions"; docs/formats.md). Every file and directory is fsynced (SYNC_THREADS at a
-    time). check() runs before every CHECK_ROWS rows and before the fsyncs: it may raise to stop (a signal),
-    within seconds.
-    """
+    """Write tables as hive-partitioned Parquet (`col=value/part-00000000.parquet`) into an empty directory, rows
+    in order within each partition, every file and directory fsynced; [path below it, rows, bytes] per file, in
+    path order. Only data files and an empty `_SUCCESS` (last): polars' `read_parquet(directory)` refuses any
+    other non-empty file (docs/formats.md). check() runs every CHECK_ROWS rows and before the fsyncs (may raise)."""
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
 
     directory = Path(directory).absolute()

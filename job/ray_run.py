@@ -86,7 +86,8 @@ def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: L
         window = read_unit(unit, mapping, types)
         for key, rows in _unit_groups(window, mapping.layout):
             part = window.take(rows)
-            part_joined = [row for index in part.index.tolist() for row in joined.get(index, ())]
+            mine = None if joined is None else pc.is_in(joined[ROW_INDEX], pa.array(part.index))
+            part_joined = None if joined is None else joined.filter(mine)
             keys.append(key)
             blobs.append(pickle.dumps([(part, part_joined)]))
     return {"group": keys, "rows": blobs}
@@ -109,17 +110,13 @@ def _unit_groups(window, layout: str):
         yield f"row:{int(window.index[row])}", np.array([row])
 
 
-def _joined_rows(reused: Location | None, first: int, end: int) -> dict[int, list[dict]]:
-    """The joined earlier values of input rows [first, end), by row index (the file is sorted: the scan reads
-    only the row groups that hold them)."""
+def _joined_rows(reused: Location | None, first: int, end: int) -> pa.Table | None:
+    """The joined earlier values of input rows [first, end) (the file is sorted: the scan reads only the row
+    groups that hold them)."""
     if reused is None:
-        return {}
+        return None
     dataset = ds.dataset(reused.path, filesystem=reused.fs, format="parquet")
-    table = dataset.to_table(filter=(pc.field(ROW_INDEX) >= first) & (pc.field(ROW_INDEX) < end))
-    found: dict[int, list[dict]] = {}
-    for joined in table.to_pylist():
-        found.setdefault(joined[ROW_INDEX], []).append(joined)
-    return found
+    return dataset.to_table(filter=(pc.field(ROW_INDEX) >= first) & (pc.field(ROW_INDEX) < end))
 
 
 def _collapse_group(group: pa.Table) -> pa.Table:
@@ -154,11 +151,12 @@ class ScoreActor:
         entries = [entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)]
         window = concat([part for part, _ in entries])
         window = window.take(np.argsort(window.index, kind="stable"))  # input order
+        joined = [table for _, table in entries if table is not None]
         tools = WindowTools(
             self.scorer,
             self.contract,
             self.score_key,
-            JoinedScores([r for _, rows in entries for r in rows]),
+            JoinedScores(pa.concat_tables(joined) if joined else None),
             self.pairs,
         )
         prepared = planned(prepare(0, window, tools), tools)

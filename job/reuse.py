@@ -53,9 +53,9 @@ class EarlierScores:
         self.directory = directory
         self.joined = joined  # (row_index, item_pos, score_key, values…) sorted by row_index, item_pos
         self.matched = matched  # pairs of this run found in an earlier output
-        self._batches = pq.ParquetFile(joined).iter_batches(batch_size=KEY_ROWS)
-        self._rows: list[dict] = []
-        self._next = 0
+        file = pq.ParquetFile(joined)
+        self._batches = file.iter_batches(batch_size=KEY_ROWS)
+        self._held = file.schema_arrow.empty_table()  # joined rows read, not yet taken
 
     @classmethod
     def join(cls, config: RunConfig, source: InputSource, key: bytes, values: pa.Schema) -> EarlierScores:
@@ -87,28 +87,21 @@ class EarlierScores:
             raise
 
     def take(self, window: Window, keys: list[str | None]) -> dict[int, dict]:
-        """The reused values of a window's pairs: window item index → {score, scores, …}, for pairs whose
-        key (keys: job/windows.pair_keys of the window) is the one joined (an input rewritten since the key
-        pass is scored, never given another pair's value). Windows are taken in input order; rows before this
-        window's (windows a resumed run skipped) are passed over."""
+        """The reused values of a window's pairs (matched_values). Windows are taken in input order; joined rows
+        before this window's (windows a resumed run skipped) are passed over."""
         if not window.num_rows:
             return {}
-        first, last = window.first, window.last  # a reader's windows: consecutive rows
-        joined = []
+        pieces = []
         while True:
-            if self._next == len(self._rows):
-                batch = next(self._batches, None)
-                if batch is None:
-                    break
-                self._rows, self._next = batch.to_pylist(), 0
-                continue
-            row = self._rows[self._next]
-            if row[ROW_INDEX] > last:
+            rows = self._held[ROW_INDEX].to_numpy()  # [held] sorted
+            start, end = np.searchsorted(rows, [window.first, window.last + 1]).tolist()
+            pieces.append(self._held.slice(start, end - start))
+            self._held = self._held.slice(end)
+            batch = None if self._held.num_rows else next(self._batches, None)
+            if batch is None:
                 break
-            self._next += 1
-            if row[ROW_INDEX] >= first:
-                joined.append(row)
-        return matched_values(window, keys, joined)
+            self._held = pa.Table.from_batches([batch])
+        return matched_values(window, keys, pa.concat_tables(pieces))
 
     def close(self) -> None:
         """Remove the temporary files."""
@@ -124,38 +117,27 @@ def reused_schema(part_schema: pa.Schema) -> pa.Schema:
 class JoinedScores:
     """Joined earlier values (EarlierScores' rows) that a Ray actor's batch carries: `take` as EarlierScores'."""
 
-    def __init__(self, rows: list[dict]) -> None:
-        self.rows = rows
+    def __init__(self, joined: pa.Table | None) -> None:
+        self.joined = joined
 
     def take(self, window: Window, keys: list[str | None]) -> dict[int, dict]:
-        return matched_values(window, keys, self.rows)
+        return matched_values(window, keys, self.joined)
 
 
-def matched_values(window: Window, keys: list[str | None], joined: list[dict]) -> dict[int, dict]:
-    """Window item index → reused values, for the joined rows of the window's rows whose key is still the
-    joined one (reused_values)."""
-    if not joined:
+def matched_values(window: Window, keys: list[str | None], joined: pa.Table | None) -> dict[int, dict]:
+    """Window item index → reused values ({score, scores, …}) of the joined rows (row_index, item_pos, score_key,
+    values) whose pair's key (keys: job/windows.pair_keys of the window) is still the joined one: an input
+    rewritten since the key pass is scored, never given another pair's value."""
+    if joined is None or not joined.num_rows or not window.num_rows:
         return {}
-    position = {index: row for row, index in enumerate(window.index.tolist())}
-    found = {}
-    for row in joined:
-        at = position.get(row[ROW_INDEX])
-        if at is None:
-            continue
-        start, stop = int(window.offsets[at]), int(window.offsets[at + 1])
-        values = reused_values(row, keys, start, stop)
-        if values is not None:
-            found[start + row["item_pos"]] = values
-    return found
-
-
-def reused_values(joined: dict, keys: list[str | None], start: int, stop: int) -> dict | None:
-    """A joined row's values ({score, scores, …}) when its pair's key is still the joined one (keys[start:stop]:
-    the pair keys of the input row it names, as read now); None when the row changed since the key pass."""
-    item = start + joined["item_pos"]
-    if item < stop and keys[item] == joined[SCORE_KEY]:
-        return {name: joined[name] for name in REUSED if name in joined}
-    return None
+    rows = joined[ROW_INDEX].to_numpy()  # [joined]
+    order = np.argsort(window.index, kind="stable")
+    at = order[np.minimum(np.searchsorted(window.index, rows, sorter=order), len(order) - 1)]  # [joined]
+    item = window.offsets[at] + joined["item_pos"].to_numpy()  # [joined] window item index
+    ok = (window.index[at] == rows) & (item < window.offsets[at + 1])
+    ok[ok] = np.asarray(keys, object)[item[ok]] == joined[SCORE_KEY].to_numpy()[ok]
+    values = joined.filter(pa.array(ok)).select([name for name in REUSED if name in joined.schema.names])
+    return dict(zip(item[ok].tolist(), values.to_pylist()))
 
 
 class ScoredPairs:

@@ -412,6 +412,34 @@ def test_a_pair_whose_key_changed_since_the_join_is_scored_not_copied(tmp_path):
     assert not tmp_path.exists()
 
 
+def test_a_ray_batch_takes_its_joined_rows_as_the_local_run_does():
+    """JoinedScores (a Ray batch's joined table, its rows in any order) matches by row index, item position and
+    key, as EarlierScores does: a rewritten pair, a position past its row and a row not in the window get none."""
+    from score_batch.job.reuse import JoinedScores
+
+    joined = pa.table(
+        {
+            "row_index": pa.array([7, 2, 7, 5, 9], pa.int64()),
+            "item_pos": pa.array([1, 0, 0, 2, 0], pa.int32()),
+            "score_key": ["k7b", "k2a", "old", "k5c", "k9a"],
+            "score": pa.array([0.7, 0.2, 0.1, 0.5, 0.9], pa.float32()),
+            "scores": pa.array([[0.7], [0.2], [0.1], [0.5], [0.9]], pa.list_(pa.float32())),
+        }
+    )
+    rows = [
+        InputRow(7, "q", ["a", "b"], None, [1, 2]),
+        InputRow(2, "q", ["a"], None, [1]),
+        InputRow(5, "r", ["a", "b"], None, [1, 2]),
+    ]
+    keys = ["k7a", "k7b", "k2a", "k5a", "k5b"]  # row 7 item 0 rewritten; row 5 has no item 2
+    found = JoinedScores(joined).take(from_rows(rows, False, ()), keys)
+    assert found == {
+        1: {"score": pytest.approx(0.7), "scores": [pytest.approx(0.7)]},
+        2: {"score": pytest.approx(0.2), "scores": [pytest.approx(0.2)]},
+    }
+    assert JoinedScores(None).take(from_rows(rows, False, ()), keys) == {}
+
+
 def test_another_models_pooled_width_reads_as_null_not_an_error():
     from score_batch.io_formats.earlier import _conformed
 
