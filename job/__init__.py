@@ -32,7 +32,7 @@ from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.machine import available_cpus
-from score_batch.signals import Stopped, StopSignals
+from score_batch.signals import Stopped, StopSignals, import_deferring_stops
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,8 @@ def run(config: RunConfig) -> RunReport:
     try:
         # Imports, preflight and the model load stop at once; scoring defers to its safe points.
         with StopSignals(immediate=True) as stop:
-            # torch's C++ start-up aborts the process when a handler raises inside it: its import defers a stop
             # (importing score_batch.job itself, its config, signals and report, costs no torch)
-            with StopSignals() as deferred:
-                import torch
-            deferred.check()
+            torch = import_deferring_stops("torch")
             torch.set_num_threads(config.threads or available_cpus())
             errors = _run_phases(config, report)
             stop.check()  # a stop Python could not raise (in a weakref callback) still ends the run

@@ -3,6 +3,7 @@ at the next safe point while a run writes (between batches), so it stops cleanly
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -62,6 +63,15 @@ class StopSignals:
         """Raise Stopped when a signal arrived."""
         if StopSignals._received is not None:
             raise Stopped(StopSignals._received)
+
+
+def import_deferring_stops(name: str):
+    """Import a module, a stop that comes meanwhile raised after it (one raised inside an import leaves the module
+    half-imported; inside torch's C++ start-up it aborts the process)."""
+    with StopSignals() as deferred:
+        module = importlib.import_module(name)
+    deferred.check()
+    return module
 
 
 def _unraisable_unless_stopped(hook):
