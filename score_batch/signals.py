@@ -3,7 +3,6 @@ at the next safe point while a run writes (between batches), so it stops cleanly
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -69,9 +68,9 @@ def import_deferring_stops(name: str):
     """Import a module, a stop that comes meanwhile raised after it (one raised inside an import leaves the module
     half-imported; inside torch's C++ start-up it aborts the process)."""
     with StopSignals() as deferred:
-        module = importlib.import_module(name)
+        __import__(name)  # the import statement's way (importlib's skips -X importtime's log)
     deferred.check()
-    return module
+    return sys.modules[name]
 
 
 def _unraisable_unless_stopped(hook):
