@@ -1,5 +1,4 @@
-"""Rules shared by every runner: the destination guard, on-error fail, the failure threshold, leftovers. Every
-written path is a Location (io_formats.locations): the same code for local files and object stores."""
+"""Rules shared by every runner: the destination guard, on-error fail, the failure threshold, leftovers."""
 
 from __future__ import annotations
 
@@ -26,8 +25,8 @@ KEEP_GOING = "(use --on-error record or skip to keep going)"
 
 
 def check_destination(config: RunConfig, directory: bool) -> Location | None:
-    """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output (with
-    --partition-by the output is a directory too, and the partition columns must be ids or kept columns)."""
+    """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's (--partition-by's
+    is one too)."""
     partitioned = bool(config.partition_by)
     if partitioned:
         check_partition_by(config.partition_by, config.columns.keep_columns)
@@ -76,8 +75,7 @@ def check_destination(config: RunConfig, directory: bool) -> Location | None:
 
 
 def _unfinished_publish(destination: Location) -> bool:
-    """A dataset prefix without _SUCCESS while this output's checkpoints remain: a publish cut off midway
-    (object stores publish file by file), which --resume or --overwrite replaces."""
+    """A dataset prefix without _SUCCESS beside this output's checkpoints: an object store's publish cut off."""
     return (
         destination.publishes_in_steps
         and not destination.child(SUCCESS).exists()
@@ -93,8 +91,8 @@ def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
 
 
 def enforce_failed_rate(report: RunReport, config: RunConfig) -> None:
-    """After the output is written: TooManyFailed (exit 4) when the failed share of the run's items (a batch
-    file's: of its requests) exceeds --max-failed-rate, or, without it, when every one failed."""
+    """TooManyFailed (exit 4) when more items (a batch file's: requests) failed than --max-failed-rate allows
+    (without it: all of them)."""
     done, failed, unit = report.items, report.items_failed, "items"
     if report.requests:
         done, failed, unit = report.requests, report.requests_failed, "requests"
