@@ -33,7 +33,7 @@ class ScoredWindow:
     failed: int  # items that carry an error
     plan: object | None = None  # the window's PlanStats (None: nothing planned)
     scores: object = ()  # the items' scores, for the report's distribution (an Arrow or numpy array)
-    # (query identity, items) per query group of the window: job/ranking.query_identity, the same query in any
+    # (query identity, items) per query group of the window: job/windows.query_identity, the same query in any
     # window counted as one for the report's items_per_query
     query_items: Iterable[tuple[Hashable, int]] = ()
     resumed: bool = False  # a window --resume found checkpointed: read back, not scored
