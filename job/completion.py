@@ -71,7 +71,8 @@ class Completion:
         try:
             if self.sidecar:
                 return self._sidecar_stamp()
-            metadata = _read_metadata(self.output)
+            with self.output.fs.open_input_file(self.output.path) as handle:  # the footer
+                metadata = pq.read_metadata(handle)
             changed = _file_changed(metadata)
         except (OSError, ValueError, pa.ArrowInvalid):
             return Stamp()
@@ -184,9 +185,3 @@ def _names_jsonl(path: str) -> bool:
         return output_format(path) == "jsonl"
     except InputError:
         return False
-
-
-def _read_metadata(where: Location) -> pq.FileMetaData:
-    """A Parquet file's footer (its schema, with the schema metadata; its key-value metadata; its rows)."""
-    with where.fs.open_input_file(where.path) as handle:
-        return pq.read_metadata(handle)
