@@ -15,7 +15,7 @@ from score_batch.cli.error_messages import profile_noted
 from score_batch.cli.logs import quiet_libraries, say, setup_logging
 from score_batch.cli.options import ENV_PREFIX, OPTIONS, ScoreOptions
 from score_batch.errors import ConfigError
-from score_batch.signals import Stopped, StopSignals
+from score_batch.signals import Stopped, import_deferring_stops
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,7 @@ def score(options: ScoreOptions) -> None:
         quiet_libraries()
         # Here: --help and --version import no torch. A stop waits for the import: one raised inside it left the
         # job package half-imported, and the report it writes could not be imported again (no --report).
-        with StopSignals() as deferred:
-            from score_batch import job
-        deferred.check()
+        job = import_deferring_stops("score_batch.job")
         from score_batch.arrays import pyarrow_without_pandas
         from score_batch.machine import tune_gc, tune_malloc
 

@@ -1,16 +1,8 @@
-"""The batch job around the engine: read windows, score, write through one output contract, report.
+"""The batch job around the engine: `run(config)`, the one entry point and run loop (never imports the CLI).
 
-`run(config)` is the one entry point and the one run loop (imports engine and io_formats, never the CLI):
-
-1. report path: `--report` must be writable (a bad one exits 2 first, with no report);
-2. resolve: which runner (local, Ray, or an OpenAI-style batch file);
-3. preflight: every check that needs no weights (paths and collisions, inputs, column names and types,
-   reserved output names, partition columns) → `Checked` with the run's `RunPaths`;
-4. identity and lock: the run's identity (job/identity); `OUTPUT.lock`; a --resume on an output completed with
-   the same identity and input ends here ("already complete"); leftovers of an interrupted run are removed;
-5. score windows and publish: the runner (local: windows → engine → checkpointed parts; Ray: read units →
-   actor pool → staged directory; then one publish);
-6. report: written however the run ends (SIGINT/SIGTERM: at once before scoring, at a safe point during it).
+--report checked → the runner resolved (local, Ray, batch file) → preflight (no weights: paths, inputs,
+columns) → the run's identity and OUTPUT.lock (a --resume on an output completed with the same identity and
+input ends here) → leftovers removed → score and publish → the report, written however the run ends.
 """
 
 import contextlib
@@ -32,7 +24,7 @@ from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.machine import available_cpus
-from score_batch.signals import Stopped, StopSignals
+from score_batch.signals import Stopped, StopSignals, import_deferring_stops
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +47,8 @@ def run(config: RunConfig) -> RunReport:
     try:
         # Imports, preflight and the model load stop at once; scoring defers to its safe points.
         with StopSignals(immediate=True) as stop:
-            # torch's C++ start-up aborts the process when a handler raises inside it: its import defers a stop
             # (importing score_batch.job itself, its config, signals and report, costs no torch)
-            with StopSignals() as deferred:
-                import torch
-            deferred.check()
+            torch = import_deferring_stops("torch")
             torch.set_num_threads(config.threads or available_cpus())
             errors = _run_phases(config, report)
             stop.check()  # a stop Python could not raise (in a weakref callback) still ends the run

@@ -1,9 +1,7 @@
 """An OpenAI-style batch file run: request lines → a window of pairs → the one scoring loop → response lines.
 
-A runner of job.run's loop (batch_preflight, run_batch_file) with a table run's guarantees: paths checked and
-the output locked before scoring, lines written to an exclusive temporary file and published by atomic rename
-(nothing partial at the destination), counts and timings in the report. A request that cannot be parsed or
-scored gets an error line and the run goes on (the batch format's own error handling).
+A runner of job.run's loop with a table run's guarantees (output locked, one atomic publish, the report); a
+request that cannot be parsed or scored gets an error line and the run goes on (the batch format's way).
 """
 
 from __future__ import annotations
@@ -26,15 +24,9 @@ from score_batch.engine.plan.pair_truncation import (
 )
 from score_batch.engine.plan.planner import Planner
 from score_batch.io_formats import readers
-from score_batch.io_formats.batch_requests import (
-    STDIN,
-    BatchError,
-    BatchRequest,
-    response_line,
-)
+from score_batch.io_formats.batch_requests import STDIN, BatchError, BatchRequest, response_line
 from score_batch.io_formats.columns import SCORE, SCORES
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.window import Window, encode_queries
@@ -54,23 +46,8 @@ LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
 PAIRS = OutputContract((pa.int64(), pa.int64()), (), None, "record", False)  # the scored part's columns
 
 
-def is_openai_batch(input_format: str, source: InputSource) -> bool:
-    """True when the run reads an OpenAI-style batch file (io_formats.readers.input_format decides)."""
-    return readers.input_format(source, input_format) == FileFormat.OPENAI_BATCH
-
-
 def batch_preflight(config: RunConfig, source: InputSource) -> Checked:
-    """The batch-file runner's preflight (no weights): its settings, the output and every written path."""
-    check_batch_config(config)
-    if source.path != STDIN and (len(source.files) != 1 or source.directories):
-        raise InputError(f"input {source.label!r}: an OpenAI batch file is one JSONL file, or - for stdin")
-    destination = check_destination(config, directory=False)
-    paths = check_run_paths(config, source.files, destination)
-    return Checked(source, paths, mapping=None, types={})
-
-
-def check_batch_config(config: RunConfig) -> None:
-    """Refuse settings a batch file cannot honour (they belong to table input or to the Ray runner)."""
+    """The batch-file runner's preflight (no weights): settings a batch file cannot honour, the output, paths."""
     refusals = {
         "--ray": config.ray is not None,
         "--resume": config.resume,
@@ -93,13 +70,16 @@ def check_batch_config(config: RunConfig) -> None:
         log.warning(
             "--on-error and --errors-file do not apply to a batch file: failed requests get error lines"
         )
+    if source.path != STDIN and (len(source.files) != 1 or source.directories):
+        raise InputError(f"input {source.label!r}: an OpenAI batch file is one JSONL file, or - for stdin")
+    destination = check_destination(config, directory=False)
+    paths = check_run_paths(config, source.files, destination)
+    return Checked(source, paths, mapping=None, types={})
 
 
 def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
-    """The batch-file runner's score-and-publish phase (job.run holds the lock, leftovers removed): every
-    request scored (stdin: read from the source's spool), one response line each, published in one step.
-    A window of requests becomes a window of pairs (_window) that the one scoring loop (job/scoring.py)
-    prepares, plans and scores; the part's scores become the response lines."""
+    """Every request (stdin: from the source's spool) → a window of pairs (_window) → job/scoring.py → one
+    response line each, published in one step."""
     batch, destination = readers.batch_reader(checked.source), checked.destination
     scorer, planner, _ = load_engine(config, report)
     tools = WindowTools(planner, PAIRS, None, None, ScoredPairs())  # no keys: nothing is copied
@@ -247,6 +227,3 @@ def _response(
     return response_line(
         request, scored, failures, int(tokens[rows.stop] - tokens[rows.start]), model, created
     )
-
-
-__all__ = ["batch_preflight", "check_batch_config", "is_openai_batch", "run_batch_file"]

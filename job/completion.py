@@ -1,14 +1,10 @@
-"""Idempotent reruns: how a finished output records what produced it and what it published; a rerun's check.
+"""Idempotent reruns: what a finished output records about what produced it and what it published.
 
-Every published Parquet file carries its completion record (the run's identity, job/identity, with a digest
-of the input's rows, whatever the window size) in its schema metadata and its row count in its footer (a
-rewrite by another tool drops it). A --resume run writing JSONL or a --partition-by dataset (no place inside
-it that every reader skips) records it in OUTPUT.done beside the output, with the output's size and
-modification time (a dataset: every file's, as git and make compare them; trusted only with `_SUCCESS`).
-Rerunning the same command with --resume (a cron job, an Airflow "clear and rerun") reads the input again (no
-model is loaded) and, when the records match and the output is still what was published, exits 0 "already
-complete" without touching it. A changed input, model or setting, or an output changed since (filtered in
-place, a partition gone, a file rewritten at the same size), is refused as an existing output always was.
+The record (the run's identity, job/identity, with the input's content digest) sits in a Parquet output's
+schema metadata, beside its row count in the footer (another tool's rewrite drops it); a --resume run writing
+JSONL or a --partition-by dataset writes it to OUTPUT.done with the output's size and modification time (a
+dataset: every file's; trusted only with `_SUCCESS`). A --resume rerun reads the input again (no model) and
+exits 0 "already complete" when the records match and the output is unchanged; else it is refused.
 """
 
 from __future__ import annotations
@@ -75,7 +71,8 @@ class Completion:
         try:
             if self.sidecar:
                 return self._sidecar_stamp()
-            metadata = _read_metadata(self.output)
+            with self.output.fs.open_input_file(self.output.path) as handle:  # the footer
+                metadata = pq.read_metadata(handle)
             changed = _file_changed(metadata)
         except (OSError, ValueError, pa.ArrowInvalid):
             return Stamp()
@@ -105,8 +102,7 @@ class Completion:
         return self._stamp().fingerprint is not None
 
     def check_rerun(self, config: RunConfig, source: InputSource, identity: RunIdentity) -> None:
-        """Refuse a rerun on a completed output unless this run's identity and input content are the same and
-        the output is still what that run published."""
+        """Refuse a rerun on a completed output unless its identity, input and output are still the same."""
         stamp = self._stamp()
         now = identity.completed(input_digest(config, source))
         if stamp.fingerprint != now.digest:
@@ -124,8 +120,7 @@ class Completion:
             )
 
     def published(self, completed: RunIdentity, resume: bool) -> None:
-        """After publishing: the OUTPUT.done of a JSONL or dataset output (--resume runs write it; others drop
-        a stale one)."""
+        """After publishing: a JSONL or dataset output's OUTPUT.done (--resume writes it, others drop it)."""
         if not self.sidecar:
             return
         if not resume:
@@ -136,8 +131,7 @@ class Completion:
         self.record.write_bytes(json.dumps(record).encode())
 
     def _published(self) -> list | dict | None:
-        """Size and modification time of the output file; a dataset's: {path below it: [size, time]} of every
-        data file (None without `_SUCCESS`: not a finished dataset)."""
+        """[size, mtime] of the output file; a dataset's {path below it: [size, mtime]} (None: no `_SUCCESS`)."""
         if not self.dataset:
             info = self.output.info()
             return [info.size, info.mtime_ns] if info.type == pafs.FileType.File else None
@@ -191,9 +185,3 @@ def _names_jsonl(path: str) -> bool:
         return output_format(path) == "jsonl"
     except InputError:
         return False
-
-
-def _read_metadata(where: Location) -> pq.FileMetaData:
-    """A Parquet file's footer (its schema, with the schema metadata; its key-value metadata; its rows)."""
-    with where.fs.open_input_file(where.path) as handle:
-        return pq.read_metadata(handle)

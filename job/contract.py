@@ -1,7 +1,5 @@
-"""The output contract: every schema the job writes, how failed rows are split out, the errors-file lines.
-One object answers for parts, the final file, stdout, the Ray output and the errors file, so a local run and
-a Ray run write the same columns with the same types.
-"""
+"""The output contract: every schema the job writes (parts, the final file, stdout, Ray's files, the errors
+file), so a local and a Ray run write the same columns and types; failed rows split out; the column checks."""
 
 from __future__ import annotations
 
@@ -53,8 +51,7 @@ def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chu
 
 
 def check_jsonl_columns(mapping: ColumnMapping, types: dict[str, pa.DataType], output: str) -> None:
-    """A JSON lines output (or stdout) takes every id and kept column type (writers.json_table), or the run is
-    refused before scoring, naming the column."""
+    """Refuse, before scoring, an id or kept column a JSON lines output (or stdout) cannot write."""
     try:
         if output_format(output) != "jsonl":
             return
@@ -107,8 +104,8 @@ class OutputContract:
         top_k: int | None = None,
         chunked: bool = False,
     ) -> OutputContract:
-        """Types of the whole input (io_formats.readers.column_types); absent ids are row indexes (int64).
-        Refuses kept columns that would overwrite a written column (check_kept_columns)."""
+        """From the whole input's types (absent ids: row indexes, int64); refuses kept columns that would
+        overwrite a written one."""
         ranked = rank or top_k is not None
         check_kept_columns(mapping.keep, ranked=ranked, pooled=pooled_dim is not None, chunked=chunked)
 
@@ -127,8 +124,8 @@ class OutputContract:
 
     @staticmethod
     def written_columns(*, ranked: bool, pooled: bool, chunked: bool = False) -> tuple[str, ...]:
-        """Every column the job writes besides the kept ones, in any of its files (checkpoint parts, the final
-        output, Ray files, the errors file): the names a kept column may not take. Read off the schemas."""
+        """Every column the job writes in any file besides the kept ones (read off the schemas): the names a kept
+        column may not take."""
         probe = OutputContract(
             (pa.null(), pa.null()), (), 1 if pooled else None, "record", False, ranked, chunked=chunked
         )
@@ -172,8 +169,7 @@ class OutputContract:
         return schema if self.on_error == "record" else schema.remove(schema.get_field_index(ERROR))
 
     def partition_schema(self, partition_by: tuple[str, ...]) -> pa.Schema:
-        """The hive partitioning of a partitioned output: the named final columns with their types, a dictionary
-        (pandas categorical) column by its values' type (a directory name holds a value, not a dictionary)."""
+        """The hive partitioning: the named final columns with their types (a dictionary's: its values')."""
         check_partition_by(partition_by, self.keep)
         schema = self.final_schema()
         fields = []

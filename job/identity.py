@@ -1,10 +1,7 @@
-"""A run's identity: the settings that decide its output rows, the model's content (engine/model/source) and
-the versions of the software that computes scores; computed once per run, after preflight (job.run).
-Derived from it: the checkpoint manifest's digest (each part also records its window's input digest,
-io_formats/window), a completed output's record (`completed(input digest)`) and the key of every pair's
-score key (`score_key(setup)`, with the engine as the scoring machine resolved it; job/windows.pair_keys).
-Not in it: settings that leave scores within the batch-invariance bound (window rows are kept beside as
-`layout`: a resumed run reads its parts' windows) and what a run does with its rows.
+"""A run's identity: the settings that decide its output rows, the model's content and the scoring software's
+versions, computed once per run after preflight. The checkpoint manifest's digest, a completed output's record
+(`completed`) and every pair's score key (`score_key`) derive from it. Not in it: what a run does with its
+rows and settings that keep scores within the batch-invariance bound (window rows: beside, as `layout`).
 """
 
 from __future__ import annotations
@@ -115,9 +112,8 @@ def _changed_settings(before: dict, now: dict, prefix: str = "") -> list[str]:
 
 
 def software() -> list:
-    """[name, version] of the packages that compute the scores (None: not installed), from package metadata
-    (nothing imported; score-batch's own: score_batch.__version__, a checkout's pyproject.toml). An upgrade
-    between a killed run and its --resume must not mix scores."""
+    """[name, version] of the packages that compute the scores (None: not installed; nothing imported): an
+    upgrade between a killed run and its --resume must not mix scores."""
     versions = {**package_versions(SCORING_SOFTWARE), "score-batch": __version__}
     return [[name, versions[name]] for name in SCORING_SOFTWARE]
 

@@ -61,8 +61,7 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
 
 @contextmanager
 def _released(ready: Future[WindowTools]):
-    """On leaving, a run that ended before its tools were made (a failed load, a stop at any instant) fails
-    `ready`, so that a worker waiting for them stops waiting and the workers can be joined."""
+    """On leaving, fails a `ready` not set yet (a failed load, a stop), so no worker is left waiting for it."""
     try:
         yield
     finally:

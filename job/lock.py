@@ -37,8 +37,10 @@ class OutputLock:
 
     def acquire(self) -> None:
         """Create the lock file exclusively, or take over a stale one; exit 2 naming a live holder."""
+        started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}).encode()
         for _ in range(3):
-            if self.path.create_exclusive(json.dumps(_holder_record()).encode()):
+            if self.path.create_exclusive(record):
                 self.held = True
                 return
             holder = self._holder()
@@ -93,8 +95,3 @@ def process_gone(pid: int) -> bool:
     except PermissionError:
         return False
     return False
-
-
-def _holder_record() -> dict:
-    """Who holds a lock: this process, this host, since now."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -1,11 +1,5 @@
 """The scoring phase every runner shares: the engine loaded once, progress, stop signals, the sink's commit or
-abort, and the report built from the scored windows (runners never fill the report's counts by hand).
-
-A runner (local.py, batch_file_run.py, ray_run.py) hands each scored window to `ScoringPhase.add` and ends
-with `commit`. However the phase ends, the report holds the scoring time and score statistics so far; a
-user mistake drops the sink's checkpoints (the input or settings must change), anything else keeps them for
---resume.
-"""
+abort, and the report's counts built from the ScoredWindows each runner hands to `add` (never by hand)."""
 
 from __future__ import annotations
 
@@ -26,6 +20,8 @@ from score_batch.job.score_stats import ScoreStats
 from score_batch.signals import StopSignals
 
 log = logging.getLogger(__name__)
+# counts a window adds to the report's field of the same name (and rows → rows_read, failed → items_failed)
+ADDED = ("items", "reused", "duplicates", "requests", "requests_failed", "empty_queries", "empty_items")
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,7 @@ class ScoredWindow:
     failed: int  # items that carry an error
     plan: object | None = None  # the window's PlanStats (None: nothing planned)
     scores: object = ()  # the items' scores, for the report's distribution (an Arrow or numpy array)
-    # (query identity, items) per query group of the window: job/ranking.query_identity, the same query in any
+    # (query identity, items) per query group of the window: job/windows.query_identity, the same query in any
     # window counted as one for the report's items_per_query
     query_items: Iterable[tuple[Hashable, int]] = ()
     resumed: bool = False  # a window --resume found checkpointed: read back, not scored
@@ -85,14 +81,9 @@ class ScoringPhase:
         """Count a finished window into the report and the score statistics."""
         report = self.report
         report.rows_read += window.rows
-        report.items += window.items
         report.items_failed += window.failed
-        report.reused += window.reused
-        report.duplicates += window.duplicates
-        report.requests += window.requests
-        report.requests_failed += window.requests_failed
-        report.empty_queries += window.empty_queries
-        report.empty_items += window.empty_items
+        for name in ADDED:
+            setattr(report, name, getattr(report, name) + getattr(window, name))
         if window.resumed:
             report.rows_skipped_by_resume += window.rows
         elif window.written and not self.config.dry_run:
@@ -106,15 +97,14 @@ class ScoringPhase:
         self.progress.add_rows(window.rows)
 
     def _copies(self, window: ScoredWindow) -> int:
-        """The window's items copied from another of the run (scored once): across windows, and within the
-        window by its plan, whose count under --truncate chunk is of chunks, not items (an item with a
-        repeated chunk is still scored)."""
+        """The window's items copied from another of the run: across windows, and within it by its plan (not
+        under --truncate chunk: the plan counts repeated chunks, and their items are still scored)."""
         planned = window.plan.duplicates if window.plan is not None and not self.config.chunked else 0
         return window.duplicates + planned
 
     def commit(self, *args, **kwargs) -> None:
-        """The scoring time and statistics into the report, then the sink's commit (it returns the rows it
-        left out of the output: --on-error skip's, listed in the errors file) and the rows it wrote."""
+        """The scoring time and statistics into the report, then the sink's commit: the rows it left out
+        (--on-error skip's) and the rows it wrote."""
         self.check()  # nothing is published after a signal
         self._close_timing()
         report = self.report
@@ -149,8 +139,8 @@ class ScoringPhase:
 
 
 def warn_empty(report: RunReport) -> None:
-    """One warning with the counts when queries or items were empty strings: they are scored as given (an
-    empty item scores as the query alone, as CrossEncoder scores it), but are usually a data bug."""
+    """One warning with the counts of empty queries and items: scored as given (as CrossEncoder does), but
+    usually a data bug."""
     said = [
         f"{count} {what}"
         for count, what in (
@@ -169,8 +159,8 @@ def warn_empty(report: RunReport) -> None:
 def load_engine(
     config: RunConfig, report: RunReport, on_planner: Callable[[Planner, ResolvedSetup], None] | None = None
 ) -> tuple[Scorer | None, Planner, ResolvedSetup]:
-    """The loaded Scorer (None for a dry run, which needs only the tokenizer), its planner and setup;
-    on_planner(planner, setup) runs once the tokenizer and settings are ready, before the weights load."""
+    """The loaded Scorer (None: a dry run), its planner and setup; on_planner(planner, setup) runs before the
+    weights load."""
     started = time.perf_counter()
     # proven before the keys and plans use it: an auto fallback is in the score identity and the planner
     planner, setup = load_planner(config.model_dir, config.engine, prove=not config.dry_run)

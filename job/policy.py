@@ -1,5 +1,4 @@
-"""Rules shared by every runner: the destination guard, on-error fail, the failure threshold, leftovers. Every
-written path is a Location (io_formats.locations): the same code for local files and object stores."""
+"""Rules shared by every runner: the destination guard, on-error fail, the failure threshold, leftovers."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ def check_destination(config: RunConfig, directory: bool, ranked: bool = False) 
 
 
 def _unfinished_publish(destination: Location) -> bool:
-    """A dataset prefix without _SUCCESS while this output's checkpoints remain: a publish cut off midway
-    (object stores publish file by file), which --resume or --overwrite replaces."""
+    """A dataset prefix without _SUCCESS beside this output's checkpoints: an object store's publish cut off."""
     return (
         destination.publishes_in_steps
         and not destination.child(SUCCESS).exists()
@@ -103,8 +101,8 @@ def enforce_fail(contract: OutputContract, part: pa.Table, label: str) -> None:
 
 
 def enforce_failed_rate(report: RunReport, config: RunConfig) -> None:
-    """After the output is written: TooManyFailed (exit 4) when the failed share of the run's items (a batch
-    file's: of its requests) exceeds --max-failed-rate, or, without it, when every one failed."""
+    """TooManyFailed (exit 4) when more items (a batch file's: requests) failed than --max-failed-rate allows
+    (without it: all of them)."""
     done, failed, unit = report.items, report.items_failed, "items"
     if report.requests:
         done, failed, unit = report.requests, report.requests_failed, "requests"

@@ -1,7 +1,4 @@
-"""Overlap: the next window is read, hashed, grouped and planned on a worker thread while this one runs
-(run_local starts it before the model loads: the first window is read while the tokenizer and weights load,
-and planned once the tokenizer is there).
-"""
+"""Overlap: the next window is prepared on a worker thread while this one runs (job/local.py's two stages)."""
 
 from __future__ import annotations
 
@@ -15,9 +12,8 @@ _END = object()
 
 
 class Prefetch(Generic[In, Out]):
-    """prepare(item) for each item, in order, one item ahead on a worker thread (inline when not enabled).
-    Iterating yields the prepared items and raises the worker's exceptions at the item they belong to; close()
-    (or leaving the `with` block) waits for the one item in flight and drops the rest."""
+    """prepare(item) for each item, in order, one item ahead on a worker thread (inline when not enabled); a
+    worker's exception is raised at its item."""
 
     def __init__(self, items: Iterable[In], enabled: bool) -> None:
         self._source = iter(items)

@@ -1,6 +1,4 @@
-"""Progress on stderr: a bar on a terminal, else a log line every few seconds (rows, items/s, ETA); and the
-one warning a run with failed items ends with (shown under --quiet too, which hides only progress and summary).
-"""
+"""Progress on stderr (a bar on a terminal, else a log line every few seconds) and the failed items' warning."""
 
 from __future__ import annotations
 
@@ -68,8 +66,8 @@ class Progress:
 
 
 def warn_failed_items(report: RunReport, config: RunConfig, errors: Location | None) -> None:
-    """Log at WARNING how many items failed and where they went (errors: RunPaths.errors), so a run that lost
-    or flagged rows never ends silently; nothing for batch files (their runner logs failed requests)."""
+    """Warn how many items failed and where they went (errors: RunPaths.errors), --quiet or not; batch files'
+    runner warns of its own."""
     if not report.items_failed or report.requests:
         return
     count = f"{report.items_failed} of {report.items} items"

@@ -1,14 +1,9 @@
 """A score-batch run on Ray Data: read units → rows → whole query groups → actor pool of Scorers → Parquet dir.
 
-Each actor loads the model once and scores batches of complete query groups with the same code as a local
-run (group_window → Scorer → output_columns), so scores and schema match a local run; every output row also
-carries the input's `row_index`. The input is listed once on the driver and split into read units (Parquet
-row groups, whole JSONL files), each read in a Ray task by io_formats' own readers, so row_index, types and
-row errors are a local run's (why not Ray Data's readers: docs/ray.md). With --reuse the driver joins this
-run's pair keys to the earlier outputs (job/reuse.EarlierScores) into a file beside OUTPUT that every read
-task reaches; actors copy the values whose key they confirm and score the rest. Scored blocks are written
-by Ray tasks as Parquet (hive directories with --partition-by) into a StagedDirectorySink, named by their
-rows (a retried task rewrites the same file), and published whole.
+Actors run a local run's scoring steps (job/scoring.py), so scores and schema match it, plus `row_index`. Read
+units (Parquet row groups, whole JSONL files) are read in Ray tasks by io_formats' readers (docs/ray.md: why);
+--reuse's joined earlier values wait in a file beside OUTPUT. Ray tasks write the scored blocks as Parquet into
+a StagedDirectorySink, named by their rows (a retried task rewrites its own file), published whole.
 """
 
 from __future__ import annotations
@@ -53,12 +48,12 @@ log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
+COUNTS = ("items", "failed", "reused", "duplicates")  # a block's counts (_counts), as ScoredWindow names them
 TALLIES = [pa.field(REUSED_FLAG, pa.bool_()), pa.field(DUPLICATES, pa.int32())]  # counted, never written
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
-    """Read units as plain rows (file position, row group or -1, first row index, the next unit's first row);
-    the source travels once."""
+    """Read units as plain rows: file position, row group (-1: none), first row, the next unit's first row."""
     position = {id(file): index for index, file in enumerate(source.files)}
     ends = [unit.first_row for unit in units[1:]] + [2**62]
     return [
@@ -73,10 +68,8 @@ def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
 
 
 def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: Location | None) -> dict:
-    """Ray Data stage: read units (on their own filesystem) → one row per query group of each unit: its key and
-    its rows as a window (io_formats/window: columns, pickled whole) with their pairs' joined earlier values
-    (--reuse; reused: the joined file on the output's store). A nested-layout row, or a row that cannot be
-    read, is a group of its own."""
+    """Ray Data stage: read units → a row per query group of each unit: its key, and its rows as a pickled
+    window with their pairs' joined earlier values (reused: --reuse's file on the output's store)."""
     keys, blobs = [], []
     for file, group, first, end in zip(
         batch["file"], batch["row_group"], batch["first_row"], batch["end_row"]
@@ -94,8 +87,8 @@ def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: L
 
 
 def _unit_groups(window, layout: str):
-    """(key, row positions) per query group of a unit's window: rows of one long-layout query share a key
-    (as in group_window, over every unit); other rows stand alone."""
+    """(key, row positions) per query group of a unit's window: a long-layout query's rows share a key across
+    units; other rows (nested, unreadable) stand alone."""
     codes, firsts = group_codes(window)
     if layout == "long" and firsts:
         ids = window.query_id_values()
@@ -111,8 +104,7 @@ def _unit_groups(window, layout: str):
 
 
 def _joined_rows(reused: Location | None, first: int, end: int) -> pa.Table | None:
-    """The joined earlier values of input rows [first, end) (the file is sorted: the scan reads only the row
-    groups that hold them)."""
+    """The joined earlier values of input rows [first, end) (a sorted file: few row groups read)."""
     if reused is None:
         return None
     dataset = ds.dataset(reused.path, filesystem=reused.fs, format="parquet")
@@ -145,20 +137,14 @@ class ScoreActor:
         self.pairs = ScoredPairs()  # the pairs this actor wrote: a repeat in a later batch is copied
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        """Part rows of the batch's groups with their tallies (TALLIES): REUSED_FLAG, the pair's values came
-        from --reuse; DUPLICATES, the copies a row accounts for (1 for a pair this actor wrote in an earlier
-        batch; the batch's first row adds the repeats the engine scored once within the batch)."""
+        """Part rows of the batch's groups with their TALLIES: REUSED_FLAG (values from --reuse), DUPLICATES (1
+        for a pair this actor wrote before; the first row adds the batch's own repeats the plan scored once)."""
         entries = [entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)]
         window = concat([part for part, _ in entries])
         window = window.take(np.argsort(window.index, kind="stable"))  # input order
         joined = [table for _, table in entries if table is not None]
-        tools = WindowTools(
-            self.scorer,
-            self.contract,
-            self.score_key,
-            JoinedScores(pa.concat_tables(joined) if joined else None),
-            self.pairs,
-        )
+        earlier = JoinedScores(pa.concat_tables(joined) if joined else None)
+        tools = WindowTools(self.scorer, self.contract, self.score_key, earlier, self.pairs)
         prepared = planned(prepare(0, window, tools), tools)
         part, _ = score(prepared, tools, self.scorer)
         self.pairs.add(part)
@@ -235,9 +221,8 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
             with ScoringPhase(config, report, sink, show_progress=False, immediate_stop=True) as phase:
                 with _user_errors():
                     counts = _score_on_ray(dataset, contract, sink, partitioning, phase, source.label)
-                items, failed = sum(c["items"] for c in counts), sum(c["failed"] for c in counts)
-                reused_pairs, duplicates = (sum(c[name] for c in counts) for name in ("reused", "duplicates"))
-                phase.add(ScoredWindow(total_rows, items, failed, reused=reused_pairs, duplicates=duplicates))
+                summed = {name: sum(c[name] for c in counts) for name in COUNTS}
+                phase.add(ScoredWindow(total_rows, **summed))
                 phase.commit()
         finally:
             sink.remove()
@@ -248,9 +233,8 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
 
 @contextlib.contextmanager
 def _quiet_core_worker(quiet: bool):
-    """Under -q, the driver's Ray core worker (C++) writes nothing on stderr: below fatal it logs to its
-    session's files only (RAY_BACKEND_LOG_LEVEL, read when ray.init starts it; unless the caller set it), and
-    the one line it prints about that setting while ray.init runs goes to /dev/null."""
+    """Under -q, the driver's Ray core worker (C++) logs below fatal to its session's files only
+    (RAY_BACKEND_LOG_LEVEL, unless the caller set it); the line it prints about that goes to /dev/null."""
     if not quiet or "RAY_BACKEND_LOG_LEVEL" in os.environ:
         yield
         return
@@ -334,9 +318,8 @@ def _score_on_ray(dataset, contract, sink, partitioning, phase, label: str) -> l
 
 
 def _joined_on_store(config: RunConfig, checked: Checked, contract, gpus) -> Location:
-    """--reuse: this run's keys joined to the earlier outputs (job/reuse.EarlierScores, on this machine, keyed
-    with the score key an actor resolves) and copied into a hidden directory beside OUTPUT, on its store,
-    where every read task can reach it."""
+    """--reuse: the earlier outputs joined here (keyed as an actor resolves the engine), copied into a hidden
+    directory beside OUTPUT, where every read task reaches it."""
     import ray
 
     task = ray.remote(_actor_score_key).options(num_cpus=LIGHT_CPUS, num_gpus=gpus)
@@ -406,14 +389,13 @@ def _counts(part: pa.Table) -> pa.Table:
     failed = part.num_rows - part[ERROR].null_count
     reused, duplicates = (pc.sum(part[name]).as_py() or 0 for name in (REUSED_FLAG, DUPLICATES))
     return pa.table(
-        {"items": [part.num_rows], "failed": [failed], "reused": [reused], "duplicates": [duplicates]}
+        {name: [count] for name, count in zip(COUNTS, (part.num_rows, failed, reused, duplicates))}
     )
 
 
 @contextlib.contextmanager
 def _user_errors():
-    """A user mistake raised inside a Ray task surfaces as itself (a one-line exit 2), not Ray's wrapper (its
-    cause chain keeps the original)."""
+    """A user mistake raised inside a Ray task surfaces as itself (exit 2), found in Ray's wrapper's causes."""
     try:
         yield
     except Exception as error:

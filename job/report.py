@@ -155,8 +155,7 @@ class RunReport:
         )
 
     def _written(self) -> str:
-        """What the output holds, for the summary line, where it is not one row per item: under --top-k (the
-        kept rows) and --on-error skip ('' otherwise)."""
+        """The rows written, for the summary line, where not one per item (--top-k, --on-error skip), else ''."""
         top_k = self.settings.get("top_k")
         if self.dry_run or self.requests or not (top_k or self.items_skipped):
             return ""
@@ -188,9 +187,8 @@ class RunReport:
 def report_failure(
     report: str | None, error: BaseException, *, overwrite: bool, resume: bool = False
 ) -> None:
-    """Write the report of a run that failed before it started (e.g. the caller's settings did not resolve).
-    A report path that may not be written (a directory, a missing directory, a succeeded report without
-    --overwrite) is left alone, so the original error stands."""
+    """Write the report of a run that failed before it started; a report path that may not be written is left
+    alone (with a warning), so the original error stands."""
     if not report:
         return
     from score_batch.job.paths import check_report_file

@@ -141,10 +141,8 @@ def matched_values(window: Window, keys: list[str | None], joined: pa.Table | No
 
 
 class ScoredPairs:
-    """The values of the pairs this run has written, by score key, so a pair repeated in a later window is
-    copied rather than scored. The values stay in the written windows' Arrow columns (a pair becomes Python
-    objects only when it is copied). Bounded: past `budget` bytes the oldest pairs are forgotten, and a repeat
-    of one of them is scored again. Safe to share between the scoring loop and the prefetch worker."""
+    """The values of the pairs this run has written (in their Arrow columns), by score key, so a later repeat is
+    copied; past `budget` bytes the oldest are forgotten (scored again). Thread-safe (the prefetch worker's)."""
 
     def __init__(self, budget: int = PAIRS_MEMORY) -> None:
         self.budget = budget

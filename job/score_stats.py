@@ -1,10 +1,8 @@
 """The distribution of a run's scores and of its items per query, for the report (alerting on a drifted model).
 
-Memory is bounded: count, min, max and mean are exact; the quantiles are exact up to SAMPLE_SIZE finite
-scores, then from a uniform random sample of them (reservoir sampling with a fixed seed: the same input
-gives the same report). Items per query are counted per distinct query of the run (a ranking group), whatever
-the windows and input order, by a 64-bit hash: 16 bytes a query for at most MAX_QUERIES queries (64 MiB;
-twice that while new queries are merged in); the report says when queries past that were left out.
+Memory is bounded: count, min, max and mean are exact; the quantiles are exact up to SAMPLE_SIZE finite scores,
+then from a reservoir sample (fixed seed: the same input gives the same report). Items per query are counted
+per distinct query of the run by a 64-bit hash, for at most MAX_QUERIES queries (the report says when more).
 """
 
 from __future__ import annotations

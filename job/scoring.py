@@ -1,7 +1,5 @@
-"""The one scoring loop's steps, shared by the local run, the Ray actors and batch files: a window (columns) →
-its keys, the pairs copied from earlier outputs or earlier windows, the groups left to score → plan → run →
-one output part (part schema) and what it adds to the report.
-"""
+"""The one scoring loop's steps for local windows, Ray batches and batch files: a window → its keys, copied
+pairs, the groups left → plan → run → an output part (part schema) and its ScoredWindow."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.window import Window
 from score_batch.job.contract import OutputContract
 from score_batch.job.phase import ScoredWindow
-from score_batch.job.reuse import EarlierScores, ScoredPairs
+from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs
 from score_batch.job.windows import (
     WindowGroups,
     empty_counts,
@@ -34,10 +32,8 @@ class WindowTools:
 
     planner: Planner
     contract: OutputContract  # the run's output (job/preflight.run_contract)
-    score_key: (
-        bytes | None
-    )  # job/identity.RunIdentity.score_key: what every pair's key is keyed with (None: no keys)
-    earlier: EarlierScores | None  # --reuse: the earlier outputs' values for this run's pairs
+    score_key: bytes | None  # RunIdentity.score_key: what every pair's key is keyed with (None: no keys)
+    earlier: EarlierScores | JoinedScores | None  # --reuse: the earlier outputs' values for this run's pairs
     pairs: ScoredPairs  # the values of pairs written by earlier windows (or batches) of this run
 
 
@@ -56,13 +52,11 @@ class Prepared:
     digest: str = ""  # a local run's window digest (io_formats/window.InputDigest): its checkpoint's check
 
 
-def prepare(number: int, window: Window, tools: WindowTools, reused: dict | None = None) -> Prepared:
-    """Group and key a window, and take out the pairs whose values are copied: from --reuse's earlier outputs
-    (tools.earlier, or `reused` as a Ray actor's batch carries them) and repeats of pairs already written."""
+def prepare(number: int, window: Window, tools: WindowTools) -> Prepared:
+    """Group and key a window, taking out the pairs copied from --reuse's earlier outputs and from this run."""
     grouped = group_window(window)
     keys = [None] * window.num_items if tools.score_key is None else pair_keys(window, tools.score_key)
-    if reused is None:
-        reused = {} if tools.earlier is None else tools.earlier.take(window, keys)
+    reused = {} if tools.earlier is None else tools.earlier.take(window, keys)
     copies = tools.pairs.take(without(grouped, reused), keys)
     return Prepared(number, window, grouped, without(grouped, reused | copies), reused, copies, keys)
 
@@ -79,8 +73,7 @@ def planned(prepared: Prepared, tools: WindowTools) -> Prepared:
 
 
 def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple[pa.Table, ScoredWindow]:
-    """Run a planned window (scorer None: a dry run, NaN scores and the plan's errors) into its output part
-    and what it adds to the report."""
+    """Run a planned window (scorer None: a dry run's NaN scores) into its output part and its ScoredWindow."""
     contract, plan, window = tools.contract, prepared.plan, prepared.window
     results = planned_results(plan, contract.pooled_dim) if scorer is None else scorer.run(plan, advance)
     copied = prepared.reused | prepared.copies

@@ -30,8 +30,8 @@ if _IN_CHECKOUT:  # a source checkout or an editable install: the subpackages si
 
 
 def _version() -> str:
-    """A checkout's pyproject.toml version (an editable install's metadata keeps the one it was installed
-    at, and the version is in every score key and resume fingerprint), else the installed package's."""
+    """A checkout's pyproject.toml version (an editable install's metadata keeps its install's), else the
+    installed package's: the version is in every score key and run identity."""
     import re
 
     try:
@@ -55,8 +55,7 @@ __all__ = ["Group", "GroupResult", "Scorer", "__version__", "demo_model_path"]
 
 
 def __getattr__(name: str):
-    """The version and the Python API on first use, so importing score_batch costs nothing (`score-batch
-    --version` imports no torch, and the command line handles signals from its first milliseconds)."""
+    """The version and the Python API on first use: importing score_batch costs nothing."""
     if name == "__version__":
         globals()["__version__"] = version = _version()
         return version

@@ -8,10 +8,8 @@ import pyarrow as pa
 
 
 def pyarrow_without_pandas() -> None:
-    """Settle pyarrow's lazy pandas check as "not installed" for this process (the command line's run, which
-    makes no pandas objects): pyarrow otherwise imports pandas (~0.3 s) the first time pa.array is given
-    anything, only to ask whether it is a pandas object. Whatever needs pandas itself (to_pandas,
-    from_pandas) still imports it then: pyarrow tries again for those. No-op once pandas is imported."""
+    """Settle pyarrow's lazy pandas check (on pa.array's first call) as "not installed"; to_pandas and
+    from_pandas still import it (pyarrow tries again for those). No-op once pandas is imported."""
     if "pandas" in sys.modules:
         return
     refuse = _RefusePandas()

@@ -108,10 +108,8 @@ GC_OLDER_COLLECTIONS = (50, 100)  # collections of each generation before the ne
 
 
 def tune_gc() -> None:
-    """Fewer garbage-collector passes for a batch process (the CLI's and each Ray actor's; docs/operations.md):
-    objects alive now (the imported libraries) are frozen out of every later pass, and a young collection runs
-    every GC_YOUNG_ALLOCATIONS allocations. The host path allocates token-id lists and rows by the hundred
-    thousand, none of them in a cycle, and each default pass rescanned them: 25% of a dry run's time."""
+    """Fewer garbage-collector passes (docs/operations.md): the imported libraries frozen out of every pass, a
+    young collection every GC_YOUNG_ALLOCATIONS allocations (rescanning rows: 25% of a dry run's time)."""
     import gc
 
     gc.freeze()

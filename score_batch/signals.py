@@ -20,11 +20,9 @@ class Stopped(BaseException):
 
 
 class StopSignals:
-    """Handles SIGINT/SIGTERM while active. immediate: raise Stopped from the handler (nothing to leave in
-    a clean state); else record the signal and raise it from check() at the next safe point. A signal is
-    remembered by every StopSignals nested in the outermost one, so check() raises it again at
-    the next safe point when the Stopped an immediate handler raised could not propagate (it came inside a
-    weakref callback or a __del__, where Python only reports it: the outermost one hides that report)."""
+    """Handles SIGINT/SIGTERM while active: immediate, Stopped raised from the handler; else at check(), the
+    next safe point. A signal is remembered until the outermost one ends, so check() raises again a Stopped
+    that could not propagate (raised in a weakref callback or a __del__: its report is hidden)."""
 
     _received: int | None = None  # the signal received since the outermost StopSignals was entered
     _depth = 0  # StopSignals active in the main thread
@@ -64,6 +62,15 @@ class StopSignals:
             raise Stopped(StopSignals._received)
 
 
+def import_deferring_stops(name: str):
+    """Import a module, a stop that comes meanwhile raised after it (one raised inside an import leaves the module
+    half-imported; inside torch's C++ start-up it aborts the process)."""
+    with StopSignals() as deferred:
+        __import__(name)  # the import statement's way (importlib's skips -X importtime's log)
+    deferred.check()
+    return sys.modules[name]
+
+
 def _unraisable_unless_stopped(hook):
     """sys.unraisablehook printing nothing for a Stopped raised where Python cannot raise (a weakref callback,
     a __del__): the signal stays received, and the next check raises it."""
@@ -76,8 +83,8 @@ def _unraisable_unless_stopped(hook):
 
 
 def exit_on_signals() -> None:
-    """From now on SIGINT/SIGTERM end the process at once with 130/143 and one line on stderr: for the command
-    line's last instructions, when its report is written and nothing is left to clean up."""
+    """From now on SIGINT/SIGTERM end the process at once with 130/143 and one line on stderr (the command line's
+    last instructions: nothing left to clean up)."""
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _exit_now)
