@@ -88,6 +88,50 @@ def without(grouped: WindowGroups, taken: dict[int, dict]) -> WindowGroups:
     return WindowGroups(groups, refs)
 
 
+@dataclass
+class _ItemValues:
+    """A window's per-item values: copied from earlier outputs, then the engine's results, then row errors."""
+
+    score: np.ndarray  # [items] float32
+    scores: np.ndarray  # [items, num_scores] float32
+    pooled: np.ndarray | None  # [items, hidden] float32
+    has_value: np.ndarray  # [items] bool: scored or copied (an error still nulls it)
+    has_vector: np.ndarray  # [items] bool
+    errors: list[str | None]
+    chunks: list[int | None]
+
+
+def _item_values(window, grouped, results, reused, width: int, dim: int | None) -> _ItemValues:
+    """Each item's score, scores, vector, chunk count and error (NaN/None where it has none)."""
+    n = window.num_items
+    pooled = None if dim is None else np.full((n, dim), np.nan, np.float32)
+    values = _ItemValues(
+        np.full(n, np.nan, np.float32), np.full((n, width), np.nan, np.float32), pooled,
+        np.zeros(n, bool), np.zeros(n, bool), [None] * n, [None] * n,
+    )  # fmt: skip
+    for at, copied in (reused or {}).items():
+        values.score[at], values.scores[at], values.has_value[at] = copied[SCORE], copied[SCORES], True
+        if pooled is not None and copied.get(POOLED) is not None:
+            pooled[at], values.has_vector[at] = copied[POOLED], True
+        values.chunks[at] = copied.get(CHUNKS)
+    for at, result in zip(grouped.refs, results or ()):
+        values.score[at], values.scores[at], values.has_value[at] = result.score, result.scores, True
+        if pooled is not None and result.pooled is not None:
+            pooled[at], values.has_vector[at] = result.pooled, True
+        failures = result.failures  # per item: why it has no score, else None
+        if any(failures):
+            for k, error in enumerate(failures):
+                values.errors[at[k]] = error
+        if result.chunks is not None:
+            for k, count in zip(at.tolist(), result.chunks.tolist()):
+                values.chunks[k] = count
+    for row, error in enumerate(window.errors):
+        if error is not None:
+            start, stop = int(window.offsets[row]), int(window.offsets[row + 1])
+            values.errors[start:stop] = [error] * (stop - start)
+    return values
+
+
 def output_columns(
     window: Window,
     grouped: WindowGroups,
@@ -102,36 +146,10 @@ def output_columns(
     Under --truncate chunk each item also has its chunk count. keys: each item's score key (pair_keys); reused: the
     values of items copied from earlier (grouped and results leave them out), by window item index. Ids and
     kept columns are taken from the window by row; scores and vectors are built from numpy."""
-    dim, n = contract.pooled_dim, window.num_items
-    width = _scores_width(results, reused)
-    score = np.full(n, np.nan, np.float32)  # [items]
-    scores = np.full((n, width), np.nan, np.float32)  # [items, num_scores]
-    pooled = None if dim is None else np.full((n, dim), np.nan, np.float32)  # [items, hidden]
-    has_value = np.zeros(n, bool)  # [items]: scored or copied (an error still nulls it)
-    has_vector = np.zeros(n, bool)  # [items]
-    errors: list[str | None] = [None] * n
-    chunks: list[int | None] = [None] * n
-    for at, values in (reused or {}).items():
-        score[at], scores[at], has_value[at] = values[SCORE], values[SCORES], True
-        if pooled is not None and values.get(POOLED) is not None:
-            pooled[at], has_vector[at] = values[POOLED], True
-        chunks[at] = values.get(CHUNKS)
-    for at, result in zip(grouped.refs, results or ()):
-        score[at], scores[at], has_value[at] = result.score, result.scores, True
-        if pooled is not None and result.pooled is not None:
-            pooled[at], has_vector[at] = result.pooled, True
-        failures = result.failures  # per item: why it has no score, else None
-        if any(failures):
-            for k, error in enumerate(failures):
-                errors[at[k]] = error
-        if result.chunks is not None:
-            for k, count in zip(at.tolist(), result.chunks.tolist()):
-                chunks[k] = count
+    dim, n, width = contract.pooled_dim, window.num_items, _scores_width(results, reused)
+    values = _item_values(window, grouped, results, reused, width, dim)
+    errors = values.errors
     rows = window.item_rows()  # [items]
-    for row, error in enumerate(window.errors):
-        if error is not None:
-            start, stop = int(window.offsets[row]), int(window.offsets[row + 1])
-            errors[start:stop] = [error] * (stop - start)
     row_index = window.index[rows]  # [items]
     query_ids = pick(window.query_ids if contract.query_ids_given else generated_ids(window), rows)
     failed = np.fromiter((error is not None for error in errors), bool, n)  # [items]
@@ -139,7 +157,7 @@ def output_columns(
         ROW_INDEX: pa.array(row_index),
         QUERY_ID: query_ids,
         ITEM_ID: window.item_ids,
-        **{name: pick(values, rows) for name, values in window.kept.items()},
+        **{name: pick(kept, rows) for name, kept in window.kept.items()},
         SCORE_KEY: [None if bad else key for bad, key in zip(failed.tolist(), keys)]
         if failed.any()
         else keys,
@@ -152,16 +170,18 @@ def output_columns(
         item_ids = python(window.item_ids)
         for k in np.flatnonzero(failed).tolist():
             errors[k] = f"row {int(row_index[k])}: {errors[k]}{_ids(ids[k], item_ids[k])}"
-    null = failed | ~has_value
-    columns[SCORE] = pa.array(score, mask=null)
+    null = failed | ~values.has_value
+    columns[SCORE] = pa.array(values.score, mask=null)
     columns[SCORES] = pa.ListArray.from_arrays(
-        pa.array(np.arange(n + 1, dtype=np.int32) * width), pa.array(scores.reshape(-1)), mask=pa.array(null)
+        pa.array(np.arange(n + 1, dtype=np.int32) * width),
+        pa.array(values.scores.reshape(-1)),
+        mask=pa.array(null),
     )
     if contract.chunked:  # else a kept column may take the name
-        columns[CHUNKS] = [None if failed[k] else count for k, count in enumerate(chunks)]
-    if pooled is not None:
+        columns[CHUNKS] = [None if failed[k] else count for k, count in enumerate(values.chunks)]
+    if values.pooled is not None:
         columns[POOLED] = pa.FixedSizeListArray.from_arrays(
-            pa.array(pooled.reshape(-1)), dim, mask=pa.array(failed | ~has_vector)
+            pa.array(values.pooled.reshape(-1)), dim, mask=pa.array(failed | ~values.has_vector)
         )
     columns[ERROR] = errors
     return columns
