@@ -1,0 +1,211 @@
+"""Hostile ranking inputs: composite keys of odd types, the generated query_id, --ranked-output beside OUTPUT
+(every row accounted for, collisions by another spelling, kill -9 and --resume), --reuse of each. Checked
+against pandas groupby-ranks, hashlib and pyarrow reads, never against the code itself."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+
+ITEMS = [" to", " the flag of", " Japan", " the", " a city", " over there", " here"]
+
+
+def ranks_by(frame: pd.DataFrame, key: list[str], top_k: int | None = None) -> pd.DataFrame:
+    """pandas: each group's rank by score, ties by input order; nulls (NaN) a key value."""
+    frame = frame.assign(
+        rank=frame.groupby(key, dropna=False, sort=False)["score"]
+        .rank(method="first", ascending=False)
+        .astype(int)
+    )
+    return frame if top_k is None else frame[frame["rank"] <= top_k]
+
+
+def digest(query) -> int:
+    """docs/ranking.md's generated query_id, written out with hashlib."""
+    data = b"t" + query.encode() if isinstance(query, str) else b"i" + json.dumps(query).encode()
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big") >> 1
+
+
+def test_minus_zero_and_zero_in_a_key_column_are_one_ranking(qwen3_causal, tmp_path):
+    """-0.0 == 0.0: one ranking with one rank 1, as pandas, SQL's GROUP BY and DuckDB group them."""
+    ks = [0.0, -0.0, 0.0, -0.0, 1.5, -0.0]
+    rows = [{"k": k, "query": "Tokyo is a city in", "item": ITEMS[i]} for i, k in enumerate(ks)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    base = [tmp_path / "in.parquet", "--model", qwen3_causal, *LABEL_FLAGS, "--query-id-col", "k,query"]
+    assert run_cli(*base, "-o", tmp_path / "plain.parquet").returncode == 0
+    assert run_cli(*base, "--rank", "-o", tmp_path / "ranked.parquet").returncode == 0
+    frame = pd.DataFrame(rows).assign(score=pq.read_table(tmp_path / "plain.parquet")["score"].to_pylist())
+    want = ranks_by(frame.assign(item_id=range(len(rows))), ["k", "query"])
+    got = pq.read_table(tmp_path / "ranked.parquet").to_pandas()
+    assert dict(zip(got["item_id"], got["rank"])) == dict(zip(want["item_id"], want["rank"]))
+    assert (got["rank"] == 1).sum() == 2  # {0.0, -0.0} and {1.5}
+
+
+def test_a_key_column_only_some_files_have_is_null_in_the_others(qwen3_causal, tmp_path):
+    """dt from a partition directory in one file, none for a file at the top: its rows' dt is null, a ranking
+    of their own (a key value, never joined to the dated rows)."""
+    data = tmp_path / "in"
+    (data / "dt=2026-11-27").mkdir(parents=True)
+    dated = {"query": ["q"] * 3, "item": ITEMS[:3]}
+    undated = {"query": ["q"] * 3, "item": ITEMS[3:6]}
+    pq.write_table(pa.table(dated), data / "dt=2026-11-27" / "a.parquet")
+    pq.write_table(pa.table(undated), data / "b.parquet")
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--query-id-col", "dt,query"]
+    ran = run_cli(*base, "-o", tmp_path / "plain.parquet")
+    if ran.returncode == 2:  # refused before scoring: one line naming the column and both files
+        assert "'dt'" in ran.stderr and "b.parquet" in ran.stderr and "a.parquet" in ran.stderr
+        assert len(ran.stderr.strip().splitlines()) == 1 and not (tmp_path / "plain.parquet").exists()
+        return
+    assert ran.returncode == 0, ran.stderr
+    ran = run_cli(*base, "--top-k", "2", "-o", tmp_path / "top.parquet")
+    assert ran.returncode == 0, ran.stderr
+    plain = pq.read_table(tmp_path / "plain.parquet").flatten().to_pandas()
+    assert plain["query_id.dt"].isna().sum() == 3 and plain["query_id.dt"].notna().sum() == 3
+    want = ranks_by(plain, ["query_id.dt", "query_id.query"], top_k=2)
+    got = pq.read_table(tmp_path / "top.parquet").to_pandas()
+    assert sorted(zip(got["item_id"], got["rank"])) == sorted(zip(want["item_id"], want["rank"]))
+
+
+def test_the_generated_query_id_is_the_documented_digest(qwen3_causal, tmp_path):
+    """Texts equal after Unicode normalization still differ (two ids), token-id queries get the JSON digest."""
+    texts = ["caf\u00e9", "cafe\u0301", "caf\u00e9 ", "caf\u00e9"]
+    rows = [{"query": q, "item": ITEMS[i]} for i, q in enumerate(texts)]
+    ran = score(qwen3_causal, write_jsonl(tmp_path / "t.jsonl", rows), "-o", tmp_path / "t.parquet")
+    assert ran.returncode == 0, ran.stderr
+    assert pq.read_table(tmp_path / "t.parquet")["query_id"].to_pylist() == [digest(q) for q in texts]
+    tokens = [{"query_tokens": [5, 6, 7], "item_tokens": [8]}, {"query_tokens": [5, 6], "item_tokens": [8]}]
+    ran = score(qwen3_causal, write_jsonl(tmp_path / "i.jsonl", tokens), "-o", tmp_path / "i.parquet")
+    assert ran.returncode == 0, ran.stderr
+    want = [digest([5, 6, 7]), digest([5, 6])]
+    assert pq.read_table(tmp_path / "i.parquet")["query_id"].to_pylist() == want
+
+
+def score(model, data, *flags, **how):
+    """One score run of DATA with the tiny model and its label tokens."""
+    return run_cli(data, "--model", model, *LABEL_FLAGS, *flags, **how)
+
+
+def failing_rows(n: int = 21) -> list[dict]:
+    """Three queries, every fifth item null (a row error)."""
+    return [
+        {"query": ["q a", "q b", "q c"][i % 3], "item": None if i % 5 == 4 else ITEMS[i % 7]}
+        for i in range(n)
+    ]
+
+
+def jsonl_rows(path) -> list[dict]:
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+@pytest.mark.parametrize("output,view", [("out.parquet", "view.jsonl"), ("out.jsonl", "view.parquet")])
+def test_ranked_output_under_skip_accounts_for_every_row(qwen3_causal, tmp_path, output, view):
+    """OUTPUT rows + errors == input rows, each row once; the view is pandas' top-k of OUTPUT's scores."""
+    rows = failing_rows()
+    flags = [
+        "--window-rows",
+        "4",
+        "--top-k",
+        "2",
+        "--on-error",
+        "skip",
+        "--errors-file",
+        tmp_path / "e.jsonl",
+    ]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    ran = score(qwen3_causal, data, *flags, "-o", tmp_path / output, "--ranked-output", tmp_path / view)
+    assert ran.returncode == 0, ran.stderr
+
+    def read(path):
+        return (
+            pq.read_table(path).to_pandas() if path.suffix == ".parquet" else pd.DataFrame(jsonl_rows(path))
+        )
+
+    out, top = read(tmp_path / output), read(tmp_path / view)
+    errors = jsonl_rows(tmp_path / "e.jsonl")
+    assert sorted([*out["item_id"], *(e["item_id"] for e in errors)]) == list(range(len(rows)))
+    assert {e["item_id"] for e in errors} == {i for i, r in enumerate(rows) if r["item"] is None}
+    want = ranks_by(out, ["query_id"], top_k=2)
+    first = {query: k for k, query in reversed(list(enumerate(out["query_id"])))}  # queries by first row
+    order = want.assign(first=want["query_id"].map(first)).sort_values(["first", "rank"])
+    assert list(zip(top["item_id"], top["rank"])) == list(zip(order["item_id"], order["rank"]))
+
+
+def test_ranked_output_spelled_another_way_is_refused(qwen3_causal, tmp_path):
+    """./x, an absolute path and a path through a symlinked directory all name OUTPUT: one line, exit 2."""
+    data = write_jsonl(tmp_path / "in.jsonl", failing_rows(3))
+    (tmp_path / "link").symlink_to(tmp_path)
+    for view in ("./out.parquet", str(tmp_path / "out.parquet"), "link/out.parquet"):
+        ran = score(qwen3_causal, data, "--rank", "-o", "out.parquet", "--ranked-output", view, cwd=tmp_path)
+        assert ran.returncode == 2 and "same path" in ran.stderr, (view, ran.stderr)
+        assert len(ran.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.parquet").exists()
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_gives_the_uninterrupted_outputs(job):
+    """A --top-k run with --ranked-output killed after two parts, resumed: both files as an uninterrupted run
+    writes them (the view's JSON lines byte for byte); a resume naming another view path is refused or writes
+    the same view there."""
+    from tests.test_job import start_cli, wait_for_parts
+
+    base, _, tmp_path = job
+    flags = ["--top-k", "3", "--on-error", "record"]
+    whole = run_cli(
+        *base, *flags, "-o", tmp_path / "whole.parquet", "--ranked-output", tmp_path / "whole.jsonl"
+    )
+    assert whole.returncode == 0, whole.stderr
+    out, view = tmp_path / "out.parquet", tmp_path / "view.jsonl"
+    process = start_cli(*base, *flags, "-o", out, "--ranked-output", view)
+    wait_for_parts(tmp_path / "out.parquet.parts", 2, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert not out.exists() and not view.exists()
+    moved = run_cli(*base, *flags, "-o", out, "--ranked-output", tmp_path / "moved.jsonl", "--resume")
+    if moved.returncode == 0:
+        assert (tmp_path / "moved.jsonl").read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+        assert pq.read_table(out).equals(pq.read_table(tmp_path / "whole.parquet"))
+        return
+    errors = [line for line in moved.stderr.splitlines() if "error:" in line]
+    assert moved.returncode == 2 and len(errors) == 1 and "ranked_output" in errors[0], moved.stderr
+    assert "Traceback" not in moved.stderr and not (tmp_path / "moved.jsonl").exists()
+    resumed = run_cli(*base, *flags, "-o", out, "--ranked-output", view, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert view.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+    assert pq.read_table(out).equals(pq.read_table(tmp_path / "whole.parquet"))
+    assert not os.path.exists(f"{out}.parts")
+
+
+def test_reuse_of_the_view_warns_and_of_output_reuses_every_pair(qwen3_causal, tmp_path):
+    """--reuse OUTPUT of a --ranked-output run reuses every scored pair; --reuse of its Parquet view warns."""
+    rows = [{"query": ["q a", "q b"][i % 2], "item": ITEMS[i % 7]} for i in range(14)]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS]
+    ran = run_cli(
+        *base, "--top-k", "2", "-o", tmp_path / "all.parquet", "--ranked-output", tmp_path / "v.parquet"
+    )
+    assert ran.returncode == 0, ran.stderr
+    scored = pq.read_table(tmp_path / "all.parquet")
+    for reused, partial in (("all.parquet", False), ("v.parquet", True)):
+        report = tmp_path / f"{reused}.report.json"
+        again = run_cli(
+            *base, "--reuse", tmp_path / reused, "-o", tmp_path / f"again-{reused}", "--report", report
+        )
+        assert again.returncode == 0, again.stderr
+        counts = json.loads(report.read_text())
+        got = pq.read_table(tmp_path / f"again-{reused}")["score"].to_numpy()
+        assert np.allclose(got, scored["score"].to_numpy(), rtol=1e-4, atol=0), reused
+        if not partial:  # every pair copied: bit for bit
+            assert list(got) == scored["score"].to_pylist(), (counts, again.stderr)
+        if partial:
+            assert "--top-k" in again.stderr and counts["reused"] == 4  # 2 queries × top 2
+        else:
+            assert counts["reused"] + counts["duplicates"] == len(rows) and counts["items_scored"] == 0
