@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
@@ -127,6 +128,13 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     if not config.resume or completion is None or not completion.exists():
         return False
     completion.check_rerun(config, checked.source, checked.identity)
+    if checked.paths.ranked is not None and not checked.paths.ranked.exists():  # OUTPUT never without it
+        if config.overwrite:
+            return False  # score both again
+        raise InputError(
+            f"output {config.output!r} is complete but its --ranked-output {config.ranked_output!r} is gone "
+            "(removed since); pass --overwrite to score both again"
+        )
     report.already_complete = True
     log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True

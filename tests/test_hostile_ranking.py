@@ -209,3 +209,21 @@ def test_reuse_of_the_view_warns_and_of_output_reuses_every_pair(qwen3_causal, t
             assert "--top-k" in again.stderr and counts["reused"] == 4  # 2 queries × top 2
         else:
             assert counts["reused"] + counts["duplicates"] == len(rows) and counts["items_scored"] == 0
+
+
+@pytest.mark.parametrize("output", ["out.parquet", "out.jsonl"])
+def test_resume_of_a_complete_run_whose_view_is_gone_never_says_complete(qwen3_causal, tmp_path, output):
+    """An Airflow retry (--resume) after the view was removed: not "already complete" with exit 0 and no view;
+    one line, exit 2, naming the view and --overwrite (which scores both again)."""
+    rows = [{"query": ["q a", "q b"][i % 2], "item": ITEMS[i % 7]} for i in range(8)]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    flags = ["--top-k", "1", "-o", tmp_path / output, "--ranked-output", tmp_path / "view.jsonl", "--resume"]
+    assert score(qwen3_causal, data, *flags).returncode == 0
+    first = (tmp_path / "view.jsonl").read_bytes()
+    (tmp_path / "view.jsonl").unlink()
+    again = score(qwen3_causal, data, *flags)
+    assert again.returncode == 2, again.stderr
+    errors = [line for line in again.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "view.jsonl" in errors[0] and "--overwrite" in errors[0], again.stderr
+    assert score(qwen3_causal, data, *flags, "--overwrite").returncode == 0
+    assert (tmp_path / "view.jsonl").read_bytes() == first
