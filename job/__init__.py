@@ -132,8 +132,8 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
         if config.overwrite:
             return False  # score both again
         raise InputError(
-            f"output {config.output!r} is complete but its --ranked-output {config.ranked_output!r} is gone "
-            "(removed since); pass --overwrite to score both again"
+            f"output {config.output!r} is complete but its --ranked-output {config.ranked_output!r} is not "
+            "there (removed, or another path); pass --overwrite to score both again"
         )
     report.already_complete = True
     log.info("%s is already complete (same model, settings and input); nothing to do", config.output)

@@ -52,6 +52,7 @@ class RunIdentity:
         settings["engine"]["scoring"] = dataclasses.asdict(config.engine.scoring.deciding())
         for name in UNFINGERPRINTED:
             settings.pop(name)
+        settings["ranked_output"] = True if config.ranked_output else None  # a view is written; not where
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)
         record = {"settings": settings, "model": model_identity(config.model_dir), "software": software()}
