@@ -23,11 +23,11 @@ if TYPE_CHECKING:
     from score_batch.job.run_config import RunConfig
 
 # What a run does with its output rows but not which rows: never in the identity (reuse: reused scores are the
-# scores the run gives).
+# scores the run gives). The input and the model count by content (input, model), not by how a path is spelled.
 UNFINGERPRINTED = (
-    *("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray", "threads"),
-    *("progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse", "reuse_missing_ok"),
-    *("window_rows", "max_failed_rate"),
+    *("input", "model_dir", "resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output"),
+    *("ray", "threads", "progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse"),
+    *("reuse_missing_ok", "window_rows", "max_failed_rate"),
 )
 INVARIANT_SETTINGS = (("engine", "max_batch_tokens"),)  # scores stay within the batch-invariance bound
 # The parts of a record that are digested, in this order (input: a completed output's only)

@@ -233,3 +233,19 @@ def test_the_view_spelled_another_way_resumes(qwen3_causal, tmp_path):
             qwen3_causal, data, *flags, "-o", tmp_path / "o.parquet", "--ranked-output", view, cwd=cwd
         )
         assert again.returncode == 0 and "already complete" in again.stderr, again.stderr
+
+
+def test_the_input_and_model_spelled_another_way_are_the_same_run(qwen3_causal, tmp_path):
+    """The identity checks the input and the model by content: ./in.jsonl, an absolute path or a symlinked
+    model directory on a retry is "already complete", not "completed differently: setting input …"."""
+    data = write_jsonl(tmp_path / "in.jsonl", failing_rows(6))
+    (tmp_path / "m").symlink_to(qwen3_causal)
+    flags = ["--on-error", "record", "--resume", "-o", "o.parquet", *LABEL_FLAGS]
+    first = run_cli("in.jsonl", "--model", qwen3_causal, *flags, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    for spelled, model in (("./in.jsonl", qwen3_causal), (str(data), qwen3_causal), ("in.jsonl", "m")):
+        again = run_cli(spelled, "--model", model, *flags, cwd=tmp_path)
+        assert again.returncode == 0 and "already complete" in again.stderr, (spelled, model, again.stderr)
+    changed = write_jsonl(tmp_path / "other.jsonl", failing_rows(7))  # another content: still refused
+    refused = run_cli(changed, "--model", qwen3_causal, *flags, cwd=tmp_path)
+    assert refused.returncode == 2 and "the input changed" in refused.stderr, refused.stderr
