@@ -4,6 +4,7 @@ against pandas groupby-ranks, hashlib and pyarrow reads, never against the code 
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -249,3 +250,16 @@ def test_the_input_and_model_spelled_another_way_are_the_same_run(qwen3_causal, 
     changed = write_jsonl(tmp_path / "other.jsonl", failing_rows(7))  # another content: still refused
     refused = run_cli(changed, "--model", qwen3_causal, *flags, cwd=tmp_path)
     assert refused.returncode == 2 and "the input changed" in refused.stderr, refused.stderr
+
+
+def test_a_failed_row_of_a_composite_key_names_its_key_as_json(qwen3_causal, tmp_path):
+    """The error message names a struct query_id as the errors file holds it (JSON), not as Python's repr."""
+    day = dt.date(2026, 11, 27)
+    rows = [{"dt": day, "user_id": None, "query": "q", "item": item} for item in (" to", None)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    key = ["--query-id-col", "dt,user_id,query", "--on-error", "skip"]
+    ran = score(qwen3_causal, "in.parquet", *key, "--errors-file", "e.jsonl", "-o", "o.parquet", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    (error,) = jsonl_rows(tmp_path / "e.jsonl")
+    assert error["query_id"] == {"dt": "2026-11-27", "user_id": None, "query": "q"}
+    assert error["error"].endswith(f"(query_id={json.dumps(error['query_id'])}, item_id=1)"), error["error"]
