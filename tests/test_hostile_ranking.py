@@ -263,3 +263,59 @@ def test_a_failed_row_of_a_composite_key_names_its_key_as_json(qwen3_causal, tmp
     (error,) = jsonl_rows(tmp_path / "e.jsonl")
     assert error["query_id"] == {"dt": "2026-11-27", "user_id": None, "query": "q"}
     assert error["error"].endswith(f"(query_id={json.dumps(error['query_id'])}, item_id=1)"), error["error"]
+
+
+def test_a_hostile_batch_file_answers_every_request_as_plain_scores_rank_it(qwen3_causal, tmp_path):
+    """Duplicate custom_ids, an empty document, a repeated document, top_n huge / 0 / -1 / 1, requests of one
+    query across windows: one line per request in order, results best first, top_n kept, each score the plain
+    run's score of the pair (window sizes 1 and 1000 alike)."""
+    docs = ["", " to", " the flag of", " Japan", " to"]
+    top_ns = [10**12, 0, -1, 1, 3]
+    requests = [
+        {
+            "custom_id": "same",
+            "method": "POST",
+            "url": "/v1/rerank",
+            "body": {"query": ["q a", "q b"][i % 2], "documents": docs[: 2 + i % 4], "top_n": top_ns[i % 5]},
+        }
+        for i in range(10)
+    ]
+    batch = write_jsonl(tmp_path / "req.jsonl", requests)
+    pairs = [{"query": r["body"]["query"], "item": d} for r in requests for d in r["body"]["documents"]]
+    assert (
+        score(
+            qwen3_causal, write_jsonl(tmp_path / "pairs.jsonl", pairs), "-o", tmp_path / "p.parquet"
+        ).returncode
+        == 0
+    )
+    plain = iter(pq.read_table(tmp_path / "p.parquet")["score"].to_pylist())
+    want = [[next(plain) for _ in r["body"]["documents"]] for r in requests]
+    for window in ("1", "1000"):
+        out = tmp_path / f"out{window}.jsonl"
+        ran = run_cli(
+            "run-batch",
+            "-i",
+            batch,
+            "-o",
+            out,
+            "--model",
+            qwen3_causal,
+            *LABEL_FLAGS,
+            "--window-rows",
+            window,
+        )
+        assert ran.returncode == 0, ran.stderr
+        lines = jsonl_rows(out)
+        assert [line["custom_id"] for line in lines] == ["same"] * len(requests)
+        for request, line, scores in zip(requests, lines, want):
+            body, top_n = request["body"], request["body"]["top_n"]
+            results = line["response"]["body"]["results"]
+            assert line["error"] is None and len(results) == (
+                min(top_n, len(scores)) if top_n > 0 else len(scores)
+            )
+            got = [r["relevance_score"] for r in results]
+            assert got == sorted(got, reverse=True)
+            assert [r["document"]["text"] for r in results] == [
+                body["documents"][r["index"]] for r in results
+            ]
+            assert np.allclose(got, [scores[r["index"]] for r in results], rtol=1e-5, atol=0)
