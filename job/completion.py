@@ -104,9 +104,9 @@ class Completion:
         """True when an earlier run completed this output."""
         return self._stamp().fingerprint is not None
 
-    def check_rerun(self, config: RunConfig, source: InputSource, identity: RunIdentity) -> None:
+    def check_rerun(self, config: RunConfig, source: InputSource, identity: RunIdentity) -> dict:
         """Refuse a rerun on a completed output unless this run's identity and input content are the same and
-        the output is still what that run published."""
+        the output is still what that run published; the record it was completed with."""
         stamp = self._stamp()
         now = identity.completed(input_digest(config, source))
         if stamp.fingerprint != now.digest:
@@ -122,6 +122,7 @@ class Completion:
                 f"output {config.output!r} changed since it was completed ({stamp.changed}), so it is not "
                 "what this run would publish; pass --overwrite to replace it"
             )
+        return stamp.record or {}
 
     def published(self, completed: RunIdentity, resume: bool) -> None:
         """After publishing: the OUTPUT.done of a JSONL or dataset output (--resume runs write it; others drop

@@ -72,6 +72,11 @@ class RunIdentity:
         """This identity with the window rows its parts are written with beside it (not digested)."""
         return dataclasses.replace(self, record={**self.record, "layout": {"window_rows": window_rows}})
 
+    def with_failed(self, failed: int, items: int) -> RunIdentity:
+        """This identity with the run's failed and total items beside it (not digested): a --resume of the
+        completed output checks --max-failed-rate again."""
+        return dataclasses.replace(self, record={**self.record, "failed": [failed, items]})
+
     def completed(self, input_digest: str) -> RunIdentity:
         """The identity an output completed from an input of this content digest records."""
         return self._of({**self.record, "input": [input_digest]})

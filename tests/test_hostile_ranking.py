@@ -319,3 +319,27 @@ def test_a_hostile_batch_file_answers_every_request_as_plain_scores_rank_it(qwen
                 body["documents"][r["index"]] for r in results
             ]
             assert np.allclose(got, [scores[r["index"]] for r in results], rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("output", ["o.parquet", "o.jsonl"])
+def test_a_retry_of_a_run_over_the_failed_rate_fails_again(qwen3_causal, tmp_path, output):
+    """Airflow retries a failed task: a --resume of a run that ended over --max-failed-rate (exit 4) must not
+    turn green ("already complete", exit 0, status succeeded) while the output still holds the failures."""
+    rows = [{"query": "q", "item": None if i % 2 else " to"} for i in range(6)]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    flags = ["--top-k", "1", "--on-error", "skip", "--max-failed-rate", "0.1", "--resume"]
+    paths = [
+        "-o",
+        tmp_path / output,
+        "--ranked-output",
+        tmp_path / "v.jsonl",
+        "--report",
+        tmp_path / "r.json",
+    ]
+    for attempt in range(2):
+        ran = score(qwen3_causal, data, *flags, *paths)
+        assert ran.returncode == 4, (attempt, ran.stderr)
+        assert "3 of 6 items failed" in ran.stderr
+        assert json.loads((tmp_path / "r.json").read_text())["status"] == "failed"
+    relaxed = score(qwen3_causal, data, *flags[:-3], "--max-failed-rate", "0.5", "--resume", *paths)
+    assert relaxed.returncode == 0 and "already complete" in relaxed.stderr, relaxed.stderr
