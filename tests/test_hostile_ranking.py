@@ -343,3 +343,34 @@ def test_a_retry_of_a_run_over_the_failed_rate_fails_again(qwen3_causal, tmp_pat
         assert json.loads((tmp_path / "r.json").read_text())["status"] == "failed"
     relaxed = score(qwen3_causal, data, *flags[:-3], "--max-failed-rate", "0.5", "--resume", *paths)
     assert relaxed.returncode == 0 and "already complete" in relaxed.stderr, relaxed.stderr
+
+
+@pytest.mark.parametrize(
+    "flags,said",
+    [
+        (["--top-k", "0"], "--top-k"),
+        (["--ranked-output", "v.parquet"], "needs --rank or --top-k"),
+        (["--rank", "-o", "-", "--ranked-output", "v.parquet"], "not -"),
+        (["--rank", "--query-id-col", ","], "names no column"),
+        (["--rank", "--query-id-col", "dt, dt"], "names 'dt' twice"),
+        (["--rank", "--query-id-col", "dt,user"], "'user'"),
+        (["--rank", "--query-id-col", "dt,query", "--keep-columns", "query_id"], "query_id"),
+    ],
+)
+def test_hostile_ranking_flags_are_one_line_exit_2(qwen3_causal, tmp_path, flags, said):
+    rows = [{"dt": "2026-11-27", "query_id": 1, "query": "q", "item": " to"}]
+    ran = score(qwen3_causal, write_jsonl(tmp_path / "in.jsonl", rows), "-o", tmp_path / "o.parquet", *flags)
+    assert ran.returncode == 2 and said in ran.stderr, ran.stderr
+    assert len(ran.stderr.strip().splitlines()) == 1 and "Traceback" not in ran.stderr
+
+
+def test_spaces_around_the_key_columns_name_the_same_key(qwen3_causal, tmp_path):
+    """' dt , query ' is the key dt,query: the same output, query_id's fields named without the spaces."""
+    rows = [{"dt": ["d1", "d2"][i % 2], "query": "q", "item": ITEMS[i]} for i in range(4)]
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    for name, key in (("a", "dt,query"), ("b", " dt , query ")):
+        ran = score(qwen3_causal, data, "--rank", "--query-id-col", key, "-o", tmp_path / f"{name}.parquet")
+        assert ran.returncode == 0, ran.stderr
+    a, b = (pq.read_table(tmp_path / f"{name}.parquet") for name in "ab")
+    assert [f.name for f in b.schema.field("query_id").type] == ["dt", "query"]
+    assert a.select(["query_id", "item_id", "rank"]).equals(b.select(["query_id", "item_id", "rank"]))
