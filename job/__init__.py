@@ -13,13 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
 from score_batch.job.identity import RunIdentity
 from score_batch.job.lock import OutputLock
 from score_batch.job.paths import check_report_path
-from score_batch.job.policy import remove_leftovers
+from score_batch.job.policy import enforce_failed_rate, remove_leftovers
 from score_batch.job.progress import warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.run_config import RayOptions, RunConfig
@@ -115,8 +116,17 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     completion = checked.paths.completion
     if not config.resume or completion is None or not completion.exists():
         return False
-    completion.check_rerun(config, checked.source, checked.identity)
+    record = completion.check_rerun(config, checked.source, checked.identity)
+    if checked.paths.ranked is not None and not checked.paths.ranked.exists():  # OUTPUT never without it
+        if config.overwrite:
+            return False  # score both again
+        raise InputError(
+            f"output {config.output!r} is complete but its --ranked-output {config.ranked_output!r} is not "
+            "there (removed, or another path); pass --overwrite to score both again"
+        )
     report.already_complete = True
+    report.items_failed, report.items = record.get("failed", (0, 0))
+    enforce_failed_rate(report, config)  # a retry of a run over --max-failed-rate fails again
     log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True
 

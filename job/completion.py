@@ -101,8 +101,9 @@ class Completion:
         """True when an earlier run completed this output."""
         return self._stamp().fingerprint is not None
 
-    def check_rerun(self, config: RunConfig, source: InputSource, identity: RunIdentity) -> None:
-        """Refuse a rerun on a completed output unless its identity, input and output are still the same."""
+    def check_rerun(self, config: RunConfig, source: InputSource, identity: RunIdentity) -> dict:
+        """Refuse a rerun on a completed output unless its identity, input and output are still the same; the
+        record it was completed with."""
         stamp = self._stamp()
         now = identity.completed(input_digest(config, source))
         if stamp.fingerprint != now.digest:
@@ -118,6 +119,7 @@ class Completion:
                 f"output {config.output!r} changed since it was completed ({stamp.changed}), so it is not "
                 "what this run would publish; pass --overwrite to replace it"
             )
+        return stamp.record or {}
 
     def published(self, completed: RunIdentity, resume: bool) -> None:
         """After publishing: a JSONL or dataset output's OUTPUT.done (--resume writes it, others drop it)."""

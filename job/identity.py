@@ -20,11 +20,11 @@ if TYPE_CHECKING:
     from score_batch.job.run_config import RunConfig
 
 # What a run does with its output rows but not which rows: never in the identity (reuse: reused scores are the
-# scores the run gives).
+# scores the run gives). The input and the model count by content (input, model), not by how a path is spelled.
 UNFINGERPRINTED = (
-    *("resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output", "ray", "threads"),
-    *("progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse", "reuse_missing_ok"),
-    *("window_rows", "max_failed_rate"),
+    *("input", "model_dir", "resume", "overwrite", "report", "dry_run", "quiet", "errors_file", "output"),
+    *("ray", "threads", "progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse"),
+    *("reuse_missing_ok", "window_rows", "max_failed_rate"),
 )
 INVARIANT_SETTINGS = (("engine", "max_batch_tokens"),)  # scores stay within the batch-invariance bound
 # The parts of a record that are digested, in this order (input: a completed output's only)
@@ -49,6 +49,7 @@ class RunIdentity:
         settings["engine"]["scoring"] = dataclasses.asdict(config.engine.scoring.deciding())
         for name in UNFINGERPRINTED:
             settings.pop(name)
+        settings["ranked_output"] = True if config.ranked_output else None  # a view is written; not where
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)
         record = {"settings": settings, "model": model_identity(config.model_dir), "software": software()}
@@ -67,6 +68,11 @@ class RunIdentity:
     def laid_out(self, window_rows: int) -> RunIdentity:
         """This identity with the window rows its parts are written with beside it (not digested)."""
         return dataclasses.replace(self, record={**self.record, "layout": {"window_rows": window_rows}})
+
+    def with_failed(self, failed: int, items: int) -> RunIdentity:
+        """This identity with the run's failed and total items beside it (not digested): a --resume of the
+        completed output checks --max-failed-rate again."""
+        return dataclasses.replace(self, record={**self.record, "failed": [failed, items]})
 
     def completed(self, input_digest: str) -> RunIdentity:
         """The identity an output completed from an input of this content digest records."""

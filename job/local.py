@@ -142,7 +142,8 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
                 sink.write(number, part, tools.contract, prepared.digest)
             phase.check()
         sink.check_read(windows_read)
-        completed = checked.identity.completed(content.hexdigest())
+        digest = content.hexdigest()
+        completed = checked.identity.completed(digest).with_failed(report.items_failed, report.items)
         phase.commit(tools.contract, phase.check, completed)
         if completion is not None:
             completion.published(completed, config.resume)

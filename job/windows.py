@@ -210,8 +210,13 @@ def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int
 def _ids(query_id: Any, item_id: Any) -> str:
     """The ids of a failed row, for its message (empty when the input has none)."""
     ids = {"query_id": query_id, "item_id": item_id}
-    named = [f"{name}={value!r}" for name, value in ids.items() if value is not None]
+    named = [f"{name}={_shown(value)}" for name, value in ids.items() if value is not None]
     return f" ({', '.join(named)})" if named else ""
+
+
+def _shown(value: Any) -> str:
+    """An id in a message: a composite key's struct as JSON (as the errors file holds it), others as repr."""
+    return json.dumps(value, default=str) if isinstance(value, dict) else repr(value)
 
 
 def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
@@ -256,11 +261,21 @@ def query_identity(window: Window, row: int, ids_given: bool) -> tuple:
     if isinstance(query_id, pa.Scalar):
         query_id = query_id.as_py()
     if query_id is not None:
-        return ("id", repr(query_id))
+        return ("id", repr(_equal_floats_one(query_id)))
     query = window.query(row)
     if query is not None:
         return ("text", query if isinstance(query, str) else token_key(query))
     return ("row", int(window.index[row]))
+
+
+def _equal_floats_one(value: Any) -> Any:
+    """An id's value with -0.0 as 0.0 (in a composite key's fields and lists too): equal ids, one query, as in
+    SQL's GROUP BY and pandas."""
+    if isinstance(value, float):
+        return value + 0.0  # -0.0 + 0.0 == +0.0
+    if isinstance(value, dict):
+        return {name: _equal_floats_one(field) for name, field in value.items()}
+    return [_equal_floats_one(v) for v in value] if isinstance(value, list) else value
 
 
 def row_query_keys(window: Window, ids_given: bool) -> list[str]:
