@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import re
 import urllib.parse
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from score_batch.choices import HiveTypes
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import HTTP, Location, has_glob
 from score_batch.io_formats.writers import JSONL_COMPRESSIONS
+
+log = logging.getLogger(__name__)
 
 
 class FileFormat(str, Enum):
@@ -190,8 +193,19 @@ def _info(location: Location) -> pafs.FileInfo:
 
 def _directory(location: Location) -> list[InputFile]:
     """A directory's data files and those of its hive partition directories (open_source refuses a format mix)."""
-    # only hive partition directories are read below a directory
-    files = _files_below(location, lambda relative: all(map(_PARTITION.match, relative.split("/")[:-1])))
+    # only hive partition directories are read below a directory; data files elsewhere are named in a warning
+    skipped: list[str] = []
+    files = _files_below(
+        location, lambda relative: all(map(_PARTITION.match, relative.split("/")[:-1])), skipped
+    )
+    if files and skipped:
+        suffix = skipped[0].rsplit("/", 1)[-1].split(".", 1)[-1]
+        log.warning(
+            "input directory %s: %d data file(s) in sub-directories that are not key=value partitions are not read "
+            "(%s%s); name them as inputs (a glob such as '%s/**/*.%s' reads every level)",
+            location.uri, len(skipped), ", ".join(skipped[:3]), ", …" if len(skipped) > 3 else "",
+            location.uri.rstrip("/"), suffix,
+        )  # fmt: skip
     if not files:
         raise InputError(
             f"input directory {location.uri!r} holds no .parquet files (nor .jsonl files; sub-directories other than "
@@ -215,9 +229,11 @@ def _glob(location: Location) -> tuple[list[InputFile], Location]:
     return files, base
 
 
-def _files_below(base: Location, wanted: Callable[[str], Any]) -> list[InputFile]:
-    """The data files below base whose path relative to it is wanted, sorted by path; names starting with '.'
-    or '_' (`_SUCCESS`, `.part.tmp-1`) are never read."""
+def _files_below(
+    base: Location, wanted: Callable[[str], Any], skipped: list[str] | None = None
+) -> list[InputFile]:
+    """The data files below base whose path relative to it is wanted, sorted by path (the others' relative paths
+    added to skipped); names starting with '.' or '_' (`_SUCCESS`, `.part.tmp-1`) are never read."""
     root = base.path.rstrip("/")
     files = []
     for entry in base.fs.get_file_info(pafs.FileSelector(root or "/", recursive=True)):
@@ -228,6 +244,8 @@ def _files_below(base: Location, wanted: Callable[[str], Any]) -> list[InputFile
         known = file_format(segments[-1])
         if known is not None and wanted(relative):
             files.append(InputFile(base.child(relative), *known, partitions_of(entry.path)))
+        elif known is not None and skipped is not None:
+            skipped.append(relative)
     return sorted(files, key=lambda f: f.location.path)
 
 

@@ -311,6 +311,10 @@ def test_local_hive_directory_and_glob(qwen3_causal, tmp_path):
         assert [(line["item_id"], line["country"]) for line in lines] == [
             (r["item_id"], "DE" if i < 4 else "US") for i, r in enumerate(rows)
         ]
+        # the directory's unread file is named (an operator would otherwise lose its rows unseen); a glob reads
+        # what it names and warns of nothing
+        unread = "1 data file(s) in sub-directories that are not key=value partitions are not read (other/ignored.jsonl)"
+        assert (unread in result.stderr) == (source == tmp_path / "data"), result.stderr
 
 
 def test_inputs_that_disagree_or_mix_formats_exit_2(qwen3_causal, tmp_path):
