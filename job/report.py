@@ -42,6 +42,7 @@ class RunReport:
     items_failed: int = 0
     items_skipped: int = 0  # failed items listed in the errors file (--on-error skip)
     rows_written: int = 0  # output rows (a batch file's: response lines); under --top-k the kept ones
+    rows_ranked: int | None = None  # --ranked-output: the ranked view's rows (None: no view written)
     rows_skipped_by_resume: int = 0
     requests: int = 0  # OpenAI batch file: request lines (0 for table input)
     requests_failed: int = 0  # OpenAI batch file: request lines answered with an error line
@@ -161,7 +162,8 @@ class RunReport:
             return ""
         kept = f", the best {top_k} of each query" if top_k else ""
         skipped = f", {self.items_skipped} failed left out" if self.items_skipped else ""
-        return f"; wrote {self.rows_written} rows{kept}{skipped}"
+        view = f" and {self.rows_ranked} to the ranked view" if self.rows_ranked is not None else ""
+        return f"; wrote {self.rows_written} rows{kept}{skipped}{view}"
 
     def _saved(self) -> str:
         """What reuse and dedup saved, for the summary line ('' when nothing)."""

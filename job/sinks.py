@@ -116,6 +116,7 @@ class PartsSink:
         self.config = config
         self.paths = paths
         self.rows_written = 0
+        self.rows_ranked: int | None = None  # --ranked-output: the view's rows, once published
         self.destination = paths.output
         self.format = "parquet" if config.partition_by else output_format(config.output)
         if not self.destination.publishes_in_steps and self.destination.exists() and not config.overwrite:
@@ -216,6 +217,7 @@ class PartsSink:
         form = "parquet" if self.config.partition_by else output_format(self.config.ranked_output)
         view = iter([contract.final_view(ranked)])
         self._publish(view, contract, lambda: None, fingerprint, check, self.paths.ranked, form)
+        self.rows_ranked = ranked.num_rows
         log.info("the ranked view (%d rows) is in %s", ranked.num_rows, self.config.ranked_output)
 
     def _publish(self, tables, contract, ready, fingerprint, check, destination: Location, form: str) -> None:

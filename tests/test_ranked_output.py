@@ -48,6 +48,9 @@ def test_one_run_writes_what_two_runs_write(qwen3_causal, tmp_path, data, on_err
     report = json.loads((tmp_path / "r.json").read_text())
     skipped = 1 if on_error == "skip" else 0
     assert report["rows_written"] == len(nightly_rows()) - skipped == len(rows_of(full))
+    assert report["rows_ranked"] == len(rows_of(view))  # the view's rows, counted apart
+    assert run_cli(*base, "-o", tmp_path / "x.parquet", "--report", tmp_path / "r2.json").returncode == 0
+    assert json.loads((tmp_path / "r2.json").read_text())["rows_ranked"] is None  # no view
     if on_error == "skip":  # the failed row is listed once
         assert len((tmp_path / "full.parquet.errors.jsonl").read_text().splitlines()) == 1
     # --reuse of the full output reuses every pair, no warning; of a Parquet view it warns: some pairs only.
