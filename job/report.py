@@ -157,13 +157,13 @@ class RunReport:
 
     def _written(self) -> str:
         """The rows written, for the summary line, where not one per item (--top-k, --on-error skip), else ''."""
-        top_k = self.settings.get("top_k")
-        if self.dry_run or self.requests or not (top_k or self.items_skipped):
+        top_k, view = self.settings.get("top_k"), self.rows_ranked is not None
+        if self.dry_run or self.requests or not (top_k or self.items_skipped or view):
             return ""
-        kept = f", the best {top_k} of each query" if top_k else ""
+        kept = f", the best {top_k} of each query" if top_k and not view else ""  # a view: OUTPUT holds all
         skipped = f", {self.items_skipped} failed left out" if self.items_skipped else ""
-        view = f" and {self.rows_ranked} to the ranked view" if self.rows_ranked is not None else ""
-        return f"; wrote {self.rows_written} rows{kept}{skipped}{view}"
+        ranked = f", {self.rows_ranked} to the ranked view" if view else ""
+        return f"; wrote {self.rows_written} rows{kept}{skipped}{ranked}"
 
     def _saved(self) -> str:
         """What reuse and dedup saved, for the summary line ('' when nothing)."""

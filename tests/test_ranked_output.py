@@ -49,6 +49,8 @@ def test_one_run_writes_what_two_runs_write(qwen3_causal, tmp_path, data, on_err
     skipped = 1 if on_error == "skip" else 0
     assert report["rows_written"] == len(nightly_rows()) - skipped == len(rows_of(full))
     assert report["rows_ranked"] == len(rows_of(view))  # the view's rows, counted apart
+    assert f"wrote {len(rows_of(full))} rows" in both.stderr and "the best" not in both.stderr  # OUTPUT: all
+    assert f"{len(rows_of(view))} to the ranked view" in both.stderr
     assert run_cli(*base, "-o", tmp_path / "x.parquet", "--report", tmp_path / "r2.json").returncode == 0
     assert json.loads((tmp_path / "r2.json").read_text())["rows_ranked"] is None  # no view
     if on_error == "skip":  # the failed row is listed once
