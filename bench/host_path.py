@@ -2,7 +2,7 @@
 model time, against the tokenizer's own batch call measured in the same run.
 
     python bench/host_path.py [--items 10000 100000] [--shapes 1000x27 1500x40] [--per-query 100]
-                              [--repeats 2] [--stages] [--modes dry zero pooled ceiling]
+                              [--repeats 2] [--stages] [--modes dry zero pooled ceiling jsonl cli]
 
 Input: a long-layout Parquet file (query_id, query, item_id, item) of each shape (queries of about
 QUERY_TOKENS tokens with --per-query items of about ITEM_TOKENS: 1,000 × 27, where items are short and the
@@ -16,7 +16,9 @@ per-item work shows most, and the goal-like 1,500 × 40), tokenized by the tests
 - pooled: the same with 1,024-wide pooled hidden states written;
 - ceiling: the dry run with the tokenizer's batch call replaced by a lookup of token ids made before the
   timing (bench only): the Python ceiling, what the host path reaches when tokenizing costs nothing;
-- jsonl: the dry run over the same rows as a JSONL file.
+- jsonl: the dry run over the same rows as a JSONL file;
+- cli: the command as a user runs it, in its own process (`score-batch IN --dry-run --max-pack-tokens 8192
+  --report R`): the report's items / seconds_scoring (its CPU time includes the process's start-up).
 
 --stages adds where a dry run's time goes: each host step's seconds (summed over the prefetch worker and the
 main thread), from wrappers around the job's steps.
@@ -35,6 +37,8 @@ import contextlib
 import json
 import os
 import random
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -220,6 +224,26 @@ def score(model_dir: Path, data: Path, out: Path, dry: bool, pooled: bool = Fals
     return run(config)
 
 
+def cli_run(model_dir: Path, data: Path, out: Path) -> tuple[float, float]:
+    """A dry run as the command (its own process, --max-pack-tokens 8192): (seconds_scoring, CPU seconds)."""
+    report = out.with_suffix(".json")
+    command = [
+        sys.executable,
+        "-m",
+        "score_batch.cli.main",
+        str(data),
+        "--dry-run",
+        "--max-pack-tokens",
+        "8192",
+    ]
+    command += ["--model", str(model_dir), "--report", str(report), "-q", "-o", str(out), "--overwrite"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, check=True, cwd=Path(__file__).resolve().parents[1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return json.loads(report.read_text())["seconds_scoring"], cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000])
@@ -232,7 +256,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--stages", action="store_true")
-    parser.add_argument("--modes", nargs="+", default=["dry", "zero", "pooled", "ceiling", "jsonl"])
+    parser.add_argument("--modes", nargs="+", default=["dry", "zero", "pooled", "ceiling", "jsonl", "cli"])
     args = parser.parse_args()
     tune_malloc(os.environ)  # this process as the CLI's: malloc and the garbage collector tuned
     tune_gc()
@@ -261,6 +285,11 @@ def main() -> None:
                 best["floor"] = min(best.get("floor", 1e9), floor_seconds(tokenizer, data))
                 for mode in args.modes:
                     out = tmp / f"out-{mode}.parquet"
+                    if mode == "cli":
+                        seconds, cpu = cli_run(model_dir, data, out)
+                        if seconds < best.get(mode, 1e9):
+                            best[mode], cpu_seconds[mode] = seconds, cpu
+                        continue
                     with contextlib.ExitStack() as stack:
                         if mode not in ("dry", "ceiling", "jsonl"):
                             stack.enter_context(ZeroForward())
