@@ -2,7 +2,7 @@
 
 A ranking group is the rows of one query: the rows sharing a `query_id` when the input has id columns (one, or
 a composite key of several; the query text is not part of the key), else the rows sharing the query text. See
-docs/ranking.md. Columnar: numpy sorts the rows once, no Python object per row.
+docs/ranking.md. Columnar: the rows sorted once by engine/run/ranking's ranked_order, no Python object per row.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from score_batch.engine.run.ranking import ranked_order
 from score_batch.io_formats.columns import QUERY_KEY, RANK, SCORE
 from score_batch.job.contract import OutputContract
 
@@ -19,16 +20,10 @@ def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
     """Rows of every query (input order in, across all windows) → queries in order of first appearance,
     each query's scored items best first with their rank (only the best top_k under top_k), then its
     failed items (rank null, input order). The whole output is held in memory while it is ranked."""
-    n = part.num_rows
     group = pc.dictionary_encode(part[QUERY_KEY].combine_chunks()).indices  # codes by first appearance
     group = group.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)  # [rows]
-    score = part[SCORE].fill_null(np.nan).to_numpy().astype(np.float64)  # [rows]
-    failed = np.isnan(score)  # [rows] null or NaN: no rank
-    order = np.lexsort((np.arange(n), np.where(failed, 0.0, -score), failed, group))  # [rows]
-    starts = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1]]) if n else np.zeros(0, int)
-    rank = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n])) + 1  # [rows] place in its query
-    keep = failed[order] | (rank <= (contract.top_k if contract.top_k is not None else n))
-    order, rank, unranked = order[keep], rank[keep], failed[order][keep]
+    score = part[SCORE].fill_null(np.nan).to_numpy().astype(np.float64)  # [rows] null or NaN: no rank
+    order, rank, unranked = ranked_order(group, score, contract.top_k)
     rank_column = pa.array(rank.astype(np.int32), pa.int32(), mask=unranked)
     schema = contract.ranked_schema()
     ranked = part.take(pa.array(order, pa.int64()))
