@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
@@ -173,7 +174,9 @@ WorkPlan = PackedPlan | PairPlan
 def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[ItemRef, ...]]:
     """Each scored sequence that later ones repeat exactly (same query and item tokens, same order) → those
     repeats, across the call's groups: they are scored once and copied (pure; no model)."""
-    first: dict[tuple, ItemRef] = {}
+    first: dict[
+        tuple, tuple[int, int]
+    ] = {}  # (query code, item tokens) → (group, item) of its first sequence
     copies: dict[ItemRef, list[ItemRef]] = {}
     queries: dict[tuple, int] = {}  # each distinct query's tokens → a small code (items key on the code)
     for g, group in enumerate(groups):
@@ -181,10 +184,9 @@ def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[Ite
         for i, ids in enumerate(group.item_ids):
             if ids is None:
                 continue
-            ref = ItemRef(g, i)
-            original = first.setdefault((query, tuple(ids)), ref)
-            if original is not ref:  # setdefault gave back an earlier ref (no dataclass __eq__)
-                copies.setdefault(original, []).append(ref)
+            original = first.setdefault((query, tuple(ids)), (g, i))
+            if original[0] != g or original[1] != i:  # an earlier sequence of the same tokens
+                copies.setdefault(ItemRef(*original), []).append(ItemRef(g, i))
     return {original: tuple(refs) for original, refs in copies.items()}
 
 
@@ -215,7 +217,12 @@ def _inline_pack(
 ) -> Pack:
     """The MIS pack of a run of a group's items, query inline."""
     items = [group.item_ids[i] for i in run]
-    return mis_pack(group.query_ids, items, [ItemRef(group_index, i) for i in run], delimiter, query_key)
+    return mis_pack(group.query_ids, items, item_refs(group_index, run), delimiter, query_key)
+
+
+def item_refs(group_index: int, items: list[int]) -> list[ItemRef]:
+    """ItemRef(group_index, i) for each i, made without the NamedTuple's Python-level __new__ (per item: hot)."""
+    return list(map(ItemRef._make, zip(itertools.repeat(group_index), items)))
 
 
 def _query_once_packs(
@@ -230,8 +237,9 @@ def _query_once_packs(
             packs.append(_inline_pack(group_index, group, run, delimiter))
             continue
         items = [group.item_ids[i] for i in run]
-        refs = [ItemRef(group_index, i) for i in run]
-        packs.append(cached_mis_pack(len(group.query_ids), items, refs, delimiter, group_index))
+        packs.append(
+            cached_mis_pack(len(group.query_ids), items, item_refs(group_index, run), delimiter, group_index)
+        )
     return packs
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from score_batch.engine.config import ScoringConfig
@@ -69,26 +70,44 @@ def encode_groups(groups: list[Group], tokenizer, cfg: ScoringConfig) -> list[tu
 
 def encode_texts(
     tokenizer, template: str | None, placeholder: str, contents: list[str], add_special_tokens: bool
-) -> list[Encoded]:
+) -> EncodedTexts:
     """Encode each content wrapped in a template, in one tokenizer call; each encoding knows which of its
     tokens are the content's (a fast tokenizer's offsets; a slow one's: none)."""
     if not contents:
-        return []
+        return EncodedTexts([], [], [], 0)
     prefix, suffix = template.split(placeholder, 1) if template else ("", "")
     texts = [prefix + content + suffix for content in contents] if template else contents
     if not getattr(tokenizer, "is_fast", False):
-        return [
-            Encoded(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"], []) for text in texts
-        ]
-    start = len(prefix)
+        ids = [tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"] for text in texts]
+        return EncodedTexts(ids, None, contents, len(prefix))
     encodings = backend_encode(tokenizer, texts, add_special_tokens)
     if encodings is None:  # a tokenizer class of its own: through its __call__
         batch = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         encodings = [Offsets(*pair) for pair in zip(batch["input_ids"], batch["offset_mapping"])]
-    return [
-        Encoded(encoding.ids, None, encoding, (start, start + len(content)))
-        for content, encoding in zip(contents, encodings)
-    ]
+    return EncodedTexts([encoding.ids for encoding in encodings], encodings, contents, len(prefix))
+
+
+class EncodedTexts(Sequence):
+    """The Encoded texts of one tokenizer call, each made when indexed: the ids lists are there at once (the
+    common case reads only them: `ids`), the offsets only where truncation or chunking asks."""
+
+    def __init__(self, ids: list[list[int]], encodings: list | None, contents: list[str], start: int) -> None:
+        self.ids = ids  # [texts] each text's token ids
+        self._encodings = encodings  # None: a slow tokenizer, no offsets (no content tokens)
+        self._contents = contents
+        self._start = start  # where each content begins in its templated text (after the template's prefix)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            encodings = None if self._encodings is None else self._encodings[index]
+            return EncodedTexts(self.ids[index], encodings, self._contents[index], self._start)
+        if self._encodings is None:
+            return Encoded(self.ids[index], [])
+        span = (self._start, self._start + len(self._contents[index]))
+        return Encoded(self.ids[index], None, self._encodings[index], span)
 
 
 @dataclass(frozen=True)

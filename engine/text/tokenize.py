@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.text.chunking import split_chunks
-from score_batch.engine.text.encode import Encoded, encode_groups, given_ids
+from score_batch.engine.text.encode import Encoded, EncodedTexts, encode_groups, given_ids
 from score_batch.engine.text.truncation import EMPTY_QUERY, check_ids, failed, fit, longest_first, query_head
 from score_batch.engine.types import Group, TokenizedGroup
 
@@ -116,7 +117,7 @@ def tokenize_group(
 
 def _fit_items(
     query_ids: list[int],
-    items: list[Encoded],
+    items: Sequence[Encoded],
     cfg: ScoringConfig,
     text_input: bool,
     pair_limit: int,
@@ -136,7 +137,7 @@ def _fit_items(
             f"(max_position_embeddings {max_positions})"
         )
     if text_input and cfg.truncate != "chunk" and (query_ids or not cfg.item_first):
-        ids = [item.ids for item in items]
+        ids = items.ids if isinstance(items, EncodedTexts) else [item.ids for item in items]
         if _all_fit(ids, item_limit, vocab_size):  # the common case, checked over the group's tokens at once
             return TokenizedGroup(query_ids, ids, [None] * len(ids), cfg.item_first)
     item_ids: list[list[int] | None] = []
