@@ -241,7 +241,7 @@ def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
                 query_digest(window.query_values[code]), digest_size=16, key=score_key
             )
         pair = state.copy()
-        pair.update(_item_bytes(item))
+        pair.update(b"t" + item.encode("utf-8", "surrogatepass") if type(item) is str else _item_bytes(item))
         append(pair.hexdigest())
     return keys
 

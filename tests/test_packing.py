@@ -75,6 +75,25 @@ def test_split_items_respects_limit_and_order():
     assert split_items(10, [], 24) == []
 
 
+def test_split_items_is_the_greedy_split_on_random_lengths():
+    """Each run takes items in order while its pack fits (a plain loop as the reference), zero-length items
+    and exact fits included."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        query, limit = int(rng.integers(1, 40)), int(rng.integers(45, 120))
+        lens = rng.integers(0, limit - query - 1, int(rng.integers(0, 25))).tolist()
+        want, run, length = [], [], query + 1
+        for index, n in enumerate(lens):
+            if run and length + n + 1 > limit:
+                want.append(run)
+                run, length = [], query + 1
+            run.append(index)
+            length += n + 1
+        want += [run] if run else []
+        assert split_items(query, lens, limit) == want
+        assert all(mis_pack_length(query, [lens[i] for i in r]) <= limit for r in want)
+
+
 def test_split_items_rejects_item_that_cannot_fit():
     with pytest.raises(ValueError):
         split_items(10, [20], max_pack_tokens=24)

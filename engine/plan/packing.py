@@ -131,24 +131,23 @@ def mis_pack_length(query_len: int, item_lens: list[int]) -> int:
 
 
 def split_items(query_len: int, item_lens: list[int], max_pack_tokens: int) -> list[list[int]]:
-    """Split item indices into consecutive runs whose MIS packs fit max_pack_tokens. Every single item must
-    already fit (query_len + item + 2 <= max_pack_tokens)."""
+    """Split item indices into consecutive runs whose MIS packs fit max_pack_tokens, each run as long as fits
+    (greedy, in order). Every single item must already fit (query_len + item + 2 <= max_pack_tokens)."""
+    room = max_pack_tokens - query_len - 1  # what the items and their delimiters may take
+    need = np.asarray(item_lens, dtype=np.int64) + 1  # [n] an item and its closing delimiter
+    over = np.flatnonzero(need > room)
+    if len(over):
+        index = int(over[0])
+        raise ValueError(
+            f"item {index} ({item_lens[index]} tokens) cannot fit a pack of {max_pack_tokens} tokens"
+        )
+    ends = np.cumsum(need)  # [n] the tokens items 0..k take together
     runs: list[list[int]] = []
-    current: list[int] = []
-    length = query_len + 1
-    for index, item_len in enumerate(item_lens):
-        need = item_len + 1
-        if query_len + 1 + need > max_pack_tokens:
-            raise ValueError(
-                f"item {index} ({item_len} tokens) cannot fit a pack of {max_pack_tokens} tokens"
-            )
-        if current and length + need > max_pack_tokens:
-            runs.append(current)
-            current, length = [], query_len + 1
-        current.append(index)
-        length += need
-    if current:
-        runs.append(current)
+    start, used = 0, 0
+    while start < len(need):
+        stop = int(np.searchsorted(ends, used + room, side="right"))  # past the last item that still fits
+        runs.append(list(range(start, stop)))
+        start, used = stop, int(ends[stop - 1])
     return runs
 
 
