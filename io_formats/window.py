@@ -341,10 +341,14 @@ class InputDigest:
         """Feed one window's rows (the windows in input order); the window's own digest (window_digest)."""
         if window.num_rows == 0:
             return hashlib.sha256(self.VERSION).hexdigest()
-        digests = np.frombuffer(b"".join(map(query_digest, window.query_values)) + bytes(32), np.uint8)
+        used, rows = np.unique(
+            window.query_codes, return_inverse=True
+        )  # a slice's rows use some of its values
+        own = [query_digest(window.query_values[code]) for code in used.tolist() if code >= 0]
+        digests = np.frombuffer((bytes(32) if used[0] < 0 else b"") + b"".join(own), np.uint8)  # -1: zeros
         columns: dict[str, Any] = {  # numbers as little-endian bytes, each query as its 32-byte digest
             "index": window.index.astype("<i8").tobytes(),
-            "query": digests.reshape(-1, 32)[window.query_codes].tobytes(),  # code -1: the zero digest
+            "query": digests.reshape(-1, 32)[rows].tobytes(),
             "items": window.items,
             "offsets": np.diff(window.offsets).astype("<i8").tobytes(),
             "item_ids": python(window.item_ids),
