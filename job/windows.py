@@ -45,6 +45,15 @@ class WindowGroups:
 def group_codes(window: Window) -> tuple[np.ndarray, list[int]]:
     """[rows] each readable row's query group (same query id and query), numbered in order of first
     appearance, -1 for a row that cannot be read; and each group's first row."""
+    readable = np.fromiter((error is None for error in window.errors), bool, window.num_rows)  # [rows]
+    if window.query_ids is None and (window.query_codes[readable] >= 0).all():  # a group is a query
+        codes = np.where(readable, window.query_codes, -1)  # [rows], renumbered in order of first appearance
+        rows = np.flatnonzero(codes >= 0)
+        used, first = np.unique(codes[rows], return_index=True)
+        order = np.argsort(first)  # the queries in order of first appearance
+        renumber = np.full(len(window.query_values) + 1, -1, np.int64)  # the last entry keeps -1
+        renumber[used[order]] = np.arange(len(used))
+        return renumber[codes], rows[first[order]].tolist()
     ids = window.query_id_values()
     keys = (
         None if error is not None else (repr(query_id), query)
