@@ -46,20 +46,40 @@ def group_codes(window: Window) -> tuple[np.ndarray, list[int]]:
     """[rows] each readable row's query group (same query id and query), numbered in order of first
     appearance, -1 for a row that cannot be read; and each group's first row."""
     readable = np.fromiter((error is None for error in window.errors), bool, window.num_rows)  # [rows]
-    if window.query_ids is None and (window.query_codes[readable] >= 0).all():  # a group is a query
-        codes = np.where(readable, window.query_codes, -1)  # [rows], renumbered in order of first appearance
-        rows = np.flatnonzero(codes >= 0)
-        used, first = np.unique(codes[rows], return_index=True)
-        order = np.argsort(first)  # the queries in order of first appearance
-        renumber = np.full(len(window.query_values) + 1, -1, np.int64)  # the last entry keeps -1
-        renumber[used[order]] = np.arange(len(used))
-        return renumber[codes], rows[first[order]].tolist()
+    id_codes = _id_codes(window.query_ids, window.num_rows)
+    if id_codes is not None and (window.query_codes[readable] >= 0).all():  # with numpy: no key per row
+        keys = np.where(
+            readable, id_codes * (len(window.query_values) + 1) + window.query_codes, -1
+        )  # [rows]
+        rows = np.flatnonzero(readable)
+        _, first, inverse = np.unique(keys[rows], return_index=True, return_inverse=True)
+        rank = np.empty(len(first), np.int64)
+        rank[np.argsort(first)] = np.arange(len(first))  # each distinct key's place in order of appearance
+        codes = np.full(window.num_rows, -1, np.int64)
+        codes[rows] = rank[inverse.reshape(-1)]
+        return codes, rows[np.sort(first)].tolist()
     ids = window.query_id_values()
     keys = (
         None if error is not None else (repr(query_id), query)
         for error, query_id, query in zip(window.errors, ids, window.query_codes.tolist())
     )
     return first_appearance_codes(keys, window.num_rows)
+
+
+def _id_codes(query_ids, num_rows: int) -> np.ndarray | None:
+    """[rows] a code per distinct query id (a null id one more value), or None where ids are compared by their
+    repr (Python values, floats, composite keys): 0 everywhere without an id column."""
+    if query_ids is None:
+        return np.zeros(num_rows, np.int64)
+    if not isinstance(query_ids, pa.Array):
+        return None
+    plain = query_ids.type.value_type if pa.types.is_dictionary(query_ids.type) else query_ids.type
+    if not (pa.types.is_integer(plain) or pa.types.is_string(plain) or pa.types.is_large_string(plain)):
+        return None
+    if pa.types.is_dictionary(query_ids.type):
+        query_ids = query_ids.dictionary_decode()
+    encoded = query_ids.dictionary_encode(null_encoding="encode")
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def group_window(window: Window) -> WindowGroups:

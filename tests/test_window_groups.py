@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import pyarrow as pa
 import pytest
 
 from score_batch.io_formats.rows import InputRow
@@ -29,6 +31,7 @@ def reference(rows: list[InputRow], ids: bool) -> tuple[list[int], list[int]]:
 
 @pytest.mark.parametrize("ids", [False, True])
 def test_group_codes_equal_first_appearance_over_random_windows(ids):
+    """Python rows (ids compared by repr) and their Arrow columns (integer, string, dictionary ids: numpy)."""
     rng = random.Random(ids)
     for _ in range(1500):
         rows = []
@@ -39,6 +42,16 @@ def test_group_codes_equal_first_appearance_over_random_windows(ids):
                 row.error = "unreadable"
             rows.append(row)
         window = from_rows(rows, ids, ())
+        if ids and rng.random() < 0.7:  # an Arrow id column as the Parquet reader gives it
+            kind = rng.choice([pa.int64(), pa.string(), "dictionary"])
+            values = [None if r.query_id is None else str(r.query_id) for r in rows]
+            if kind == pa.int64():
+                values = [None if r.query_id is None else int(r.query_id) for r in rows]
+            column = pa.array(values, pa.string() if kind == "dictionary" else kind)
+            column = column.dictionary_encode() if kind == "dictionary" else column
+            window = dataclasses.replace(window, query_ids=column)
+            for row, value in zip(rows, column.to_pylist()):
+                row.query_id = value
         start = rng.randint(0, len(rows))
         stop = rng.randint(start, len(rows))
         part = window.slice(start, stop)  # a slice shares its batch's distinct queries
