@@ -20,7 +20,7 @@ per-item work shows most, and the goal-like 1,500 × 40), tokenized by the tests
 - cli: the command as a user runs it, in its own process (`score-batch IN --dry-run --max-pack-tokens 8192
   --report R`): the report's items / seconds_scoring (its CPU time includes the process's start-up).
 
---stages adds where a dry run's time goes: each host step's seconds (summed over the prefetch worker and the
+--stages adds where each mode's time goes: each host step's seconds (summed over the prefetch workers and the
 main thread), from wrappers around the job's steps.
 
 Each mode also prints its CPU time per item (all threads, the load included) and the cores that rate of
@@ -121,14 +121,22 @@ class ZeroForward:
         import torch
 
         launched = self.module.Launched
+        made: dict[
+            int, torch.Tensor
+        ] = {}  # width → zeros of the most rows asked so far (read, never written)
+
+        def zeros(rows: int, width: int) -> torch.Tensor:
+            if width not in made or made[width].shape[0] < rows:
+                made[width] = torch.zeros((max(rows, 4096), width))
+            return made[width][:rows]  # [rows, width]
 
         def launch(runner, batch, cache=None):
             rows = len(batch.score_rows)
-            zeros = torch.zeros((rows, runner.setup.num_scores))  # [num_items, num_scores]
+            scores = zeros(rows, runner.setup.num_scores)  # [num_items, num_scores]
             pooled = None
             if runner.cfg.pooled_hidden_states:
-                pooled = torch.zeros((rows, runner.setup.info.hidden_size))  # [num_items, hidden]
-            return launched.of(batch, zeros, zeros, pooled)
+                pooled = zeros(rows, runner.setup.info.hidden_size)  # [num_items, hidden]
+            return launched.of(batch, scores, scores, pooled)
 
         self.module.PackedRunner._launch = launch
         return self
@@ -171,9 +179,9 @@ class TokenizerLookup:
 
 @contextlib.contextmanager
 def stage_timers(totals: dict[str, float]):
-    """Wrap the job's host steps with timers that add their seconds into totals (both threads)."""
+    """Wrap the job's host steps with timers that add their seconds into totals (all threads)."""
     from score_batch.engine.plan import planner as planner_module
-    from score_batch.io_formats import readers
+    from score_batch.io_formats import readers, window
     from score_batch.job import contract, local, sinks
 
     patched = []
@@ -191,16 +199,16 @@ def stage_timers(totals: dict[str, float]):
         setattr(owner, name, timed)
         patched.append((owner, name, original))
 
-    for name in ("window_hash", "group_window", "pair_keys", "output_columns"):
-        if hasattr(local, name):
-            wrap(local, name, name)
+    wrap(readers, "read_windows", "read (windows; generator set-up only)")
+    wrap(window.InputDigest, "add", "input digest")
+    wrap(local, "prepare", "prepare (groups, keys, copies)")
+    wrap(planner_module, "encode_groups", "  of which tokenize (encode_groups)")
     wrap(planner_module.PackedPlanner, "plan", "plan (tokenize, pack, batch)")
-    wrap(contract.OutputContract, "part_table", "part_table")
+    wrap(local, "score", "score (results, output columns, part)")
+    wrap(contract.OutputContract, "part_table", "  of which part_table")
     for sink in ("PartsSink", "DirectorySink"):
         if hasattr(sinks, sink) and hasattr(getattr(sinks, sink), "write"):
             wrap(getattr(sinks, sink), "write", "checkpoint part write")
-    if hasattr(readers, "to_row"):
-        wrap(readers, "to_row", "to_row (per row)")
     try:
         yield totals
     finally:
@@ -280,7 +288,7 @@ def main() -> None:
                 jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
             best: dict[str, float] = {}
             cpu_seconds: dict[str, float] = {}
-            totals: dict[str, float] = collections.defaultdict(float)
+            totals: dict[str, dict[str, float]] = {}  # mode → its best run's host steps
             for _ in range(args.repeats):
                 best["floor"] = min(best.get("floor", 1e9), floor_seconds(tokenizer, data))
                 for mode in args.modes:
@@ -295,9 +303,9 @@ def main() -> None:
                             stack.enter_context(ZeroForward())
                         if mode == "ceiling":
                             stack.enter_context(lookup)
-                        if mode == "dry" and args.stages:
-                            totals.clear()
-                            stack.enter_context(stage_timers(totals))
+                        if args.stages:
+                            timed = collections.defaultdict(float)
+                            stack.enter_context(stage_timers(timed))
                         cpu = time.process_time()
                         report = score(
                             wide_dir if mode == "pooled" else model_dir,
@@ -309,6 +317,8 @@ def main() -> None:
                         cpu = time.process_time() - cpu  # every thread's CPU seconds, the load included
                     if report.seconds_scoring < best.get(mode, 1e9):
                         best[mode], cpu_seconds[mode] = report.seconds_scoring, cpu
+                        if args.stages:
+                            totals[mode] = timed
             floor = items / best["floor"]
             print(
                 f"\n{items:,} items, {queries:,} queries (~{query_tokens} + {args.per_query} × "
@@ -323,10 +333,10 @@ def main() -> None:
                     f"{per_item * 1e6:6.1f} CPU µs/item → {per_item * GOAL_ITEMS_PER_SECOND:4.1f} cores "
                     f"at {GOAL_ITEMS_PER_SECOND:,} items/s"
                 )
-            if args.stages and totals:
-                print("  dry run's stages (s, both threads):")
-                for label, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
-                    print(f"    {label:<32} {seconds:7.3f}")
+            for mode, timed in totals.items():
+                print(f"  {mode} run's host steps (s, summed over the threads; its best run):")
+                for label, seconds in timed.items():
+                    print(f"    {label:<40} {seconds:7.3f}")
 
 
 if __name__ == "__main__":
