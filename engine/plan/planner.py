@@ -196,17 +196,21 @@ def _group_packs(
     """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit. With
     limits.cache_query, a group of several runs computes its query once (see _query_once_packs). Items in skip
     (repeats of an earlier sequence) are left out."""
-    valid = [i for i, ids in enumerate(group.item_ids) if ids is not None and i not in skip]
+    item_ids = group.item_ids
+    if skip or None in item_ids:
+        valid = [i for i, ids in enumerate(item_ids) if ids is not None and i not in skip]
+    else:  # the common case: every item is packed
+        valid = list(range(len(item_ids)))
     if cfg.packing == "single" or group.item_first:
         return [single_pack(group.reference_sequence(i), ItemRef(group_index, i)) for i in valid]
-    if limits.cache_query:
+    item_lens = [len(item_ids[i]) for i in valid]
+    if limits.cache_query and 0 in item_lens:
         # Empty items score at the query's last token: first, so that they land in the inline pack.
-        valid.sort(key=lambda i: len(group.item_ids[i]) > 0)
-    item_lens = [len(group.item_ids[i]) for i in valid]
-    runs = [
-        [valid[k] for k in run]
-        for run in split_items(len(group.query_ids), item_lens, limits.max_pack_tokens)
-    ]
+        valid = [i for i, n in zip(valid, item_lens) if not n] + [i for i, n in zip(valid, item_lens) if n]
+        item_lens = [len(item_ids[i]) for i in valid]
+    runs = split_items(len(group.query_ids), item_lens, limits.max_pack_tokens)
+    if len(valid) != len(item_ids) or valid != list(range(len(valid))):  # positions in valid → item indices
+        runs = [[valid[k] for k in run] for run in runs]
     if limits.cache_query and len(runs) > 1:
         return _query_once_packs(group_index, group, runs, limits.delimiter_token_id)
     return [_inline_pack(group_index, group, run, limits.delimiter_token_id) for run in runs]
@@ -216,7 +220,11 @@ def _inline_pack(
     group_index: int, group: TokenizedGroup, run: list[int], delimiter: int, query_key: int | None = None
 ) -> Pack:
     """The MIS pack of a run of a group's items, query inline."""
-    items = [group.item_ids[i] for i in run]
+    first, last = run[0], run[-1] + 1
+    if run == list(range(first, last)):  # the common case, a run of consecutive items: a slice
+        items = group.item_ids[first:last]
+    else:
+        items = [group.item_ids[i] for i in run]
     return mis_pack(group.query_ids, items, item_refs(group_index, run), delimiter, query_key)
 
 
