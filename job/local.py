@@ -36,17 +36,21 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
     ready: Future[WindowTools] = Future()
     content = InputDigest()  # the input's rows, for the completion record
     try:
-        read_stage, plan_stage = _stages(ready, listed, content)
+        read_stage, encode_stage, plan_stage = _stages(ready, listed, content)
         with (
             Prefetch(enumerate(windows), config.pipeline) as read,
-            Prefetch(read, config.pipeline) as prefetch,
+            Prefetch(read, config.pipeline) as encoding,
+            Prefetch(encoding, config.pipeline) as prefetch,
             _released(ready),  # left first, before the workers are joined: none is left waiting for the tools
         ):
-            # Two workers, one window ahead each: the first reads, hashes and groups a window (the first one
+            # Three workers, one window ahead each: the first reads, hashes and groups a window (the first one
             # while the tokenizer and weights load) and keys it once the tokenizer (and, under --reuse, the
-            # earlier scores) are there; the second plans it (the tokenizer's batch calls release the GIL, so
-            # the next window's Python work overlaps them).
+            # earlier scores) are there; the second tokenizes it, and the third packs it. The tokenizer's batch
+            # calls release the GIL and use every core: on their own thread they run on while the windows
+            # around them are packed, scored and written, and the plan takes their encodings to the main
+            # thread, which frees them after scoring.
             read.start(read_stage)
+            encoding.start(encode_stage)
             prefetch.start(plan_stage)
             engine = load_engine(
                 config,
@@ -88,22 +92,27 @@ def _tools(config: RunConfig, checked: Checked, planner: Planner, setup) -> Wind
     return WindowTools(planner, contract, key, earlier, ScoredPairs())
 
 
-def _stages(
-    ready: Future[WindowTools], listed: frozenset[int], content: InputDigest
-) -> tuple[Callable[[tuple[int, Window]], Prepared], Callable[[Prepared], Prepared]]:
-    """The workers' two jobs for a numbered window: its digest, groups, keys and copied values; its plan."""
+def _stages(ready: Future[WindowTools], listed: frozenset[int], content: InputDigest) -> tuple[Callable, ...]:
+    """The workers' three jobs for a numbered window: its digest, groups, keys and copied values; its texts'
+    encodings; its plan."""
 
     def read(numbered: tuple[int, Window]) -> Prepared:
         number, window = numbered
         digest = content.add(window)
         return dataclasses.replace(prepare(number, window, _tools_of(ready)), digest=digest)
 
-    def plan(prepared: Prepared) -> Prepared:
+    def encode(prepared: Prepared) -> tuple[Prepared, object]:
+        if prepared.number in listed:
+            return prepared, None
+        return prepared, _tools_of(ready).planner.encode(prepared.todo.groups)
+
+    def plan(encoded: tuple[Prepared, object]) -> Prepared:
+        prepared, texts = encoded
         if prepared.number in listed:
             return prepared
-        return dataclasses.replace(prepared, plan=_tools_of(ready).planner.plan(prepared.todo.groups))
+        return dataclasses.replace(prepared, plan=_tools_of(ready).planner.plan(prepared.todo.groups, texts))
 
-    return read, plan
+    return read, encode, plan
 
 
 def _score_windows(config, checked, report, sink, engine, mapping, prepared_windows, content, ready) -> None:

@@ -72,6 +72,9 @@ class PackedPlan:
     chunked: list[ChunkedGroup] | None = None
     # a scored sequence → the later ones equal to it (same query and item tokens): those are not packed
     copies: dict[ItemRef, tuple[ItemRef, ...]] = field(default_factory=dict)
+    # the tokenizer's encodings, held so that they are freed with the plan, by the thread that drops it (a run
+    # drops a plan after scoring it), not by the planning thread, which should go on to the next call's texts
+    encoded: object = field(default=None, repr=False, compare=False)
 
     def item_name(self, ref: ItemRef) -> str:
         """A scored item as error messages name it: "item 3", or "item 3 (chunk 2 of 5)" under chunk."""
@@ -99,11 +102,16 @@ class PackedPlanner:
     def __post_init__(self) -> None:
         check_chunk_settings(self.cfg, encoder=False)
 
-    def plan(self, groups: list[Group]) -> PackedPlan:
-        """Tokenize, pack (MIS or single) and batch the groups of one call. Under truncate="chunk" the packs
-        score every item's chunks as items of its group (plan.chunked)."""
+    def encode(self, groups: list[Group]) -> list[tuple | None]:
+        """The texts of the groups in two tokenizer calls (plan's first step; a pipeline may run it apart)."""
+        return encode_groups(groups, self.tokenizer, self.cfg)
+
+    def plan(self, groups: list[Group], encoded: list[tuple | None] | None = None) -> PackedPlan:
+        """Tokenize (unless given the groups' `encode`), pack (MIS or single) and batch the groups of one call.
+        Under truncate="chunk" the packs score every item's chunks as items of its group (plan.chunked)."""
         cfg, limits = self.cfg, self.limits
-        encoded = encode_groups(groups, self.tokenizer, cfg)  # every text of the call in two tokenizer calls
+        if encoded is None:
+            encoded = self.encode(groups)
         tokenized = [
             tokenize_group(
                 g, self.tokenizer, cfg, limits.max_pack_tokens, limits.vocab_size, limits.max_positions, e
@@ -134,7 +142,7 @@ class PackedPlanner:
             packed_tokens=sum(len(p) for p in packs),
             pairwise_tokens=sum(g.pair_tokens() for g in tokenized),
         )
-        return PackedPlan(tokenized, scored, batches, stats, chunked, copies)
+        return PackedPlan(tokenized, scored, batches, stats, chunked, copies, encoded)
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,11 @@ class PairPlanner:
     def __post_init__(self) -> None:
         check_chunk_settings(self.cfg, encoder=True)
 
-    def plan(self, groups: list[Group]) -> PairPlan:
+    def encode(self, groups: list[Group]) -> None:
+        """Nothing ahead of plan: pairs are encoded by the tokenizer's own pair call in plan."""
+        return None
+
+    def plan(self, groups: list[Group], encoded: None = None) -> PairPlan:
         """Encode (query, item) pairs and batch them padded."""
         limits = self.limits
         encoded = [encode_pairs(g, self.tokenizer, self.cfg, limits.pair_max_length) for g in groups]
