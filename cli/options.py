@@ -258,8 +258,8 @@ OPTIONS = (
            ("--dry-run",)),
     Option("quiet", RUN, bool, False, JOB, "No progress and no summary; warnings (skipped or failed rows) "
            "and errors still show.", ("-q", "--quiet")),
-    Option("pipeline", RUN, bool, True, ENGINE, "Read and plan the next window on a worker thread while the "
-           "current one is scored.", ("--pipeline/--no-pipeline",)),
+    Option("pipeline", RUN, bool, True, ENGINE, "Read, tokenize and pack the next windows on worker threads "
+           "while the current one is scored.", ("--pipeline/--no-pipeline",)),
     Option("progress_seconds", RUN, float, 30.0, JOB, "When stderr is not a terminal: a progress log line "
            "(rows, items/s, ETA) every N seconds.", (), "N"),
     Option("price_per_hour", RUN, float | None, None, JOB, "The machine's price per hour (any currency): "
