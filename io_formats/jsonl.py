@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from score_batch.io_formats.arrow_types import unify
@@ -24,6 +25,7 @@ from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, Record, h
 BOM = b"\xef\xbb\xbf"
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
 READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
+BLOCK_BYTES = 1 << 22  # bytes of whole lines read as one block (a longer line: a block of its own)
 
 _FAMILIES = {
     "bool": "boolean",
@@ -176,21 +178,26 @@ class JsonlReader:
             self._scan = scan
         return self._scan
 
-    def line_blocks(
-        self, size: int, unit: tuple[InputFile, None] | None = None
-    ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
-        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
+    def blocks(
+        self, unit: tuple[InputFile, None] | None = None
+    ) -> Iterator[tuple[InputFile | None, int, bytes, np.ndarray]]:
+        """(file, number of the first line, whole lines, [lines] int64 where each line starts) blocks of about
+        BLOCK_BYTES, in order (unit: one file's only); line 1's byte order mark dropped."""
         for index in range(self._file_count()):
             if unit is not None and self.files[index] != unit[0]:
                 continue
-            block: list[tuple[str, bytes]] = []
-            for line in self._numbered(index):
-                block.append(line)
-                if len(block) == size:
-                    yield self._file(index), block
-                    block = []
-            if block:
-                yield self._file(index), block
+            number = 1
+            for block in whole_lines(self._chunks(index)):
+                block = block.removeprefix(BOM) if number == 1 else block
+                starts = np.flatnonzero(np.frombuffer(block, np.uint8)[:-1] == 10) + 1
+                yield self._file(index), number, block, np.concatenate([[0], starts])
+                number += len(starts) + 1  # every block but the last ends with a newline
+
+    def block_lines(self, file: InputFile | None, first: int, block: bytes) -> Iterator[tuple[str, bytes]]:
+        """(line as messages name it, raw bytes) per non-blank line of a block whose first line is first."""
+        for number, raw in enumerate(split_lines([block]), start=first):
+            if raw.strip():
+                yield self._line_name(file, number), raw
 
     def file_records(self, index: int) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of one file, its partition values added."""
@@ -206,21 +213,23 @@ class JsonlReader:
 
     def _numbered(self, index: int) -> Iterator[tuple[str, bytes]]:
         """(line as messages name it, raw bytes) per non-blank line of one file."""
-        several = len(self.files) > 1
-        for number, raw in nonblank_lines(self._lines(index)):
-            yield f"{number} of {self.files[index]}" if several else str(number), raw
+        for number, raw in nonblank_lines(split_lines(self._chunks(index))):
+            yield self._line_name(self._file(index), number), raw
+
+    def _line_name(self, file: InputFile | None, number: int) -> str:
+        return f"{number} of {file}" if len(self.files) > 1 else str(number)
 
     def _file_count(self) -> int:
         return len(self.files)
 
-    def _lines(self, index: int) -> Iterator[bytes]:
-        """The raw lines of the index-th file, decompressed by its suffix."""
-        return file_lines(self.files[index])
+    def _chunks(self, index: int) -> Iterator[bytes]:
+        """The bytes of the index-th file, decompressed by its suffix, in chunks."""
+        return file_chunks(self.files[index])
 
 
-def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
-    for number, raw in enumerate(lines, start=1):
+def nonblank_lines(lines: Iterable[bytes], first: int = 1) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw bytes) of every non-blank line, numbered from first (line 1's byte order mark dropped)."""
+    for number, raw in enumerate(lines, start=first):
         if number == 1:
             raw = raw.removeprefix(BOM)
         if raw.strip():
@@ -228,8 +237,43 @@ def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
 
 
 def file_lines(file: InputFile) -> Iterator[bytes]:
-    """The raw lines of one input file, decompressed by its suffix; a damaged or vanished file is an InputError,
-    the machine's refusal an OSError."""
+    """The raw lines of one input file (file_chunks)."""
+    return split_lines(file_chunks(file))
+
+
+def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Chunks of bytes as lines, each with its newline (the last one's may lack it)."""
+    rest = b""
+    for chunk in chunks:
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if rest:
+        yield rest
+
+
+def whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Chunks of bytes regrouped as blocks of whole lines, each of at least BLOCK_BYTES but the last."""
+    held: list[bytes] = []
+    size = 0
+    for chunk in chunks:
+        held.append(chunk)
+        size += len(chunk)
+        if size >= BLOCK_BYTES:
+            data = b"".join(held)
+            end = data.rfind(b"\n") + 1
+            if end:
+                yield data[:end]
+                data = data[end:]
+            held, size = [data], len(data)
+    if size:
+        yield b"".join(held)
+
+
+def file_chunks(file: InputFile) -> Iterator[bytes]:
+    """The bytes of one input file, decompressed by its suffix, in chunks; a damaged or vanished file is an
+    InputError, the machine's refusal an OSError."""
     try:
         stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
     except FileNotFoundError:
@@ -239,7 +283,6 @@ def file_lines(file: InputFile) -> Iterator[bytes]:
             raise
         raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
     with stream:
-        rest = b""
         while True:
             try:
                 chunk = stream.read(READ_CHUNK)
@@ -249,12 +292,7 @@ def file_lines(file: InputFile) -> Iterator[bytes]:
                 raise InputError(f"{file}: cannot read ({error})") from None
             if not chunk:
                 break
-            lines = (rest + chunk).split(b"\n")
-            rest = lines.pop()
-            for line in lines:
-                yield line + b"\n"
-        if rest:
-            yield rest
+            yield chunk
 
 
 class StdinReader(JsonlReader):
@@ -293,13 +331,13 @@ class StdinReader(JsonlReader):
     def _file_count(self) -> int:
         return 1
 
-    def _lines(self, index: int) -> Iterator[bytes]:
+    def _chunks(self, index: int) -> Iterator[bytes]:
         try:
             stream = open(self.spool_path(), "rb")
         except OSError as error:
             raise InputError(f"{self.label}: cannot read ({error.strerror or error})") from None
         with stream:
-            yield from stream
+            yield from iter(lambda: stream.read(READ_CHUNK), b"")
 
 
 def parse_line(raw: bytes, line: str) -> dict | BadLine:

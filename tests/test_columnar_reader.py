@@ -3,14 +3,19 @@ rows, values and errors of the record-by-record path (rows.to_row over each reco
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import random
+import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from score_batch.io_formats import jsonl
+from score_batch.io_formats.jsonl import BOM
 from score_batch.io_formats.readers import (
     column_types,
     input_mapping,
@@ -23,6 +28,7 @@ from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.window import concat, from_rows, json_window
 
 KEEP = ColumnOverrides(keep_columns=("n", "tags", "meta"))
+KEEP_N = ColumnOverrides(keep_columns=("n",))
 
 
 def record_path_rows(source, overrides):
@@ -90,6 +96,79 @@ def test_jsonl_blocks_equal_the_line_by_line_rows(tmp_path, seed):
         assert window_rows(source, KEEP, size) == expected
 
 
+def hostile_bytes(rng: random.Random, count: int) -> bytes:
+    """hostile_lines as bytes, with what a block parser could take differently from a line parser: bytes that are
+    not UTF-8 (in a column nobody reads, in an item), indented lines, two objects on one line, CRLF, form feeds,
+    surrogate pairs, -Infinity, byte order marks (one or two), a last line with or without its newline."""
+    lines = []
+    for line in (text.encode() for text in hostile_lines(rng, count)):
+        kind = rng.random()
+        if kind < 0.01:
+            line = line[:-1] + b', "junk": "\xff"}'
+        elif kind < 0.02:
+            line = line.replace(b'"item ', b'"it\xc3em ', 1)
+        elif kind < 0.03:
+            line = b"  " + line
+        elif kind < 0.04:
+            line = line + b" " + line
+        elif kind < 0.06:
+            line = line + b"\r"
+        elif kind < 0.065:
+            line = rng.choice([b"\x0c", b" \x0b ", b"\r", b""])
+        elif kind < 0.08:
+            line = line.replace(b'"item ', b'"\\ud83d\\ude00 ', 1)
+        elif kind < 0.085:
+            line = line.replace(b'"n": 1,', b'"n": -Infinity,', 1)
+        lines.append(line)
+    data = b"\n".join(lines) + rng.choice([b"", b"\n"])
+    return rng.choice([b"", BOM, BOM + BOM]) + data
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_jsonl_byte_blocks_equal_the_line_by_line_rows(tmp_path, monkeypatch, seed):
+    """Blocks of every size (from one byte: a line each), read in chunks of every size, over plain and gzip
+    files (lines named 'N of FILE' when there are several) and stdin, give the per-line path's rows, errors and
+    messages."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(jsonl, "BLOCK_BYTES", rng.choice([1, 200, 5000, 1 << 22]))
+    monkeypatch.setattr(jsonl, "READ_CHUNK", rng.choice([3, 1000, 1 << 20]))
+    count = rng.choice([40, 900])
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(hostile_bytes(rng, count))
+    (tmp_path / "in" / "b.jsonl.gz").write_bytes(gzip.compress(hostile_bytes(rng, count)))
+    for path in (tmp_path / "in", tmp_path / "in" / "a.jsonl", "-"):
+        if path == "-":
+            stdin = io.TextIOWrapper(io.BytesIO((tmp_path / "in" / "a.jsonl").read_bytes()))
+            monkeypatch.setattr("sys.stdin", stdin)
+        source = open_source(str(path))
+        expected = record_path_rows(source, KEEP)
+        named = any(re.match(r"line \d+ of ", row.error or "") for row in expected)
+        assert named == (path == tmp_path / "in")
+        for size in (1, 333, 5000):
+            assert window_rows(source, KEEP, size) == expected
+
+
+def test_a_line_not_utf8_among_clean_lines_is_that_rows_error(tmp_path):
+    """pyarrow checks only the columns it reads: bytes that are not UTF-8 in another key still make the line
+    unreadable, as line by line (the block parser once scored that row)."""
+    clean = [json.dumps({"query": "q", "item": f"i{k}", "n": k}).encode() for k in range(4)]
+    bad = b'{"query": "q", "item": "i", "n": 1, "junk": "\xff"}'
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join([*clean, bad, *clean]))
+    source = open_source(str(tmp_path / "in.jsonl"))
+    rows = window_rows(source, KEEP_N, 100)
+    assert rows == record_path_rows(source, KEEP_N)
+    assert [row.error for row in rows][3:6] == [
+        None,
+        "line 5: not valid UTF-8 (byte 0xff at byte 46 of the line)",
+        None,
+    ]
+
+
+def line_starts(lines: list[bytes]) -> np.ndarray:
+    """Where each of the lines starts once joined by newlines."""
+    return np.cumsum([0] + [len(line) + 1 for line in lines[:-1]])
+
+
 def test_clean_jsonl_blocks_take_the_columnar_path(tmp_path):
     lines = [json.dumps({"query": "q", "item": f"i{k}", "n": k, "tags": ["a"]}).encode() for k in range(5)]
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines))
@@ -97,10 +176,14 @@ def test_clean_jsonl_blocks_take_the_columnar_path(tmp_path):
     overrides = ColumnOverrides(keep_columns=("n", "tags"))
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
-    window = json_window(0, lines, {}, mapping, types)
+    window = json_window(0, b"\n".join(lines), line_starts(lines), {}, mapping, types)
     assert window is not None and window.rows() == record_path_rows(source, overrides)
     assert isinstance(window.kept["n"], pa.Array)  # columns stay Arrow: no Python object per row
-    assert json_window(0, [*lines, b'{"query": "q", "item": "i", "item": "j"}'], {}, mapping, types) is None
+    repeated = b'{"query": "q", "item": "i", "item": "j"}'
+    assert (
+        json_window(0, b"\n".join([*lines, repeated]), line_starts([*lines, repeated]), {}, mapping, types)
+        is None
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
