@@ -4,18 +4,20 @@ BadLine saying why not)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from score_batch.io_formats.arrow_types import unify
 from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
@@ -23,10 +25,17 @@ from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, Record, has_surrogate, value_kind
 
 BOM = b"\xef\xbb\xbf"
+WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", np.uint8)  # what bytes.strip() strips
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
 READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
 BLOCK_BYTES = 1 << 22  # bytes of whole lines read as one block (a longer line: a block of its own)
 
+_KINDS = {
+    pa.null(): None,
+    pa.bool_(): "bool",
+    pa.int64(): "int",
+    pa.string(): "text",
+}  # pyarrow's → value_kind
 _FAMILIES = {
     "bool": "boolean",
     "int": "number",
@@ -117,6 +126,38 @@ class _JsonlScan:
         column = self.columns.get(name)
         return pa.null() if column is None else column.type_of(name, label)
 
+    def add_record(self, line: str, record: Record) -> None:
+        """One line's record."""
+        self.rows += 1
+        if isinstance(record, BadLine):
+            self.first_bad = self.first_bad or record
+            return
+        self.objects += 1
+        for name, value in record.items():
+            column = self.columns.get(name)
+            if column is None:
+                column = self.columns[name] = _ColumnScan()
+            column.add(value, line, self.rows)
+
+    def add_table(self, table: pa.Table, number: int, line: Callable[[int], str]) -> bool:
+        """A block's lines parsed by pyarrow (number: the first one's; line: a number's name), as add_record
+        would take them one by one; False, adding nothing, when a column is not booleans, integers or text (a float column may hold an
+        integer beyond 64 bits, which pyarrow reads as a float)."""
+        kinds = [
+            "text" if pa.types.is_timestamp(column.type) else _KINDS.get(column.type, "?")  # ISO dates: text
+            for column in table.columns
+        ]
+        if "?" in kinds:
+            return False
+        for name, column, kind in zip(table.column_names, table.columns, kinds):
+            scan = self.columns.setdefault(name, _ColumnScan())
+            if kind is not None:
+                first = pc.index(column.is_valid(), True).as_py()
+                scan.kinds.setdefault(kind, (self.rows + first + 1, line(number + first)))
+        self.rows += table.num_rows
+        self.objects += table.num_rows
+        return True
+
 
 class JsonlReader:
     """The JSONL files of an input, in order: their columns and types (one scan, cached) and their records."""
@@ -145,8 +186,8 @@ class JsonlReader:
 
     def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of every file in order (columns: ignored, a line is parsed whole)."""
-        for index in range(self._file_count()):
-            yield from self.file_records(index)
+        for file, number, block, _ in self.blocks():
+            yield from self.block_records(file, number, block)
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, None, rows) per file: a JSONL file is read whole by one worker."""
@@ -156,22 +197,17 @@ class JsonlReader:
         """Nothing held open between calls."""
 
     def scan(self) -> _JsonlScan:
-        """Scan every line once (cached)."""
+        """Scan every line once (cached): a block at a time where pyarrow can read it, else line by line."""
         if self._scan is None:
             scan = _JsonlScan()
             for index in range(self._file_count()):
-                before = scan.rows
-                for line, record in self.file_records(index):
-                    scan.rows += 1
-                    if isinstance(record, BadLine):
-                        scan.first_bad = scan.first_bad or record
-                        continue
-                    scan.objects += 1
-                    for name, value in record.items():
-                        column = scan.columns.get(name)
-                        if column is None:
-                            column = scan.columns[name] = _ColumnScan()
-                        column.add(value, line, scan.rows)
+                before, file = scan.rows, self._file(index)
+                name = functools.partial(self._line_name, file)
+                for _, number, block, starts in self._file_blocks(index):
+                    table = None if file is not None and file.partitions else parse_block(block, starts)
+                    if table is None or not scan.add_table(table, number, name):
+                        for line, record in self.block_records(file, number, block):
+                            scan.add_record(line, record)
                 scan.rows_per_file.append(scan.rows - before)
             for column in scan.columns.values():
                 column.flush()
@@ -184,37 +220,28 @@ class JsonlReader:
         """(file, number of the first line, whole lines, [lines] int64 where each line starts) blocks of about
         BLOCK_BYTES, in order (unit: one file's only); line 1's byte order mark dropped."""
         for index in range(self._file_count()):
-            if unit is not None and self.files[index] != unit[0]:
-                continue
-            number = 1
-            for block in whole_lines(self._chunks(index)):
-                block = block.removeprefix(BOM) if number == 1 else block
-                starts = np.flatnonzero(np.frombuffer(block, np.uint8)[:-1] == 10) + 1
-                yield self._file(index), number, block, np.concatenate([[0], starts])
-                number += len(starts) + 1  # every block but the last ends with a newline
+            if unit is None or self.files[index] == unit[0]:
+                yield from self._file_blocks(index)
 
-    def block_lines(self, file: InputFile | None, first: int, block: bytes) -> Iterator[tuple[str, bytes]]:
-        """(line as messages name it, raw bytes) per non-blank line of a block whose first line is first."""
+    def block_records(self, file: InputFile | None, first: int, block: bytes) -> Iterator[tuple[str, Record]]:
+        """(line as messages name it, record with the file's partition values) per non-blank line of a block
+        whose first line is first."""
         for number, raw in enumerate(split_lines([block]), start=first):
             if raw.strip():
-                yield self._line_name(file, number), raw
+                line = self._line_name(file, number)
+                record = parse_line(raw, line)
+                yield line, file.with_partitions(record) if file and isinstance(record, dict) else record
 
-    def file_records(self, index: int) -> Iterator[tuple[str, Record]]:
-        """(line, record) per non-blank line of one file, its partition values added."""
-        file = self._file(index)
-        for where, raw in self._numbered(index):
-            record = parse_line(raw, where)
-            if file is not None and isinstance(record, dict):
-                record = file.with_partitions(record)
-            yield where, record
+    def _file_blocks(self, index: int) -> Iterator[tuple[InputFile | None, int, bytes, np.ndarray]]:
+        number = 1
+        for block in whole_lines(self._chunks(index)):
+            block = block.removeprefix(BOM) if number == 1 else block
+            starts = np.flatnonzero(np.frombuffer(block, np.uint8)[:-1] == 10) + 1
+            yield self._file(index), number, block, np.concatenate([[0], starts])
+            number += len(starts) + 1  # every block but the last ends with a newline
 
     def _file(self, index: int) -> InputFile | None:
         return self.files[index] if self.files else None
-
-    def _numbered(self, index: int) -> Iterator[tuple[str, bytes]]:
-        """(line as messages name it, raw bytes) per non-blank line of one file."""
-        for number, raw in nonblank_lines(split_lines(self._chunks(index))):
-            yield self._line_name(self._file(index), number), raw
 
     def _line_name(self, file: InputFile | None, number: int) -> str:
         return f"{number} of {file}" if len(self.files) > 1 else str(number)
@@ -227,9 +254,9 @@ class JsonlReader:
         return file_chunks(self.files[index])
 
 
-def nonblank_lines(lines: Iterable[bytes], first: int = 1) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw bytes) of every non-blank line, numbered from first (line 1's byte order mark dropped)."""
-    for number, raw in enumerate(lines, start=first):
+def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
+    for number, raw in enumerate(lines, start=1):
         if number == 1:
             raw = raw.removeprefix(BOM)
         if raw.strip():
@@ -355,3 +382,36 @@ def parse_line(raw: bytes, line: str) -> dict | BadLine:
     except RecursionError:
         return BadLine(line, "not valid JSON (nested too deeply)")
     return record if isinstance(record, dict) else BadLine(line, "not a JSON object")
+
+
+def parse_block(raw: bytes, starts: np.ndarray, schema: pa.Schema | None = None) -> pa.Table | None:
+    """A block of whole lines (starts: where each line starts) parsed by pyarrow (schema: the columns to read, in
+    their types; None: every key, typed as pyarrow infers), one row per line, or None when a line needs the
+    per-line parser (blank or indented, not one object, bad JSON or UTF-8, a repeated key, a lone surrogate, a
+    value of another type)."""
+    import pyarrow.json as pj  # imported here: only JSONL inputs need it
+
+    if not raw or raw.startswith(BOM) or np.isin(np.frombuffer(raw, np.uint8)[starts], WHITESPACE).any():
+        return None  # a blank line is no row, a line could hold two: each line must be one object
+    if not raw.isascii() and not _utf8(raw):  # pyarrow checks the UTF-8 of the values it reads only
+        return None
+    options = pj.ParseOptions(
+        explicit_schema=schema, unexpected_field_behavior="ignore" if schema else "infer"
+    )
+    try:
+        table = pj.read_json(
+            pa.BufferReader(raw), pj.ReadOptions(use_threads=False, block_size=len(raw) + 1), options
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None  # pyarrow refuses a lone surrogate escape too
+    return table if table.num_rows == len(starts) else None
+
+
+def _utf8(raw: bytes) -> bool:
+    """Whether bytes are valid UTF-8 (checked by Arrow, without a copy)."""
+    offsets = pa.py_buffer(np.array([0, len(raw)], np.int64))
+    try:
+        pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(raw)]).validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True

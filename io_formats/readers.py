@@ -13,7 +13,7 @@ import pyarrow as pa
 from score_batch.choices import HiveTypes, RequestedFormat
 from score_batch.io_formats.batch_requests import BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
+from score_batch.io_formats.jsonl import JsonlReader, StdinReader
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import ParquetReader
@@ -198,9 +198,7 @@ def _window_batches(
         partitions = dict(file.partitions) if file is not None else {}
         window = json_window(index, block, starts, partitions, mapping, types) if long else None
         if window is None:
-            records = [parse_line(raw, name) for name, raw in table.block_lines(file, line, block)]
-            if file is not None:
-                records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
+            records = [record for _, record in table.block_records(file, line, block)]
             window = from_rows([to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape)
         index += window.num_rows
         yield window
