@@ -4,20 +4,18 @@ BadLine saying why not)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from score_batch.io_formats.arrow_types import unify
 from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
@@ -25,7 +23,6 @@ from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, Record, has_surrogate, value_kind
 
 BOM = b"\xef\xbb\xbf"
-WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", np.uint8)  # what bytes.strip() strips
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
 READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
 BLOCK_BYTES = 1 << 22  # bytes of whole lines read as one block (a longer line: a block of its own)
@@ -139,25 +136,6 @@ class _JsonlScan:
                 column = self.columns[name] = _ColumnScan()
             column.add(value, line, self.rows)
 
-    def add_table(self, table: pa.Table, number: int, line: Callable[[int], str]) -> bool:
-        """A block's lines parsed by pyarrow (number: the first one's; line: a number's name), as add_record
-        would take them one by one; False, adding nothing, when a column is not booleans, integers or text (a float column may hold an
-        integer beyond 64 bits, which pyarrow reads as a float)."""
-        kinds = [
-            "text" if pa.types.is_timestamp(column.type) else _KINDS.get(column.type, "?")  # ISO dates: text
-            for column in table.columns
-        ]
-        if "?" in kinds:
-            return False
-        for name, column, kind in zip(table.column_names, table.columns, kinds):
-            scan = self.columns.setdefault(name, _ColumnScan())
-            if kind is not None:
-                first = pc.index(column.is_valid(), True).as_py()
-                scan.kinds.setdefault(kind, (self.rows + first + 1, line(number + first)))
-        self.rows += table.num_rows
-        self.objects += table.num_rows
-        return True
-
 
 class JsonlReader:
     """The JSONL files of an input, in order: their columns and types (one scan, cached) and their records."""
@@ -197,17 +175,14 @@ class JsonlReader:
         """Nothing held open between calls."""
 
     def scan(self) -> _JsonlScan:
-        """Scan every line once (cached): a block at a time where pyarrow can read it, else line by line."""
+        """Scan every line once (cached)."""
         if self._scan is None:
             scan = _JsonlScan()
             for index in range(self._file_count()):
-                before, file = scan.rows, self._file(index)
-                name = functools.partial(self._line_name, file)
-                for _, number, block, starts in self._file_blocks(index):
-                    table = None if file is not None and file.partitions else parse_block(block, starts)
-                    if table is None or not scan.add_table(table, number, name):
-                        for line, record in self.block_records(file, number, block):
-                            scan.add_record(line, record)
+                before = scan.rows
+                for file, number, block, _ in self._file_blocks(index):
+                    for line, record in self.block_records(file, number, block):
+                        scan.add_record(line, record)
                 scan.rows_per_file.append(scan.rows - before)
             for column in scan.columns.values():
                 column.flush()
@@ -261,11 +236,6 @@ def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
             raw = raw.removeprefix(BOM)
         if raw.strip():
             yield number, raw
-
-
-def file_lines(file: InputFile) -> Iterator[bytes]:
-    """The raw lines of one input file (file_chunks)."""
-    return split_lines(file_chunks(file))
 
 
 def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -382,36 +352,3 @@ def parse_line(raw: bytes, line: str) -> dict | BadLine:
     except RecursionError:
         return BadLine(line, "not valid JSON (nested too deeply)")
     return record if isinstance(record, dict) else BadLine(line, "not a JSON object")
-
-
-def parse_block(raw: bytes, starts: np.ndarray, schema: pa.Schema | None = None) -> pa.Table | None:
-    """A block of whole lines (starts: where each line starts) parsed by pyarrow (schema: the columns to read, in
-    their types; None: every key, typed as pyarrow infers), one row per line, or None when a line needs the
-    per-line parser (blank or indented, not one object, bad JSON or UTF-8, a repeated key, a lone surrogate, a
-    value of another type)."""
-    import pyarrow.json as pj  # imported here: only JSONL inputs need it
-
-    if not raw or raw.startswith(BOM) or np.isin(np.frombuffer(raw, np.uint8)[starts], WHITESPACE).any():
-        return None  # a blank line is no row, a line could hold two: each line must be one object
-    if not raw.isascii() and not _utf8(raw):  # pyarrow checks the UTF-8 of the values it reads only
-        return None
-    options = pj.ParseOptions(
-        explicit_schema=schema, unexpected_field_behavior="ignore" if schema else "infer"
-    )
-    try:
-        table = pj.read_json(
-            pa.BufferReader(raw), pj.ReadOptions(use_threads=False, block_size=len(raw) + 1), options
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None  # pyarrow refuses a lone surrogate escape too
-    return table if table.num_rows == len(starts) else None
-
-
-def _utf8(raw: bytes) -> bool:
-    """Whether bytes are valid UTF-8 (checked by Arrow, without a copy)."""
-    offsets = pa.py_buffer(np.array([0, len(raw)], np.int64))
-    try:
-        pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(raw)]).validate(full=True)
-    except pa.ArrowInvalid:
-        return False
-    return True

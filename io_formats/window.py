@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from score_batch.io_formats.jsonl import parse_block
+from score_batch.io_formats.jsonl import BOM
 from score_batch.io_formats.rows import InputRow, convert, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
+WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", np.uint8)  # what bytes.strip() strips
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
 
@@ -302,19 +303,39 @@ def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa
 def json_window(
     first: int, raw: bytes, starts: np.ndarray, partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
-    """A long-layout block of JSONL lines (starts: where each line starts) read column by column in the input's
-    types, as the per-line path would give it, or None when a line needs that path (jsonl.parse_block) or
-    partition values fill a column."""
+    """A long-layout block of JSONL lines (starts: where each line starts) parsed by pyarrow into the input's
+    types, as the per-line path would give it, or None when a line needs that path (blank or indented, not one
+    object, bad JSON or UTF-8, another type, a repeated key, a lone surrogate) or partition values fill a column."""
+    import pyarrow.json as pj  # imported here: only JSONL inputs need it
+
     typed = mapping.typed_columns()
     if any(name in partitions for name in (mapping.query, mapping.items, *typed)):
         return None
+    if not raw or raw.startswith(BOM) or np.isin(np.frombuffer(raw, np.uint8)[starts], WHITESPACE).any():
+        return None  # a blank line is no row, a line could hold two: each line must be one object
+    if not raw.isascii() and not _utf8(raw):  # pyarrow checks the UTF-8 of the values it reads only
+        return None
     fields = [(mapping.query, pa.string()), (mapping.items, pa.string()), *((n, types[n]) for n in typed)]
-    table = parse_block(raw, starts, pa.schema(fields))
-    return (
-        None
-        if table is None
-        else long_window(first, table.combine_chunks().to_batches()[0], {}, mapping, types)
-    )
+    options = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
+    try:
+        table = pj.read_json(
+            pa.BufferReader(raw), pj.ReadOptions(use_threads=False, block_size=len(raw) + 1), options
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None  # pyarrow refuses a lone surrogate escape too
+    if table.num_rows != len(starts):
+        return None
+    return long_window(first, table.combine_chunks().to_batches()[0], {}, mapping, types)
+
+
+def _utf8(raw: bytes) -> bool:
+    """Whether bytes are valid UTF-8 (checked by Arrow, without a copy)."""
+    offsets = pa.py_buffer(np.array([0, len(raw)], np.int64))
+    try:
+        pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(raw)]).validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 class InputDigest:

@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats import jsonl
-from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import BOM, parse_line
 from score_batch.io_formats.readers import (
     column_types,
@@ -258,58 +257,3 @@ def test_windows_concatenate_and_slice_back_to_the_same_rows():
     joined = concat(parts)
     assert joined.rows() == rows
     assert np.array_equal(joined.query_codes, whole.query_codes)  # codes in order of first appearance
-
-
-def scan_outcome(path) -> tuple | str:
-    """What the first pass learns of an input: its columns, each one's type or message, rows (per file)."""
-    table = reader(open_source(str(path)))
-    try:
-        columns = table.columns()
-    except InputError as error:
-        return str(error)
-    types = {}
-    for name in columns or []:
-        try:
-            types[name] = table.column_type(name)
-        except InputError as error:
-            types[name] = str(error)
-    return columns, types, table.total_rows(), [rows for *_, rows in table.units()]
-
-
-def mixed_value(rng: random.Random, common):
-    """Mostly the column's common value; now and then null or another kind (a float, an integer beyond 64 bits,
-    text, an ISO date, a boolean, a list)."""
-    if rng.random() < 0.97:
-        return common
-    return rng.choice([None, 1.5, 2**70, "text", "2020-01-01", True, [1, 2], {"x": 1}, 7])
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_jsonl_block_scan_learns_what_the_line_scan_learns(tmp_path, monkeypatch, seed):
-    """Types mixed across lines and files, nulls, dates, late columns, nested values and bad lines: the first
-    pass by blocks gives the columns, types, messages (with their line numbers) and row counts of the first pass
-    line by line (pyarrow's block parser switched off)."""
-    rng = random.Random(seed)
-    monkeypatch.setattr(jsonl, "BLOCK_BYTES", rng.choice([1, 300, 1 << 22]))
-    (tmp_path / "in").mkdir()
-    for name in rng.sample(["a.jsonl", "b.jsonl", "c.jsonl.gz"], rng.randint(1, 3)):
-        lines = []
-        for k in range(rng.choice([5, 200])):
-            row = {
-                "query": "q",
-                "item": f"i{k}",
-                "n": mixed_value(rng, k),
-                "d": mixed_value(rng, "2021-03-04"),
-            }
-            row.update(b=mixed_value(rng, True), t=mixed_value(rng, "x"))
-            if k > 50 and rng.random() < 0.5:
-                row["late"] = mixed_value(rng, None)
-            lines.append(json.dumps(row) if rng.random() > 0.01 else rng.choice(["", "{bad", "[]"]))
-        data = "\n".join(lines).encode()
-        path = tmp_path / "in" / name
-        path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
-    for path in (tmp_path / "in", *sorted((tmp_path / "in").iterdir())):
-        by_blocks = scan_outcome(path)
-        with monkeypatch.context() as line_by_line:
-            line_by_line.setattr(jsonl, "parse_block", lambda *args: None)
-            assert scan_outcome(path) == by_blocks
