@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from score_batch.io_formats.jsonl import BOM, file_chunks, nonblank_lines, split_lines
+from score_batch.io_formats.jsonl import BOM, file_lines, nonblank_lines
 from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import value_kind
 
@@ -120,7 +120,7 @@ def _nonblank_lines(path: str | Path | InputFile) -> Iterator[tuple[int, bytes]]
     if str(path) == STDIN:
         yield from nonblank_lines(sys.stdin.buffer)
     elif isinstance(path, InputFile):  # read as the table reader reads a JSONL file (codec, errors)
-        yield from nonblank_lines(split_lines(file_chunks(path)))
+        yield from nonblank_lines(file_lines(path))
     else:
         with open(path, "rb") as handle:
             yield from nonblank_lines(handle)

@@ -14,7 +14,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from score_batch.io_formats.arrow_types import unify
@@ -25,14 +24,7 @@ from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, Record, h
 BOM = b"\xef\xbb\xbf"
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
 READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
-BLOCK_BYTES = 1 << 22  # bytes of whole lines read as one block (a longer line: a block of its own)
 
-_KINDS = {
-    pa.null(): None,
-    pa.bool_(): "bool",
-    pa.int64(): "int",
-    pa.string(): "text",
-}  # pyarrow's → value_kind
 _FAMILIES = {
     "bool": "boolean",
     "int": "number",
@@ -123,19 +115,6 @@ class _JsonlScan:
         column = self.columns.get(name)
         return pa.null() if column is None else column.type_of(name, label)
 
-    def add_record(self, line: str, record: Record) -> None:
-        """One line's record."""
-        self.rows += 1
-        if isinstance(record, BadLine):
-            self.first_bad = self.first_bad or record
-            return
-        self.objects += 1
-        for name, value in record.items():
-            column = self.columns.get(name)
-            if column is None:
-                column = self.columns[name] = _ColumnScan()
-            column.add(value, line, self.rows)
-
 
 class JsonlReader:
     """The JSONL files of an input, in order: their columns and types (one scan, cached) and their records."""
@@ -164,8 +143,8 @@ class JsonlReader:
 
     def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of every file in order (columns: ignored, a line is parsed whole)."""
-        for file, number, block, _ in self.blocks():
-            yield from self.block_records(file, number, block)
+        for index in range(self._file_count()):
+            yield from self.file_records(index)
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, None, rows) per file: a JSONL file is read whole by one worker."""
@@ -180,53 +159,63 @@ class JsonlReader:
             scan = _JsonlScan()
             for index in range(self._file_count()):
                 before = scan.rows
-                for file, number, block, _ in self._file_blocks(index):
-                    for line, record in self.block_records(file, number, block):
-                        scan.add_record(line, record)
+                for line, record in self.file_records(index):
+                    scan.rows += 1
+                    if isinstance(record, BadLine):
+                        scan.first_bad = scan.first_bad or record
+                        continue
+                    scan.objects += 1
+                    for name, value in record.items():
+                        column = scan.columns.get(name)
+                        if column is None:
+                            column = scan.columns[name] = _ColumnScan()
+                        column.add(value, line, scan.rows)
                 scan.rows_per_file.append(scan.rows - before)
             for column in scan.columns.values():
                 column.flush()
             self._scan = scan
         return self._scan
 
-    def blocks(
-        self, unit: tuple[InputFile, None] | None = None
-    ) -> Iterator[tuple[InputFile | None, int, bytes, np.ndarray]]:
-        """(file, number of the first line, whole lines, [lines] int64 where each line starts) blocks of about
-        BLOCK_BYTES, in order (unit: one file's only); line 1's byte order mark dropped."""
+    def line_blocks(
+        self, size: int, unit: tuple[InputFile, None] | None = None
+    ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
+        """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
         for index in range(self._file_count()):
-            if unit is None or self.files[index] == unit[0]:
-                yield from self._file_blocks(index)
+            if unit is not None and self.files[index] != unit[0]:
+                continue
+            block: list[tuple[str, bytes]] = []
+            for line in self._numbered(index):
+                block.append(line)
+                if len(block) == size:
+                    yield self._file(index), block
+                    block = []
+            if block:
+                yield self._file(index), block
 
-    def block_records(self, file: InputFile | None, first: int, block: bytes) -> Iterator[tuple[str, Record]]:
-        """(line as messages name it, record with the file's partition values) per non-blank line of a block
-        whose first line is first."""
-        for number, raw in enumerate(split_lines([block]), start=first):
-            if raw.strip():
-                line = self._line_name(file, number)
-                record = parse_line(raw, line)
-                yield line, file.with_partitions(record) if file and isinstance(record, dict) else record
-
-    def _file_blocks(self, index: int) -> Iterator[tuple[InputFile | None, int, bytes, np.ndarray]]:
-        number = 1
-        for block in whole_lines(self._chunks(index)):
-            block = block.removeprefix(BOM) if number == 1 else block
-            starts = np.flatnonzero(np.frombuffer(block, np.uint8)[:-1] == 10) + 1
-            yield self._file(index), number, block, np.concatenate([[0], starts])
-            number += len(starts) + 1  # every block but the last ends with a newline
+    def file_records(self, index: int) -> Iterator[tuple[str, Record]]:
+        """(line, record) per non-blank line of one file, its partition values added."""
+        file = self._file(index)
+        for where, raw in self._numbered(index):
+            record = parse_line(raw, where)
+            if file is not None and isinstance(record, dict):
+                record = file.with_partitions(record)
+            yield where, record
 
     def _file(self, index: int) -> InputFile | None:
         return self.files[index] if self.files else None
 
-    def _line_name(self, file: InputFile | None, number: int) -> str:
-        return f"{number} of {file}" if len(self.files) > 1 else str(number)
+    def _numbered(self, index: int) -> Iterator[tuple[str, bytes]]:
+        """(line as messages name it, raw bytes) per non-blank line of one file."""
+        several = len(self.files) > 1
+        for number, raw in nonblank_lines(self._lines(index)):
+            yield f"{number} of {self.files[index]}" if several else str(number), raw
 
     def _file_count(self) -> int:
         return len(self.files)
 
-    def _chunks(self, index: int) -> Iterator[bytes]:
-        """The bytes of the index-th file, decompressed by its suffix, in chunks."""
-        return file_chunks(self.files[index])
+    def _lines(self, index: int) -> Iterator[bytes]:
+        """The raw lines of the index-th file, decompressed by its suffix."""
+        return file_lines(self.files[index])
 
 
 def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -238,39 +227,9 @@ def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
             yield number, raw
 
 
-def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Chunks of bytes as lines, each with its newline (the last one's may lack it)."""
-    rest = b""
-    for chunk in chunks:
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            yield line + b"\n"
-    if rest:
-        yield rest
-
-
-def whole_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Chunks of bytes regrouped as blocks of whole lines, each of at least BLOCK_BYTES but the last."""
-    held: list[bytes] = []
-    size = 0
-    for chunk in chunks:
-        held.append(chunk)
-        size += len(chunk)
-        if size >= BLOCK_BYTES:
-            data = b"".join(held)
-            end = data.rfind(b"\n") + 1
-            if end:
-                yield data[:end]
-                data = data[end:]
-            held, size = [data], len(data)
-    if size:
-        yield b"".join(held)
-
-
-def file_chunks(file: InputFile) -> Iterator[bytes]:
-    """The bytes of one input file, decompressed by its suffix, in chunks; a damaged or vanished file is an
-    InputError, the machine's refusal an OSError."""
+def file_lines(file: InputFile) -> Iterator[bytes]:
+    """The raw lines of one input file, decompressed by its suffix; a damaged or vanished file is an InputError,
+    the machine's refusal an OSError."""
     try:
         stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
     except FileNotFoundError:
@@ -280,6 +239,7 @@ def file_chunks(file: InputFile) -> Iterator[bytes]:
             raise
         raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
     with stream:
+        rest = b""
         while True:
             try:
                 chunk = stream.read(READ_CHUNK)
@@ -289,7 +249,12 @@ def file_chunks(file: InputFile) -> Iterator[bytes]:
                 raise InputError(f"{file}: cannot read ({error})") from None
             if not chunk:
                 break
-            yield chunk
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                yield line + b"\n"
+        if rest:
+            yield rest
 
 
 class StdinReader(JsonlReader):
@@ -328,13 +293,13 @@ class StdinReader(JsonlReader):
     def _file_count(self) -> int:
         return 1
 
-    def _chunks(self, index: int) -> Iterator[bytes]:
+    def _lines(self, index: int) -> Iterator[bytes]:
         try:
             stream = open(self.spool_path(), "rb")
         except OSError as error:
             raise InputError(f"{self.label}: cannot read ({error.strerror or error})") from None
         with stream:
-            yield from iter(lambda: stream.read(READ_CHUNK), b"")
+            yield from stream
 
 
 def parse_line(raw: bytes, line: str) -> dict | BadLine:

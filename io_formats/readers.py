@@ -13,10 +13,10 @@ import pyarrow as pa
 from score_batch.choices import HiveTypes, RequestedFormat
 from score_batch.io_formats.batch_requests import BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.jsonl import JsonlReader, StdinReader
+from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
 from score_batch.io_formats.locations import Location, parse_location
-from score_batch.io_formats.parquet import ParquetReader
+from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
 from score_batch.io_formats.rows import InputRow, to_row  # noqa: F401 (InputRow: re-exported)
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
 from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
@@ -194,11 +194,13 @@ def _window_batches(
             index += window.num_rows
             yield window
         return
-    for file, line, block, starts in table.blocks(where):
+    for file, lines in table.line_blocks(BATCH_ROWS, where):
         partitions = dict(file.partitions) if file is not None else {}
-        window = json_window(index, block, starts, partitions, mapping, types) if long else None
+        window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if long else None
         if window is None:
-            records = [record for _, record in table.block_records(file, line, block)]
+            records = [parse_line(raw, line) for line, raw in lines]
+            if file is not None:
+                records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
             window = from_rows([to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape)
         index += window.num_rows
         yield window

@@ -5,7 +5,9 @@ mixed types, the nested layout) come in as rows.InputRow (`from_rows`)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,11 +15,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from score_batch.io_formats.jsonl import BOM
+from score_batch.io_formats.jsonl import BOM  # pyarrow skips one starting a block, Python's json refuses it
 from score_batch.io_formats.rows import InputRow, convert, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
-WHITESPACE = np.frombuffer(b" \t\n\r\x0b\x0c", np.uint8)  # what bytes.strip() strips
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
 
@@ -301,41 +303,34 @@ def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa
 
 
 def json_window(
-    first: int, raw: bytes, starts: np.ndarray, partitions: dict[str, Any], mapping: ColumnMapping, types
+    first: int, lines: list[bytes], partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
-    """A long-layout block of JSONL lines (starts: where each line starts) parsed by pyarrow into the input's
-    types, as the per-line path would give it, or None when a line needs that path (blank or indented, not one
-    object, bad JSON or UTF-8, another type, a repeated key, a lone surrogate) or partition values fill a column."""
+    """A long-layout JSONL block parsed by pyarrow into the input's types, as the per-line path would give it,
+    or None when a line needs that path (not an object, bad JSON or UTF-8 anywhere in it, a byte order mark,
+    another type, a repeated key, a surrogate escape, a column partition values fill)."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
     typed = mapping.typed_columns()
     if any(name in partitions for name in (mapping.query, mapping.items, *typed)):
         return None
-    if not raw or raw.startswith(BOM) or np.isin(np.frombuffer(raw, np.uint8)[starts], WHITESPACE).any():
-        return None  # a blank line is no row, a line could hold two: each line must be one object
-    if not raw.isascii() and not _utf8(raw):  # pyarrow checks the UTF-8 of the values it reads only
+    raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
+    if SURROGATE_ESCAPE.search(raw) or raw.startswith(BOM):
+        return None  # Python's json names a lone surrogate (the row's error) and refuses a byte order mark
+    try:
+        raw.decode("utf-8")  # pyarrow checks the UTF-8 of the values it reads only, Python's json every byte
+    except UnicodeDecodeError:
         return None
     fields = [(mapping.query, pa.string()), (mapping.items, pa.string()), *((n, types[n]) for n in typed)]
     options = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
     try:
         table = pj.read_json(
-            pa.BufferReader(raw), pj.ReadOptions(use_threads=False, block_size=len(raw) + 1), options
+            io.BytesIO(raw), pj.ReadOptions(use_threads=False, block_size=len(raw) + 1), options
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None  # pyarrow refuses a lone surrogate escape too
-    if table.num_rows != len(starts):
+        return None
+    if table.num_rows != len(lines):
         return None
     return long_window(first, table.combine_chunks().to_batches()[0], {}, mapping, types)
-
-
-def _utf8(raw: bytes) -> bool:
-    """Whether bytes are valid UTF-8 (checked by Arrow, without a copy)."""
-    offsets = pa.py_buffer(np.array([0, len(raw)], np.int64))
-    try:
-        pa.Array.from_buffers(pa.large_string(), 1, [None, offsets, pa.py_buffer(raw)]).validate(full=True)
-    except pa.ArrowInvalid:
-        return False
-    return True
 
 
 class InputDigest:

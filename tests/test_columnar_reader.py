@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from score_batch.io_formats import jsonl
+from score_batch.io_formats import jsonl, readers
 from score_batch.io_formats.jsonl import BOM, parse_line
 from score_batch.io_formats.readers import (
     column_types,
@@ -137,12 +137,12 @@ def hostile_bytes(rng: random.Random, count: int) -> bytes:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_jsonl_byte_blocks_equal_the_line_by_line_rows(tmp_path, monkeypatch, seed):
-    """Blocks of every size (from one byte: a line each), read in chunks of every size, over plain and gzip
-    files (lines named 'N of FILE' when there are several) and stdin, give the per-line path's rows, errors and
-    messages."""
+def test_jsonl_hostile_bytes_give_the_line_by_line_rows(tmp_path, monkeypatch, seed):
+    """Blocks of every size (from one line), read in chunks of every size, over plain and gzip files (lines
+    named 'N of FILE' when there are several) and stdin, give the rows, errors and messages of lines read one by
+    one here."""
     rng = random.Random(seed)
-    monkeypatch.setattr(jsonl, "BLOCK_BYTES", rng.choice([1, 200, 5000, 1 << 22]))
+    monkeypatch.setattr(readers, "BATCH_ROWS", rng.choice([1, 3, 1024]))
     monkeypatch.setattr(jsonl, "READ_CHUNK", rng.choice([3, 1000, 1 << 20]))
     count = rng.choice([40, 900])
     (tmp_path / "in").mkdir()
@@ -176,11 +176,6 @@ def test_a_line_not_utf8_among_clean_lines_is_that_rows_error(tmp_path):
     ]
 
 
-def line_starts(lines: list[bytes]) -> np.ndarray:
-    """Where each of the lines starts once joined by newlines."""
-    return np.cumsum([0] + [len(line) + 1 for line in lines[:-1]])
-
-
 def test_clean_jsonl_blocks_take_the_columnar_path(tmp_path):
     lines = [json.dumps({"query": "q", "item": f"i{k}", "n": k, "tags": ["a"]}).encode() for k in range(5)]
     (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines))
@@ -188,14 +183,10 @@ def test_clean_jsonl_blocks_take_the_columnar_path(tmp_path):
     overrides = ColumnOverrides(keep_columns=("n", "tags"))
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
-    window = json_window(0, b"\n".join(lines), line_starts(lines), {}, mapping, types)
+    window = json_window(0, lines, {}, mapping, types)
     assert window is not None and window.rows() == record_path_rows(source, overrides)
     assert isinstance(window.kept["n"], pa.Array)  # columns stay Arrow: no Python object per row
-    repeated = b'{"query": "q", "item": "i", "item": "j"}'
-    assert (
-        json_window(0, b"\n".join([*lines, repeated]), line_starts([*lines, repeated]), {}, mapping, types)
-        is None
-    )
+    assert json_window(0, [*lines, b'{"query": "q", "item": "i", "item": "j"}'], {}, mapping, types) is None
 
 
 @pytest.mark.parametrize("seed", range(4))
