@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from score_batch.io_formats.jsonl import BOM  # pyarrow skips one starting a block, Python's json refuses it
 from score_batch.io_formats.rows import InputRow, convert, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
@@ -305,16 +306,20 @@ def json_window(
     first: int, lines: list[bytes], partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
     """A long-layout JSONL block parsed by pyarrow into the input's types, as the per-line path would give it,
-    or None when a line needs that path (not an object, bad JSON or UTF-8, another type, a repeated key, a
-    surrogate escape, a column partition values fill)."""
+    or None when a line needs that path (not an object, bad JSON or UTF-8 anywhere in it, a byte order mark,
+    another type, a repeated key, a surrogate escape, a column partition values fill)."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
     typed = mapping.typed_columns()
     if any(name in partitions for name in (mapping.query, mapping.items, *typed)):
         return None
     raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
-    if SURROGATE_ESCAPE.search(raw):
-        return None  # Python's json reads a lone surrogate, which the row's error then names
+    if SURROGATE_ESCAPE.search(raw) or raw.startswith(BOM):
+        return None  # Python's json names a lone surrogate (the row's error) and refuses a byte order mark
+    try:
+        raw.decode("utf-8")  # pyarrow checks the UTF-8 of the values it reads only, Python's json every byte
+    except UnicodeDecodeError:
+        return None
     fields = [(mapping.query, pa.string()), (mapping.items, pa.string()), *((n, types[n]) for n in typed)]
     options = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
     try:

@@ -3,14 +3,20 @@ rows, values and errors of the record-by-record path (rows.to_row over each reco
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import random
+import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from score_batch.io_formats import jsonl, readers
+from score_batch.io_formats.jsonl import BOM, parse_line
 from score_batch.io_formats.readers import (
     column_types,
     input_mapping,
@@ -23,14 +29,26 @@ from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.window import concat, from_rows, json_window
 
 KEEP = ColumnOverrides(keep_columns=("n", "tags", "meta"))
+KEEP_N = ColumnOverrides(keep_columns=("n",))
+
+
+def line_records(source):
+    """(line, record) per non-blank line of a JSONL input, read line by line here (not by the reader's blocks)."""
+    for file in source.files or [None]:
+        data = source.spool_path().read_bytes() if file is None else Path(file.location.path).read_bytes()
+        data = gzip.decompress(data) if str(file).endswith(".gz") else data
+        pieces = data.split(b"\n")
+        for number, raw in enumerate([piece + b"\n" for piece in pieces[:-1]] + pieces[-1:], start=1):
+            raw = raw.removeprefix(BOM) if number == 1 else raw
+            if raw.strip():
+                yield parse_line(raw, f"{number} of {file}" if len(source.files) > 1 else str(number))
 
 
 def record_path_rows(source, overrides):
     """What the record-by-record path gives for every record of the input."""
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
-    records = reader(source).records()
-    rows = [to_row(index, record, mapping, types) for index, (_, record) in enumerate(records)]
+    rows = [to_row(index, record, mapping, types) for index, record in enumerate(line_records(source))]
     for row in rows:  # an unreadable line has no values: its kept columns are written null
         row.kept = {name: row.kept.get(name) for name in mapping.keep}
     return rows
@@ -88,6 +106,74 @@ def test_jsonl_blocks_equal_the_line_by_line_rows(tmp_path, seed):
     expected = record_path_rows(source, KEEP)
     for size in (1, 7, 1000):
         assert window_rows(source, KEEP, size) == expected
+
+
+def hostile_bytes(rng: random.Random, count: int) -> bytes:
+    """hostile_lines as bytes, with what a block parser could take differently from a line parser: bytes that are
+    not UTF-8 (in a column nobody reads, in an item), indented lines, two objects on one line, CRLF, form feeds,
+    surrogate pairs, -Infinity, byte order marks (one or two), a last line with or without its newline."""
+    lines = []
+    for line in (text.encode() for text in hostile_lines(rng, count)):
+        kind = rng.random()
+        if kind < 0.01:
+            line = line[:-1] + b', "junk": "\xff"}'
+        elif kind < 0.02:
+            line = line.replace(b'"item ', b'"it\xc3em ', 1)
+        elif kind < 0.03:
+            line = b"  " + line
+        elif kind < 0.04:
+            line = line + b" " + line
+        elif kind < 0.06:
+            line = line + b"\r"
+        elif kind < 0.065:
+            line = rng.choice([b"\x0c", b" \x0b ", b"\r", b""])
+        elif kind < 0.08:
+            line = line.replace(b'"item ', b'"\\ud83d\\ude00 ', 1)
+        elif kind < 0.085:
+            line = line.replace(b'"n": 1,', b'"n": -Infinity,', 1)
+        lines.append(line)
+    data = b"\n".join(lines) + rng.choice([b"", b"\n"])
+    return rng.choice([b"", BOM, BOM + BOM]) + data
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_jsonl_hostile_bytes_give_the_line_by_line_rows(tmp_path, monkeypatch, seed):
+    """Blocks of every size (from one line), read in chunks of every size, over plain and gzip files (lines
+    named 'N of FILE' when there are several) and stdin, give the rows, errors and messages of lines read one by
+    one here."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(readers, "BATCH_ROWS", rng.choice([1, 3, 1024]))
+    monkeypatch.setattr(jsonl, "READ_CHUNK", rng.choice([3, 1000, 1 << 20]))
+    count = rng.choice([40, 900])
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(hostile_bytes(rng, count))
+    (tmp_path / "in" / "b.jsonl.gz").write_bytes(gzip.compress(hostile_bytes(rng, count)))
+    for path in (tmp_path / "in", tmp_path / "in" / "a.jsonl", "-"):
+        if path == "-":
+            stdin = io.TextIOWrapper(io.BytesIO((tmp_path / "in" / "a.jsonl").read_bytes()))
+            monkeypatch.setattr("sys.stdin", stdin)
+        source = open_source(str(path))
+        expected = record_path_rows(source, KEEP)
+        named = any(re.match(r"line \d+ of ", row.error or "") for row in expected)
+        assert named == (path == tmp_path / "in")
+        for size in (1, 333, 5000):
+            assert window_rows(source, KEEP, size) == expected
+
+
+def test_a_line_not_utf8_among_clean_lines_is_that_rows_error(tmp_path):
+    """pyarrow checks only the columns it reads: bytes that are not UTF-8 in another key still make the line
+    unreadable, as line by line (the block parser once scored that row)."""
+    clean = [json.dumps({"query": "q", "item": f"i{k}", "n": k}).encode() for k in range(4)]
+    bad = b'{"query": "q", "item": "i", "n": 1, "junk": "\xff"}'
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join([*clean, bad, *clean]))
+    source = open_source(str(tmp_path / "in.jsonl"))
+    rows = window_rows(source, KEEP_N, 100)
+    assert rows == record_path_rows(source, KEEP_N)
+    assert [row.error for row in rows][3:6] == [
+        None,
+        "line 5: not valid UTF-8 (byte 0xff at byte 46 of the line)",
+        None,
+    ]
 
 
 def test_clean_jsonl_blocks_take_the_columnar_path(tmp_path):
