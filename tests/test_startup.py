@@ -57,9 +57,10 @@ def test_models_imports_no_torch():
     assert not names & {"torch", "transformers", "pyarrow"}, sorted(names & set(HEAVY))
 
 
-def test_a_native_demo_run_imports_no_transformers_pandas_or_other_commands(tmp_path):
+def test_a_native_demo_run_imports_no_transformers_pandas_pydantic_or_other_commands(tmp_path):
     """The demo's Qwen3 runs on the native layers: config and tokenizer from their JSON files (no
-    transformers), pyarrow without pandas, and the batch-file command's module never loaded."""
+    transformers), pyarrow without pandas, the options' values coerced without pydantic (cli/command.py's
+    plain_value), and the batch-file command's module never loaded."""
     one = tmp_path / "one.jsonl"
     one.write_text((REPO / "sample_data/products.jsonl").read_text().splitlines()[0] + "\n")
     done = subprocess.run(
@@ -78,7 +79,7 @@ def test_a_native_demo_run_imports_no_transformers_pandas_or_other_commands(tmp_
     }
     assert "torch" in modules and "tokenizers" in modules  # the import log was read
     # pandas' refused attempts (score_batch/arrays.py) are logged too: a real import loads its submodules
-    heavy = {m for m in modules if m.split(".")[0] == "transformers" or m.startswith("pandas.")}
+    heavy = {m for m in modules if m.split(".")[0] in ("transformers", "pydantic") or m.startswith("pandas.")}
     assert not heavy, sorted(heavy)[:5]
     assert "score_batch.job.batch_file_run" not in modules
 
