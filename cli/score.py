@@ -64,11 +64,12 @@ def score(options: ScoreOptions) -> None:
     warn_unknown_variables(os.environ)
     profile = None
     try:
+        # Here: --help and --version import no torch. A stop waits for the import: one raised inside it left the
+        # job package half-imported, and the report it writes could not be imported again (no --report); first,
+        # as run_config's own imports (job.run_config) import the package too.
+        job = import_deferring_stops("score_batch.job")
         config, profile = run_config(options)
         quiet_libraries()
-        # Here: --help and --version import no torch. A stop waits for the import: one raised inside it left the
-        # job package half-imported, and the report it writes could not be imported again (no --report).
-        job = import_deferring_stops("score_batch.job")
         from score_batch.arrays import pyarrow_without_pandas
         from score_batch.machine import tune_gc, tune_malloc
 

@@ -40,7 +40,7 @@ class ScoreStats:
         self._sum = 0.0
         # (≤ sample_size,) all scores until it is full, then a reservoir
         self._sample = np.empty(0, np.float64)
-        self._rng = np.random.default_rng(seed)
+        self._seed, self._rng = seed, None  # the generator on first use: numpy.random is not imported before
         self.queries = QueryItems()
 
     def add_scores(self, scores: pa.Array | pa.ChunkedArray | np.ndarray | Iterable[float | None]) -> None:
@@ -72,6 +72,8 @@ class ScoreStats:
         if values.size == 0:
             return
         numbers = first + np.arange(values.size, dtype=np.int64)  # (m,) each value's position in the run
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
         slots = self._rng.integers(0, numbers + 1)  # (m,)
         hit = slots < self.sample_size
         slots, values = slots[hit], values[hit]

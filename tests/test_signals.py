@@ -241,3 +241,30 @@ except Stopped:
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.split() == ["stopped", "True"], done.stderr[-2000:]
+
+
+def test_a_stop_while_numpy_first_imports_still_writes_the_report(tmp_path):
+    """The command imports score_batch.job with the stop deferred before anything else imports it (the options'
+    resolution imports job.run_config, and numpy through pyarrow): a stop raised inside numpy's import left it
+    unimportable ("cannot load module more than once per process"), so the --report that the job package writes
+    was "not written". Here the signal lands inside numpy's import."""
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "q", "item": " a"}])
+    report = tmp_path / "r.json"
+    script = f"""
+import importlib.abc, os, signal, sys
+class SignalInNumpy(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy.dtypes":  # inside the C core's start-up: it then cannot load again
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+sys.meta_path.insert(0, SignalInNumpy())
+sys.argv = ["score-batch", {str(data)!r}, "-o", {str(tmp_path / "o.jsonl")!r}, "--report", {str(report)!r}]
+from score_batch.cli.main import run
+run()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 143 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "not written" not in done.stderr and json.loads(report.read_text())["status"] == "stopped"
