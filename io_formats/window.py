@@ -97,15 +97,22 @@ class Window:
         return [self.row(row) for row in range(self.num_rows)]
 
     def take(self, rows: np.ndarray) -> Window:
-        """The rows at these positions, in this order, as a window of their own."""
+        """The rows at these positions, in this order, as a window of their own (holding only their queries)."""
         rows = np.asarray(rows, np.int64)
         starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]  # [rows]
         ends = np.cumsum(counts)
         items = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
+        codes, held = self.query_codes[rows], self.query_codes[rows] >= 0  # [rows]
+        used, firsts, inverse = np.unique(codes[held], return_index=True, return_inverse=True)
+        order = np.argsort(firsts)  # the taken rows' queries in order of first appearance
+        rank = np.empty(len(used), np.int64)
+        rank[order] = np.arange(len(used))
+        codes = np.full(len(rows), -1, np.int64)
+        codes[held] = rank[inverse.reshape(-1)]
         return Window(
             self.index[rows],
-            self.query_codes[rows],
-            self.query_values,
+            codes,
+            [self.query_values[code] for code in used[order].tolist()],
             [self.items[i] for i in items.tolist()],
             np.concatenate([[0], ends]).astype(np.int64),
             None if self.query_ids is None else pick(self.query_ids, rows),

@@ -9,11 +9,13 @@ a StagedDirectorySink, named by their rows (a retried task rewrites its own file
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
 import pickle
 import sys
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -46,8 +48,9 @@ from score_batch.machine import tune_gc, tune_malloc
 
 log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
-ROWS_PER_PARTITION = 200_000  # input rows per hash partition of the grouping shuffle
+ROWS_PER_PARTITION = 200_000  # input rows per partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
+CALLS_PER_ACTOR = 2  # batches in an actor at once: the next one is planned while one runs the model
 COUNTS = ("items", "failed", "reused", "duplicates")  # a block's counts (_counts), as ScoredWindow names them
 TALLIES = [pa.field(REUSED_FLAG, pa.bool_()), pa.field(DUPLICATES, pa.int32())]  # counted, never written
 
@@ -135,6 +138,7 @@ class ScoreActor:
         self.scorer = Scorer.load(config.model_dir, config.engine)
         self.score_key = identity.score_key(self.scorer.setup)  # as this actor resolved the device
         self.pairs = ScoredPairs()  # the pairs this actor wrote: a repeat in a later batch is copied
+        self.running = threading.Lock()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Part rows of the batch's groups with their TALLIES: REUSED_FLAG (values from --reuse), DUPLICATES (1
@@ -145,9 +149,12 @@ class ScoreActor:
         joined = [table for _, table in entries if table is not None]
         earlier = JoinedScores(pa.concat_tables(joined) if joined else None)
         tools = WindowTools(self.scorer, self.contract, self.score_key, earlier, self.pairs)
-        prepared = planned(prepare(0, window, tools), tools)
-        part, _ = score(prepared, tools, self.scorer)
-        self.pairs.add(part)
+        prepared = prepare(0, window, tools)
+        prepared = dataclasses.replace(prepared, plan=self.scorer.plan(prepared.todo.groups))
+        with self.running:  # the next batch is planned while this one runs the model (CALLS_PER_ACTOR)
+            prepared = planned(prepared, tools)  # pairs the batch before wrote meanwhile are copied
+            part, _ = score(prepared, tools, self.scorer)
+            self.pairs.add(part)
         refs = range(window.num_items)
         duplicates = [int(ref in prepared.copies) for ref in refs]
         if duplicates:
@@ -204,6 +211,8 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
                 logging_level=logging.ERROR if config.quiet else logging.INFO,
             )
     ray.data.DataContext.get_current().enable_progress_bars = not config.quiet
+    # The grouping shuffle in Ray tasks (the running workers), not hash-shuffle aggregator actors (new processes)
+    ray.data.DataContext.get_current().shuffle_strategy = "sort_shuffle_pull_based"
     if config.quiet:  # Ray Data's own lines on stderr (its log file keeps them)
         for handler in logging.getLogger("ray.data").handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
@@ -270,7 +279,11 @@ def _dataset(config, checked, options, units, contract, gpus, reused, total_rows
         fn_constructor_args=(config, checked.identity, contract, int(options.cpus_per_worker)),
         batch_size=options.groups_per_batch,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=options.num_workers),
+        compute=ray.data.ActorPoolStrategy(
+            size=options.num_workers,
+            max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+            enable_true_multi_threading=True,
+        ),
         num_cpus=options.cpus_per_worker,
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
