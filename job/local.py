@@ -47,8 +47,8 @@ def run_local(config: RunConfig, checked: Checked, report: RunReport) -> None:
             # while the tokenizer and weights load) and keys it once the tokenizer (and, under --reuse, the
             # earlier scores) are there; the second tokenizes it, and the third packs it. The tokenizer's batch
             # calls release the GIL and use every core: on their own thread they run on while the windows
-            # around them are packed, scored and written, and the plan takes their encodings to the main
-            # thread, which frees them after scoring.
+            # around them are packed, scored and written; the plan takes their encodings to the main thread,
+            # which frees them once the window is written (not the packing thread, which goes on to the next).
             read.start(read_stage)
             encoding.start(encode_stage)
             prefetch.start(plan_stage)
@@ -149,6 +149,11 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
             tools.pairs.add(part)
             if not config.dry_run:
                 sink.write(number, part, tools.contract, prepared.digest)
+            del (
+                prepared,
+                part,
+                scored,
+            )  # the window and its plan's encodings freed now, not after the next arrives
             phase.check()
         sink.check_read(windows_read)
         digest = content.hexdigest()

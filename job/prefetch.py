@@ -1,4 +1,4 @@
-"""Overlap: the next window is prepared on a worker thread while this one runs (job/local.py's two stages)."""
+"""Overlap: the next window is prepared on a worker thread while this one runs (job/local.py chains three)."""
 
 from __future__ import annotations
 

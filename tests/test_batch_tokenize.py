@@ -94,7 +94,11 @@ def test_backend_batch_equals_transformers_call(tokenizer, policy, templates, it
     planner = PackedPlanner(tokenizer, cfg, limits)
     for seed in range(4):
         groups = random_groups(seed)
-        fast = plan_fields(planner.plan(groups))
+        whole = planner.plan(groups)
+        fast = plan_fields(whole)
+        split = planner.plan(groups, planner.encode(groups))  # a pipeline's tokenize stage, then its pack stage
+        assert plan_fields(split) == fast and split.stats == whole.stats
+        assert whole.encoded is None and split.encoded is not None  # only a pipeline's plan holds encodings
         with monkeypatch.context() as patch:  # today's path: transformers' __call__ with offsets, per group
             patch.setattr(encode, "backend_encode", lambda *args: None)
             slow = plan_fields(PackedPlanner(tokenizer, cfg, limits).plan(groups))

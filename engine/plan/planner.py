@@ -72,8 +72,8 @@ class PackedPlan:
     chunked: list[ChunkedGroup] | None = None
     # a scored sequence → the later ones equal to it (same query and item tokens): those are not packed
     copies: dict[ItemRef, tuple[ItemRef, ...]] = field(default_factory=dict)
-    # the tokenizer's encodings, held so that they are freed with the plan, by the thread that drops it (a run
-    # drops a plan after scoring it), not by the planning thread, which should go on to the next call's texts
+    # the tokenizer's encodings when plan was given them (a pipeline's tokenize stage): held so that they are
+    # freed with the plan by the thread that drops it after scoring, not by the packing thread; None otherwise
     encoded: object = field(default=None, repr=False, compare=False)
 
     def item_name(self, ref: ItemRef) -> str:
@@ -110,6 +110,7 @@ class PackedPlanner:
         """Tokenize (unless given the groups' `encode`), pack (MIS or single) and batch the groups of one call.
         Under truncate="chunk" the packs score every item's chunks as items of its group (plan.chunked)."""
         cfg, limits = self.cfg, self.limits
+        given = encoded
         if encoded is None:
             encoded = self.encode(groups)
         tokenized = [
@@ -142,7 +143,7 @@ class PackedPlanner:
             packed_tokens=sum(len(p) for p in packs),
             pairwise_tokens=sum(g.pair_tokens() for g in tokenized),
         )
-        return PackedPlan(tokenized, scored, batches, stats, chunked, copies, encoded)
+        return PackedPlan(tokenized, scored, batches, stats, chunked, copies, given)
 
 
 @dataclass(frozen=True)
