@@ -49,7 +49,16 @@ def main() -> None:
             write_input(data, tokenizer, items, 100, args.query_tokens, args.item_tokens)
             common = [data, "--model", model, "-q", "--overwrite"]
             seconds["local", items] = timed(*common, "-o", tmp / "local.parquet")
-            seconds["ray", items] = timed(*common, "-o", tmp / "ray_out", "--ray", "--num-workers", "1", "--cpus-per-worker", args.cpus_per_worker)
+            seconds["ray", items] = timed(
+                *common,
+                "-o",
+                tmp / "ray_out",
+                "--ray",
+                "--num-workers",
+                "1",
+                "--cpus-per-worker",
+                args.cpus_per_worker,
+            )
         small_n, large_n = args.items
         added = {}
         for runner in ("local", "ray"):

@@ -96,7 +96,8 @@ def test_backend_batch_equals_transformers_call(tokenizer, policy, templates, it
         groups = random_groups(seed)
         whole = planner.plan(groups)
         fast = plan_fields(whole)
-        split = planner.plan(groups, planner.encode(groups))  # a pipeline's tokenize stage, then its pack stage
+        # a pipeline's tokenize stage, then its pack stage
+        split = planner.plan(groups, planner.encode(groups))
         assert plan_fields(split) == fast and split.stats == whole.stats
         assert whole.encoded is None and split.encoded is not None  # only a pipeline's plan holds encodings
         with monkeypatch.context() as patch:  # today's path: transformers' __call__ with offsets, per group
