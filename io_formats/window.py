@@ -102,17 +102,13 @@ class Window:
         starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]  # [rows]
         ends = np.cumsum(counts)
         items = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
-        codes, held = self.query_codes[rows], self.query_codes[rows] >= 0  # [rows]
-        used, firsts, inverse = np.unique(codes[held], return_index=True, return_inverse=True)
-        order = np.argsort(firsts)  # the taken rows' queries in order of first appearance
-        rank = np.empty(len(used), np.int64)
-        rank[order] = np.arange(len(used))
+        taken, held = self.query_codes[rows], self.query_codes[rows] >= 0  # [rows]
         codes = np.full(len(rows), -1, np.int64)
-        codes[held] = rank[inverse.reshape(-1)]
+        codes[held], firsts = appearance_codes(taken[held])  # the taken rows' queries, renumbered
         return Window(
             self.index[rows],
             codes,
-            [self.query_values[code] for code in used[order].tolist()],
+            [self.query_values[code] for code in taken[held][firsts].tolist()],
             [self.items[i] for i in items.tolist()],
             np.concatenate([[0], ends]).astype(np.int64),
             None if self.query_ids is None else pick(self.query_ids, rows),
@@ -189,6 +185,16 @@ def encode_queries(queries: list) -> tuple[np.ndarray, list]:
     keys = (None if q is None else q if isinstance(q, str) else token_key(q) for q in queries)
     codes, firsts = first_appearance_codes(keys, len(queries))
     return codes, [queries[k] for k in firsts]
+
+
+def appearance_codes(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[n] each integer key's code, the distinct keys numbered in order of first appearance, and [distinct]
+    where each code first appears (first_appearance_codes' numbering, in numpy)."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # the distinct keys in order of first appearance
+    rank = np.empty(len(first), np.int64)
+    rank[order] = np.arange(len(first))
+    return rank[inverse.reshape(-1)], first[order]
 
 
 def first_appearance_codes(keys, count: int) -> tuple[np.ndarray, list[int]]:

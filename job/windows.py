@@ -25,6 +25,7 @@ from score_batch.io_formats.columns import (
 )
 from score_batch.io_formats.window import (
     Window,
+    appearance_codes,
     first_appearance_codes,
     pick,
     python,
@@ -45,25 +46,25 @@ class WindowGroups:
 def group_codes(window: Window) -> tuple[np.ndarray, list[int]]:
     """[rows] each readable row's query group (same query id and query), numbered in order of first
     appearance, -1 for a row that cannot be read; and each group's first row."""
-    readable = np.fromiter((error is None for error in window.errors), bool, window.num_rows)  # [rows]
+    readable = readable_rows(window)
     id_codes = _id_codes(window.query_ids, window.num_rows)
     if id_codes is not None and (window.query_codes[readable] >= 0).all():  # with numpy: no key per row
-        keys = np.where(
-            readable, id_codes * (len(window.query_values) + 1) + window.query_codes, -1
-        )  # [rows]
+        keys = id_codes * (len(window.query_values) + 1) + window.query_codes  # [rows]
         rows = np.flatnonzero(readable)
-        _, first, inverse = np.unique(keys[rows], return_index=True, return_inverse=True)
-        rank = np.empty(len(first), np.int64)
-        rank[np.argsort(first)] = np.arange(len(first))  # each distinct key's place in order of appearance
         codes = np.full(window.num_rows, -1, np.int64)
-        codes[rows] = rank[inverse.reshape(-1)]
-        return codes, rows[np.sort(first)].tolist()
+        codes[rows], first = appearance_codes(keys[rows])
+        return codes, rows[first].tolist()
     ids = window.query_id_values()
     keys = (
         None if error is not None else (repr(query_id), query)
         for error, query_id, query in zip(window.errors, ids, window.query_codes.tolist())
     )
     return first_appearance_codes(keys, window.num_rows)
+
+
+def readable_rows(window: Window) -> np.ndarray:
+    """[rows] bool: the rows that could be read (no error)."""
+    return np.fromiter((error is None for error in window.errors), bool, window.num_rows)
 
 
 def _id_codes(query_ids, num_rows: int) -> np.ndarray | None:
@@ -254,10 +255,7 @@ def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
     query_digest, once per distinct query) then the item (text as UTF-8 behind a tag byte, token ids as
     JSON)."""
     states: dict[int, Any] = {}
-    codes = window.query_codes.copy()
-    for row, error in enumerate(window.errors):
-        if error is not None:
-            codes[row] = -1
+    codes = np.where(readable_rows(window), window.query_codes, -1)  # [rows]
     keys: list[str | None] = []
     append, blake2b = keys.append, hashlib.blake2b
     for code, item in zip(codes[window.item_rows()].tolist(), window.items):

@@ -110,21 +110,16 @@ def test_one_id_column_keeps_its_type_and_a_missing_key_column_is_named(qwen3_ca
     assert len(missing.stderr.strip().splitlines()) == 1
 
 
+def keyed(data, model) -> list:
+    """The CLI arguments of a run of data ranked by the composite key (dt, user_id)."""
+    return [data, "--model", model, *LABEL_FLAGS, "--query-id-col", "dt,user_id"]
+
+
 def test_a_key_column_of_mixed_types_is_refused_naming_it(qwen3_causal, tmp_path):
     rows = nightly_rows()[:4]
     rows[2]["user_id"] = "seven"
     data = write_jsonl(tmp_path / "in.jsonl", rows)
-    result = run_cli(
-        data,
-        "--model",
-        qwen3_causal,
-        *LABEL_FLAGS,
-        "--query-id-col",
-        "dt,user_id",
-        "--rank",
-        "-o",
-        tmp_path / "o.parquet",
-    )
+    result = run_cli(*keyed(data, qwen3_causal), "--rank", "-o", tmp_path / "o.parquet")
     assert result.returncode == 2
     assert "column 'user_id' mixes number" in result.stderr and "Traceback" not in result.stderr
 
@@ -132,19 +127,7 @@ def test_a_key_column_of_mixed_types_is_refused_naming_it(qwen3_causal, tmp_path
 def test_a_composite_key_in_jsonl_is_an_object(qwen3_causal, tmp_path):
     rows = nightly_rows()[:4]
     data = write_jsonl(tmp_path / "in.jsonl", rows)
-    result = run_cli(
-        data,
-        "--model",
-        qwen3_causal,
-        *LABEL_FLAGS,
-        "--query-id-col",
-        "dt,user_id",
-        "--top-k",
-        "1",
-        "-o",
-        "-",
-        "-q",
-    )
+    result = run_cli(*keyed(data, qwen3_causal), "--top-k", "1", "-o", "-", "-q")
     assert result.returncode == 0, result.stderr
     import json
 
