@@ -1,0 +1,107 @@
+"""Texts encoded as the words of a few pre-tokenized sequences (engine/text/encode.encode_in_chunks) give each
+text exactly the ids and offsets the tokenizers backend gives it on its own, for every kind of pipeline:
+byte-level BPE, sentencepiece-like Metaspace (prepend "first" and "always"), a Prepend normalizer, BERT's
+WordPiece with its normalizer, and added tokens with every strip/word/normalized flag."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+from score_batch.engine.text.encode import encode_in_chunks
+from tests.tiny_models import BASE_CORPUS
+
+ADDED = [
+    AddedToken("<mask>", lstrip=True, special=True),
+    AddedToken("[END]", rstrip=True, special=True),
+    AddedToken("word", single_word=True, special=False),
+    AddedToken("ﬁne", normalized=True, special=False),
+    AddedToken("<|im_end|>", special=True, normalized=False),
+]
+PIECES = sorted({w for line in BASE_CORPUS for w in line.split()}) + [
+    "<mask>", "[END]", "word", "words", "ﬁne", "fine", "<|im_end|>", "é", "e\u0301", "日本", "🙂", "  ", "\n",
+    "\t", "Ünïcödé", "ﬁ", "_", "▁",
+]  # fmt: skip
+
+
+def _train(model, trainer, normalizer=None, pre_tokenizer=None, post=None) -> Tokenizer:
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.train_from_iterator(BASE_CORPUS * 5, trainer)
+    if post is not None:
+        tokenizer.post_processor = post
+    tokenizer.add_tokens(ADDED)
+    return tokenizer
+
+
+def _kinds() -> dict:
+    bpe = dict(vocab_size=300, special_tokens=["<unk>", "<s>"])
+    return {
+        "byte-level": lambda: _train(
+            models.BPE(),
+            trainers.BpeTrainer(**bpe, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+            pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=False),
+            post=processors.ByteLevel(trim_offsets=False),
+        ),
+        "byte-level-prefix": lambda: _train(
+            models.BPE(),
+            trainers.BpeTrainer(**bpe, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+            normalizer=normalizers.NFC(),
+            pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=True),
+        ),
+        "metaspace-first": lambda: _train(
+            models.Unigram(),
+            trainers.UnigramTrainer(vocab_size=200, special_tokens=["<unk>"], unk_token="<unk>"),
+            pre_tokenizer=pre_tokenizers.Metaspace(prepend_scheme="first"),
+        ),
+        "metaspace-always": lambda: _train(
+            models.BPE(unk_token="<unk>"),
+            trainers.BpeTrainer(**bpe),
+            normalizer=normalizers.NFKC(),
+            pre_tokenizer=pre_tokenizers.Metaspace(prepend_scheme="always", split=False),
+        ),
+        "prepend-normalizer": lambda: _train(
+            models.BPE(unk_token="<unk>", byte_fallback=True),
+            trainers.BpeTrainer(**bpe),
+            normalizer=normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]),
+            post=processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)]),
+        ),
+        "wordpiece": lambda: _train(
+            models.WordPiece(unk_token="<unk>"),
+            trainers.WordPieceTrainer(**bpe),
+            normalizer=normalizers.BertNormalizer(lowercase=True, strip_accents=True),
+            pre_tokenizer=pre_tokenizers.BertPreTokenizer(),
+        ),
+    }
+
+
+def _texts(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        pieces = [rng.choice(PIECES) for _ in range(rng.randint(0, 9))]
+        glue = rng.choice(["", " ", "  "])
+        out.append(rng.choice(["", " "]) + glue.join(pieces) + rng.choice(["", " ", "\n"]))
+    return out + ["", " ", "<mask>", "[END] ", "word", "ﬁne"]
+
+
+@pytest.mark.parametrize("kind", sorted(_kinds()))
+@pytest.mark.parametrize("split_special", [False, True])
+def test_each_text_as_on_its_own(kind, split_special):
+    backend = _kinds()[kind]()
+    backend.encode_special_tokens = split_special
+    for count, seed in ((1, 0), (37, 1), (1500, 2)):  # one chunk, a few, many (with a short last chunk)
+        texts = _texts(seed, count)
+        for special in (False, True):
+            if special and backend.num_special_tokens_to_add(False):
+                continue  # each text gets its own specials: encoded one by one (backend_encode)
+            ids, offsets = encode_in_chunks(backend, texts, special)
+            alone = [backend.encode(text, add_special_tokens=special) for text in texts]
+            assert len(ids) == len(offsets) == len(texts)
+            assert ids == [a.ids for a in alone], kind
+            assert [o.offsets for o in offsets] == [a.offsets for a in alone], kind
+            middle = offsets[5:-3]  # a slice indexes the same texts
+            assert [o.offsets for o in middle] == [a.offsets for a in alone[5:-3]]
