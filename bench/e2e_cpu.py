@@ -6,8 +6,8 @@
 The workload (the recommendation shape of compare.py) is written to a Parquet file. The baseline is
 plain HF from the text rows: tokenize every (query + item) pair, length-sorted right-padded batches,
 forward, scores on the host (`common.hf_pairs`). The CLI side is `score-batch IN -o OUT.parquet
---report R` in a subprocess: its time is the report's `seconds_total - seconds_load`, i.e. everything
-the job does after the process and the model are up (preflight, lock, reading, hashing, tokenizing,
+--report R` in a subprocess: its time is the report's `seconds_total - seconds_load - seconds_import`,
+i.e. everything the job does after the process, its torch import and the model are up (preflight, lock, reading, hashing, tokenizing,
 planning, scoring, output conversion, checkpoint parts, the merge and the atomic publish). Process
 start-up and model load are reported apart. Prints the speed-up, the packed/pairwise token ratio
 and their quotient (1.0 = the CLI gets all of the arithmetic saving): best of --repeats rounds, each
@@ -176,7 +176,7 @@ def main() -> None:
             runs.append(cli_run(command, report))
             if scorer is not None:
                 engine_times.append(timed(scorer.run, plan)[1])
-        job_times = [r["seconds_total"] - r["seconds_load"] for r in runs]
+        job_times = [r["seconds_total"] - r["seconds_load"] - r["seconds_import"] for r in runs]
         hf_seconds, job_seconds = min(hf_times), min(job_times)
         best = runs[job_times.index(job_seconds)]
         token_ratio = best["pairwise_tokens"] / best["packed_tokens"]

@@ -591,7 +591,7 @@ def _pipeline_row(model_dir, tokenizer, shape: Shape, args, cfg, peak) -> dict:
             if code != 0:
                 raise RuntimeError(f"score-batch exited {code}: {figures.get('error')}")
             runs.append(figures)
-    after_load = [r["seconds_total"] - r["seconds_load"] for r in runs]
+    after_load = [r["seconds_total"] - r["seconds_load"] - r["seconds_import"] for r in runs]
     best = runs[after_load.index(min(after_load))]
     method = Method(
         best["backend"], layers=best["layers"], ops=best["ops"] if best["ops"] != "none" else "auto"

@@ -50,6 +50,7 @@ def run(config: RunConfig) -> RunReport:
         with StopSignals(immediate=True) as stop:
             # (importing score_batch.job itself, its config, signals and report, costs no torch)
             torch = import_deferring_stops("torch")
+            report.seconds_import = round(time.perf_counter() - started, 3)
             torch.set_num_threads(config.threads or available_cpus())
             errors = _run_phases(config, report)
             stop.check()  # a stop Python could not raise (in a weakref callback) still ends the run

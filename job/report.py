@@ -56,6 +56,7 @@ class RunReport:
     reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
     empty_queries: int = 0  # rows whose query is "" (or no token ids): scored as given, warned about
     empty_items: int = 0  # items that are "" (or no token ids): scored as given, warned about
+    seconds_import: float = 0.0  # importing torch at the run's start (process start-up, not the job's work)
     seconds_load: float = 0.0
     seconds_scoring: float = 0.0
     seconds_total: float = 0.0

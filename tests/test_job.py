@@ -346,6 +346,8 @@ def test_a_stopped_run_reports_its_timings_and_a_resume_reports_the_whole_output
         written["seconds_total"] > written["seconds_scoring"] > 0
         and written["score_stats"]["scores"]["count"] > 0
     )
+    # a fresh process imports torch at the run's start: timed apart from the job's work, inside its total
+    assert 0 < written["seconds_import"] < written["seconds_total"] - written["seconds_scoring"]
     assert run_cli(*base, "-o", out, "--resume", "--report", resumed).returncode == 0
     assert run_cli(*base, "-o", tmp_path / "full.parquet", "--report", full).returncode == 0
     after_resume, uninterrupted = json.loads(resumed.read_text()), json.loads(full.read_text())
