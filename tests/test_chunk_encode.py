@@ -51,6 +51,7 @@ def _kinds() -> dict:
             trainers.BpeTrainer(**bpe, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
             normalizer=normalizers.NFC(),
             pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=True),
+            post=processors.ByteLevel(trim_offsets=True),
         ),
         "metaspace-first": lambda: _train(
             models.Unigram(),
