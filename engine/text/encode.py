@@ -135,7 +135,7 @@ def backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> tup
         return None
     few = len(texts) < 8 * (os.cpu_count() or 1)  # chunks too few to keep the backend's threads busy
     if few or (add_special_tokens and backend.num_special_tokens_to_add(False)):  # or each text's specials
-        encodings = backend.encode_batch(texts, add_special_tokens=True, is_pretokenized=False)
+        encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens, is_pretokenized=False)
         return [encoding.ids for encoding in encodings], encodings
     return encode_in_chunks(backend, texts, add_special_tokens)
 
