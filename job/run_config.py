@@ -67,9 +67,8 @@ class RunConfig:
     ranked_output: str | None = None  # the ranked view; OUTPUT then holds every row, unranked
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
     progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
-    pipeline: bool = (
-        True  # read, tokenize and pack the next windows on worker threads while this one is scored
-    )
+    # read, tokenize and pack the next windows on worker threads while this one is scored
+    pipeline: bool = True
     # --storage-option key=value: endpoint, region (no secrets)
     storage_options: tuple[tuple[str, str], ...] = ()
     partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
