@@ -30,6 +30,7 @@ from score_batch.job.query_ranking import rank_parts
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
+Check = Callable[[], None]  # raises Stopped at a safe point when a signal came (ScoringPhase.check)
 
 
 class NullSink:
@@ -58,9 +59,7 @@ class NullSink:
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Drop the rows."""
 
-    def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
-    ) -> int:
+    def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
         """Nothing to publish; no row was skipped."""
         return 0
 
@@ -93,9 +92,7 @@ class StdoutSink(NullSink):
         self._writer.write(contract.final_view(kept))
         self.rows_written += kept.num_rows
 
-    def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
-    ) -> int:
+    def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
         """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
         if contract.ranked:
             ranked, failed = rank_parts(self._held, contract)
@@ -184,9 +181,7 @@ class PartsSink:
                 "--resume) to start over"
             )
 
-    def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
-    ) -> int:
+    def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
         """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts.
         With --ranked-output the ranked view is derived from the same parts and published first, OUTPUT (every
         row, unranked) last: OUTPUT, with its completion record, never appears without the view."""
@@ -207,7 +202,7 @@ class PartsSink:
         self.parts.clear()
         return errors.count
 
-    def _publish_ranked(self, contract: OutputContract, check: Callable[[], None], fingerprint) -> None:
+    def _publish_ranked(self, contract: OutputContract, check: Check, fingerprint) -> None:
         """--ranked-output: the whole run ranked (as a --rank/--top-k run writes OUTPUT), stamped as the output
         of such a run (its record without ranked_output: --reuse sees a --top-k output)."""
         ranked, _ = rank_parts(self._all_parts(), contract)
@@ -224,9 +219,7 @@ class PartsSink:
         """Every window's part, in window order."""
         return [self.parts.read(window) for window in self.parts.windows()]
 
-    def _final_tables(
-        self, contract: OutputContract, check: Callable[[], None], errors: ErrorsSink
-    ) -> Iterator[pa.Table]:
+    def _final_tables(self, contract: OutputContract, check: Check, errors: ErrorsSink) -> Iterator[pa.Table]:
         """The output rows in output order, window by window (ranked: all at once); failed rows to errors."""
         if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
             ranked, failed = rank_parts(self._all_parts(), contract)
