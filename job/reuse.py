@@ -186,8 +186,6 @@ class ScoredPairs:
         """The remembered values of a window's pairs still to score: window item index → values."""
         wanted: dict[int, list[tuple[int, int]]] = {}  # window serial → (item index, row)
         with self._lock:
-            if not self._where:
-                return {}
             held = self._where.keys() & set(keys)  # the common case: none, found without a lookup per pair
             if not held:
                 return {}
