@@ -108,8 +108,7 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
                 lines.append(line)
             stats, count = None if part is None else prepared.plan.stats, len(requests)
             phase.add(ScoredWindow(count, items, failed, stats, requests=count, requests_failed=refused))
-            if not config.dry_run:
-                sink.write(lines)
+            sink.write(lines)  # a dry run's sink writes nowhere
             phase.check()
         phase.commit()
     if report.requests_failed:

@@ -175,16 +175,15 @@ class OutputContract:
         fields = []
         for name in partition_by:
             field = schema.field(name)
-            fields.append(
-                field.with_type(field.type.value_type) if pa.types.is_dictionary(field.type) else field
-            )
-        for field in fields:
+            if pa.types.is_dictionary(field.type):
+                field = field.with_type(field.type.value_type)
             if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
                 hint = " (keep a column of the composite key with --keep-columns)" if self.query_key else ""
                 raise InputError(
                     f"--partition-by {field.name!r}: a column of type {field.type} cannot name a directory; "
                     f"partition by a column of numbers, text, dates or booleans{hint}"
                 )
+            fields.append(field)
         return pa.schema(fields)
 
     def ray_schema(self) -> pa.Schema:

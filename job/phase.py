@@ -142,14 +142,11 @@ class ScoringPhase:
 def warn_empty(report: RunReport) -> None:
     """One warning with the counts of empty queries and items: scored as given (as CrossEncoder does), but
     usually a data bug."""
-    said = [
-        f"{count} {what}"
-        for count, what in (
-            (report.empty_queries, f"of {report.rows_read} rows have an empty query"),
-            (report.empty_items, f"of {report.items} items are empty"),
-        )
-        if count
-    ]
+    said = []
+    if report.empty_queries:
+        said.append(f"{report.empty_queries} of {report.rows_read} rows have an empty query")
+    if report.empty_items:
+        said.append(f"{report.empty_items} of {report.items} items are empty")
     if said:
         log.warning(
             "%s; scored as given, around their templates (docs/semantics.md: empty queries and items)",

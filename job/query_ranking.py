@@ -16,22 +16,17 @@ from score_batch.io_formats.columns import QUERY_KEY, RANK, SCORE
 from score_batch.job.contract import OutputContract
 
 
-def rank_rows(part: pa.Table, contract: OutputContract) -> pa.Table:
-    """Rows of every query (input order in, across all windows) → queries in order of first appearance,
-    each query's scored items best first with their rank (only the best top_k under top_k), then its
-    failed items (rank null, input order). The whole output is held in memory while it is ranked."""
-    group = pc.dictionary_encode(part[QUERY_KEY].combine_chunks()).indices  # codes by first appearance
+def rank_parts(parts: list[pa.Table], contract: OutputContract) -> tuple[pa.Table, pa.Table]:
+    """Part tables of a whole run (input order, across all windows) → (the output rows ranked, the failed rows
+    to list). Ranked: queries in order of first appearance, each query's scored items best first with their
+    rank (only the best top_k under top_k), then its failed items (rank null, input order). The whole output
+    is held in memory while it is ranked."""
+    kept, failed = contract.split(pa.concat_tables(parts or [contract.part_schema().empty_table()]))
+    group = pc.dictionary_encode(kept[QUERY_KEY].combine_chunks()).indices  # codes by first appearance
     group = group.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)  # [rows]
-    score = part[SCORE].fill_null(np.nan).to_numpy().astype(np.float64)  # [rows] null or NaN: no rank
+    score = kept[SCORE].fill_null(np.nan).to_numpy().astype(np.float64)  # [rows] null or NaN: no rank
     order, rank, unranked = ranked_order(group, score, contract.top_k)
     rank_column = pa.array(rank.astype(np.int32), pa.int32(), mask=unranked)
     schema = contract.ranked_schema()
-    ranked = part.take(pa.array(order, pa.int64()))
-    return ranked.add_column(schema.get_field_index(RANK), schema.field(RANK), rank_column)
-
-
-def rank_parts(parts: list[pa.Table], contract: OutputContract) -> tuple[pa.Table, pa.Table]:
-    """Part tables of a whole run (input order) → (the output rows ranked, the failed rows to list)."""
-    whole = pa.concat_tables(parts or [contract.part_schema().empty_table()])
-    kept, failed = contract.split(whole)
-    return rank_rows(kept, contract), failed
+    ranked = kept.take(pa.array(order, pa.int64()))
+    return ranked.add_column(schema.get_field_index(RANK), schema.field(RANK), rank_column), failed

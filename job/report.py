@@ -96,10 +96,9 @@ class RunReport:
     def add_usage(self, price_per_hour: float | None) -> None:
         """The usage object (its field's comment lists it); a dry run computes nothing: planned tokens only."""
         tokens = "planned_tokens" if self.dry_run else "computed_tokens"
-        usage = {"input_tokens": self.pairwise_tokens, tokens: self.packed_tokens}
+        self.usage = usage = {"input_tokens": self.pairwise_tokens, tokens: self.packed_tokens}
         usage["device"] = device_name(self.device)
         if self.dry_run:
-            self.usage = usage
             return
         workers = self.ray_workers or 1
         usage["device_seconds"] = round(self.seconds_scoring * workers, 3)
@@ -110,7 +109,6 @@ class RunReport:
             usage.update(
                 price_per_hour=price_per_hour, cost=round(cost, 6), cost_per_million_items=per_million
             )
-        self.usage = usage
 
     def add_plan(self, stats) -> None:
         """Add one window's planning counts (groups, packs, batches, tokens)."""

@@ -72,9 +72,8 @@ class EarlierScores:
             keys = directory / "keys.parquet"
             _write_keys(config, source, key, keys)
             matched = join_earlier(outputs, keys, values, directory, joined, available_cpus())
-            partial = any(
-                output.top_k() is not None for output in outputs
-            )  # --top-k outputs: some pairs only
+            # --top-k outputs: some pairs only
+            partial = any(output.top_k() is not None for output in outputs)
             (log.warning if partial else log.info)(
                 "--reuse: %d pairs of this run found in %d earlier output file(s)%s",
                 matched,
@@ -187,8 +186,6 @@ class ScoredPairs:
         """The remembered values of a window's pairs still to score: window item index → values."""
         wanted: dict[int, list[tuple[int, int]]] = {}  # window serial → (item index, row)
         with self._lock:
-            if not self._where:
-                return {}
             held = self._where.keys() & set(keys)  # the common case: none, found without a lookup per pair
             if not held:
                 return {}

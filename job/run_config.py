@@ -67,9 +67,8 @@ class RunConfig:
     ranked_output: str | None = None  # the ranked view; OUTPUT then holds every row, unranked
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
     progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
-    pipeline: bool = (
-        True  # read, tokenize and pack the next windows on worker threads while this one is scored
-    )
+    # read, tokenize and pack the next windows on worker threads while this one is scored
+    pipeline: bool = True
     # --storage-option key=value: endpoint, region (no secrets)
     storage_options: tuple[tuple[str, str], ...] = ()
     partition_by: tuple[str, ...] = ()  # --partition-by: OUTPUT is a hive-partitioned Parquet directory
@@ -82,7 +81,8 @@ class RunConfig:
     max_failed_rate: float | None = None
 
     def __post_init__(self) -> None:
-        stdout = self.output == STDOUT
+        stdout, view = self.output == STDOUT, self.ranked_output  # view: --ranked-output
+        rate, ranks = self.max_failed_rate, self.rank or self.top_k is not None  # ranks: --rank or --top-k
         refuse(  # in order: the first refused field is named (later checks may assume earlier ones held)
             self,
             ("on_error", lambda: self.on_error not in ON_ERROR_MODES, _one_of(ON_ERROR_MODES)),
@@ -92,29 +92,13 @@ class RunConfig:
             ("progress_seconds", lambda: self.progress_seconds <= 0, "must be positive"),
             ("price_per_hour", lambda: not (self.price_per_hour is None or self.price_per_hour >= 0), PRICE),
             ("top_k", lambda: self.top_k is not None and self.top_k < 1, "must be at least 1"),
-            (
-                "max_failed_rate",
-                lambda: not _fraction(self.max_failed_rate),
-                "must be a fraction from 0 to 1",
-            ),
+            ("max_failed_rate", lambda: not _fraction(rate), "must be a fraction from 0 to 1"),
             ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),
             ("partition_by", lambda: self.partition_by and stdout, "needs an output directory, not stdout"),
             ("resume", lambda: self.resume and stdout, "needs an output file (stdout cannot be resumed)"),
-            (
-                "ranked_output",
-                lambda: self.ranked_output and not (self.rank or self.top_k is not None),
-                "needs --rank or --top-k (the ranking it writes)",
-            ),
-            (
-                "ranked_output",
-                lambda: self.ranked_output and stdout,
-                "needs an output file for every row, not -",
-            ),
-            (
-                "ranked_output",
-                lambda: self.ranked_output and self.ray is not None,
-                "is not supported with --ray",
-            ),
+            ("ranked_output", lambda: view and not ranks, "needs --rank or --top-k (the ranking it writes)"),
+            ("ranked_output", lambda: view and stdout, "needs an output file for every row, not -"),
+            ("ranked_output", lambda: view and self.ray is not None, "is not supported with --ray"),
         )
 
     @property

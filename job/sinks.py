@@ -30,6 +30,7 @@ from score_batch.job.query_ranking import rank_parts
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
+Check = Callable[[], None]  # raises Stopped at a safe point when a signal came (ScoringPhase.check)
 
 
 class NullSink:
@@ -58,9 +59,7 @@ class NullSink:
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Drop the rows."""
 
-    def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
-    ) -> int:
+    def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
         """Nothing to publish; no row was skipped."""
         return 0
 
@@ -93,9 +92,7 @@ class StdoutSink(NullSink):
         self._writer.write(contract.final_view(kept))
         self.rows_written += kept.num_rows
 
-    def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
-    ) -> int:
+    def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
         """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
         if contract.ranked:
             ranked, failed = rank_parts(self._held, contract)
@@ -184,9 +181,7 @@ class PartsSink:
                 "--resume) to start over"
             )
 
-    def commit(
-        self, contract: OutputContract, check: Callable[[], None], fingerprint: RunIdentity | None = None
-    ) -> int:
+    def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
         """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts.
         With --ranked-output the ranked view is derived from the same parts and published first, OUTPUT (every
         row, unranked) last: OUTPUT, with its completion record, never appears without the view."""
@@ -207,10 +202,10 @@ class PartsSink:
         self.parts.clear()
         return errors.count
 
-    def _publish_ranked(self, contract: OutputContract, check: Callable[[], None], fingerprint) -> None:
+    def _publish_ranked(self, contract: OutputContract, check: Check, fingerprint) -> None:
         """--ranked-output: the whole run ranked (as a --rank/--top-k run writes OUTPUT), stamped as the output
         of such a run (its record without ranked_output: --reuse sees a --top-k output)."""
-        ranked, _ = rank_parts([self.parts.read(window) for window in self.parts.windows()], contract)
+        ranked, _ = rank_parts(self._all_parts(), contract)
         check()
         if fingerprint is not None:
             fingerprint = fingerprint.with_settings(ranked_output=None)
@@ -220,21 +215,14 @@ class PartsSink:
         self.rows_ranked = ranked.num_rows
         log.info("the ranked view (%d rows) is in %s", ranked.num_rows, self.config.ranked_output)
 
-    def _publish(self, tables, contract, ready, fingerprint, check, destination: Location, form: str) -> None:
-        """Tables published at destination: a hive-partitioned dataset (--partition-by) or one file."""
-        if self.config.partition_by:
-            self._publish_dataset(tables, contract, ready, fingerprint, check, destination)
-        else:
-            self._publish_file(tables, contract, ready, fingerprint, destination, form)
+    def _all_parts(self) -> list[pa.Table]:
+        """Every window's part, in window order."""
+        return [self.parts.read(window) for window in self.parts.windows()]
 
-    def _final_tables(
-        self, contract: OutputContract, check: Callable[[], None], errors: ErrorsSink
-    ) -> Iterator[pa.Table]:
+    def _final_tables(self, contract: OutputContract, check: Check, errors: ErrorsSink) -> Iterator[pa.Table]:
         """The output rows in output order, window by window (ranked: all at once); failed rows to errors."""
         if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
-            ranked, failed = rank_parts(
-                [self.parts.read(window) for window in self.parts.windows()], contract
-            )
+            ranked, failed = rank_parts(self._all_parts(), contract)
             errors.write(failed)
             self.rows_written += ranked.num_rows
             yield contract.final_view(ranked)
@@ -246,18 +234,23 @@ class PartsSink:
             yield contract.final_view(kept)
             check()  # a signal during the merge stops it; the parts stay for --resume
 
-    def _publish_file(
-        self,
-        tables: Iterator[pa.Table],
-        contract: OutputContract,
-        ready: Callable[[], None],
-        fingerprint,
-        destination: Location,
-        form: str,
-    ) -> None:
-        """One file written whole and published in one step (see Location.atomic_writer); ready() runs once
-        every row is written, before the output appears."""
+    def _publish(self, tables, contract, ready, fingerprint, check, destination: Location, form: str) -> None:
+        """Tables published at destination; ready() runs once every row is written, before the output appears.
+        One file is written whole and published in one step (see Location.atomic_writer). --partition-by:
+        hive-partitioned Parquet in a staging directory, published whole (a local rename; object stores:
+        uploaded under a hidden prefix, moved into place, _SUCCESS last); a signal stops the writing and the
+        upload (check), never the step that replaces the output."""
         schema = contract.final_schema()
+        if self.config.partition_by:
+            partitioning = contract.partition_schema(self.config.partition_by)
+            staging = destination.staging_directory()
+            try:
+                write_partitioned(tables, staging, stamped(schema, fingerprint), partitioning, check)
+                ready()
+                destination.publish_directory(staging, check)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            return
         writer = destination.atomic_writer(
             stamped(schema, fingerprint) if form == "parquet" else schema, form
         )
@@ -269,28 +262,6 @@ class PartsSink:
         except BaseException:
             writer.abort()
             raise
-
-    def _publish_dataset(
-        self,
-        tables: Iterator[pa.Table],
-        contract: OutputContract,
-        ready: Callable[[], None],
-        fingerprint,
-        check: Callable[[], None],
-        destination: Location,
-    ) -> None:
-        """--partition-by: hive-partitioned Parquet in a staging directory, published whole (a local rename;
-        object stores: uploaded under a hidden prefix, moved into place, _SUCCESS last); a signal stops the
-        writing and the upload (check), never the step that replaces the output."""
-        partitioning = contract.partition_schema(self.config.partition_by)
-        staging = destination.staging_directory()
-        try:
-            schema = stamped(contract.final_schema(), fingerprint)
-            write_partitioned(tables, staging, schema, partitioning, check)
-            ready()
-            destination.publish_directory(staging, check)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
     def abort(self, keep_checkpoints: bool) -> None:
         """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""

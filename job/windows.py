@@ -181,22 +181,20 @@ def output_columns(
     errors = values.errors
     rows = window.item_rows()  # [items]
     row_index = window.index[rows]  # [items]
-    query_ids = pick(window.query_ids if contract.query_ids_given else generated_ids(window), rows)
+    given = contract.query_ids_given  # else query_id is a digest of the query (generated_ids)
+    query_ids = pick(window.query_ids if given else generated_ids(window), rows)
     failed = np.fromiter((error is not None for error in errors), bool, n)  # [items]
     columns: dict[str, list | pa.Array] = {
         ROW_INDEX: pa.array(row_index),
         QUERY_ID: query_ids,
         ITEM_ID: window.item_ids,
         **{name: pick(kept, rows) for name, kept in window.kept.items()},
-        SCORE_KEY: [None if bad else key for bad, key in zip(failed.tolist(), keys)]
-        if failed.any()
-        else keys,
-        QUERY_KEY: pick(row_query_keys(window, contract.query_ids_given), rows)
-        if contract.ranked
-        else [None] * n,
+        SCORE_KEY: keys,
+        QUERY_KEY: pick(row_query_keys(window, given), rows) if contract.ranked else [None] * n,
     }  # by name: OutputContract.part_table puts them in the schema's order
     if failed.any():
-        ids = python(query_ids) if contract.query_ids_given else [None] * n  # a digest says little
+        columns[SCORE_KEY] = [None if bad else key for bad, key in zip(failed.tolist(), keys)]
+        ids = python(query_ids) if given else [None] * n  # a digest says little
         item_ids = python(window.item_ids)
         for k in np.flatnonzero(failed).tolist():
             errors[k] = f"row {int(row_index[k])}: {errors[k]}{_ids(ids[k], item_ids[k])}"
@@ -315,13 +313,10 @@ def row_query_keys(window: Window, ids_given: bool) -> list[str]:
         key = cache.get(cached)
         if key is None:
             named = query_identity(window, row, ids_given)
-            key = (
-                f"row:{named[1]}"
-                if named[0] == "row"
-                else hashlib.sha256(repr(named).encode()).hexdigest()[:32]
-            )
-            if named[0] != "row":
-                cache[cached] = key
+            if named[0] == "row":  # a row that could not be read at all: a query of its own, never cached
+                key = f"row:{named[1]}"
+            else:
+                key = cache[cached] = hashlib.sha256(repr(named).encode()).hexdigest()[:32]
         keys.append(key)
     return keys
 
