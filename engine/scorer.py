@@ -212,30 +212,16 @@ def _load_runner(
     logit_score = setup.logit_score
     if logit_score is not None and load_info is None:
         load_info = read_model_info(setup.info.path, config.trust_remote_code)
-    loaded = load_model(
-        load_info or setup.info,
-        setup.dtype,
-        setup.device,
-        config.trust_remote_code,
-        config.allow_pickle,
-        setup.layers,
-        setup.ops,
-    )
+    loaded = load_model(load_info or setup.info, setup, config)
     if logit_score is not None:
         loaded.head = LogitScoreHead(
             loaded.head, logit_score.true_token_id, logit_score.false_token_id, loaded.final_logit_softcap
         )
         loaded.info = setup.info
-    log.info(
-        "loaded %s on %s (%s, backend %s, %s layers%s%s)",
-        setup.info.architecture,
-        setup.device,
-        setup.dtype,
-        setup.backend,
-        setup.layers,
-        f", {setup.ops} ops" if setup.layers == "native" else "",
-        ", LogitScore head" if logit_score is not None else "",
-    )
+    ops = f", {setup.ops} ops" if setup.layers == "native" else ""
+    head = ", LogitScore head" if logit_score is not None else ""
+    where = f"{setup.device} ({setup.dtype}, backend {setup.backend}, {setup.layers} layers{ops}{head})"
+    log.info("loaded %s on %s", setup.info.architecture, where)
     if setup.runner == "pairs":
         return PairRunner(loaded, planner, setup)
     return PackedRunner(loaded, planner, setup, config.compile)

@@ -13,40 +13,16 @@ from typing import Literal
 
 from score_batch.engine.errors import ScoringInputError, SettingError
 
-ENCODER_MODEL_TYPES = {
-    "bert",
-    "roberta",
-    "xlm-roberta",
-    "modernbert",
-    "deberta",
-    "deberta-v2",
-    "distilbert",
-    "electra",
-    "albert",
-    "camembert",
-    "mpnet",
-}
+ENCODER_MODEL_TYPES = set(
+    "bert roberta xlm-roberta modernbert deberta deberta-v2 distilbert electra albert camembert mpnet".split()
+)
 ENCODER_DECODER_MODEL_TYPES = {"t5", "bart", "mt5", "umt5", "mbart", "pegasus"}
 # Position ids of RoBERTa-style models start after the padding index, so two positions are unusable.
 POSITION_OFFSET_MODEL_TYPES = {"roberta", "xlm-roberta", "camembert"}
-RECURRENT_MODEL_TYPES = {
-    "mamba",
-    "mamba2",
-    "rwkv",
-    "jamba",
-    "falcon_h1",
-    "falcon_mamba",
-    "qwen3_next",
-    "recurrent_gemma",
-    "zamba",
-    "zamba2",
-    "bamba",
-    "lfm2",
-    "granitemoehybrid",
-    "nemotron_h",
-    "minimax",
-    "xlstm",
-}
+RECURRENT_MODEL_TYPES = set(
+    "mamba mamba2 rwkv jamba falcon_h1 falcon_mamba qwen3_next recurrent_gemma zamba zamba2 bamba lfm2 "
+    "granitemoehybrid nemotron_h minimax xlstm".split()
+)
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
