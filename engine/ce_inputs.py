@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from importlib import import_module
 
@@ -65,10 +66,7 @@ def prefix_groups(
         by_first.setdefault(ids[0] if ids else None, []).append((position, ids))
     groups = []
     for part in by_first.values():
-        shortest = min(len(ids) for _, ids in part)
-        common = 0
-        while common < shortest and all(ids[common] == part[0][1][common] for _, ids in part):
-            common += 1
+        common = len(os.path.commonprefix([ids for _, ids in part]))
         groups.append((part[0][1][:common], [(position, ids[common:]) for position, ids in part]))
     return groups
 

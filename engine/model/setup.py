@@ -379,25 +379,16 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
     from score_batch.engine.model import proof  # runs kernels: imported only for a load
 
     fallbacks = list(setup.fallbacks)
-    ops, backend, info = setup.ops, setup.backend, setup.info
-    if ops == "flashinfer" and (
-        cause := _proven(
-            config.ops, proof.prove_ops, setup.device, setup.dtype, info.hidden_size, info.head_dim
-        )
-    ):
-        ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
-        fallbacks.append(f"ops flashinfer → torch: {cause}")
-    if (
-        backend == "flashinfer"
-        and (
-            cause := _proven(config.backend, proof.prove_attention, setup.device, setup.dtype, info.head_dim)
-        )
-        is not None
-    ):
-        need = workload(info, config, setup.device, setup.dtype)
-        instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
-        backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
-        fallbacks.append(f"backend flashinfer → {instead}: {cause}")
+    ops, backend, info, device, dtype = setup.ops, setup.backend, setup.info, setup.device, setup.dtype
+    if ops == "flashinfer":
+        cause = _proven(config.ops, proof.prove_ops, device, dtype, info.hidden_size, info.head_dim)
+        if cause is not None:
+            ops = _fall_back(config, "ops", "torch", cause, device, fallbacks)
+    if backend == "flashinfer":
+        cause = _proven(config.backend, proof.prove_attention, device, dtype, info.head_dim)
+        if cause is not None:
+            flex = why_not("flex", workload(info, config, device, dtype), import_failure) is None
+            backend = _fall_back(config, "backend", "flex" if flex else "sdpa", cause, device, fallbacks)
     if len(fallbacks) == len(setup.fallbacks):
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
@@ -430,11 +421,14 @@ def _reset_failed_builds() -> None:
         log.info("FlashInfer modules whose build failed, reset for the next build: %s", ", ".join(reset))
 
 
-def _fall_back(field: str, asked: str, name: str, instead: str, cause: str, device: torch.device) -> str:
-    """`instead` after one warning when `asked` was auto; an explicit setting fails the load (SettingError)."""
+def _fall_back(config: EngineConfig, field: str, instead: str, cause: str, device, fallbacks: list) -> str:
+    """`instead` of flashinfer after one warning (recorded in fallbacks) when config's field was auto; an
+    explicit setting fails the load (SettingError)."""
+    asked = getattr(config, field)
     if asked != "auto":
         raise SettingError(f"EngineConfig.{field}", asked, f"failed its check on {device} at load: {cause}")
     log.warning(
-        "%s=auto: %s failed its check on %s at load (%s); using %s", field, name, device, cause, instead
+        "%s=auto: flashinfer failed its check on %s at load (%s); using %s", field, device, cause, instead
     )
+    fallbacks.append(f"{field} flashinfer → {instead}: {cause}")
     return instead

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,11 +125,9 @@ def read_cross_encoder(
         unsupported.append("query_expansion")
     processing = transformer_config.get("processing_kwargs") or {}
     text_kwargs = {**(processing.get("common") or {}), **(processing.get("text") or {})}
-    text_kwargs.pop("return_tensors", None)
-    text_kwargs.pop("padding", None)
-    chat = _chat_format(
-        tokenizer, model_type, transformer_config, processing
-    )  # (this order: which error wins)
+    text_kwargs = {k: v for k, v in text_kwargs.items() if k not in ("return_tensors", "padding")}
+    # (this order: which error wins)
+    chat = _chat_format(tokenizer, model_type, transformer_config, processing)
     prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
         logit_score=logit_score,
@@ -185,8 +184,7 @@ def _saved_modules(
 
 def _default_logit_score(tokenizer) -> tuple[LogitScoreSpec | None, str | None]:
     """CrossEncoder's default LogitScore of a CausalLM without modules.json ("yes" and "no"), or why not."""
-    true_id = _token_id(tokenizer, "yes")
-    false_id = _token_id(tokenizer, "no")
+    true_id, false_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
     if true_id is None or false_id is None:
         return None, (
             "its tokenizer has no 'yes' and/or 'no' tokens, which CrossEncoder's default LogitScore module "
@@ -304,11 +302,7 @@ def chat_suffix(tokenizer, conversation: list[dict], template_kwargs: dict, text
         )["input_ids"][0]
         renders.append(list(ids))
     first, second = renders
-    count = 0
-    for left, right in zip(reversed(first), reversed(second)):
-        if left != right:
-            break
-        count += 1
+    count = len(os.path.commonprefix([first[::-1], second[::-1]]))  # their common suffix's length
     return first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
 
 
