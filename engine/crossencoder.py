@@ -10,6 +10,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -47,7 +48,6 @@ class CrossEncoderAPI:
     def _attach_crossencoder(self, spec: CrossEncoderSpec | None, activation_fn: Callable | None) -> None:
         """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation."""
         self._spec = spec
-        self._hf_config = None
         # The activation predict and rank apply by default (CrossEncoder's activation_fn); None for a CausalLM
         # label scorer (labels from a profile or keyword arguments): its `score` needs none.
         self.activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
@@ -73,20 +73,18 @@ class CrossEncoderAPI:
 
     max_seq_length = max_length
 
-    @property
+    @cached_property
     def config(self):
         """The model's transformers config, as CrossEncoder.config (ours: engine_config and scoring)."""
-        if self._hf_config is None:
-            self._hf_config = getattr(self._runner.model.model, "config", None)
-        if self._hf_config is None:  # native decoder layers: no transformers module is built
+        config = getattr(self._runner.model.model, "config", None)
+        if config is None:  # native decoder layers: no transformers module is built
             from transformers import AutoConfig
 
-            self._hf_config = AutoConfig.from_pretrained(
-                self.setup.info.path,
-                trust_remote_code=self.engine_config.trust_remote_code,
-                local_files_only=True,
+            trust = self.engine_config.trust_remote_code
+            config = AutoConfig.from_pretrained(
+                self.setup.info.path, trust_remote_code=trust, local_files_only=True
             )
-        return self._hf_config
+        return config
 
     def predict(
         self,

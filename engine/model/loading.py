@@ -227,7 +227,7 @@ def load_model(info: ModelInfo, setup, config) -> LoadedModel:
     except (OSError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
         raise ScoringInputError(f"cannot load the weights of model {str(info.path)!r}: {error}") from error
     except RuntimeError as error:
-        if isinstance(error, torch.OutOfMemoryError) or not _is_checkpoint_error(error):
+        if isinstance(error, torch.OutOfMemoryError) or not any(m in str(error) for m in CHECKPOINT_ERRORS):
             raise
         raise ScoringInputError(
             f"the weights of model {str(info.path)!r} do not match its config.json: {error}"
@@ -281,11 +281,6 @@ def _no_progress_bar():
 CHECKPOINT_ERRORS = (
     "size mismatch", "ignore_mismatched_sizes", "PytorchStreamReader", "zip archive", "unexpected EOF", "checkpoint"
 )  # fmt: skip
-
-
-def _is_checkpoint_error(error: RuntimeError) -> bool:
-    """True for the RuntimeErrors torch and transformers raise for a damaged or mismatched checkpoint."""
-    return any(marker in str(error) for marker in CHECKPOINT_ERRORS)
 
 
 def _refuse_missing_weights(info: ModelInfo, loading: dict) -> None:

@@ -65,13 +65,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' → bfloat16 on CUDA, float32 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
 def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "single"]:
     """'auto' → mis when the model allows it, else single; an explicit mis on such a model is refused."""
     if cfg.packing == "mis" and info.mis_refusal and (info.encoder or not cfg.item_first):
@@ -232,7 +225,8 @@ def resolve_setup(
         activation = ResolvedActivation(
             "none", f"the label scores are label_score={cfg.label_score} as asked"
         )
-    dtype = resolve_dtype(config.dtype, device)
+    auto_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = auto_dtype if config.dtype == "auto" else getattr(torch, config.dtype)
     backend = _backend(info, config, device, dtype)
     limits = _plan_limits(info, config, tokenizer, device, backend)
     runner: RunnerKind = "pairs" if info.encoder else "packed"
