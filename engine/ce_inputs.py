@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from importlib import import_module
 
 import numpy as np
 import torch
@@ -25,33 +24,6 @@ def is_singular_input(inputs) -> bool:
     if isinstance(inputs, np.ndarray) and inputs.dtype.kind in ("U", "O"):
         return inputs.size > 0 and inputs.ndim < 2
     return not isinstance(inputs, Sequence | np.ndarray) or isinstance(inputs, str)
-
-
-def ce_default_activation_fn(
-    requested: str,
-    kind: str,
-    num_labels: int,
-    model_activation: tuple[str, str] | None,
-    trust_remote_code: bool = False,
-) -> Callable:
-    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins):
-    the model's own activation_fn when its path starts with "torch." (any path with trust_remote_code), else
-    Sigmoid for one label and Identity otherwise."""
-    if kind == "causal" or requested == "none":
-        return torch.nn.Identity()
-    if requested == "sigmoid":
-        return torch.nn.Sigmoid()
-    if requested == "softmax":
-        return torch.nn.Softmax(dim=-1)
-    if model_activation is not None and (trust_remote_code or model_activation[0].startswith("torch.")):
-        module, _, name = model_activation[0].rpartition(".")
-        try:
-            return getattr(import_module(module), name)()
-        except (ImportError, AttributeError, TypeError, ValueError) as error:
-            raise ScoringInputError(
-                f"the model's {model_activation[1]} names {model_activation[0]}, which cannot be loaded: {error}"
-            ) from error
-    return torch.nn.Sigmoid() if num_labels == 1 else torch.nn.Identity()
 
 
 def prefix_groups(

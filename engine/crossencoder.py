@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cached_property
+from importlib import import_module
 
 import numpy as np
 import torch
@@ -18,7 +19,6 @@ import torch
 from score_batch.engine.activation import model_activation_fn
 from score_batch.engine.ce_inputs import (
     Text,
-    ce_default_activation_fn,
     ce_outputs,
     check_batch_size,
     ignore_kwargs,
@@ -259,18 +259,28 @@ class CrossEncoderAPI:
         return column.float().tolist()
 
     def _default_activation_fn(self) -> Callable | None:
-        """CrossEncoder's default activation for this model, or ScoringConfig.activation when set explicitly."""
+        """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins
+        when set): the model's own activation_fn when its path starts with "torch." (any path with
+        trust_remote_code), else Sigmoid for one label and Identity otherwise; None for a label scorer."""
+        requested = self.scoring.activation
         if self._label_scorer:
             return None
-        spec = self._spec
-        model_activation = spec.activation if spec is not None else model_activation_fn(self.setup.info.path)
-        return ce_default_activation_fn(
-            self.scoring.activation,
-            self.setup.info.kind,
-            self.setup.num_scores,
-            model_activation,
-            self.engine_config.trust_remote_code,
-        )
+        if requested == "none":
+            return torch.nn.Identity()
+        if requested == "sigmoid":
+            return torch.nn.Sigmoid()
+        if requested == "softmax":
+            return torch.nn.Softmax(dim=-1)
+        found = self._spec.activation if self._spec is not None else model_activation_fn(self.setup.info.path)
+        if found is not None and (self.engine_config.trust_remote_code or found[0].startswith("torch.")):
+            module, _, name = found[0].rpartition(".")
+            try:
+                return getattr(import_module(module), name)()
+            except (ImportError, AttributeError, TypeError, ValueError) as error:
+                raise ScoringInputError(
+                    f"the model's {found[1]} names {found[0]}, which cannot be loaded: {error}"
+                ) from error
+        return torch.nn.Sigmoid() if self.setup.num_scores == 1 else torch.nn.Identity()
 
     def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         """predict's prompt as CrossEncoder resolves it: prompt, else prompts[prompt_name], else the default."""
