@@ -54,12 +54,9 @@ def read_config_json(path: Path, trust_remote_code: bool) -> dict:
         raise ScoringInputError(f"{str(path)!r} has no config.json; it is not a Hugging Face model directory")
     raw = read_json_file(config_file, "a JSON object of model settings")
     if raw.get("auto_map") and not trust_remote_code:
-        raise SettingError(
-            "EngineConfig.trust_remote_code",
-            trust_remote_code,
-            f"refuses model {str(path)!r}: it needs custom code (auto_map in config.json); set it to True if you "
-            "trust that code",
-        )
+        problem = f"refuses model {str(path)!r}: it needs custom code (auto_map in config.json); "
+        problem += "set it to True if you trust that code"
+        raise SettingError("EngineConfig.trust_remote_code", trust_remote_code, problem)
     return raw
 
 
@@ -104,14 +101,9 @@ def read_model_kind(path: str | Path, trust_remote_code: bool = False) -> ModelK
     path = Path(path)
     raw = read_config_json(path, trust_remote_code)
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    architectures = raw.get("architectures") or ["?"]
-    return model_kind(
-        path,
-        str(architectures[0]),
-        str(raw.get("model_type", "?")),
-        set(text.get("layer_types") or []),
-        bool(raw.get("is_encoder_decoder", False)),
-    )
+    architecture, model_type = str((raw.get("architectures") or ["?"])[0]), str(raw.get("model_type", "?"))
+    layer_types = set(text.get("layer_types") or [])
+    return model_kind(path, architecture, model_type, layer_types, bool(raw.get("is_encoder_decoder")))
 
 
 def read_json_file(file: Path, what: str) -> dict:

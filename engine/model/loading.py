@@ -53,13 +53,9 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     config = model_config(path, read_config_json(path, trust_remote_code), trust_remote_code)
     text_config = config.get_text_config()
     layer_types = set(getattr(text_config, "layer_types", None) or [])
-    shape = model_kind(
-        path,
-        (config.architectures or ["?"])[0],
-        config.model_type,
-        layer_types,
-        getattr(config, "is_encoder_decoder", False),
-    )
+    architecture = (config.architectures or ["?"])[0]
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    shape = model_kind(path, architecture, config.model_type, layer_types, encoder_decoder)
     model_type, encoder = shape.model_type, shape.encoder
     heads = getattr(text_config, "num_attention_heads", None)  # absent in purely recurrent models
     head_dim = getattr(text_config, "head_dim", None) or (text_config.hidden_size // heads if heads else 0)
@@ -205,12 +201,9 @@ def load_model(info: ModelInfo, setup, config) -> LoadedModel:
 
     has_safetensors = weights == "safetensors"
     if not has_safetensors and not allow_pickle:
-        raise SettingError(
-            "EngineConfig.allow_pickle",
-            allow_pickle,
-            f"refuses model {str(info.path)!r}: it has no .safetensors weights, and pickle (.bin) weights can run "
-            "code when loaded; set it to True if you trust them",
-        )
+        problem = f"refuses model {str(info.path)!r}: it has no .safetensors weights, and pickle (.bin) "
+        problem += "weights can run code when loaded; set it to True if you trust them"
+        raise SettingError("EngineConfig.allow_pickle", allow_pickle, problem)
     register_with_transformers()
     auto = AutoModelForCausalLM if info.kind == "causal" else AutoModelForSequenceClassification
     try:

@@ -116,11 +116,8 @@ def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int, logit_sc
             remedy = (
                 "this classifier has num_labels=1: use ScoringConfig.apply_softmax=False for its raw logit"
             )
-        raise SettingError(
-            "ScoringConfig.apply_softmax",
-            cfg.apply_softmax,
-            f"makes every score 1.0 with a single score per item (a softmax over one value); {remedy}",
-        )
+        problem = f"makes every score 1.0 with a single score per item (a softmax over one value); {remedy}"
+        raise SettingError("ScoringConfig.apply_softmax", cfg.apply_softmax, problem)
     if not -num_scores <= cfg.score_index < num_scores:
         raise SettingError(
             "ScoringConfig.score_index", cfg.score_index, f"is out of range for {num_scores} scores per item"
@@ -130,12 +127,9 @@ def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int, logit_sc
 def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
     """The attention backend of a decoder; "hf" for an encoder, which runs its own attention over padded pairs."""
     if config.compile and info.encoder:
-        raise SettingError(
-            "EngineConfig.compile",
-            config.compile,
-            f"does not apply to {info.architecture}: only decoder layers are compiled, and an encoder "
-            "cross-encoder runs its own attention over padded pairs",
-        )
+        problem = f"does not apply to {info.architecture}: only decoder layers are compiled, and an encoder "
+        problem += "cross-encoder runs its own attention over padded pairs"
+        raise SettingError("EngineConfig.compile", config.compile, problem)
     if info.encoder:
         return "hf"
     return select_backend(config.backend, workload(info, config, device, dtype))
@@ -346,13 +340,9 @@ def load_planner(
     if logit_score == "read":
         config, logit_score = label_free_scoring(info, config, tokenizer)
         if logit_score is not None:
-            log.info(
-                "no label tokens: %s is scored by its LogitScore (logit[%d] - logit[%s] at the last token), as "
-                "CrossEncoder scores it",
-                info.architecture,
-                logit_score.true_token_id,
-                logit_score.false_token_id,
-            )
+            true, false = logit_score.true_token_id, logit_score.false_token_id
+            how = f"(logit[{true}] - logit[{false}] at the last token), as CrossEncoder scores it"
+            log.info("no label tokens: %s is scored by its LogitScore %s", info.architecture, how)
     setup = resolve_setup(info, config, tokenizer, logit_score)
     if prove:
         setup = prove_setup(setup, config)
