@@ -122,8 +122,6 @@ def _flags(param) -> list[str]:
 
 def _metavar(param, ctx) -> str:
     """What a value looks like (cli/command.HelpOption's rules); '' for a flag or an argument."""
-    if isinstance(param, TyperArgument):
-        return ""
     return param.display_type_rich(ctx) or ""
 
 

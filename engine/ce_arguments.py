@@ -91,11 +91,8 @@ def ce_engine_config(
     elif backend in ("onnx", "openvino"):
         log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
     elif backend not in (None, "torch"):
-        raise SettingError(
-            "backend",
-            backend,
-            f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
-        )
+        problem = f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}"
+        raise SettingError("backend", backend, problem)
     kwargs = dict(model_kwargs or {})
     dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
     if dtype is not None:
@@ -124,12 +121,9 @@ def check_num_labels(num_labels: int | None, info) -> None:
     """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
     # A CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore.
     if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
-        raise SettingError(
-            "num_labels",
-            num_labels,
-            f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
-            "head; score-batch scores with the trained one only",
-        )
+        problem = f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a "
+        problem += "new, untrained head; score-batch scores with the trained one only"
+        raise SettingError("num_labels", num_labels, problem)
 
 
 def ce_scoring(

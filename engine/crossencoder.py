@@ -259,8 +259,8 @@ class CrossEncoderAPI:
         return column.float().tolist()
 
     def _default_activation_fn(self) -> Callable | None:
-        """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins
-        when set): the model's own activation_fn when its path starts with "torch." (any path with
+        """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation
+        wins when set): the model's own activation_fn when its path starts with "torch." (any path with
         trust_remote_code), else Sigmoid for one label and Identity otherwise; None for a label scorer."""
         requested = self.scoring.activation
         if self._label_scorer:

@@ -190,7 +190,7 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, backend: b
 
 def load_model(info: ModelInfo, setup, config) -> LoadedModel:
     """Load info's weights as a resolved setup says (engine/model/setup.py: dtype, device, layers, ops), with
-    config's trust_remote_code, and safetensors unless its allow_pickle: native layers or transformers' model."""
+    config's trust_remote_code, safetensors unless its allow_pickle: native layers or transformers' model."""
     weights = check_weight_files(info.path)  # headers only: a damaged file is named before a long load
     trust_remote_code, allow_pickle = config.trust_remote_code, config.allow_pickle
     if setup.layers == "native":
@@ -272,7 +272,8 @@ def _no_progress_bar():
 
 # What torch and transformers say in the RuntimeErrors of a damaged or mismatched checkpoint.
 CHECKPOINT_ERRORS = (
-    "size mismatch", "ignore_mismatched_sizes", "PytorchStreamReader", "zip archive", "unexpected EOF", "checkpoint"
+    "size mismatch", "ignore_mismatched_sizes", "PytorchStreamReader", "zip archive", "unexpected EOF",
+    "checkpoint",
 )  # fmt: skip
 
 

@@ -84,15 +84,14 @@ def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, 
         "max_item_tokens": cfg.max_item_tokens is not None,
         "truncate": cfg.truncate == "query-head",
     }
+    problem = (
+        "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is limited "
+        "per (query, item) pair by its own maximum length (set ScoringConfig.truncate='longest-first' or "
+        "ScoringConfig.truncate='item-tail' to cut the pair to fit)"
+    )
     for name, given in packing_only.items():
         if given:
-            raise SettingError(
-                f"ScoringConfig.{name}",
-                getattr(cfg, name),
-                "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
-                "limited per (query, item) pair by its own maximum length (set ScoringConfig.truncate='longest-first' "
-                "or ScoringConfig.truncate='item-tail' to cut the pair to fit)",
-            )
+            raise SettingError(f"ScoringConfig.{name}", getattr(cfg, name), problem)
     limit = min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
     model_max = getattr(tokenizer, "model_max_length", None)
     return min(limit, model_max) if isinstance(model_max, int) and model_max > 0 else limit
@@ -292,14 +291,13 @@ def label_free_scoring(
     elif not own_text and not _pair_is_query_plus_item(tokenizer):
         problem = "its tokenizer's pair encoding is not query + item, the text scored here"
     if problem is not None:
-        raise SettingError(
-            "ScoringConfig.label_tokens",
-            cfg.label_tokens,
+        problem = (
             "is empty, and this CausalLM cannot be scored as CrossEncoder scores it without labels (its "
             f"LogitScore, logit['yes'] - logit['no']): {problem}; give label tokens "
             "(ScoringConfig.label_tokens=(' no', ' yes')) and templates of the text to score, or a profile "
-            "(score-batch models lists them)",
+            "(score-batch models lists them)"
         )
+        raise SettingError("ScoringConfig.label_tokens", cfg.label_tokens, problem)
     if spec.default_prompt and cfg.query_template is None:
         config = replace(config, scoring=replace(cfg, query_template=spec.default_prompt + "{query}"))
     return config, spec.logit_score
