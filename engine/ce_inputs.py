@@ -124,11 +124,11 @@ def check_batch_size(batch_size) -> None:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
 
 
-def progress(total: int):
-    """A tqdm bar over scored items."""
+def progress(total: int, shown: bool):
+    """A tqdm bar over scored items (not shown: one that draws nothing)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="Scoring", unit="item")
+    return tqdm(total=total, desc="Scoring", unit="item", disable=not shown)
 
 
 def warn_failed(errors: list[str | None]) -> None:

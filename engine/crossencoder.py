@@ -45,21 +45,22 @@ _ITEM_NUMBER = re.compile(r"\bitem \d+\b")
 class CrossEncoderAPI:
     """CrossEncoder's predict, rank and rank_many on the Scorer that inherits them (engine/scorer.py)."""
 
-    def _attach_crossencoder(self, spec: CrossEncoderSpec | None, activation_fn: Callable | None) -> None:
-        """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation."""
+    def _attach_crossencoder(
+        self, spec: CrossEncoderSpec | None, fn: Callable | None, prompted=None, prompt_template: bool = False
+    ) -> None:
+        """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation
+        (fn, else the default); CrossEncoder's prompts and default_prompt_name from prompted, a CrossEncoderSpec
+        (an encoder's prompt goes in as its query_template: prompt_template)."""
         self._spec = spec
         # The activation predict and rank apply by default (CrossEncoder's activation_fn); None for a CausalLM
         # label scorer (labels from a profile or keyword arguments): its `score` needs none.
-        self.activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        self.activation_fn = fn if fn is not None else self._default_activation_fn()
         self._ce_tokens = self._uses_ce_tokens()
-
-    def _attach_prompts(self, spec: CrossEncoderSpec | None, prompt_template: bool) -> None:
-        """CrossEncoder's prompts and default_prompt_name (an encoder's prompt goes in as its query_template)."""
-        self.prompts: dict[str, str] = dict(spec.prompts) if spec else {}
-        self.default_prompt_name: str | None = spec.default_prompt_name if spec else None
+        self.prompts: dict[str, str] = dict(prompted.prompts) if prompted else {}
+        self.default_prompt_name: str | None = prompted.default_prompt_name if prompted else None
         self._prompt_template = prompt_template
-        if spec and spec.default_prompt and (failure := self._prompt_failure()):
-            log.warning("the default prompt %r is not applied: %s", spec.default_prompt, failure)
+        if prompted and prompted.default_prompt and (failure := self._prompt_failure()):
+            log.warning("the default prompt %r is not applied: %s", prompted.default_prompt, failure)
 
     @property
     def num_labels(self) -> int:
@@ -349,16 +350,11 @@ class CrossEncoderAPI:
             items.append(item)
             positions.append(index)
         others = list(by_query.values())
-        bar = progress(len(pairs)) if show_progress_bar else None
-        on_items = bar.update if bar is not None else None
         # CrossEncoder's token sequences are cut already: planned with truncate="error", never cut again.
         as_given = replace(self._runner.planner, cfg=replace(self._runner.planner.cfg, truncate="error"))
-        try:
-            results = self._score_chunked(groups, batch_size_hint, on_items, as_given)
-            results += self._score_chunked(others, batch_size_hint, on_items, planner)
-        finally:
-            if bar is not None:
-                bar.close()
+        with progress(len(pairs), shown=bool(show_progress_bar)) as bar:
+            results = self._score_chunked(groups, batch_size_hint, bar.update, as_given)
+            results += self._score_chunked(others, batch_size_hint, bar.update, planner)
         groups += others
         for (_, _, positions), result in zip(groups, results):
             raw[positions] = result.raw if result.raw is not None else result.scores

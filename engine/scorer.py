@@ -97,8 +97,7 @@ class Scorer(CrossEncoderAPI):
         self._runner = _load_runner(config, planned, info)
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
-        self._attach_crossencoder(spec if ce_defaults else None, activation_fn)
-        self._attach_prompts(spec, prompt_template)
+        self._attach_crossencoder(spec if ce_defaults else None, activation_fn, spec, prompt_template)
 
     @classmethod
     def from_pretrained(
@@ -128,7 +127,6 @@ class Scorer(CrossEncoderAPI):
         scorer.engine_config = config
         scorer.profile = None
         scorer._attach_crossencoder(None, None)
-        scorer._attach_prompts(None, False)
         return scorer
 
     # --- what was loaded ----------------------------------------------------------------------------
