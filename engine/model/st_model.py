@@ -235,9 +235,8 @@ def pair_tokens(
     prompt = spec.default_prompt or ""
     truncation = "longest_first" if truncate else False
     if spec.chat is None:
-        kwargs = {"truncation": truncation, **spec.text_kwargs}
-        if not truncate:
-            kwargs["truncation"] = False
+        given = spec.text_kwargs.get("truncation", truncation)
+        kwargs = {**spec.text_kwargs, "truncation": given if truncate else False}
         # The prompt goes before the query.
         encoding = tokenizer([[prompt + query, document] for query, document in pairs], **kwargs)
         return [list(ids) for ids in encoding["input_ids"]]
@@ -248,16 +247,7 @@ def pair_tokens(
     text_kwargs = dict(spec.text_kwargs)
     top_level = {key: text_kwargs.pop(key) for key in CHAT_SIZE_KEYS if key in text_kwargs}
     top_level["truncation"] = top_level.get("truncation", truncation) if truncate else False
-    encoding = tokenizer.apply_chat_template(
-        conversations,
-        tokenize=True,
-        return_dict=True,
-        tokenizer_kwargs=text_kwargs,
-        common_kwargs={},
-        **top_level,
-        **spec.chat.template_kwargs,
-    )
-    rows = [list(ids) for ids in encoding["input_ids"]]
+    rows = _chat_ids(tokenizer, conversations, spec.chat.template_kwargs, text_kwargs, **top_level)
     limit = top_level.get("max_length") or getattr(tokenizer, "model_max_length", None)
     if truncate and spec.chat.restore_suffix and top_level["truncation"] not in (False, "do_not_truncate"):
         for row, conversation in zip(rows, conversations):
@@ -267,6 +257,16 @@ def pair_tokens(
                 if keep:
                     row[len(row) - keep :] = suffix[len(suffix) - keep :]
     return rows
+
+
+def _chat_ids(tokenizer, conversations: list, template_kwargs: dict, text_kwargs: dict, **size) -> list:
+    """Conversations rendered by the chat template and tokenized as CrossEncoder's Transformer does (size:
+    padding, truncation, max_length as its processing kwargs give them): a list of token ids each."""
+    encoding = tokenizer.apply_chat_template(
+        conversations, tokenize=True, return_dict=True, tokenizer_kwargs=text_kwargs, common_kwargs={},
+        **size, **template_kwargs,
+    )  # fmt: skip
+    return [list(ids) for ids in encoding["input_ids"]]
 
 
 def pair_messages(pair: tuple[str, str], message_format: str) -> list[dict]:
@@ -290,17 +290,8 @@ def chat_suffix(tokenizer, conversation: list[dict], template_kwargs: dict, text
             else {**message, "content": _content(filler, isinstance(message.get("content"), list))}
             for message in conversation
         ]
-        ids = tokenizer.apply_chat_template(
-            [skeleton],
-            tokenize=True,
-            return_dict=True,
-            tokenizer_kwargs=text_kwargs,
-            common_kwargs={},
-            padding=False,
-            truncation=False,
-            **template_kwargs,
-        )["input_ids"][0]
-        renders.append(list(ids))
+        unsized = {"padding": False, "truncation": False}
+        renders += _chat_ids(tokenizer, [skeleton], template_kwargs, text_kwargs, **unsized)
     first, second = renders
     count = len(os.path.commonprefix([first[::-1], second[::-1]]))  # their common suffix's length
     return first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
