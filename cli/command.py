@@ -61,7 +61,7 @@ class PlainFirst:
 
 class HelpOption(TyperOption):
     """An option as --help shows it: a flag without a type, choices as [a|b], a value as TEXT, INTEGER, FLOAT
-    (or its metavar), and a default given in words (show_default="…") as [default: …], as any other default."""
+    (or its metavar); cli/help.py shows a default given in words (show_default="…") as any other default."""
 
     def get_runtime_param(self) -> PlainFirst:
         return PlainFirst(super().get_runtime_param)
@@ -75,13 +75,6 @@ class HelpOption(TyperOption):
             return "[" + "|".join(str(choice) for choice in self.type_descriptor.choices) + "]"
         shown = self.display_type(ctx).strip("<>")
         return TYPE_WORDS.get(shown, shown.upper())
-
-    def _get_default_string(self, *, ctx, show_default_is_str: bool, default_value) -> str:
-        if show_default_is_str:
-            return self.show_default
-        return super()._get_default_string(
-            ctx=ctx, show_default_is_str=show_default_is_str, default_value=default_value
-        )
 
 
 class HelpArgument(TyperArgument):

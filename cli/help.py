@@ -168,7 +168,8 @@ def _default(param, ctx) -> str:
     value = param._extract_default_help_str(ctx=ctx)
     if param.secondary_opts and isinstance(value, bool):  # --pipeline/--no-pipeline: the flag it means
         return param.opts[-1] if value else param.secondary_opts[0]
-    in_words = isinstance(param.show_default, str)
-    if not in_words and (value is None or not (param.show_default or ctx.show_default)):
+    if isinstance(param.show_default, str):  # a default in words, shown as they are
+        return param.show_default
+    if value is None or not (param.show_default or ctx.show_default):
         return ""
-    return param._get_default_string(ctx=ctx, show_default_is_str=in_words, default_value=value)
+    return param._get_default_string(ctx=ctx, show_default_is_str=False, default_value=value)
