@@ -13,7 +13,6 @@ from score_batch.engine.activation import ResolvedActivation
 from score_batch.engine.ce_arguments import (
     ce_arguments,
     ce_engine_config,
-    ce_prompt_scoring,
     ce_scoring,
     ce_spec,
     check_num_labels,
@@ -82,13 +81,11 @@ class Scorer(CrossEncoderAPI):
             log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
         scoring, logit_score = ce_scoring(scoring, chosen, overrides, ce_defaults, info, activation_fn)
         tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-        spec = ce_spec(
-            info, tokenizer, tokenizer_kwargs, logit_score, ce_defaults and chosen is None,
-            max_length=max_length, prompts=prompts, default_prompt_name=default_prompt_name,
+        spec, config, prompt_template = ce_spec(
+            replace(config, scoring=scoring), info, tokenizer, tokenizer_kwargs, logit_score, ce_defaults,
+            warn=ce_defaults and chosen is None, max_length=max_length, prompts=prompts,
+            default_prompt_name=default_prompt_name,
         )  # fmt: skip
-        config, prompt_template = ce_prompt_scoring(
-            replace(config, scoring=scoring), spec, info, tokenizer, ce_defaults, logit_score
-        )
         check_num_labels(num_labels, info)
         planned = load_planner(
             model_dir, config, prove=True, info=info, tokenizer=tokenizer,
