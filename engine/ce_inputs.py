@@ -135,12 +135,8 @@ def warn_failed(errors: list[str | None]) -> None:
     """Log how many items could not be scored, and the first reason."""
     failed = [e for e in errors if e is not None]
     if failed:
-        log.warning(
-            "%d of %d items could not be scored (NaN / left out); first: %s",
-            len(failed),
-            len(errors),
-            failed[0],
-        )
+        count = f"{len(failed)} of {len(errors)}"
+        log.warning("%s items could not be scored (NaN / left out); first: %s", count, failed[0])
 
 
 def label_logit(raw: np.ndarray, kind: str, score_index: int) -> np.ndarray:  # [n, labels] → [n] float32
