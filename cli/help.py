@@ -115,9 +115,7 @@ def _flags(param) -> list[str]:
     metavar, INPUT...)."""
     if isinstance(param, TyperArgument):
         return [param.display_name_raw]
-    short = [name for name in param.opts if not name.startswith("--")]
-    lines = [", ".join(short + [name for name in param.opts if name.startswith("--")])]
-    return lines + list(param.secondary_opts)
+    return [", ".join(sorted(param.opts, key=lambda name: name.startswith("--"))), *param.secondary_opts]
 
 
 def _metavar(param, ctx) -> str:

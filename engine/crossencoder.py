@@ -408,7 +408,7 @@ class CrossEncoderAPI:
         on_items: Callable[[int], None] | None,
         planner: Planner | None,
     ) -> list[GroupResult]:
-        """(query, items, positions) groups planned by planner (None: the runner's) and run in runs of whole
+        """(query, items, positions) groups planned by planner (None: by score()) and run in runs of whole
         groups of about batch_size_hint items each (None: all at once)."""
         if batch_size_hint is not None and not whole(batch_size_hint, 1):
             raise ScoringInputError(
@@ -422,5 +422,6 @@ class CrossEncoderAPI:
                 size = 0
             chunks[-1].append(Group(query, items))
             size += len(items)
-        planner = self.planner if planner is None else planner
+        if planner is None:
+            return [result for chunk in chunks for result in self.score(chunk, on_items)]
         return [result for chunk in chunks for result in self.run(planner.plan(chunk), on_items)]

@@ -32,8 +32,6 @@ from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-Runner = PackedRunner | PairRunner
-
 
 class Scorer(CrossEncoderAPI):
     """Scores (query, item) pairs with one loaded model; safe to call repeatedly.
@@ -198,7 +196,7 @@ class Scorer(CrossEncoderAPI):
 
 def _load_runner(
     config: EngineConfig, planned: tuple[Planner, ResolvedSetup], load_info: ModelInfo | None = None
-) -> Runner:
+) -> PackedRunner | PairRunner:
     """Load the weights of a planned setup (load_planner's) and build the runner the model needs (chosen once,
     here). load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a
     one-label scorer whose head is LogitScoreHead; read again when not given)."""
