@@ -61,7 +61,7 @@ class PlainFirst:
 
 class HelpOption(TyperOption):
     """An option as --help shows it: a flag without a type, choices as [a|b], a value as TEXT, INTEGER, FLOAT
-    (or its metavar), and a default given in words (show_default="…") as [default: …], as any other default."""
+    (or its metavar); cli/help.py shows a default given in words (show_default="…") as any other default."""
 
     def get_runtime_param(self) -> PlainFirst:
         return PlainFirst(super().get_runtime_param)
@@ -75,13 +75,6 @@ class HelpOption(TyperOption):
             return "[" + "|".join(str(choice) for choice in self.type_descriptor.choices) + "]"
         shown = self.display_type(ctx).strip("<>")
         return TYPE_WORDS.get(shown, shown.upper())
-
-    def _get_default_string(self, *, ctx, show_default_is_str: bool, default_value) -> str:
-        if show_default_is_str:
-            return self.show_default
-        return super()._get_default_string(
-            ctx=ctx, show_default_is_str=show_default_is_str, default_value=default_value
-        )
 
 
 class HelpArgument(TyperArgument):
@@ -166,27 +159,23 @@ def _json_list_or(param, split: Callable[[Any], Any]) -> Callable[[Any], Any]:
         raw = param.resolve_envvar_value(ctx)
         if not raw:
             return split(ctx)
+
+        def refused(problem: str) -> BadParameter:
+            return BadParameter(f"its environment value {problem}", ctx=ctx, param=param)
+
         if not raw.lstrip().startswith("["):
             if raw.split() == [raw]:
                 return [raw]
             name = param.envvar or f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
             example = '\'[" no", " yes"]\'' if param.name == "label_tokens" else '\'["a", "b"]\''
-            raise BadParameter(
-                f"its environment value {raw!r} must be a JSON list ({name}={example}): "
-                "whitespace-separated words would lose their spaces",
-                ctx=ctx,
-                param=param,
-            )
+            spaces = "whitespace-separated words would lose their spaces"
+            raise refused(f"{raw!r} must be a JSON list ({name}={example}): {spaces}")
         try:
             values = json.loads(raw)
         except ValueError as error:
-            raise BadParameter(
-                f"its environment value is not a JSON list ({error})", ctx=ctx, param=param
-            ) from None
+            raise refused(f"is not a JSON list ({error})") from None
         if not isinstance(values, list) or not all(isinstance(v, (str, int, float)) for v in values):
-            raise BadParameter(
-                "its environment value must be a JSON list of strings or numbers", ctx=ctx, param=param
-            )
+            raise refused("must be a JSON list of strings or numbers")
         return [str(v) for v in values]
 
     return value_from_envvar

@@ -115,15 +115,11 @@ def _flags(param) -> list[str]:
     metavar, INPUT...)."""
     if isinstance(param, TyperArgument):
         return [param.display_name_raw]
-    short = [name for name in param.opts if not name.startswith("--")]
-    lines = [", ".join(short + [name for name in param.opts if name.startswith("--")])]
-    return lines + list(param.secondary_opts)
+    return [", ".join(sorted(param.opts, key=lambda name: name.startswith("--"))), *param.secondary_opts]
 
 
 def _metavar(param, ctx) -> str:
     """What a value looks like (cli/command.HelpOption's rules); '' for a flag or an argument."""
-    if isinstance(param, TyperArgument):
-        return ""
     return param.display_type_rich(ctx) or ""
 
 
@@ -170,7 +166,8 @@ def _default(param, ctx) -> str:
     value = param._extract_default_help_str(ctx=ctx)
     if param.secondary_opts and isinstance(value, bool):  # --pipeline/--no-pipeline: the flag it means
         return param.opts[-1] if value else param.secondary_opts[0]
-    in_words = isinstance(param.show_default, str)
-    if not in_words and (value is None or not (param.show_default or ctx.show_default)):
+    if isinstance(param.show_default, str):  # a default in words, shown as they are
+        return param.show_default
+    if value is None or not (param.show_default or ctx.show_default):
         return ""
-    return param._get_default_string(ctx=ctx, show_default_is_str=in_words, default_value=value)
+    return param._get_default_string(ctx=ctx, show_default_is_str=False, default_value=value)

@@ -11,44 +11,22 @@ from score_batch.errors import UserError
 
 # (models, heads, packing, notes): what the tests cover, family by family.
 SUPPORTED = [
-    (
-        "Llama, Qwen2, Qwen3, Mistral (decoders, native layers)",
-        "ForCausalLM, ForSequenceClassification (reward: num_labels 1)",
-        "mis, single",
-        "our own fused decoder layers (--layers); sliding windows applied on reference positions",
-    ),
-    (
-        "Gemma, Phi3 (decoders)",
-        "ForCausalLM, ForSequenceClassification (reward: num_labels 1)",
-        "mis, single",
-        "transformers' layers with our attention",
-    ),
-    (
-        "Gemma2 (decoder)",
-        "ForCausalLM, ForSequenceClassification",
-        "mis, single",
-        "attention and final-logit soft-capping; backends sdpa, split, flex",
-    ),
-    (
-        "other decoders using transformers' attention interface",
-        "ForCausalLM, ForSequenceClassification",
-        "mis, single",
-        "checked against plain HF only for the families above",
-    ),
-    (
-        "recurrent / linear-attention / hybrid (Mamba, Jamba, Qwen3-Next, RWKV, …)",
-        "ForCausalLM, ForSequenceClassification",
-        "single",
-        "state would leak between packed items",
-    ),
-    (
-        "encoders: BERT, XLM-RoBERTa, ModernBERT (tested); RoBERTa, DeBERTa, DistilBERT, ELECTRA, MPNet, …",
-        "ForSequenceClassification (cross-encoders)",
-        "single (pairs)",
-        "tokenizer(query, item), padded length-sorted batches; pooled = last hidden state at CLS (or the mean)",
-    ),
+    ("Llama, Qwen2, Qwen3, Mistral (decoders, native layers)",
+     "ForCausalLM, ForSequenceClassification (reward: num_labels 1)", "mis, single",
+     "our own fused decoder layers (--layers); sliding windows applied on reference positions"),
+    ("Gemma, Phi3 (decoders)", "ForCausalLM, ForSequenceClassification (reward: num_labels 1)", "mis, single",
+     "transformers' layers with our attention"),
+    ("Gemma2 (decoder)", "ForCausalLM, ForSequenceClassification", "mis, single",
+     "attention and final-logit soft-capping; backends sdpa, split, flex"),
+    ("other decoders using transformers' attention interface", "ForCausalLM, ForSequenceClassification",
+     "mis, single", "checked against plain HF only for the families above"),
+    ("recurrent / linear-attention / hybrid (Mamba, Jamba, Qwen3-Next, RWKV, …)",
+     "ForCausalLM, ForSequenceClassification", "single", "state would leak between packed items"),
+    ("encoders: BERT, XLM-RoBERTa, ModernBERT (tested); RoBERTa, DeBERTa, DistilBERT, ELECTRA, MPNet, …",
+     "ForSequenceClassification (cross-encoders)", "single (pairs)",
+     "tokenizer(query, item), padded length-sorted batches; pooled = last hidden state at CLS (or the mean)"),
     ("encoder-decoders (T5, BART, …)", "—", "refused", ""),
-]
+]  # fmt: skip
 
 
 def models(
@@ -64,15 +42,13 @@ def models(
     from score_batch.engine.model.profiles import builtin_profiles
 
     console = Console()
-    families = Table(title="Supported models", show_lines=True)
-    for column in ("models", "heads", "packing", "notes"):
-        families.add_column(column)
+    families = Table("models", "heads", "packing", "notes", title="Supported models", show_lines=True)
     for row in SUPPORTED:
         families.add_row(*row)
     console.print(families)
-    profiles = Table(title="Built-in profiles (--profile NAME)")
-    for column in ("name", "picked automatically for", "description"):
-        profiles.add_column(column)
+    profiles = Table(
+        "name", "picked automatically for", "description", title="Built-in profiles (--profile NAME)"
+    )
     for name, profile in builtin_profiles().items():
         profiles.add_row(name, "\n".join(profile.models) or "—", profile.description)
     console.print(profiles)

@@ -291,24 +291,12 @@ FLAGLESS = (f"{RUN}.columns", f"{RUN}.engine", f"{ENG}.scoring", f"{RAYS}.groups
 # --input-format (it means openai-batch).
 RUN_BATCH_FIXED = {"input_format": "openai-batch"}
 RUN_BATCH = {
-    "input": dataclasses.replace(
-        OPTION["input"],
-        type=str,
-        help="The batch file: JSONL of /v1/score and /v1/rerank requests (vLLM's run-batch format), or - for "
-        "stdin.",
-        flags=("-i", "--input-file"),
-        metavar="FILE",
-        shown=True,
-        argument=False,
-    ),
-    "output": dataclasses.replace(
-        OPTION["output"],
-        default=REQUIRED,
-        help="The output JSONL file, or - for stdout.",
-        flags=("-o", "--output", "--output-file"),
-        metavar="FILE",
-    ),
-}
+    "input": dataclasses.replace(OPTION["input"], type=str, help="The batch file: JSONL of /v1/score and "
+                                 "/v1/rerank requests (vLLM's run-batch format), or - for stdin.",
+                                 flags=("-i", "--input-file"), metavar="FILE", shown=True, argument=False),
+    "output": dataclasses.replace(OPTION["output"], default=REQUIRED, help="The output JSONL file, or - for "
+                                  "stdout.", flags=("-o", "--output", "--output-file"), metavar="FILE"),
+}  # fmt: skip
 RUN_BATCH_OPTIONS = tuple(RUN_BATCH.get(o.name, o) for o in OPTIONS if o.name not in RUN_BATCH_FIXED)
 
 ScoreOptions = dataclasses.make_dataclass(

@@ -70,8 +70,7 @@ def score(options: ScoreOptions) -> None:
         job = import_deferring_stops("score_batch.job")
         config, profile = run_config(options)
         quiet_libraries()
-        from score_batch.arrays import pyarrow_without_pandas
-        from score_batch.machine import tune_gc, tune_malloc
+        from score_batch.machine import pyarrow_without_pandas, tune_gc, tune_malloc
 
         tune_malloc(os.environ)
         tune_gc()
@@ -92,7 +91,7 @@ def score(options: ScoreOptions) -> None:
 def run_config(options: ScoreOptions):
     """Resolve one invocation's options into a RunConfig (model, profile, engine, columns, job), and the
     scoring profile applied (or None)."""
-    from score_batch.demo import demo_model_path
+    from score_batch import demo_model_path
     from score_batch.engine.config import EngineConfig
     from score_batch.engine.model.profiles import choose_profile, scoring_config
     from score_batch.engine.model.source import hub_id_of, resolve_model_dir

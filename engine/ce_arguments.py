@@ -91,11 +91,8 @@ def ce_engine_config(
     elif backend in ("onnx", "openvino"):
         log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
     elif backend not in (None, "torch"):
-        raise SettingError(
-            "backend",
-            backend,
-            f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}",
-        )
+        problem = f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}"
+        raise SettingError("backend", backend, problem)
     kwargs = dict(model_kwargs or {})
     dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
     if dtype is not None:
@@ -124,12 +121,9 @@ def check_num_labels(num_labels: int | None, info) -> None:
     """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
     # A CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore.
     if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
-        raise SettingError(
-            "num_labels",
-            num_labels,
-            f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a new, untrained "
-            "head; score-batch scores with the trained one only",
-        )
+        problem = f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a "
+        problem += "new, untrained head; score-batch scores with the trained one only"
+        raise SettingError("num_labels", num_labels, problem)
 
 
 def ce_scoring(
@@ -149,10 +143,13 @@ def ce_scoring(
 
 
 def ce_spec(
-    info: ModelInfo, tokenizer, tokenizer_kwargs: dict | None, logit_score: bool, warn: bool, **read
-) -> CrossEncoderSpec:
-    """The model directory read as CrossEncoder reads it (read: read_cross_encoder's keywords), its tokenizer
-    set as CrossEncoder's; a CausalLM without the LogitScore it needs is refused."""
+    config: EngineConfig, info: ModelInfo, tokenizer, tokenizer_kwargs, logit_score: bool, ce_defaults: bool,
+    *, warn: bool, **read,
+) -> tuple[CrossEncoderSpec, EngineConfig, bool]:  # fmt: skip
+    """The model directory read as CrossEncoder reads it (read: read_cross_encoder's keywords; what it does
+    not apply is warned of with warn), its tokenizer set as CrossEncoder's (a CausalLM without the LogitScore
+    it needs is refused); the config with a label-free CausalLM's and an encoder's default prompt applied,
+    and whether that prompt went in as the query_template."""
     kwargs = apply_tokenizer_kwargs(tokenizer, tokenizer_kwargs)
     spec = read_cross_encoder(
         info.path, tokenizer, info.architecture, info.model_type, tokenizer_kwargs=kwargs, **read
@@ -170,23 +167,10 @@ def ce_spec(
             f"{info.architecture} needs label tokens to score: {spec.refusal} (CrossEncoder refuses it too); "
             "give label_tokens=(' no', ' yes') or a profile (score-batch models lists them)"
         )
-    return spec
-
-
-def ce_prompt_scoring(
-    config: EngineConfig,
-    spec: CrossEncoderSpec,
-    info: ModelInfo,
-    tokenizer,
-    ce_defaults: bool,
-    logit_score: bool,
-) -> tuple[EngineConfig, bool]:
-    """The config with a label-free CausalLM's and an encoder's default prompt applied, and whether that
-    prompt went in as the query_template."""
     scoring = config.scoring
     if logit_score and not ce_defaults:  # groups' text, query + item: checked as the command line's
         scoring = label_free_scoring(info, config, tokenizer)[0].scoring
     prompt_template = ce_defaults and info.encoder and scoring.query_template is None
     if prompt_template and spec.default_prompt:
         scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
-    return replace(config, scoring=scoring), prompt_template
+    return spec, replace(config, scoring=scoring), prompt_template

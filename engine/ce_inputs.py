@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
-from importlib import import_module
 
 import numpy as np
 import torch
@@ -26,33 +26,6 @@ def is_singular_input(inputs) -> bool:
     return not isinstance(inputs, Sequence | np.ndarray) or isinstance(inputs, str)
 
 
-def ce_default_activation_fn(
-    requested: str,
-    kind: str,
-    num_labels: int,
-    model_activation: tuple[str, str] | None,
-    trust_remote_code: bool = False,
-) -> Callable:
-    """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation wins):
-    the model's own activation_fn when its path starts with "torch." (any path with trust_remote_code), else
-    Sigmoid for one label and Identity otherwise."""
-    if kind == "causal" or requested == "none":
-        return torch.nn.Identity()
-    if requested == "sigmoid":
-        return torch.nn.Sigmoid()
-    if requested == "softmax":
-        return torch.nn.Softmax(dim=-1)
-    if model_activation is not None and (trust_remote_code or model_activation[0].startswith("torch.")):
-        module, _, name = model_activation[0].rpartition(".")
-        try:
-            return getattr(import_module(module), name)()
-        except (ImportError, AttributeError, TypeError, ValueError) as error:
-            raise ScoringInputError(
-                f"the model's {model_activation[1]} names {model_activation[0]}, which cannot be loaded: {error}"
-            ) from error
-    return torch.nn.Sigmoid() if num_labels == 1 else torch.nn.Identity()
-
-
 def prefix_groups(
     sequences: list[tuple[int, list[int]]],
 ) -> list[tuple[list[int], list[tuple[int, list[int]]]]]:
@@ -65,10 +38,7 @@ def prefix_groups(
         by_first.setdefault(ids[0] if ids else None, []).append((position, ids))
     groups = []
     for part in by_first.values():
-        shortest = min(len(ids) for _, ids in part)
-        common = 0
-        while common < shortest and all(ids[common] == part[0][1][common] for _, ids in part):
-            common += 1
+        common = len(os.path.commonprefix([ids for _, ids in part]))
         groups.append((part[0][1][:common], [(position, ids[common:]) for position, ids in part]))
     return groups
 
@@ -154,23 +124,19 @@ def check_batch_size(batch_size) -> None:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
 
 
-def progress(total: int):
-    """A tqdm bar over scored items."""
+def progress(total: int, shown: bool):
+    """A tqdm bar over scored items (not shown: one that draws nothing)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="Scoring", unit="item")
+    return tqdm(total=total, desc="Scoring", unit="item", disable=not shown)
 
 
 def warn_failed(errors: list[str | None]) -> None:
     """Log how many items could not be scored, and the first reason."""
     failed = [e for e in errors if e is not None]
     if failed:
-        log.warning(
-            "%d of %d items could not be scored (NaN / left out); first: %s",
-            len(failed),
-            len(errors),
-            failed[0],
-        )
+        count = f"{len(failed)} of {len(errors)}"
+        log.warning("%s items could not be scored (NaN / left out); first: %s", count, failed[0])
 
 
 def label_logit(raw: np.ndarray, kind: str, score_index: int) -> np.ndarray:  # [n, labels] → [n] float32

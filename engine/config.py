@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import typing
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from score_batch import choices
 from score_batch.engine.errors import SettingError
@@ -42,14 +45,10 @@ class ScoringConfig:
     label_score: choices.LabelScore = "probability"
 
     def __post_init__(self) -> None:
-        _check_choice("ScoringConfig.packing", self.packing, choices.PACKING_MODES)
-        _check_choice("ScoringConfig.truncate", self.truncate, choices.TRUNCATE_POLICIES)
-        _check_choice("ScoringConfig.chunk_aggregate", self.chunk_aggregate, choices.CHUNK_AGGREGATES)
+        _check_choices(self)
         overlap = self.chunk_overlap
         if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
             raise SettingError("ScoringConfig.chunk_overlap", overlap, "must be a whole number >= 0")
-        _check_choice("ScoringConfig.activation", self.activation, choices.ACTIVATION_CHOICES)
-        _check_choice("ScoringConfig.label_score", self.label_score, choices.LABEL_SCORES)
         if self.label_score != "probability" and self.apply_softmax:
             raise SettingError(
                 "ScoringConfig.label_score",
@@ -102,11 +101,7 @@ class EngineConfig:
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("EngineConfig.device", self.device, choices.DEVICES)
-        _check_choice("EngineConfig.dtype", self.dtype, choices.DTYPES)
-        _check_choice("EngineConfig.backend", self.backend, choices.BACKENDS)
-        _check_choice("EngineConfig.layers", self.layers, choices.LAYERS)
-        _check_choice("EngineConfig.ops", self.ops, choices.OPS)
+        _check_choices(self)
         if not isinstance(self.compile, bool):
             raise SettingError("EngineConfig.compile", self.compile, "must be True or False")
         if self.max_pack_tokens < 8:
@@ -115,7 +110,18 @@ class EngineConfig:
             raise SettingError("EngineConfig.max_batch_tokens", self.max_batch_tokens, "must be positive")
 
 
-def _check_choice(setting: str, value: str, choices: tuple[str, ...]) -> None:
-    """Raise SettingError naming the setting when value is not one of choices."""
-    if value not in choices:
-        raise SettingError(setting, value, f"is not one of {', '.join(choices)}")
+def _check_choices(config: ScoringConfig | EngineConfig) -> None:
+    """Raise SettingError naming the first field whose value is not one of its Literal type's choices."""
+    for name, allowed in _choices(type(config)).items():
+        value = getattr(config, name)
+        if value not in allowed:
+            raise SettingError(
+                f"{type(config).__name__}.{name}", value, f"is not one of {', '.join(allowed)}"
+            )
+
+
+@functools.cache
+def _choices(owner: type) -> dict[str, tuple[str, ...]]:
+    """The choices of owner's fields typed as a Literal (score_batch/choices.py's), by field name."""
+    hints = typing.get_type_hints(owner)
+    return {name: typing.get_args(hint) for name, hint in hints.items() if typing.get_origin(hint) is Literal}

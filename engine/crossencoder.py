@@ -10,6 +10,8 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import cached_property
+from importlib import import_module
 
 import numpy as np
 import torch
@@ -17,7 +19,6 @@ import torch
 from score_batch.engine.activation import model_activation_fn
 from score_batch.engine.ce_inputs import (
     Text,
-    ce_default_activation_fn,
     ce_outputs,
     check_batch_size,
     ignore_kwargs,
@@ -44,22 +45,22 @@ _ITEM_NUMBER = re.compile(r"\bitem \d+\b")
 class CrossEncoderAPI:
     """CrossEncoder's predict, rank and rank_many on the Scorer that inherits them (engine/scorer.py)."""
 
-    def _attach_crossencoder(self, spec: CrossEncoderSpec | None, activation_fn: Callable | None) -> None:
-        """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation."""
+    def _attach_crossencoder(
+        self, spec: CrossEncoderSpec | None, fn: Callable | None, prompted=None, prompt_template: bool = False
+    ) -> None:
+        """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation
+        (fn, else the default); CrossEncoder's prompts and default_prompt_name from prompted, a CrossEncoderSpec
+        (an encoder's prompt goes in as its query_template: prompt_template)."""
         self._spec = spec
-        self._hf_config = None
         # The activation predict and rank apply by default (CrossEncoder's activation_fn); None for a CausalLM
         # label scorer (labels from a profile or keyword arguments): its `score` needs none.
-        self.activation_fn = activation_fn if activation_fn is not None else self._default_activation_fn()
+        self.activation_fn = fn if fn is not None else self._default_activation_fn()
         self._ce_tokens = self._uses_ce_tokens()
-
-    def _attach_prompts(self, spec: CrossEncoderSpec | None, prompt_template: bool) -> None:
-        """CrossEncoder's prompts and default_prompt_name (an encoder's prompt goes in as its query_template)."""
-        self.prompts: dict[str, str] = dict(spec.prompts) if spec else {}
-        self.default_prompt_name: str | None = spec.default_prompt_name if spec else None
+        self.prompts: dict[str, str] = dict(prompted.prompts) if prompted else {}
+        self.default_prompt_name: str | None = prompted.default_prompt_name if prompted else None
         self._prompt_template = prompt_template
-        if spec and spec.default_prompt and (failure := self._prompt_failure()):
-            log.warning("the default prompt %r is not applied: %s", spec.default_prompt, failure)
+        if prompted and prompted.default_prompt and (failure := self._prompt_failure()):
+            log.warning("the default prompt %r is not applied: %s", prompted.default_prompt, failure)
 
     @property
     def num_labels(self) -> int:
@@ -73,20 +74,18 @@ class CrossEncoderAPI:
 
     max_seq_length = max_length
 
-    @property
+    @cached_property
     def config(self):
         """The model's transformers config, as CrossEncoder.config (ours: engine_config and scoring)."""
-        if self._hf_config is None:
-            self._hf_config = getattr(self._runner.model.model, "config", None)
-        if self._hf_config is None:  # native decoder layers: no transformers module is built
+        config = getattr(self._runner.model.model, "config", None)
+        if config is None:  # native decoder layers: no transformers module is built
             from transformers import AutoConfig
 
-            self._hf_config = AutoConfig.from_pretrained(
-                self.setup.info.path,
-                trust_remote_code=self.engine_config.trust_remote_code,
-                local_files_only=True,
+            trust = self.engine_config.trust_remote_code
+            config = AutoConfig.from_pretrained(
+                self.setup.info.path, trust_remote_code=trust, local_files_only=True
             )
-        return self._hf_config
+        return config
 
     def predict(
         self,
@@ -261,18 +260,28 @@ class CrossEncoderAPI:
         return column.float().tolist()
 
     def _default_activation_fn(self) -> Callable | None:
-        """CrossEncoder's default activation for this model, or ScoringConfig.activation when set explicitly."""
+        """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation
+        wins when set): the model's own activation_fn when its path starts with "torch." (any path with
+        trust_remote_code), else Sigmoid for one label and Identity otherwise; None for a label scorer."""
+        requested = self.scoring.activation
         if self._label_scorer:
             return None
-        spec = self._spec
-        model_activation = spec.activation if spec is not None else model_activation_fn(self.setup.info.path)
-        return ce_default_activation_fn(
-            self.scoring.activation,
-            self.setup.info.kind,
-            self.setup.num_scores,
-            model_activation,
-            self.engine_config.trust_remote_code,
-        )
+        if requested == "none":
+            return torch.nn.Identity()
+        if requested == "sigmoid":
+            return torch.nn.Sigmoid()
+        if requested == "softmax":
+            return torch.nn.Softmax(dim=-1)
+        found = self._spec.activation if self._spec is not None else model_activation_fn(self.setup.info.path)
+        if found is not None and (self.engine_config.trust_remote_code or found[0].startswith("torch.")):
+            module, _, name = found[0].rpartition(".")
+            try:
+                return getattr(import_module(module), name)()
+            except (ImportError, AttributeError, TypeError, ValueError) as error:
+                raise ScoringInputError(
+                    f"the model's {found[1]} names {found[0]}, which cannot be loaded: {error}"
+                ) from error
+        return torch.nn.Sigmoid() if self.setup.num_scores == 1 else torch.nn.Identity()
 
     def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
         """predict's prompt as CrossEncoder resolves it: prompt, else prompts[prompt_name], else the default."""
@@ -341,16 +350,11 @@ class CrossEncoderAPI:
             items.append(item)
             positions.append(index)
         others = list(by_query.values())
-        bar = progress(len(pairs)) if show_progress_bar else None
-        on_items = bar.update if bar is not None else None
         # CrossEncoder's token sequences are cut already: planned with truncate="error", never cut again.
         as_given = replace(self._runner.planner, cfg=replace(self._runner.planner.cfg, truncate="error"))
-        try:
-            results = self._score_chunked(groups, batch_size_hint, on_items, as_given)
-            results += self._score_chunked(others, batch_size_hint, on_items, planner)
-        finally:
-            if bar is not None:
-                bar.close()
+        with progress(len(pairs), shown=bool(show_progress_bar)) as bar:
+            results = self._score_chunked(groups, batch_size_hint, bar.update, as_given)
+            results += self._score_chunked(others, batch_size_hint, bar.update, planner)
         groups += others
         for (_, _, positions), result in zip(groups, results):
             raw[positions] = result.raw if result.raw is not None else result.scores

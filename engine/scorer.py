@@ -13,7 +13,6 @@ from score_batch.engine.activation import ResolvedActivation
 from score_batch.engine.ce_arguments import (
     ce_arguments,
     ce_engine_config,
-    ce_prompt_scoring,
     ce_scoring,
     ce_spec,
     check_num_labels,
@@ -32,8 +31,6 @@ from score_batch.engine.text.backend_tokenizer import BackendTokenizer
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
-
-Runner = PackedRunner | PairRunner
 
 
 class Scorer(CrossEncoderAPI):
@@ -82,13 +79,11 @@ class Scorer(CrossEncoderAPI):
             log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
         scoring, logit_score = ce_scoring(scoring, chosen, overrides, ce_defaults, info, activation_fn)
         tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-        spec = ce_spec(
-            info, tokenizer, tokenizer_kwargs, logit_score, ce_defaults and chosen is None,
-            max_length=max_length, prompts=prompts, default_prompt_name=default_prompt_name,
+        spec, config, prompt_template = ce_spec(
+            replace(config, scoring=scoring), info, tokenizer, tokenizer_kwargs, logit_score, ce_defaults,
+            warn=ce_defaults and chosen is None, max_length=max_length, prompts=prompts,
+            default_prompt_name=default_prompt_name,
         )  # fmt: skip
-        config, prompt_template = ce_prompt_scoring(
-            replace(config, scoring=scoring), spec, info, tokenizer, ce_defaults, logit_score
-        )
         check_num_labels(num_labels, info)
         planned = load_planner(
             model_dir, config, prove=True, info=info, tokenizer=tokenizer,
@@ -97,8 +92,7 @@ class Scorer(CrossEncoderAPI):
         self._runner = _load_runner(config, planned, info)
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
-        self._attach_crossencoder(spec if ce_defaults else None, activation_fn)
-        self._attach_prompts(spec, prompt_template)
+        self._attach_crossencoder(spec if ce_defaults else None, activation_fn, spec, prompt_template)
 
     @classmethod
     def from_pretrained(
@@ -128,7 +122,6 @@ class Scorer(CrossEncoderAPI):
         scorer.engine_config = config
         scorer.profile = None
         scorer._attach_crossencoder(None, None)
-        scorer._attach_prompts(None, False)
         return scorer
 
     # --- what was loaded ----------------------------------------------------------------------------
@@ -203,7 +196,7 @@ class Scorer(CrossEncoderAPI):
 
 def _load_runner(
     config: EngineConfig, planned: tuple[Planner, ResolvedSetup], load_info: ModelInfo | None = None
-) -> Runner:
+) -> PackedRunner | PairRunner:
     """Load the weights of a planned setup (load_planner's) and build the runner the model needs (chosen once,
     here). load_info: the model's own ModelInfo when the setup's differs (a LogitScore CausalLM runs as a
     one-label scorer whose head is LogitScoreHead; read again when not given)."""
@@ -212,30 +205,16 @@ def _load_runner(
     logit_score = setup.logit_score
     if logit_score is not None and load_info is None:
         load_info = read_model_info(setup.info.path, config.trust_remote_code)
-    loaded = load_model(
-        load_info or setup.info,
-        setup.dtype,
-        setup.device,
-        config.trust_remote_code,
-        config.allow_pickle,
-        setup.layers,
-        setup.ops,
-    )
+    loaded = load_model(load_info or setup.info, setup, config)
     if logit_score is not None:
         loaded.head = LogitScoreHead(
             loaded.head, logit_score.true_token_id, logit_score.false_token_id, loaded.final_logit_softcap
         )
         loaded.info = setup.info
-    log.info(
-        "loaded %s on %s (%s, backend %s, %s layers%s%s)",
-        setup.info.architecture,
-        setup.device,
-        setup.dtype,
-        setup.backend,
-        setup.layers,
-        f", {setup.ops} ops" if setup.layers == "native" else "",
-        ", LogitScore head" if logit_score is not None else "",
-    )
+    ops = f", {setup.ops} ops" if setup.layers == "native" else ""
+    head = ", LogitScore head" if logit_score is not None else ""
+    where = f"{setup.device} ({setup.dtype}, backend {setup.backend}, {setup.layers} layers{ops}{head})"
+    log.info("loaded %s on %s", setup.info.architecture, where)
     if setup.runner == "pairs":
         return PairRunner(loaded, planner, setup)
     return PackedRunner(loaded, planner, setup, config.compile)

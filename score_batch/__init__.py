@@ -54,6 +54,14 @@ def _version() -> str:
 __all__ = ["Group", "GroupResult", "Scorer", "__version__", "demo_model_path"]
 
 
+def demo_model_path() -> str:
+    """The bundled demo model's directory (package data of score_batch.cli): a tiny Qwen3 yes/no product-search
+    scorer trained by scripts/."""
+    from importlib import resources
+
+    return str(resources.files("score_batch.cli") / "demo_model")
+
+
 def __getattr__(name: str):
     """The version and the Python API on first use: importing score_batch costs nothing."""
     if name == "__version__":
@@ -67,8 +75,4 @@ def __getattr__(name: str):
         from score_batch.engine import types
 
         return getattr(types, name)
-    if name == "demo_model_path":
-        from score_batch.demo import demo_model_path
-
-        return demo_model_path
     raise AttributeError(f"module 'score_batch' has no attribute {name!r}")

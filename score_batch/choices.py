@@ -22,15 +22,7 @@ Packing = Literal["auto", "mis", "single"]
 RequestedFormat = Literal["auto", "table", "openai-batch"]
 Truncate = Literal["error", "item-tail", "query-head", "longest-first", "chunk"]
 
-ACTIVATION_CHOICES: tuple[str, ...] = get_args(ActivationChoice)
 BACKENDS: tuple[str, ...] = get_args(Backend)
-CHUNK_AGGREGATES: tuple[str, ...] = get_args(ChunkAggregate)
-DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(Dtype)
 INPUT_FORMATS: tuple[str, ...] = get_args(RequestedFormat)
-LABEL_SCORES: tuple[str, ...] = get_args(LabelScore)
-LAYERS: tuple[str, ...] = get_args(Layers)
 ON_ERROR_MODES: tuple[str, ...] = get_args(OnError)
-OPS: tuple[str, ...] = get_args(Ops)
-PACKING_MODES: tuple[str, ...] = get_args(Packing)
-TRUNCATE_POLICIES: tuple[str, ...] = get_args(Truncate)

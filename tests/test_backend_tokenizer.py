@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-from score_batch.demo import demo_model_path
+from score_batch import demo_model_path
 from score_batch.engine.model.loading import load_tokenizer
 from score_batch.engine.text import encode
 from score_batch.engine.text.backend_tokenizer import BackendTokenizer, backend_tokenizer

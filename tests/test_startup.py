@@ -78,7 +78,7 @@ def test_a_native_demo_run_imports_no_transformers_pandas_pydantic_or_other_comm
         if line.startswith("import time:") and "|" in line
     }
     assert "torch" in modules and "tokenizers" in modules  # the import log was read
-    # pandas' refused attempts (score_batch/arrays.py) are logged too: a real import loads its submodules
+    # pandas' refused attempts (score_batch/machine.py) are logged too: a real import loads its submodules
     heavy = {m for m in modules if m.split(".")[0] in ("transformers", "pydantic") or m.startswith("pandas.")}
     assert not heavy, sorted(heavy)[:5]
     assert "score_batch.job.batch_file_run" not in modules
@@ -106,7 +106,7 @@ def test_transformers_is_quiet_whether_imported_before_or_after(imported_first):
 
 def test_pyarrow_without_pandas_until_pandas_is_asked_for():
     code = (
-        "import sys, numpy as np, pyarrow as pa; from score_batch.arrays import pyarrow_without_pandas; "
+        "import sys, numpy as np, pyarrow as pa; from score_batch.machine import pyarrow_without_pandas; "
         "pyarrow_without_pandas(); a = pa.array(np.arange(3.0), mask=np.array([True, False, False])); "
         "b = pa.array([1, None]); print(a.to_pylist(), b.to_pylist(), 'pandas' in sys.modules); "
         "frame = pa.table({'x': a}).to_pandas(); print(type(frame).__name__, pa.array(frame['x']).null_count)"

@@ -13,40 +13,16 @@ from typing import Literal
 
 from score_batch.engine.errors import ScoringInputError, SettingError
 
-ENCODER_MODEL_TYPES = {
-    "bert",
-    "roberta",
-    "xlm-roberta",
-    "modernbert",
-    "deberta",
-    "deberta-v2",
-    "distilbert",
-    "electra",
-    "albert",
-    "camembert",
-    "mpnet",
-}
+ENCODER_MODEL_TYPES = set(
+    "bert roberta xlm-roberta modernbert deberta deberta-v2 distilbert electra albert camembert mpnet".split()
+)
 ENCODER_DECODER_MODEL_TYPES = {"t5", "bart", "mt5", "umt5", "mbart", "pegasus"}
 # Position ids of RoBERTa-style models start after the padding index, so two positions are unusable.
 POSITION_OFFSET_MODEL_TYPES = {"roberta", "xlm-roberta", "camembert"}
-RECURRENT_MODEL_TYPES = {
-    "mamba",
-    "mamba2",
-    "rwkv",
-    "jamba",
-    "falcon_h1",
-    "falcon_mamba",
-    "qwen3_next",
-    "recurrent_gemma",
-    "zamba",
-    "zamba2",
-    "bamba",
-    "lfm2",
-    "granitemoehybrid",
-    "nemotron_h",
-    "minimax",
-    "xlstm",
-}
+RECURRENT_MODEL_TYPES = set(
+    "mamba mamba2 rwkv jamba falcon_h1 falcon_mamba qwen3_next recurrent_gemma zamba zamba2 bamba lfm2 "
+    "granitemoehybrid nemotron_h minimax xlstm".split()
+)
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
@@ -78,12 +54,9 @@ def read_config_json(path: Path, trust_remote_code: bool) -> dict:
         raise ScoringInputError(f"{str(path)!r} has no config.json; it is not a Hugging Face model directory")
     raw = read_json_file(config_file, "a JSON object of model settings")
     if raw.get("auto_map") and not trust_remote_code:
-        raise SettingError(
-            "EngineConfig.trust_remote_code",
-            trust_remote_code,
-            f"refuses model {str(path)!r}: it needs custom code (auto_map in config.json); set it to True if you "
-            "trust that code",
-        )
+        problem = f"refuses model {str(path)!r}: it needs custom code (auto_map in config.json); "
+        problem += "set it to True if you trust that code"
+        raise SettingError("EngineConfig.trust_remote_code", trust_remote_code, problem)
     return raw
 
 
@@ -128,14 +101,9 @@ def read_model_kind(path: str | Path, trust_remote_code: bool = False) -> ModelK
     path = Path(path)
     raw = read_config_json(path, trust_remote_code)
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    architectures = raw.get("architectures") or ["?"]
-    return model_kind(
-        path,
-        str(architectures[0]),
-        str(raw.get("model_type", "?")),
-        set(text.get("layer_types") or []),
-        bool(raw.get("is_encoder_decoder", False)),
-    )
+    architecture, model_type = str((raw.get("architectures") or ["?"])[0]), str(raw.get("model_type", "?"))
+    layer_types = set(text.get("layer_types") or [])
+    return model_kind(path, architecture, model_type, layer_types, bool(raw.get("is_encoder_decoder")))
 
 
 def read_json_file(file: Path, what: str) -> dict:

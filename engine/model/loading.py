@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from score_batch.engine.errors import ScoringInputError, SettingError
 from score_batch.engine.model.kind import (
     POSITION_OFFSET_MODEL_TYPES,
+    ModelKind,
     model_kind,
     read_config_json,
     read_json_file,
@@ -25,20 +26,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ModelInfo:
-    """What the engine needs to know about a model directory, read from its config alone."""
+class ModelInfo(ModelKind):
+    """What the engine needs to know about a model directory, read from its config alone: its kind (ModelKind:
+    architecture, model_type, kind, encoder, mis_refusal, isolate_sequences, packings) and its shapes."""
 
     path: Path
-    kind: str  # "causal" or "classifier"
-    encoder: bool  # bidirectional attention: pairs run unpacked through the model's own attention
-    architecture: str
-    model_type: str
     vocab_size: int
     hidden_size: int
     head_dim: int
     num_labels: int
-    mis_refusal: str | None  # why multi-item packing would be wrong for this model, or None
-    isolate_sequences: bool  # recurrent state: every pack must run as its own sequence
     attention_softcap: float | None = None  # Gemma 2 attention-logit soft-capping
     sliding_window: int | None = None  # window of the sliding-attention layers, if any
     max_length: int | None = None  # longest sequence the model's positions allow
@@ -46,11 +42,6 @@ class ModelInfo:
     # A decoder classifier's pad_token_id: transformers' *ForSequenceClassification reads its logits at the
     # last token that is not this id, so trailing ones are never scored (None: every last token is)
     unscored_tail_id: int | None = None
-
-    @property
-    def packings(self) -> tuple[str, ...]:
-        """The packing modes this model allows."""
-        return ("single",) if self.mis_refusal else ("mis", "single")
 
 
 def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelInfo:
@@ -62,14 +53,10 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     config = model_config(path, read_config_json(path, trust_remote_code), trust_remote_code)
     text_config = config.get_text_config()
     layer_types = set(getattr(text_config, "layer_types", None) or [])
-    shape = model_kind(
-        path,
-        (config.architectures or ["?"])[0],
-        config.model_type,
-        layer_types,
-        getattr(config, "is_encoder_decoder", False),
-    )
-    architecture, model_type, kind, encoder = shape.architecture, shape.model_type, shape.kind, shape.encoder
+    architecture = (config.architectures or ["?"])[0]
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    shape = model_kind(path, architecture, config.model_type, layer_types, encoder_decoder)
+    model_type, encoder = shape.model_type, shape.encoder
     heads = getattr(text_config, "num_attention_heads", None)  # absent in purely recurrent models
     head_dim = getattr(text_config, "head_dim", None) or (text_config.hidden_size // heads if heads else 0)
     max_positions = getattr(text_config, "max_position_embeddings", None)
@@ -79,24 +66,19 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
         max_positions = _scaled_position_limit(text_config, max_positions)
     native_refusal = "an encoder runs as padded pairs through its own modeling code" if encoder else None
     if native_refusal is None:
-        native_refusal = _native_refusal(config, path, architecture, trust_remote_code)
+        native_refusal = _native_refusal(config, path, shape.architecture, trust_remote_code)
     uses_windows = "sliding_attention" in layer_types or (
         (not layer_types or model_type == "mistral")  # Mistral's attention windows every layer regardless
         and getattr(text_config, "use_sliding_window", True)
     )
-    decoder_classifier = kind == "classifier" and not encoder
+    decoder_classifier = shape.kind == "classifier" and not encoder
     return ModelInfo(
+        **vars(shape),
         path=path,
-        kind=kind,
-        encoder=encoder,
-        architecture=architecture,
-        model_type=model_type,
         vocab_size=text_config.vocab_size,
         hidden_size=text_config.hidden_size,
         head_dim=head_dim,
         num_labels=config.num_labels,
-        mis_refusal=shape.mis_refusal,
-        isolate_sequences=shape.isolate_sequences,
         attention_softcap=getattr(text_config, "attn_logit_softcapping", None),
         sliding_window=getattr(text_config, "sliding_window", None) if uses_windows and not encoder else None,
         max_length=max_positions,
@@ -206,38 +188,29 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, backend: b
     return tokenizer
 
 
-def load_model(
-    info: ModelInfo,
-    dtype: torch.dtype,
-    device: torch.device,
-    trust_remote_code: bool,
-    allow_pickle: bool,
-    layers: str = "transformers",
-    ops: str = "torch",
-) -> LoadedModel:
-    """Load weights (safetensors unless allow_pickle): native layers (layers="native") or transformers' model."""
+def load_model(info: ModelInfo, setup, config) -> LoadedModel:
+    """Load info's weights as a resolved setup says (engine/model/setup.py: dtype, device, layers, ops), with
+    config's trust_remote_code, safetensors unless its allow_pickle: native layers or transformers' model."""
     weights = check_weight_files(info.path)  # headers only: a damaged file is named before a long load
-    if layers == "native":
-        return _load_native(info, dtype, device, ops, trust_remote_code)
+    trust_remote_code, allow_pickle = config.trust_remote_code, config.allow_pickle
+    if setup.layers == "native":
+        return _load_native(info, setup, trust_remote_code)
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from score_batch.engine.attention import HF_ATTENTION_NAME, register_with_transformers
 
     has_safetensors = weights == "safetensors"
     if not has_safetensors and not allow_pickle:
-        raise SettingError(
-            "EngineConfig.allow_pickle",
-            allow_pickle,
-            f"refuses model {str(info.path)!r}: it has no .safetensors weights, and pickle (.bin) weights can run "
-            "code when loaded; set it to True if you trust them",
-        )
+        problem = f"refuses model {str(info.path)!r}: it has no .safetensors weights, and pickle (.bin) "
+        problem += "weights can run code when loaded; set it to True if you trust them"
+        raise SettingError("EngineConfig.allow_pickle", allow_pickle, problem)
     register_with_transformers()
     auto = AutoModelForCausalLM if info.kind == "causal" else AutoModelForSequenceClassification
     try:
         with _no_progress_bar():
             model, loading = auto.from_pretrained(
                 info.path,
-                dtype=dtype,
+                dtype=setup.dtype,
                 attn_implementation=None if info.encoder else HF_ATTENTION_NAME,
                 trust_remote_code=trust_remote_code,
                 local_files_only=True,
@@ -247,13 +220,13 @@ def load_model(
     except (OSError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
         raise ScoringInputError(f"cannot load the weights of model {str(info.path)!r}: {error}") from error
     except RuntimeError as error:
-        if isinstance(error, torch.OutOfMemoryError) or not _is_checkpoint_error(error):
+        if isinstance(error, torch.OutOfMemoryError) or not any(m in str(error) for m in CHECKPOINT_ERRORS):
             raise
         raise ScoringInputError(
             f"the weights of model {str(info.path)!r} do not match its config.json: {error}"
         ) from error
     _refuse_missing_weights(info, loading)
-    model.to(device).eval()
+    model.to(setup.device).eval()
     backbone = getattr(model, model.base_model_prefix)
     if info.kind == "causal":
         head = model.get_output_embeddings()
@@ -265,9 +238,7 @@ def load_model(
     return LoadedModel(info=info, model=model, backbone=backbone, head=head, final_logit_softcap=softcap)
 
 
-def _load_native(
-    info: ModelInfo, dtype: torch.dtype, device: torch.device, ops: str, trust_remote_code: bool
-):
+def _load_native(info: ModelInfo, setup, trust_remote_code: bool) -> LoadedModel:
     """The native decoder and its head, straight from the safetensors files."""
     from score_batch.engine.native.load import load_native
 
@@ -275,8 +246,9 @@ def _load_native(
         raw_config = read_config_json(info.path, trust_remote_code)
         paths = weight_files(info.path)[1]
         backbone, head, _ = load_native(
-            info.path, raw_config, paths, info.kind, info.num_labels, dtype, device, ops, trust_remote_code
-        )
+            info.path, raw_config, paths, info.kind, info.num_labels, setup.dtype, setup.device, setup.ops,
+            trust_remote_code,
+        )  # fmt: skip
     except (OSError, SafetensorError, KeyError, ValueError) as error:
         raise ScoringInputError(f"cannot load the weights of model {str(info.path)!r}: {error}") from error
     return LoadedModel(
@@ -298,20 +270,11 @@ def _no_progress_bar():
             hf_logging.enable_progress_bar()
 
 
-def _is_checkpoint_error(error: RuntimeError) -> bool:
-    """True for the RuntimeErrors torch and transformers raise for a damaged or mismatched checkpoint."""
-    text = str(error)
-    return any(
-        marker in text
-        for marker in (
-            "size mismatch",
-            "ignore_mismatched_sizes",
-            "PytorchStreamReader",
-            "zip archive",
-            "unexpected EOF",
-            "checkpoint",
-        )
-    )
+# What torch and transformers say in the RuntimeErrors of a damaged or mismatched checkpoint.
+CHECKPOINT_ERRORS = (
+    "size mismatch", "ignore_mismatched_sizes", "PytorchStreamReader", "zip archive", "unexpected EOF",
+    "checkpoint",
+)  # fmt: skip
 
 
 def _refuse_missing_weights(info: ModelInfo, loading: dict) -> None:

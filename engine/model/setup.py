@@ -65,13 +65,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' → bfloat16 on CUDA, float32 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
 def resolve_packing(info: ModelInfo, cfg: ScoringConfig) -> Literal["mis", "single"]:
     """'auto' → mis when the model allows it, else single; an explicit mis on such a model is refused."""
     if cfg.packing == "mis" and info.mis_refusal and (info.encoder or not cfg.item_first):
@@ -91,15 +84,14 @@ def _pair_max_length(info: ModelInfo, cfg: ScoringConfig, config: EngineConfig, 
         "max_item_tokens": cfg.max_item_tokens is not None,
         "truncate": cfg.truncate == "query-head",
     }
+    problem = (
+        "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is limited "
+        "per (query, item) pair by its own maximum length (set ScoringConfig.truncate='longest-first' or "
+        "ScoringConfig.truncate='item-tail' to cut the pair to fit)"
+    )
     for name, given in packing_only.items():
         if given:
-            raise SettingError(
-                f"ScoringConfig.{name}",
-                getattr(cfg, name),
-                "is set, but separate query and item limits do not apply to an encoder cross-encoder: it is "
-                "limited per (query, item) pair by its own maximum length (set ScoringConfig.truncate='longest-first' "
-                "or ScoringConfig.truncate='item-tail' to cut the pair to fit)",
-            )
+            raise SettingError(f"ScoringConfig.{name}", getattr(cfg, name), problem)
     limit = min(info.max_length or config.max_pack_tokens, config.max_pack_tokens)
     model_max = getattr(tokenizer, "model_max_length", None)
     return min(limit, model_max) if isinstance(model_max, int) and model_max > 0 else limit
@@ -123,11 +115,8 @@ def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int, logit_sc
             remedy = (
                 "this classifier has num_labels=1: use ScoringConfig.apply_softmax=False for its raw logit"
             )
-        raise SettingError(
-            "ScoringConfig.apply_softmax",
-            cfg.apply_softmax,
-            f"makes every score 1.0 with a single score per item (a softmax over one value); {remedy}",
-        )
+        problem = f"makes every score 1.0 with a single score per item (a softmax over one value); {remedy}"
+        raise SettingError("ScoringConfig.apply_softmax", cfg.apply_softmax, problem)
     if not -num_scores <= cfg.score_index < num_scores:
         raise SettingError(
             "ScoringConfig.score_index", cfg.score_index, f"is out of range for {num_scores} scores per item"
@@ -137,12 +126,9 @@ def _check_scores(info: ModelInfo, cfg: ScoringConfig, num_scores: int, logit_sc
 def _backend(info: ModelInfo, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
     """The attention backend of a decoder; "hf" for an encoder, which runs its own attention over padded pairs."""
     if config.compile and info.encoder:
-        raise SettingError(
-            "EngineConfig.compile",
-            config.compile,
-            f"does not apply to {info.architecture}: only decoder layers are compiled, and an encoder "
-            "cross-encoder runs its own attention over padded pairs",
-        )
+        problem = f"does not apply to {info.architecture}: only decoder layers are compiled, and an encoder "
+        problem += "cross-encoder runs its own attention over padded pairs"
+        raise SettingError("EngineConfig.compile", config.compile, problem)
     if info.encoder:
         return "hf"
     return select_backend(config.backend, workload(info, config, device, dtype))
@@ -232,7 +218,8 @@ def resolve_setup(
         activation = ResolvedActivation(
             "none", f"the label scores are label_score={cfg.label_score} as asked"
         )
-    dtype = resolve_dtype(config.dtype, device)
+    auto_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = auto_dtype if config.dtype == "auto" else getattr(torch, config.dtype)
     backend = _backend(info, config, device, dtype)
     limits = _plan_limits(info, config, tokenizer, device, backend)
     runner: RunnerKind = "pairs" if info.encoder else "packed"
@@ -304,14 +291,13 @@ def label_free_scoring(
     elif not own_text and not _pair_is_query_plus_item(tokenizer):
         problem = "its tokenizer's pair encoding is not query + item, the text scored here"
     if problem is not None:
-        raise SettingError(
-            "ScoringConfig.label_tokens",
-            cfg.label_tokens,
+        problem = (
             "is empty, and this CausalLM cannot be scored as CrossEncoder scores it without labels (its "
             f"LogitScore, logit['yes'] - logit['no']): {problem}; give label tokens "
             "(ScoringConfig.label_tokens=(' no', ' yes')) and templates of the text to score, or a profile "
-            "(score-batch models lists them)",
+            "(score-batch models lists them)"
         )
+        raise SettingError("ScoringConfig.label_tokens", cfg.label_tokens, problem)
     if spec.default_prompt and cfg.query_template is None:
         config = replace(config, scoring=replace(cfg, query_template=spec.default_prompt + "{query}"))
     return config, spec.logit_score
@@ -352,13 +338,9 @@ def load_planner(
     if logit_score == "read":
         config, logit_score = label_free_scoring(info, config, tokenizer)
         if logit_score is not None:
-            log.info(
-                "no label tokens: %s is scored by its LogitScore (logit[%d] - logit[%s] at the last token), as "
-                "CrossEncoder scores it",
-                info.architecture,
-                logit_score.true_token_id,
-                logit_score.false_token_id,
-            )
+            true, false = logit_score.true_token_id, logit_score.false_token_id
+            how = f"(logit[{true}] - logit[{false}] at the last token), as CrossEncoder scores it"
+            log.info("no label tokens: %s is scored by its LogitScore %s", info.architecture, how)
     setup = resolve_setup(info, config, tokenizer, logit_score)
     if prove:
         setup = prove_setup(setup, config)
@@ -379,25 +361,16 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
     from score_batch.engine.model import proof  # runs kernels: imported only for a load
 
     fallbacks = list(setup.fallbacks)
-    ops, backend, info = setup.ops, setup.backend, setup.info
-    if ops == "flashinfer" and (
-        cause := _proven(
-            config.ops, proof.prove_ops, setup.device, setup.dtype, info.hidden_size, info.head_dim
-        )
-    ):
-        ops = _fall_back("ops", config.ops, "flashinfer", "torch", cause, setup.device)
-        fallbacks.append(f"ops flashinfer → torch: {cause}")
-    if (
-        backend == "flashinfer"
-        and (
-            cause := _proven(config.backend, proof.prove_attention, setup.device, setup.dtype, info.head_dim)
-        )
-        is not None
-    ):
-        need = workload(info, config, setup.device, setup.dtype)
-        instead = "flex" if why_not("flex", need, import_failure) is None else "sdpa"
-        backend = _fall_back("backend", config.backend, "flashinfer", instead, cause, setup.device)
-        fallbacks.append(f"backend flashinfer → {instead}: {cause}")
+    ops, backend, info, device, dtype = setup.ops, setup.backend, setup.info, setup.device, setup.dtype
+    if ops == "flashinfer":
+        cause = _proven(config.ops, proof.prove_ops, device, dtype, info.hidden_size, info.head_dim)
+        if cause is not None:
+            ops = _fall_back(config, "ops", "torch", cause, device, fallbacks)
+    if backend == "flashinfer":
+        cause = _proven(config.backend, proof.prove_attention, device, dtype, info.head_dim)
+        if cause is not None:
+            flex = why_not("flex", workload(info, config, device, dtype), import_failure) is None
+            backend = _fall_back(config, "backend", "flex" if flex else "sdpa", cause, device, fallbacks)
     if len(fallbacks) == len(setup.fallbacks):
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
@@ -430,11 +403,14 @@ def _reset_failed_builds() -> None:
         log.info("FlashInfer modules whose build failed, reset for the next build: %s", ", ".join(reset))
 
 
-def _fall_back(field: str, asked: str, name: str, instead: str, cause: str, device: torch.device) -> str:
-    """`instead` after one warning when `asked` was auto; an explicit setting fails the load (SettingError)."""
+def _fall_back(config: EngineConfig, field: str, instead: str, cause: str, device, fallbacks: list) -> str:
+    """`instead` of flashinfer after one warning (recorded in fallbacks) when config's field was auto; an
+    explicit setting fails the load (SettingError)."""
+    asked = getattr(config, field)
     if asked != "auto":
         raise SettingError(f"EngineConfig.{field}", asked, f"failed its check on {device} at load: {cause}")
     log.warning(
-        "%s=auto: %s failed its check on %s at load (%s); using %s", field, name, device, cause, instead
+        "%s=auto: flashinfer failed its check on %s at load (%s); using %s", field, device, cause, instead
     )
+    fallbacks.append(f"{field} flashinfer → {instead}: {cause}")
     return instead

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -143,8 +144,6 @@ def _check_readable(file: Path, directory: Path) -> None:
 def _index_shards(index: Path) -> list[str]:
     """The shard file names listed in a sharded checkpoint's index."""
     _check_readable(index, index.parent)
-    import json
-
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         shards = sorted(set(weight_map.values()))
@@ -225,8 +224,6 @@ def _scoring_files(model_dir: Path) -> list[Path]:
 
 def _module_folders(model_dir: Path) -> list[Path]:
     """The sub-folders a sentence-transformers modules.json names (a LogitScore module's config, …)."""
-    import json
-
     try:
         modules = json.loads((model_dir / "modules.json").read_text())
     except (OSError, ValueError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,11 +125,9 @@ def read_cross_encoder(
         unsupported.append("query_expansion")
     processing = transformer_config.get("processing_kwargs") or {}
     text_kwargs = {**(processing.get("common") or {}), **(processing.get("text") or {})}
-    text_kwargs.pop("return_tensors", None)
-    text_kwargs.pop("padding", None)
-    chat = _chat_format(
-        tokenizer, model_type, transformer_config, processing
-    )  # (this order: which error wins)
+    text_kwargs = {k: v for k, v in text_kwargs.items() if k not in ("return_tensors", "padding")}
+    # (this order: which error wins)
+    chat = _chat_format(tokenizer, model_type, transformer_config, processing)
     prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
         logit_score=logit_score,
@@ -185,8 +184,7 @@ def _saved_modules(
 
 def _default_logit_score(tokenizer) -> tuple[LogitScoreSpec | None, str | None]:
     """CrossEncoder's default LogitScore of a CausalLM without modules.json ("yes" and "no"), or why not."""
-    true_id = _token_id(tokenizer, "yes")
-    false_id = _token_id(tokenizer, "no")
+    true_id, false_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
     if true_id is None or false_id is None:
         return None, (
             "its tokenizer has no 'yes' and/or 'no' tokens, which CrossEncoder's default LogitScore module "
@@ -237,9 +235,8 @@ def pair_tokens(
     prompt = spec.default_prompt or ""
     truncation = "longest_first" if truncate else False
     if spec.chat is None:
-        kwargs = {"truncation": truncation, **spec.text_kwargs}
-        if not truncate:
-            kwargs["truncation"] = False
+        given = spec.text_kwargs.get("truncation", truncation)
+        kwargs = {**spec.text_kwargs, "truncation": given if truncate else False}
         # The prompt goes before the query.
         encoding = tokenizer([[prompt + query, document] for query, document in pairs], **kwargs)
         return [list(ids) for ids in encoding["input_ids"]]
@@ -250,16 +247,7 @@ def pair_tokens(
     text_kwargs = dict(spec.text_kwargs)
     top_level = {key: text_kwargs.pop(key) for key in CHAT_SIZE_KEYS if key in text_kwargs}
     top_level["truncation"] = top_level.get("truncation", truncation) if truncate else False
-    encoding = tokenizer.apply_chat_template(
-        conversations,
-        tokenize=True,
-        return_dict=True,
-        tokenizer_kwargs=text_kwargs,
-        common_kwargs={},
-        **top_level,
-        **spec.chat.template_kwargs,
-    )
-    rows = [list(ids) for ids in encoding["input_ids"]]
+    rows = _chat_ids(tokenizer, conversations, spec.chat.template_kwargs, text_kwargs, **top_level)
     limit = top_level.get("max_length") or getattr(tokenizer, "model_max_length", None)
     if truncate and spec.chat.restore_suffix and top_level["truncation"] not in (False, "do_not_truncate"):
         for row, conversation in zip(rows, conversations):
@@ -269,6 +257,16 @@ def pair_tokens(
                 if keep:
                     row[len(row) - keep :] = suffix[len(suffix) - keep :]
     return rows
+
+
+def _chat_ids(tokenizer, conversations: list, template_kwargs: dict, text_kwargs: dict, **size) -> list:
+    """Conversations rendered by the chat template and tokenized as CrossEncoder's Transformer does (size:
+    padding, truncation, max_length as its processing kwargs give them): a list of token ids each."""
+    encoding = tokenizer.apply_chat_template(
+        conversations, tokenize=True, return_dict=True, tokenizer_kwargs=text_kwargs, common_kwargs={},
+        **size, **template_kwargs,
+    )  # fmt: skip
+    return [list(ids) for ids in encoding["input_ids"]]
 
 
 def pair_messages(pair: tuple[str, str], message_format: str) -> list[dict]:
@@ -292,23 +290,10 @@ def chat_suffix(tokenizer, conversation: list[dict], template_kwargs: dict, text
             else {**message, "content": _content(filler, isinstance(message.get("content"), list))}
             for message in conversation
         ]
-        ids = tokenizer.apply_chat_template(
-            [skeleton],
-            tokenize=True,
-            return_dict=True,
-            tokenizer_kwargs=text_kwargs,
-            common_kwargs={},
-            padding=False,
-            truncation=False,
-            **template_kwargs,
-        )["input_ids"][0]
-        renders.append(list(ids))
+        unsized = {"padding": False, "truncation": False}
+        renders += _chat_ids(tokenizer, [skeleton], template_kwargs, text_kwargs, **unsized)
     first, second = renders
-    count = 0
-    for left, right in zip(reversed(first), reversed(second)):
-        if left != right:
-            break
-        count += 1
+    count = len(os.path.commonprefix([first[::-1], second[::-1]]))  # their common suffix's length
     return first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
 
 
