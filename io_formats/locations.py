@@ -44,7 +44,7 @@ from score_batch.io_formats.writers import (
     AtomicTableWriter,
     durable_replace,
     exclusive_temp,
-    fsync_directory,
+    fsync_path,
     local_temp_file,
 )
 
@@ -335,7 +335,7 @@ class Location:
             shutil.rmtree(old, ignore_errors=True)
         else:
             local.rename(path)
-        fsync_directory(path.parent)
+        fsync_path(path.parent)
 
     def replace_with(self, staging: Location) -> None:
         """Make a finished staging directory on the same store (temp_sibling) this one, `_SUCCESS` last."""
