@@ -19,7 +19,7 @@ import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -33,18 +33,12 @@ from score_batch.io_formats.writers import JSONL_COMPRESSIONS
 log = logging.getLogger(__name__)
 
 
-class FileFormat(str, Enum):
+class FileFormat(StrEnum):
     """What an input holds: Parquet or JSONL query/item rows, or OpenAI-style batch requests (JSONL)."""
 
     PARQUET = "parquet"
     JSONL = "jsonl"
     OPENAI_BATCH = "openai-batch"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 PARQUET, JSONL = FileFormat.PARQUET, FileFormat.JSONL
@@ -53,6 +47,8 @@ _PARTITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _INTEGER = re.compile(r"[+-]?\d+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_GLOB_TOKEN = re.compile(r"\*\*/?|\[[^\]]*\]|.", re.DOTALL)  # `**/`, `**`, a closed `[…]`, or one character
+_GLOB_PARTS = {"**/": "(?:[^/]*/)*", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?")
 
 
@@ -251,36 +247,17 @@ def _files_below(
 
 def _glob_regex(pattern: str) -> re.Pattern:
     """A glob over '/'-separated paths: * ? […] within a segment, ** across segments."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        char = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:[^/]*/)*")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif char == "[":
-            end = pattern.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape(char))
-            else:
-                body = pattern[i + 1 : end].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = end
-        else:
-            out.append(re.escape(char))
-        i += 1
-    return re.compile("".join(out))
+    return re.compile("".join(_glob_part(token) for token in _GLOB_TOKEN.findall(pattern)))
+
+
+def _glob_part(token: str) -> str:
+    """One token of a glob as a regular expression (a `[` never closed stands for itself)."""
+    if token in _GLOB_PARTS:
+        return _GLOB_PARTS[token]
+    if len(token) == 1:
+        return re.escape(token)
+    body = token[1:-1].replace("\\", "\\\\")
+    return f"[^{body[1:]}]" if body.startswith("!") else f"[{body}]"
 
 
 def check_one_format(files: list[InputFile], label: str) -> FileFormat:
