@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import weakref
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -71,11 +72,12 @@ class _ColumnScan:
         self.pending, self.pending_lines = [], []
 
     def type_of(self, name: str, label: str) -> pa.DataType:
-        families: dict[str, tuple[str, str]] = {}
+        """The column's Arrow type once every line was added and flushed; InputError when it has none."""
+        families: dict[str, str] = {}  # family → its first line
         for kind, (_, line) in sorted(self.kinds.items(), key=lambda item: item[1][0]):
-            families.setdefault(_FAMILIES.get(kind, kind), (kind, line))
+            families.setdefault(_FAMILIES.get(kind, kind), line)
         if len(families) > 1:
-            shown = ", ".join(f"{family} (first on line {line})" for family, (_, line) in families.items())
+            shown = ", ".join(f"{family} (first on line {line})" for family, line in families.items())
             raise InputError(f"{label}: column {name!r} mixes {shown}; give every value of a column one type")
         if self.problem is not None:
             raise InputError(f"{label}: column {name!r}, {self.problem}")
@@ -88,9 +90,6 @@ class _ColumnScan:
             return pa.float64() if "float" in self.kinds else pa.int64()
         if family == "text":
             return pa.string()
-        self.flush()
-        if self.problem is not None:
-            raise InputError(f"{label}: column {name!r}, {self.problem}")
         return self.nested if self.nested is not None else pa.null()
 
 
@@ -98,15 +97,11 @@ class _JsonlScan:
     """The first pass over a JSONL input: its columns in order of first appearance and their values' types."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, _ColumnScan] = {}
+        self.columns: dict[str, _ColumnScan] = defaultdict(_ColumnScan)
         self.rows = 0  # lines that are rows (objects or unreadable; blank lines are not rows)
         self.rows_per_file: list[int] = []
         self.objects = 0
         self.first_bad: BadLine | None = None
-
-    def type_of(self, name: str, label: str) -> pa.DataType:
-        column = self.columns.get(name)
-        return pa.null() if column is None else column.type_of(name, label)
 
 
 class JsonlReader:
@@ -129,7 +124,8 @@ class JsonlReader:
         return list(scan.columns) if scan.objects else None
 
     def column_type(self, name: str) -> pa.DataType:
-        return self.scan().type_of(name, self.label)
+        column = self.scan().columns.get(name)
+        return pa.null() if column is None else column.type_of(name, self.label)
 
     def total_rows(self) -> int:
         return self.scan().rows
@@ -159,10 +155,7 @@ class JsonlReader:
                         continue
                     scan.objects += 1
                     for name, value in record.items():
-                        column = scan.columns.get(name)
-                        if column is None:
-                            column = scan.columns[name] = _ColumnScan()
-                        column.add(value, line, scan.rows)
+                        scan.columns[name].add(value, line, scan.rows)
                 scan.rows_per_file.append(scan.rows - before)
             for column in scan.columns.values():
                 column.flush()
