@@ -89,10 +89,8 @@ def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
         not Path(path).is_file() or Path(path).suffix.lower() == ".parquet"
     ):
         return False
-    file = _as_file(path)
     try:  # a bounded readline: a file that is one huge line is not read whole
-        stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
-        with io.BufferedReader(stream) as handle:
+        with io.BufferedReader(_as_file(path).open()) as handle:
             raw = handle.readline(DETECT_LIMIT).removeprefix(BOM)
             while raw and not raw.strip():
                 raw = handle.readline(DETECT_LIMIT)

@@ -214,7 +214,7 @@ def file_lines(file: InputFile) -> Iterator[bytes]:
     """The raw lines of one input file, decompressed by its suffix; a damaged or vanished file is an InputError,
     the machine's refusal an OSError."""
     try:
-        stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
+        stream = file.open()
     except FileNotFoundError:
         raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
     except OSError as error:

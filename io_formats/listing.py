@@ -72,6 +72,10 @@ class InputFile:
     def __str__(self) -> str:
         return self.location.uri
 
+    def open(self) -> pa.NativeFile:
+        """A stream of the file's bytes, decompressed by its suffix."""
+        return self.location.fs.open_input_stream(self.location.path, compression=self.compression)
+
     def with_partitions(self, record: dict) -> dict:
         """A record with this file's partition values added (a column the file holds wins)."""
         for key, value in self.partitions:
@@ -166,11 +170,11 @@ def expand(location: Location) -> tuple[list[InputFile], Location | None]:
     """The files an INPUT means, sorted by path, and the directory it reads from (None for one file)."""
     if has_glob(location.path) and location.scheme != HTTP:
         return _glob(location)
-    info = _info(location)
+    info = file_info(location)
     if info.type == pafs.FileType.NotFound:
         raise InputError(f"input {location.uri!r} does not exist")
     if info.type == pafs.FileType.Directory:
-        return _directory(location), location
+        return directory_files(location), location
     known = file_format(location.name)
     if known is None:
         raise InputError(
@@ -180,14 +184,15 @@ def expand(location: Location) -> tuple[list[InputFile], Location | None]:
     return [InputFile(location, *known, partitions_of(location.path))], None
 
 
-def _info(location: Location) -> pafs.FileInfo:
+def file_info(location: Location) -> pafs.FileInfo:
+    """What is at a location (NotFound also where the store raises for it)."""
     try:
         return location.info()
     except FileNotFoundError:
         return pafs.FileInfo(location.path, pafs.FileType.NotFound)
 
 
-def _directory(location: Location) -> list[InputFile]:
+def directory_files(location: Location) -> list[InputFile]:
     """A directory's data files and those of its hive partition directories (open_source refuses a format mix)."""
     # only hive partition directories are read below a directory; data files elsewhere are named in a warning
     skipped: list[str] = []
@@ -219,7 +224,7 @@ def _glob(location: Location) -> tuple[list[InputFile], Location]:
     base_uri = "/".join(uri_segments[: len(uri_segments) - (len(segments) - fixed)])
     base = Location(location.fs, base_path, base_uri, location.scheme)
     pattern = _glob_regex("/".join(segments[fixed:]))
-    files = _files_below(base, pattern.fullmatch) if _info(base).type == pafs.FileType.Directory else []
+    files = _files_below(base, pattern.fullmatch) if file_info(base).type == pafs.FileType.Directory else []
     if not files:
         raise InputError(f"input {location.uri!r} matches no .parquet or .jsonl files")
     return files, base
