@@ -117,8 +117,6 @@ def type_partitions(
                 if texts and all(pattern.fullmatch(text) and _parses(parse, text) for text in texts):
                     parsers[key], types[key] = parse, dtype
                     break
-    if not parsers:
-        return files, types
     typed = [
         dataclasses.replace(
             file,

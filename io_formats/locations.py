@@ -243,10 +243,7 @@ class Location:
         for info in parent._listing():
             if info.base_name.startswith(prefix):
                 leftover = parent.child(info.base_name)
-                if info.type == pafs.FileType.Directory:
-                    leftover.delete_tree()
-                else:
-                    leftover.delete()
+                (leftover.delete_tree if info.type == pafs.FileType.Directory else leftover.delete)()
                 removed.append(leftover.uri)
         return removed
 

@@ -44,10 +44,8 @@ def to_row(index: int, record: Record, mapping: ColumnMapping, types: dict[str, 
         return InputRow(index, None, [None], None, [None], {}, f"line {record.line}: {record.message}")
     problems: list[str] = []
 
-    def value(name: str | None, raw: Any) -> Any:
+    def value(name: str, raw: Any) -> Any:
         """A value that will be written: converted to its column's type; a lone surrogate → None + error."""
-        if name is None:
-            return raw
         if has_surrogate(raw):
             problems.append(f"column {name!r} holds a lone surrogate, which cannot be written as UTF-8")
             return None
