@@ -112,8 +112,6 @@ class AtomicTableWriter:
         """publish(tmp, path): how the finished file reaches path (default: a durable rename beside it;
         an object store passes its upload and gets a local temporary file)."""
         self.path = path if publish is not None else Path(path)
-        self.fmt = fmt
-        self.schema = schema
         self._publish = publish or durable_replace
         self.tmp = exclusive_temp(self.path) if publish is None else local_temp_file("score-batch-output-")
         self.rows = 0
