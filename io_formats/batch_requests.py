@@ -11,17 +11,18 @@ from __future__ import annotations
 import io
 import json
 import math
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from score_batch.io_formats.jsonl import BOM, file_lines, nonblank_lines
-from score_batch.io_formats.listing import InputFile
+from score_batch.io_formats.listing import JSONL, InputFile
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.rows import value_kind
 
 STDIN = "-"
+ENVELOPE = ("custom_id", "url", "body")  # the keys of a request line
 SCORE_URLS = ("/v1/score", "/score")
 RERANK_URLS = ("/v1/rerank", "/rerank", "/v2/rerank")
 # The score body's (queries, items) field pairs, as vLLM's ScoreRequest variants name them.
@@ -88,50 +89,32 @@ def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
         not Path(path).is_file() or Path(path).suffix.lower() == ".parquet"
     ):
         return False
-    try:
-        with _open_binary(path) as handle:
+    try:  # a bounded readline: a file that is one huge line is not read whole
+        with io.BufferedReader(_as_file(path).open()) as handle:
             raw = handle.readline(DETECT_LIMIT).removeprefix(BOM)
             while raw and not raw.strip():
                 raw = handle.readline(DETECT_LIMIT)
-        return bool(raw) and is_request_record(json.loads(raw.decode("utf-8")))
+        record = json.loads(raw.decode("utf-8")) if raw else None
     except (OSError, ValueError):
         return False
-
-
-def is_request_record(record: Any) -> bool:
-    """True for a parsed line that is a batch request envelope (custom_id, url and body)."""
-    return isinstance(record, dict) and all(key in record for key in ("custom_id", "url", "body"))
+    return isinstance(record, dict) and all(key in record for key in ENVELOPE)
 
 
 @dataclass(frozen=True)
 class BatchFileReader:
-    """An OpenAI-style batch file (local, a listed input file on any store, the stdin spool, or "-") → requests."""
+    """An OpenAI-style batch file (local, e.g. the stdin spool, or a listed input file on any store) → requests."""
 
     path: str | Path | InputFile
 
     def requests(self) -> Iterator[BatchRequest]:
         """The request lines in order, parsed; blank lines are skipped, bad lines carry an error."""
-        for index, (line, raw) in enumerate(_nonblank_lines(self.path)):
+        for index, (line, raw) in enumerate(nonblank_lines(file_lines(_as_file(self.path)))):
             yield parse_request(raw, line, index)
 
 
-def _nonblank_lines(path: str | Path | InputFile) -> Iterator[tuple[int, bytes]]:
-    """(1-based line number, raw bytes) of every non-blank line (a leading byte order mark dropped)."""
-    if str(path) == STDIN:
-        yield from nonblank_lines(sys.stdin.buffer)
-    elif isinstance(path, InputFile):  # read as the table reader reads a JSONL file (codec, errors)
-        yield from nonblank_lines(file_lines(path))
-    else:
-        with open(path, "rb") as handle:
-            yield from nonblank_lines(handle)
-
-
-def _open_binary(path: str | Path | InputFile) -> BinaryIO:
-    """A local file, or a listed input file on its store (decompressed by suffix), for a bounded readline."""
-    if isinstance(path, InputFile):
-        location = path.location
-        return io.BufferedReader(location.fs.open_input_stream(location.path, compression=path.compression))
-    return open(path, "rb")
+def _as_file(path: str | Path | InputFile) -> InputFile:
+    """A local path as an input file read as it is (no codec); a listed input file as listed."""
+    return path if isinstance(path, InputFile) else InputFile(Location.on_disk(path), JSONL, None)
 
 
 def parse_request(raw: bytes | str, line: int, index: int) -> BatchRequest:
@@ -167,9 +150,9 @@ def parse_request(raw: bytes | str, line: int, index: int) -> BatchRequest:
             _parse_rerank(request, body)
         else:
             supported = ", ".join((*SCORE_URLS, *RERANK_URLS))
-            raise _BodyError("unsupported_url", f"url {url!r} is not supported (supported: {supported})")
+            raise _BodyError(f"url {url!r} is not supported (supported: {supported})", "unsupported_url")
     except _BodyError as error:
-        request.error = BatchError(error.code, f"line {line}: {error.message}")
+        request.error = BatchError(error.code, f"line {line}: {error}")
         request.queries, request.items = [], []
     return request
 
@@ -180,7 +163,7 @@ def _bad_envelope(line: int, problem: str) -> BatchError:
 
 def _envelope_problem(record: dict) -> str | None:
     """What is wrong with a request's custom_id, method, url or body (None: a well-formed request)."""
-    for key in ("custom_id", "url", "body"):
+    for key in ENVELOPE:
         if key not in record:
             return f"the request has no {key!r}"
     if not isinstance(record["custom_id"], str):
@@ -198,17 +181,16 @@ def _envelope_problem(record: dict) -> str | None:
 class _BodyError(Exception):
     """A bad request body: becomes an error line with status 400."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, message: str, code: str = "invalid_body") -> None:
         super().__init__(message)
         self.code = code
-        self.message = message
 
 
 def _switch(body: dict, name: str) -> bool | None:
     """body.NAME as true or false (None: absent or null); any other value is refused."""
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
-        raise _BodyError("invalid_body", f"body.{name} must be true or false, not {_json_type(value)}")
+        raise _BodyError(f"body.{name} must be true or false, not {_json_type(value)}")
     return value
 
 
@@ -216,7 +198,7 @@ def _parse_switches(request: BatchRequest, body: dict) -> None:
     """The per-request settings both endpoints share: activation and truncation (vLLM's and TEI's names)."""
     for name, why in UNSUPPORTED_FIELDS.items():
         if body.get(name) is not None:
-            raise _BodyError("unsupported_parameter", f"body.{name} is not supported: {why}")
+            raise _BodyError(f"body.{name} is not supported: {why}", "unsupported_parameter")
     switches = {name: _switch(body, name) for name in (*ACTIVATION_FIELDS, "raw_scores")}
     given = [(name, switches[name]) for name in ACTIVATION_FIELDS if switches[name] is not None]
     use_activation = given[0][1] if given else None
@@ -224,9 +206,8 @@ def _parse_switches(request: BatchRequest, body: dict) -> None:
     if raw_scores is not None:  # TEI: raw_scores true is use_activation false
         if use_activation is not None and use_activation == raw_scores:
             raise _BodyError(
-                "invalid_body",
                 f"body.raw_scores {json.dumps(raw_scores)} contradicts body.{given[0][0]} "
-                f"{json.dumps(use_activation)}",
+                f"{json.dumps(use_activation)}"
             )
         use_activation = not raw_scores
     request.use_activation = use_activation
@@ -234,9 +215,8 @@ def _parse_switches(request: BatchRequest, body: dict) -> None:
     if truncate is not None:
         if not isinstance(truncate, int) or isinstance(truncate, bool) or truncate < -1 or truncate == 0:
             raise _BodyError(
-                "invalid_body",
                 "body.truncate_prompt_tokens must be a positive integer (tokens kept) or -1 (the model's "
-                f"limit), not {truncate!r}",
+                f"limit), not {truncate!r}"
             )
         request.truncate_prompt_tokens = None if truncate == -1 else truncate
     _parse_truncation(request, body)
@@ -248,7 +228,7 @@ def _parse_truncation(request: BatchRequest, body: dict) -> None:
     side = body.get("truncation_side")
     if side is not None:
         if side not in ("left", "right"):
-            raise _BodyError("invalid_body", f"body.truncation_side must be 'left' or 'right', not {side!r}")
+            raise _BodyError(f"body.truncation_side must be 'left' or 'right', not {side!r}")
         request.truncation_side = side
     for name in ("max_tokens_per_query", "max_tokens_per_doc"):
         value = body.get(name)
@@ -256,7 +236,6 @@ def _parse_truncation(request: BatchRequest, body: dict) -> None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise _BodyError(
-                "invalid_body",
                 f"body.{name} must be a non-negative integer (0: no cut), not {json.dumps(value)}",
             )
         setattr(request, name, value)
@@ -265,15 +244,14 @@ def _parse_truncation(request: BatchRequest, body: dict) -> None:
     if direction is not None:
         if direction not in TEI_DIRECTIONS:
             raise _BodyError(
-                "invalid_body",
                 f"body.truncation_direction must be 'Right' or 'Left' (or 'right', 'left'), not {direction!r}",
             )
         request.truncation_direction = direction.lower()
     if request.truncate and request.truncate_prompt_tokens is not None:
         raise _BodyError(
-            "unsupported_parameter",
             "body.truncate (TEI's cut to the model's limit) together with body.truncate_prompt_tokens (vLLM's "
             "cut to N tokens) is not supported: give one",
+            "unsupported_parameter",
         )
 
 
@@ -286,19 +264,18 @@ def _parse_score(request: BatchRequest, body: dict) -> None:
         if partial:
             first = next(pair for pair in SCORE_FIELDS if partial[0] in pair)
             missing = first[1] if first[0] in body else first[0]
-            raise _BodyError("invalid_body", f"body has {partial[0]!r} but no {missing!r}")
-        raise _BodyError("invalid_body", "body needs text_1 and text_2 (or queries and documents)")
+            raise _BodyError(f"body has {partial[0]!r} but no {missing!r}")
+        raise _BodyError("body needs text_1 and text_2 (or queries and documents)")
     first_field, second_field = present[0]
     firsts = _texts(body[first_field], first_field)
     seconds = _texts(body[second_field], second_field)
     for name, texts in ((first_field, firsts), (second_field, seconds)):
         if not texts:
-            raise _BodyError("invalid_body", f"body.{name} is empty: give at least one text")
+            raise _BodyError(f"body.{name} is empty: give at least one text")
     if len(firsts) > 1 and len(firsts) != len(seconds):
         raise _BodyError(
-            "invalid_body",
             f"body.{first_field} has {len(firsts)} texts and body.{second_field} {len(seconds)}: "
-            "lengths must be 1:1, 1:N or N:N",
+            "lengths must be 1:1, 1:N or N:N"
         )
     request.item_field = second_field
     request.items, request.queries = seconds, firsts * len(seconds) if len(firsts) == 1 else firsts
@@ -310,16 +287,16 @@ def _parse_rerank(request: BatchRequest, body: dict) -> None:
     documents_field = "texts" if "texts" in body and "documents" not in body else "documents"
     for name in ("query", documents_field):
         if name not in body:
-            raise _BodyError("invalid_body", f"body has no {name!r}")
+            raise _BodyError(f"body has no {name!r}")
     query = body["query"]
     if not isinstance(query, str):
-        raise _BodyError("invalid_body", f"body.query must be a string, not {_json_type(query)}")
+        raise _BodyError(f"body.query must be a string, not {_json_type(query)}")
     documents = _texts(body[documents_field], documents_field)
     if not documents:
-        raise _BodyError("invalid_body", f"body.{documents_field} is empty: give at least one document")
+        raise _BodyError(f"body.{documents_field} is empty: give at least one document")
     top_n = 0 if body.get("top_n") is None else body["top_n"]
     if not isinstance(top_n, int) or isinstance(top_n, bool):
-        raise _BodyError("invalid_body", f"body.top_n must be an integer, not {_json_type(top_n)}")
+        raise _BodyError(f"body.top_n must be an integer, not {_json_type(top_n)}")
     return_documents = True
     for name in ("return_text", "return_documents"):  # TEI's name, then vLLM/Cohere's (it wins)
         value = _switch(body, name)
@@ -339,14 +316,11 @@ def _texts(value: Any, name: str) -> list[str]:
         for position, text in enumerate(value):
             if not isinstance(text, str):
                 raise _BodyError(
-                    "invalid_body",
                     f"body.{name}[{position}] must be a string, not {_json_type(text)} "
-                    "(multimodal and token-id inputs are not supported)",
+                    "(multimodal and token-id inputs are not supported)"
                 )
         return list(value)
-    raise _BodyError(
-        "invalid_body", f"body.{name} must be a string or a list of strings, not {_json_type(value)}"
-    )
+    raise _BodyError(f"body.{name} must be a string or a list of strings, not {_json_type(value)}")
 
 
 def _json_type(value: Any) -> str:

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 from score_batch import __version__
 from score_batch.io_formats.columns import CHUNKS, POOLED, SCORE, SCORE_KEY, SCORES
 from score_batch.io_formats.errors import InputError
-from score_batch.io_formats.listing import PARQUET, InputFile, expand, file_format
+from score_batch.io_formats.listing import PARQUET, InputFile, directory_files, expand, file_format, file_info
 from score_batch.io_formats.locations import HTTP, has_glob, parse_location, split_inputs
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class _JsonlOutput:
     def __init__(self, file: InputFile) -> None:
         self.uri = file.uri
         self.file = file
-        with self._stream() as stream:
+        with self.file.open() as stream:
             first = next((line for line in io.TextIOWrapper(stream, encoding="utf-8") if line.strip()), None)
         try:
             row = json.loads(first) if first is not None else {}
@@ -93,16 +93,12 @@ class _JsonlOutput:
     def top_k(self) -> int | None:
         return None  # not recorded (see written_by)
 
-    def _stream(self):
-        location = self.file.location
-        return location.fs.open_input_stream(location.path, compression=self.file.compression)
-
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc
         import pyarrow.json as pj
 
         parse = pj.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore")
-        with self._stream() as stream:
+        with self.file.open() as stream:
             reader = pj.open_json(
                 stream, read_options=pj.ReadOptions(block_size=JSON_BLOCK_BYTES), parse_options=parse
             )
@@ -250,21 +246,16 @@ def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.Reco
 def _files(text: str, options) -> list[InputFile] | None:
     """The output files one --reuse argument means, as an INPUT would; None when it names nothing."""
     location = parse_location(text, options)
-    if has_glob(location.path) and location.scheme != HTTP:
-        try:
-            return expand(location)[0]
-        except InputError:  # matches no data file
-            return None
-    try:
-        kind = location.info().type
-    except FileNotFoundError:
-        kind = pafs.FileType.NotFound
+    globbed = has_glob(location.path) and location.scheme != HTTP
+    kind = None if globbed else file_info(location).type
     if kind == pafs.FileType.NotFound:
         return None
-    if kind == pafs.FileType.Directory:
+    if kind in (None, pafs.FileType.Directory):
         try:
-            return expand(location)[0]
+            return expand(location)[0] if globbed else directory_files(location)
         except InputError:
+            if globbed:  # matches no data file
+                return None
             raise InputError(
                 f"--reuse {location.uri!r}: a directory without .parquet or .jsonl files (or partition "
                 "directories of them), not a score-batch output"

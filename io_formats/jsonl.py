@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 import weakref
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,7 @@ BOM = b"\xef\xbb\xbf"
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
 READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
 
-_FAMILIES = {
-    "bool": "boolean",
-    "int": "number",
-    "float": "number",
-    "text": "text",
-    "list": "list",
-    "object": "object",
-}
+_FAMILIES = {"bool": "boolean", "int": "number", "float": "number"}  # the other kinds: text, list, object
 
 
 class _ColumnScan:
@@ -78,11 +72,12 @@ class _ColumnScan:
         self.pending, self.pending_lines = [], []
 
     def type_of(self, name: str, label: str) -> pa.DataType:
-        families: dict[str, tuple[str, str]] = {}
+        """The column's Arrow type once every line was added and flushed; InputError when it has none."""
+        families: dict[str, str] = {}  # family → its first line
         for kind, (_, line) in sorted(self.kinds.items(), key=lambda item: item[1][0]):
-            families.setdefault(_FAMILIES[kind], (kind, line))
+            families.setdefault(_FAMILIES.get(kind, kind), line)
         if len(families) > 1:
-            shown = ", ".join(f"{family} (first on line {line})" for family, (_, line) in families.items())
+            shown = ", ".join(f"{family} (first on line {line})" for family, line in families.items())
             raise InputError(f"{label}: column {name!r} mixes {shown}; give every value of a column one type")
         if self.problem is not None:
             raise InputError(f"{label}: column {name!r}, {self.problem}")
@@ -95,9 +90,6 @@ class _ColumnScan:
             return pa.float64() if "float" in self.kinds else pa.int64()
         if family == "text":
             return pa.string()
-        self.flush()
-        if self.problem is not None:
-            raise InputError(f"{label}: column {name!r}, {self.problem}")
         return self.nested if self.nested is not None else pa.null()
 
 
@@ -105,15 +97,11 @@ class _JsonlScan:
     """The first pass over a JSONL input: its columns in order of first appearance and their values' types."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, _ColumnScan] = {}
+        self.columns: dict[str, _ColumnScan] = defaultdict(_ColumnScan)
         self.rows = 0  # lines that are rows (objects or unreadable; blank lines are not rows)
         self.rows_per_file: list[int] = []
         self.objects = 0
         self.first_bad: BadLine | None = None
-
-    def type_of(self, name: str, label: str) -> pa.DataType:
-        column = self.columns.get(name)
-        return pa.null() if column is None else column.type_of(name, label)
 
 
 class JsonlReader:
@@ -136,15 +124,16 @@ class JsonlReader:
         return list(scan.columns) if scan.objects else None
 
     def column_type(self, name: str) -> pa.DataType:
-        return self.scan().type_of(name, self.label)
+        column = self.scan().columns.get(name)
+        return pa.null() if column is None else column.type_of(name, self.label)
 
     def total_rows(self) -> int:
         return self.scan().rows
 
     def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of every file in order (columns: ignored, a line is parsed whole)."""
-        for index in range(self._file_count()):
-            yield from self.file_records(index)
+        for file in self._inputs():
+            yield from self.file_records(file)
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, None, rows) per file: a JSONL file is read whole by one worker."""
@@ -157,19 +146,16 @@ class JsonlReader:
         """Scan every line once (cached)."""
         if self._scan is None:
             scan = _JsonlScan()
-            for index in range(self._file_count()):
+            for file in self._inputs():
                 before = scan.rows
-                for line, record in self.file_records(index):
+                for line, record in self.file_records(file):
                     scan.rows += 1
                     if isinstance(record, BadLine):
                         scan.first_bad = scan.first_bad or record
                         continue
                     scan.objects += 1
                     for name, value in record.items():
-                        column = scan.columns.get(name)
-                        if column is None:
-                            column = scan.columns[name] = _ColumnScan()
-                        column.add(value, line, scan.rows)
+                        scan.columns[name].add(value, line, scan.rows)
                 scan.rows_per_file.append(scan.rows - before)
             for column in scan.columns.values():
                 column.flush()
@@ -180,42 +166,39 @@ class JsonlReader:
         self, size: int, unit: tuple[InputFile, None] | None = None
     ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
         """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
-        for index in range(self._file_count()):
-            if unit is not None and self.files[index] != unit[0]:
+        for file in self._inputs():
+            if unit is not None and file != unit[0]:
                 continue
             block: list[tuple[str, bytes]] = []
-            for line in self._numbered(index):
+            for line in self._numbered(file):
                 block.append(line)
                 if len(block) == size:
-                    yield self._file(index), block
+                    yield file, block
                     block = []
             if block:
-                yield self._file(index), block
+                yield file, block
 
-    def file_records(self, index: int) -> Iterator[tuple[str, Record]]:
+    def file_records(self, file: InputFile | None) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of one file, its partition values added."""
-        file = self._file(index)
-        for where, raw in self._numbered(index):
+        for where, raw in self._numbered(file):
             record = parse_line(raw, where)
             if file is not None and isinstance(record, dict):
                 record = file.with_partitions(record)
             yield where, record
 
-    def _file(self, index: int) -> InputFile | None:
-        return self.files[index] if self.files else None
+    def _inputs(self) -> list[InputFile | None]:
+        """The files in order (stdin: one, None)."""
+        return list(self.files)
 
-    def _numbered(self, index: int) -> Iterator[tuple[str, bytes]]:
+    def _numbered(self, file: InputFile | None) -> Iterator[tuple[str, bytes]]:
         """(line as messages name it, raw bytes) per non-blank line of one file."""
         several = len(self.files) > 1
-        for number, raw in nonblank_lines(self._lines(index)):
-            yield f"{number} of {self.files[index]}" if several else str(number), raw
+        for number, raw in nonblank_lines(self._lines(file)):
+            yield f"{number} of {file}" if several else str(number), raw
 
-    def _file_count(self) -> int:
-        return len(self.files)
-
-    def _lines(self, index: int) -> Iterator[bytes]:
-        """The raw lines of the index-th file, decompressed by its suffix."""
-        return file_lines(self.files[index])
+    def _lines(self, file: InputFile | None) -> Iterator[bytes]:
+        """The raw lines of one file, decompressed by its suffix."""
+        return file_lines(file)
 
 
 def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -231,7 +214,7 @@ def file_lines(file: InputFile) -> Iterator[bytes]:
     """The raw lines of one input file, decompressed by its suffix; a damaged or vanished file is an InputError,
     the machine's refusal an OSError."""
     try:
-        stream = file.location.fs.open_input_stream(file.location.path, compression=file.compression)
+        stream = file.open()
     except FileNotFoundError:
         raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
     except OSError as error:
@@ -290,10 +273,10 @@ class StdinReader(JsonlReader):
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         raise InputError("distributed runs read files, not stdin")
 
-    def _file_count(self) -> int:
-        return 1
+    def _inputs(self) -> list[InputFile | None]:
+        return [None]
 
-    def _lines(self, index: int) -> Iterator[bytes]:
+    def _lines(self, file: InputFile | None) -> Iterator[bytes]:
         try:
             stream = open(self.spool_path(), "rb")
         except OSError as error:

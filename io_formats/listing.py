@@ -19,7 +19,7 @@ import re
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -33,18 +33,12 @@ from score_batch.io_formats.writers import JSONL_COMPRESSIONS
 log = logging.getLogger(__name__)
 
 
-class FileFormat(str, Enum):
+class FileFormat(StrEnum):
     """What an input holds: Parquet or JSONL query/item rows, or OpenAI-style batch requests (JSONL)."""
 
     PARQUET = "parquet"
     JSONL = "jsonl"
     OPENAI_BATCH = "openai-batch"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 PARQUET, JSONL = FileFormat.PARQUET, FileFormat.JSONL
@@ -53,6 +47,8 @@ _PARTITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)=(.*)$")
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _INTEGER = re.compile(r"[+-]?\d+")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_GLOB_TOKEN = re.compile(r"\*\*/?|\[[^\]]*\]|.", re.DOTALL)  # `**/`, `**`, a closed `[…]`, or one character
+_GLOB_PARTS = {"**/": "(?:[^/]*/)*", "**": ".*", "*": "[^/]*", "?": "[^/]"}
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?")
 
 
@@ -75,6 +71,10 @@ class InputFile:
 
     def __str__(self) -> str:
         return self.location.uri
+
+    def open(self) -> pa.NativeFile:
+        """A stream of the file's bytes, decompressed by its suffix."""
+        return self.location.fs.open_input_stream(self.location.path, compression=self.compression)
 
     def with_partitions(self, record: dict) -> dict:
         """A record with this file's partition values added (a column the file holds wins)."""
@@ -117,8 +117,6 @@ def type_partitions(
                 if texts and all(pattern.fullmatch(text) and _parses(parse, text) for text in texts):
                     parsers[key], types[key] = parse, dtype
                     break
-    if not parsers:
-        return files, types
     typed = [
         dataclasses.replace(
             file,
@@ -170,11 +168,11 @@ def expand(location: Location) -> tuple[list[InputFile], Location | None]:
     """The files an INPUT means, sorted by path, and the directory it reads from (None for one file)."""
     if has_glob(location.path) and location.scheme != HTTP:
         return _glob(location)
-    info = _info(location)
+    info = file_info(location)
     if info.type == pafs.FileType.NotFound:
         raise InputError(f"input {location.uri!r} does not exist")
     if info.type == pafs.FileType.Directory:
-        return _directory(location), location
+        return directory_files(location), location
     known = file_format(location.name)
     if known is None:
         raise InputError(
@@ -184,14 +182,15 @@ def expand(location: Location) -> tuple[list[InputFile], Location | None]:
     return [InputFile(location, *known, partitions_of(location.path))], None
 
 
-def _info(location: Location) -> pafs.FileInfo:
+def file_info(location: Location) -> pafs.FileInfo:
+    """What is at a location (NotFound also where the store raises for it)."""
     try:
         return location.info()
     except FileNotFoundError:
         return pafs.FileInfo(location.path, pafs.FileType.NotFound)
 
 
-def _directory(location: Location) -> list[InputFile]:
+def directory_files(location: Location) -> list[InputFile]:
     """A directory's data files and those of its hive partition directories (open_source refuses a format mix)."""
     # only hive partition directories are read below a directory; data files elsewhere are named in a warning
     skipped: list[str] = []
@@ -223,7 +222,7 @@ def _glob(location: Location) -> tuple[list[InputFile], Location]:
     base_uri = "/".join(uri_segments[: len(uri_segments) - (len(segments) - fixed)])
     base = Location(location.fs, base_path, base_uri, location.scheme)
     pattern = _glob_regex("/".join(segments[fixed:]))
-    files = _files_below(base, pattern.fullmatch) if _info(base).type == pafs.FileType.Directory else []
+    files = _files_below(base, pattern.fullmatch) if file_info(base).type == pafs.FileType.Directory else []
     if not files:
         raise InputError(f"input {location.uri!r} matches no .parquet or .jsonl files")
     return files, base
@@ -251,36 +250,17 @@ def _files_below(
 
 def _glob_regex(pattern: str) -> re.Pattern:
     """A glob over '/'-separated paths: * ? […] within a segment, ** across segments."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        char = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:[^/]*/)*")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if char == "*":
-            out.append("[^/]*")
-        elif char == "?":
-            out.append("[^/]")
-        elif char == "[":
-            end = pattern.find("]", i + 1)
-            if end == -1:
-                out.append(re.escape(char))
-            else:
-                body = pattern[i + 1 : end].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = end
-        else:
-            out.append(re.escape(char))
-        i += 1
-    return re.compile("".join(out))
+    return re.compile("".join(_glob_part(token) for token in _GLOB_TOKEN.findall(pattern)))
+
+
+def _glob_part(token: str) -> str:
+    """One token of a glob as a regular expression (a `[` never closed stands for itself)."""
+    if token in _GLOB_PARTS:
+        return _GLOB_PARTS[token]
+    if len(token) == 1:
+        return re.escape(token)
+    body = token[1:-1].replace("\\", "\\\\")
+    return f"[^{body[1:]}]" if body.startswith("!") else f"[{body}]"
 
 
 def check_one_format(files: list[InputFile], label: str) -> FileFormat:

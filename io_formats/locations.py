@@ -44,7 +44,7 @@ from score_batch.io_formats.writers import (
     AtomicTableWriter,
     durable_replace,
     exclusive_temp,
-    fsync_directory,
+    fsync_path,
     local_temp_file,
 )
 
@@ -243,10 +243,7 @@ class Location:
         for info in parent._listing():
             if info.base_name.startswith(prefix):
                 leftover = parent.child(info.base_name)
-                if info.type == pafs.FileType.Directory:
-                    leftover.delete_tree()
-                else:
-                    leftover.delete()
+                (leftover.delete_tree if info.type == pafs.FileType.Directory else leftover.delete)()
                 removed.append(leftover.uri)
         return removed
 
@@ -310,11 +307,7 @@ class Location:
         """Make a finished local directory this one (replacing an old one): `_SUCCESS` marks it complete. On an
         object store check() runs before each file's upload and may raise to stop (nothing replaced yet)."""
         if not self.local:
-            files = sorted(
-                path.relative_to(local).as_posix()
-                for path in local.rglob("*")
-                if path.is_file() and path.relative_to(local).as_posix() != SUCCESS
-            )
+            files = Location.on_disk(local)._files_below()
             staging = self.temp_sibling()
             try:
                 for name in files:
@@ -335,20 +328,24 @@ class Location:
             shutil.rmtree(old, ignore_errors=True)
         else:
             local.rename(path)
-        fsync_directory(path.parent)
+        fsync_path(path.parent)
 
     def replace_with(self, staging: Location) -> None:
         """Make a finished staging directory on the same store (temp_sibling) this one, `_SUCCESS` last."""
         if self.local:
             self.publish_directory(Path(staging.path))
             return
-        base = staging.path.rstrip("/")
+        self._replace(staging, staging._files_below())
+
+    def _files_below(self) -> list[str]:
+        """The files below this directory by their path relative to it, sorted; its `_SUCCESS` left out."""
+        base = self.path.rstrip("/")
         names = sorted(
             info.path[len(base) :].lstrip("/")
-            for info in staging.fs.get_file_info(pafs.FileSelector(base, recursive=True))
+            for info in self.fs.get_file_info(pafs.FileSelector(base, recursive=True))
             if info.type == pafs.FileType.File and not info.path.endswith("/")
         )
-        self._replace(staging, [name for name in names if name != SUCCESS])
+        return [name for name in names if name != SUCCESS]
 
     def _replace(self, staging: Location, names: list[str]) -> None:
         """The staged objects moved here (server-side copies), replacing what was there (--overwrite, already

@@ -70,8 +70,7 @@ class ParquetReader:
         for file, dtype in present[1:]:
             merged = unify(unified, dtype)
             if merged is None:
-                first = next(f for f, t in present if unify(t, dtype) is None)
-                kind = dict(present)[first]
+                first, kind = next((f, t) for f, t in present if unify(t, dtype) is None)
                 raise InputError(
                     f"{self.label}: files disagree on column {name!r}: {kind} in {first}, {dtype} in {file}"
                 )
@@ -99,13 +98,9 @@ class ParquetReader:
             if unit is not None and info.file != unit[0]:
                 continue
             groups = None if unit is None else [unit[1]]
+            text = [n for n in dictionary if n in info.schema.names and _is_text(info.schema.field(n).type)]
             try:
                 with _open(info.file) as handle:
-                    text = [
-                        n
-                        for n in dictionary
-                        if n in info.schema.names and _is_text(info.schema.field(n).type)
-                    ]
                     parquet = pq.ParquetFile(handle, read_dictionary=text)
                     names = [name for name in columns if name in parquet.schema_arrow.names]
                     for batch in parquet.iter_batches(

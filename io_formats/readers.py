@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from score_batch.choices import HiveTypes, RequestedFormat
-from score_batch.io_formats.batch_requests import BatchFileReader, looks_like_openai_batch
+from score_batch.io_formats.batch_requests import ENVELOPE, BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
@@ -22,7 +22,6 @@ from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolv
 from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
 
 STDIN = "-"
-BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
 
 
 # A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows, records
@@ -230,7 +229,7 @@ def _batch_rows(first: int, batch: pa.RecordBatch, file: InputFile, mapping: Col
 def input_mapping(source: InputSource, overrides: ColumnOverrides) -> ColumnMapping:
     """The column mapping of an input, from the columns of all its files or all its JSONL lines."""
     columns = reader(source).columns()
-    if columns is not None and BATCH_ENVELOPE <= set(columns) and not overrides.query_col:
+    if columns is not None and set(ENVELOPE) <= set(columns) and not overrides.query_col:
         if "query" not in columns and "query_tokens" not in columns:
             raise InputError(
                 f"{source.label}: the lines are OpenAI batch requests (custom_id, url, body), not query/item "

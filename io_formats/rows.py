@@ -11,6 +11,7 @@ import pyarrow as pa
 from score_batch.io_formats.schema import ColumnMapping
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_KINDS = {bool: "bool", int: "int", float: "float", str: "text", list: "list"}  # value_kind by exact type
 
 
 @dataclass
@@ -43,10 +44,8 @@ def to_row(index: int, record: Record, mapping: ColumnMapping, types: dict[str, 
         return InputRow(index, None, [None], None, [None], {}, f"line {record.line}: {record.message}")
     problems: list[str] = []
 
-    def value(name: str | None, raw: Any) -> Any:
+    def value(name: str, raw: Any) -> Any:
         """A value that will be written: converted to its column's type; a lone surrogate → None + error."""
-        if name is None:
-            return raw
         if has_surrogate(raw):
             problems.append(f"column {name!r} holds a lone surrogate, which cannot be written as UTF-8")
             return None
@@ -94,20 +93,8 @@ def convert(value: Any, dtype: pa.DataType | None) -> Any:
 
 
 def value_kind(value: Any) -> str | None:
-    """The JSON kind of a value (None for null)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, list):
-        return "list"
-    return "object"
+    """The JSON kind of a value parsed from JSON (None for null; dicts, and other types, are objects)."""
+    return None if value is None else _KINDS.get(type(value), "object")
 
 
 def has_surrogate(value: Any) -> bool:

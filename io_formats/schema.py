@@ -79,19 +79,16 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
         return None
 
     query = pick(overrides.query_col, ("query", "query_tokens"), "--query-col", True)
-    nested_override = overrides.items_col is not None
-    item = None if nested_override else pick(overrides.item_col, ITEM_NAMES, "--item-col", False)
-    if item is None:
-        items = pick(overrides.items_col, ("items", "items_tokens"), "--items-col", True)
-        layout = "nested"
-        item_id = pick(overrides.item_id_col, ("item_ids",), "--item-id-col", False)
-    else:
-        items = item
-        layout = "long"
-        item_id = pick(overrides.item_id_col, ("item_id",), "--item-id-col", False)
+    item = (
+        None if overrides.items_col is not None else pick(overrides.item_col, ITEM_NAMES, "--item-col", False)
+    )
+    long = item is not None
+    items = item if long else pick(overrides.items_col, ("items", "items_tokens"), "--items-col", True)
+    item_id = pick(overrides.item_id_col, ("item_id",) if long else ("item_ids",), "--item-id-col", False)
     key = id_key(overrides.query_id_col, present)
-    query_id = pick(key[0] if key else None, ("query_id",), "--query-id-col", False) if len(key) < 2 else None
-    for column in key if len(key) > 1 else ():
+    composite = key if len(key) > 1 else ()
+    query_id = None if composite else pick(key[0] if key else None, ("query_id",), "--query-id-col", False)
+    for column in composite:
         pick(column, (), "--query-id-col", True)
     for name in overrides.keep_columns:
         if name not in present:
@@ -100,7 +97,7 @@ def resolve_columns(columns: list[str] | None, overrides: ColumnOverrides, sourc
             )
     _check_keep(overrides.keep_columns, query_id, item_id)
     keep = tuple(overrides.keep_columns)
-    return ColumnMapping(layout, query, items, query_id, item_id, keep, key if len(key) > 1 else ())
+    return ColumnMapping("long" if long else "nested", query, items, query_id, item_id, keep, composite)
 
 
 def id_key(query_id_col: str | None, present: set[str] | None = None) -> tuple[str, ...]:
