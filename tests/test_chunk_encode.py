@@ -1,9 +1,10 @@
 """Texts encoded as the words of a few pre-tokenized sequences (engine/text/encode.encode_in_chunks) give each
 text exactly the ids and offsets the tokenizers backend gives it on its own, for every kind of pipeline:
 byte-level BPE, sentencepiece-like Metaspace (prepend "first" and "always"), a Prepend normalizer, BERT's
-WordPiece with its normalizer, and added tokens with every strip/word/normalized flag; and that a window's
-texts through encode_texts (either path: one by one, or in chunks) get the ids and content tokens of
-transformers' own __call__ per text, with and without a template and special tokens."""
+WordPiece with its normalizer, RoBERTa's offset trimming, word-level splits on digits, punctuation and
+scripts, BPE with subword prefix and word suffix, and added tokens with every strip/word/normalized flag;
+and that a window's texts through encode_texts (either path: one by one, or in chunks) get the ids and
+content tokens of transformers' own __call__ per text, with and without a template and special tokens."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import random
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from score_batch.engine.text.encode import backend_encode, encode_in_chunks, encode_texts
@@ -79,6 +80,31 @@ def _kinds() -> dict:
             trainers.WordPieceTrainer(**bpe),
             normalizer=normalizers.BertNormalizer(lowercase=True, strip_accents=True),
             pre_tokenizer=pre_tokenizers.BertPreTokenizer(),
+        ),
+        "roberta-strip": lambda: _train(  # offsets trimmed without a kept prefix space: chunked as well
+            models.BPE(),
+            trainers.BpeTrainer(**bpe, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+            normalizer=normalizers.Strip(),
+            pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=True),
+            post=processors.RobertaProcessing(("<s>", 1), ("<s>", 1), add_prefix_space=False),
+        ),
+        "split-word-level": lambda: _train(
+            models.WordLevel(unk_token="<unk>"),
+            trainers.WordLevelTrainer(special_tokens=["<unk>"]),
+            normalizer=normalizers.Sequence(
+                [normalizers.NFD(), normalizers.StripAccents(), normalizers.Replace(Regex(r"\s+"), " ")]
+            ),
+            pre_tokenizer=pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(r"\d|_"), "isolated", invert=False), pre_tokenizers.Punctuation()]
+                + [pre_tokenizers.UnicodeScripts(), pre_tokenizers.WhitespaceSplit()]
+            ),
+        ),
+        "bpe-suffix": lambda: _train(
+            models.BPE(unk_token="<unk>", continuing_subword_prefix="##", end_of_word_suffix="</w>"),
+            trainers.BpeTrainer(**bpe, continuing_subword_prefix="##", end_of_word_suffix="</w>"),
+            normalizer=normalizers.Lowercase(),
+            pre_tokenizer=pre_tokenizers.Whitespace(),
+            post=processors.BertProcessing(("<s>", 1), ("<s>", 1)),
         ),
     }
 

@@ -143,10 +143,10 @@ def backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> tup
 
 
 def _keeps_first_space(processor) -> bool:
-    """Whether a post-processor (ByteLevel or RobertaProcessing, alone or in a Sequence) trims offsets but keeps
-    the one leading space of a sequence's first token: it takes a token for the first when its offsets start
-    at 0, which a text's first token in a chunk fails where the normalizer dropped the text's first characters
-    (" b" stripped to "b": (1, 2) on its own, (2, 2) as a chunk's second word)."""
+    """Whether a post-processor (ByteLevel or RobertaProcessing, alone or in a Sequence) trims offsets but
+    keeps the one leading space of a sequence's first token: it takes a token for the first when its offsets
+    start at 0, which a text's first token in a chunk fails where the normalizer dropped the text's first
+    characters (" b" stripped to "b": (1, 2) on its own, (2, 2) as a chunk's second word)."""
     if processor is None:
         return False
     stack = [json.loads(processor.__getstate__())]
