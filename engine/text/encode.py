@@ -134,9 +134,9 @@ def backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> tup
     backend = _backend(tokenizer)
     if backend is None:
         return None
-    few = len(texts) < 8 * (os.cpu_count() or 1)  # chunks too few to keep the backend's threads busy
-    specials = add_special_tokens and backend.num_special_tokens_to_add(False)  # each text's own specials
-    if few or specials or _keeps_first_space(backend.post_processor):
+    # chunks too few to keep the backend's threads busy, or offsets only texts encoded one by one keep
+    few = len(texts) < 8 * (os.cpu_count() or 1) or _keeps_first_space(backend.post_processor)
+    if few or (add_special_tokens and backend.num_special_tokens_to_add(False)):  # or each text's specials
         encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens, is_pretokenized=False)
         return [encoding.ids for encoding in encodings], encodings
     return encode_in_chunks(backend, texts, add_special_tokens)
