@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -133,11 +134,28 @@ def backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> tup
     backend = _backend(tokenizer)
     if backend is None:
         return None
-    few = len(texts) < 8 * (os.cpu_count() or 1)  # chunks too few to keep the backend's threads busy
+    # chunks too few to keep the backend's threads busy, or offsets only texts encoded one by one keep
+    few = len(texts) < 8 * (os.cpu_count() or 1) or _keeps_first_space(backend.post_processor)
     if few or (add_special_tokens and backend.num_special_tokens_to_add(False)):  # or each text's specials
         encodings = backend.encode_batch(texts, add_special_tokens=add_special_tokens, is_pretokenized=False)
         return [encoding.ids for encoding in encodings], encodings
     return encode_in_chunks(backend, texts, add_special_tokens)
+
+
+def _keeps_first_space(processor) -> bool:
+    """Whether a post-processor (ByteLevel or RobertaProcessing, alone or in a Sequence) trims offsets but
+    keeps the one leading space of a sequence's first token: it takes a token for the first when its offsets
+    start at 0, which a text's first token in a chunk fails where the normalizer dropped the text's first
+    characters (" b" stripped to "b": (1, 2) on its own, (2, 2) as a chunk's second word)."""
+    if processor is None:
+        return False
+    stack = [json.loads(processor.__getstate__())]
+    while stack:
+        state = stack.pop()
+        stack.extend(state.get("processors", ()))
+        if state.get("trim_offsets") and state.get("add_prefix_space"):
+            return True
+    return False
 
 
 def encode_in_chunks(backend, texts: list[str], add_special_tokens: bool) -> tuple[list, Sequence]:
