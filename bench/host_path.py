@@ -157,17 +157,18 @@ class TokenizerLookup:
         table = pq.read_table(path, columns=["query", "item"])
         queries = list(dict.fromkeys(table["query"].to_pylist()))
         items = list(dict.fromkeys(table["item"].to_pylist()))
-        self.cache = {}
-        for special, texts in ((True, queries), (False, items)):
-            ids, offsets = self.original(tokenizer, texts, special)
-            self.cache.update(((special, text), pair) for text, pair in zip(texts, zip(ids, offsets)))
+        self.cache = {
+            (True, text): encoding for text, encoding in zip(queries, self.original(tokenizer, queries, True))
+        }
+        self.cache.update(
+            ((False, text), encoding) for text, encoding in zip(items, self.original(tokenizer, items, False))
+        )
 
     def __enter__(self):
         cache = self.cache
 
         def lookup(tokenizer, texts, add_special_tokens):
-            found = [cache[(add_special_tokens, text)] for text in texts]
-            return [ids for ids, _ in found], [offsets for _, offsets in found]
+            return [cache[(add_special_tokens, text)] for text in texts]
 
         self.module.backend_encode = lookup
         return self

@@ -13,7 +13,6 @@ from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
 from score_batch import demo_model_path
 from score_batch.engine.model.loading import load_tokenizer
-from score_batch.engine.text import encode
 from score_batch.engine.text.backend_tokenizer import BackendTokenizer, backend_tokenizer
 from tests.test_batch_tokenize import WORDS
 from tests.tiny_models import build_tokenizer
@@ -54,9 +53,9 @@ def test_answers_equal_transformers(directory):
                 text, add_special_tokens=special
             )
         batch = theirs(texts, add_special_tokens=special, return_offsets_mapping=True)
-        ids, offsets = encode.backend_encode(ours, texts, special)
-        assert ids == batch["input_ids"]
-        assert [o.offsets for o in offsets] == [list(map(tuple, o)) for o in batch["offset_mapping"]]
+        encodings = ours.encode_batch(texts, add_special_tokens=special)
+        assert [e.ids for e in encodings] == batch["input_ids"]
+        assert [e.offsets for e in encodings] == [list(map(tuple, o)) for o in batch["offset_mapping"]]
     # anything else is transformers' own tokenizer, loaded on first use
     assert ours("a query", " an item")["input_ids"] == theirs("a query", " an item")["input_ids"]
     assert ours.transformers_tokenizer().get_vocab() == theirs.get_vocab()

@@ -126,13 +126,3 @@ def test_token_ids_are_checked_as_before():
     assert "token id 2.0 " in truncation.check_ids([1, 2.0], 4, "q")  # a float is not a token id
     assert "token id 'a' " in truncation.check_ids([1, "a"], 4, "q")
     assert truncation.check_ids([True, 2], 4, "q") is None  # as the per-token check always took bools
-
-
-@pytest.mark.parametrize("count", [1, 15, 16, 300])  # per text below 8 texts a thread (2 here), chunked above
-def test_few_and_many_texts_with_and_without_special_tokens(tokenizer, count):
-    texts = [" ".join(random.Random(k).choice(WORDS) for _ in range(k % 7)) for k in range(count)]
-    for special in (False, True):
-        ids, offsets = encode.backend_encode(tokenizer, texts, special)
-        batch = tokenizer(texts, add_special_tokens=special, return_offsets_mapping=True)
-        assert ids == batch["input_ids"]
-        assert [o.offsets for o in offsets] == [list(map(tuple, o)) for o in batch["offset_mapping"]]

@@ -74,10 +74,9 @@ class BackendTokenizer:
             )
         return self._transformers
 
-    @property
-    def backend_tokenizer(self):
-        """The tokenizers.Tokenizer, set as transformers' __call__ runs it (no truncation or padding)."""
-        return self._backend
+    def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list:
+        """tokenizers Encodings of texts, as transformers' __call__ encodes them (no truncation or padding)."""
+        return self._backend.encode_batch(texts, add_special_tokens=add_special_tokens, is_pretokenized=False)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of one text."""
