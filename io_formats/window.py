@@ -27,7 +27,7 @@ Values = pa.Array | list  # a column of a window: Arrow as read, or Python value
 
 @dataclass(frozen=True)
 class Window:
-    """Input rows as columns (see the module); a reader's windows are consecutive rows, a Ray batch's any."""
+    """Input rows as columns (see the module): a reader's consecutive rows, or a Ray batch's (in input order)."""
 
     index: np.ndarray  # [rows] int64: each row's index in the input (JSONL: line number - 1)
     query_codes: np.ndarray  # [rows] int64: the row's query in query_values; -1 when the row has none
@@ -97,27 +97,6 @@ class Window:
     def rows(self) -> list[InputRow]:
         """Every row as an InputRow (tests and the Python API; the run loop reads columns)."""
         return [self.row(row) for row in range(self.num_rows)]
-
-    def take(self, rows: np.ndarray) -> Window:
-        """The rows at these positions, in this order, as a window of their own (holding only their queries)."""
-        rows = np.asarray(rows, np.int64)
-        starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]  # [rows]
-        ends = np.cumsum(counts)
-        items = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
-        taken, held = self.query_codes[rows], self.query_codes[rows] >= 0  # [rows]
-        codes = np.full(len(rows), -1, np.int64)
-        codes[held], firsts = appearance_codes(taken[held])  # the taken rows' queries, renumbered
-        return Window(
-            self.index[rows],
-            codes,
-            [self.query_values[code] for code in taken[held][firsts].tolist()],
-            [self.items[i] for i in items.tolist()],
-            np.concatenate([[0], ends]).astype(np.int64),
-            None if self.query_ids is None else pick(self.query_ids, rows),
-            {name: pick(values, rows) for name, values in self.kept.items()},
-            pick(self.item_ids, items),
-            [self.errors[r] for r in rows.tolist()],
-        )
 
     def slice(self, start: int, stop: int) -> Window:
         """Rows start..stop-1 as a window of their own."""
