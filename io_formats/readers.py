@@ -13,7 +13,6 @@ import pyarrow as pa
 
 from score_batch.choices import HiveTypes, RequestedFormat
 from score_batch.io_formats.batch_requests import BatchFileReader, looks_like_openai_batch
-from score_batch.io_formats.columns import ERROR, ITEM_ID, ROW_INDEX
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
@@ -21,7 +20,16 @@ from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
 from score_batch.io_formats.rows import InputRow, to_row  # noqa: F401 (InputRow: re-exported)
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
-from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
+from score_batch.io_formats.window import (
+    ERROR_COLUMN,
+    ITEM_ID_COLUMN,
+    ROW_COLUMN,
+    Window,
+    concat,
+    from_rows,
+    json_window,
+    long_window,
+)
 
 STDIN = "-"
 BATCH_ENVELOPE = {"custom_id", "url", "body"}  # the keys of an OpenAI batch request line
@@ -222,13 +230,14 @@ def batch_window(
 def table_window(table: pa.Table, mapping: ColumnMapping, types) -> Window:
     """A window_table's rows (a Ray batch's, in any order) as one window in input order: read as a local run
     reads a batch (batch_window), each row with the error (and generated item ids) found when it was read."""
-    table = table.sort_by(ROW_INDEX)
+    table = table.sort_by(ROW_COLUMN)
     batch = pa.record_batch([column.combine_chunks() for column in table.columns], schema=table.schema)
-    window = batch_window(table[ROW_INDEX].to_numpy(), batch, {}, mapping, types)
+    window = batch_window(table[ROW_COLUMN].to_numpy(), batch, {}, mapping, types)
     item_ids = window.item_ids
     if mapping.item_id is None:
-        item_ids = batch.column(ITEM_ID).flatten() if mapping.layout == "nested" else batch.column(ITEM_ID)
-    return replace(window, errors=table[ERROR].to_pylist(), item_ids=item_ids)
+        item_ids = batch.column(ITEM_ID_COLUMN)
+        item_ids = item_ids.flatten() if mapping.layout == "nested" else item_ids
+    return replace(window, errors=table[ERROR_COLUMN].to_pylist(), item_ids=item_ids)
 
 
 def _batch_rows(

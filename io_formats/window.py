@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from score_batch.io_formats.columns import ERROR, ITEM_ID, ROW_INDEX
 from score_batch.io_formats.jsonl import BOM  # pyarrow skips one starting a block, Python's json refuses it
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, InputRow, convert, has_surrogate, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+# window_table's columns beside the input's (named so that no input column takes them)
+ROW_COLUMN, ERROR_COLUMN, ITEM_ID_COLUMN = "__row_index", "__error", "__item_id"
 TEXT_OR_IDS = pa.dense_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
@@ -322,7 +323,7 @@ def window_table(
     offsets = pa.array(window.offsets.astype(np.int32))
     items = _texts(window.items, texts[1])
     columns = {
-        ROW_INDEX: pa.array(window.index),
+        ROW_COLUMN: pa.array(window.index),
         mapping.query: queries,
         mapping.items: pa.ListArray.from_arrays(offsets, items) if nested else items,
     }
@@ -333,9 +334,9 @@ def window_table(
         columns[mapping.query_id] = _typed(window.query_ids, types[mapping.query_id])
     id_type = types[mapping.item_id] if mapping.item_id else pa.int64()  # nested: the lists' element type
     ids = _typed(window.item_ids, id_type)
-    columns[mapping.item_id or ITEM_ID] = pa.ListArray.from_arrays(offsets, ids) if nested else ids
+    columns[mapping.item_id or ITEM_ID_COLUMN] = pa.ListArray.from_arrays(offsets, ids) if nested else ids
     columns.update((name, _typed(window.kept[name], types[name])) for name in mapping.keep)
-    columns[ERROR] = pa.array(window.errors, pa.string())
+    columns[ERROR_COLUMN] = pa.array(window.errors, pa.string())
     return pa.table(columns)
 
 
