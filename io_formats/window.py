@@ -312,12 +312,13 @@ def window_table(
     window: Window, mapping: ColumnMapping, types, texts: tuple[pa.DataType, pa.DataType]
 ) -> pa.Table:
     """A window as the input's own columns (ids and kept columns typed as `types`, hive values among them, a
-    composite key as its columns; texts: the query's and the items' text_type) with each row's index and error
-    (and item ids where the input has none: positions, row indexes, null for a line that is not JSON): what a
-    Ray run moves. readers.table_window turns it back into the window, as a local run reads a batch."""
+    composite key as its columns; texts: the query's and the items' text_type, a text query dictionary-encoded)
+    with each row's index and error (and item ids where the input has none: positions, row indexes, null for a
+    line that is not JSON): what a Ray run moves. readers.table_window reads it back as a local run a batch."""
     codes, nested = window.query_codes, mapping.layout == "nested"  # [rows]
-    if texts[0] == pa.string():  # each distinct query converted once
-        queries = _texts(window.query_values, pa.string()).take(pa.array(codes, mask=codes < 0))
+    if texts[0] == pa.string():  # dictionary-encoded: each distinct query held once
+        distinct = _texts(window.query_values, pa.string())
+        queries = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), distinct)
     else:
         queries = _texts([window.query_values[c] if c >= 0 else None for c in codes.tolist()], texts[0])
     offsets = pa.array(window.offsets.astype(np.int32))
