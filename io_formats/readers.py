@@ -29,6 +29,7 @@ from score_batch.io_formats.window import (
     from_rows,
     json_window,
     long_window,
+    python,
 )
 
 STDIN = "-"
@@ -233,11 +234,14 @@ def table_window(table: pa.Table, mapping: ColumnMapping, types) -> Window:
     table = table.sort_by(ROW_COLUMN)
     batch = pa.record_batch([column.combine_chunks() for column in table.columns], schema=table.schema)
     window = batch_window(table[ROW_COLUMN].to_numpy(), batch, {}, mapping, types)
-    item_ids = window.item_ids
+    item_ids, query_ids, errors = window.item_ids, window.query_ids, table[ERROR_COLUMN].to_pylist()
     if mapping.item_id is None:
         item_ids = batch.column(ITEM_ID_COLUMN)
         item_ids = item_ids.flatten() if mapping.layout == "nested" else item_ids
-    return replace(window, errors=table[ERROR_COLUMN].to_pylist(), item_ids=item_ids)
+    unread = [error is not None and error.startswith("line ") for error in errors]  # not JSON (rows.to_row)
+    if mapping.query_key and any(unread):  # such a line has no composite key at all, not one of nulls
+        query_ids = [None if gone else key for gone, key in zip(unread, python(query_ids))]
+    return replace(window, errors=errors, item_ids=item_ids, query_ids=query_ids)
 
 
 def _batch_rows(
