@@ -3,8 +3,9 @@ Scorers → Parquet dir.
 
 Read units (Parquet row groups, whole JSONL files) are read in Ray tasks by io_formats' readers (docs/ray.md:
 why) into windows, which travel as the input's own columns (io_formats/window.window_table: Arrow, nothing
-pickled); a sort-based shuffle gathers each query's rows from every unit into one row of lists. Actors read a batch back as a local run reads a batch (readers.table_window) and score it
-with the local run's scoring step (job/scoring.score_window), so scores and schema match it, plus `row_index`.
+pickled); a sort-based shuffle gathers each query's rows from every unit into one row of lists. Actors read a
+batch back as a local run reads a batch (readers.table_window) and score it with the local run's scoring step
+(job/scoring.score_window), so scores and schema match it, plus `row_index`.
 --reuse's joined earlier values wait in a file beside OUTPUT, read by the actors. Ray tasks write the scored
 blocks as Parquet into a StagedDirectorySink, named by their rows (a retried task rewrites its own file),
 published whole.
