@@ -22,7 +22,7 @@ from score_batch.io_formats.schema import ColumnMapping
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
 # window_table's columns beside the input's (named so that no input column takes them)
 ROW_COLUMN, ERROR_COLUMN, ITEM_ID_COLUMN = "__row_index", "__error", "__item_id"
-TEXT_OR_IDS = pa.dense_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
+TEXT_OR_IDS = pa.sparse_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
 
@@ -301,7 +301,7 @@ def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa
 
 def text_type(dtype: pa.DataType, nested: bool) -> pa.DataType:
     """How a query or item column's values travel in window_table: as text where the input's column holds text
-    (nested: lists of text), else as text or token ids (TEXT_OR_IDS: token ids, a mix, nulls only)."""
+    (nested: lists of text), else as text or token ids (TEXT_OR_IDS, a sparse union: token ids, a mix, nulls only)."""
     if nested:
         listed = pa.types.is_list(dtype) or pa.types.is_large_list(dtype)
         dtype = dtype.value_type if listed else pa.null()
@@ -356,16 +356,12 @@ def _texts(values: list, dtype: pa.DataType) -> pa.Array:
             return pa.array(values, dtype)
         except (pa.ArrowException, UnicodeError):
             return pa.array([v if _is_text(v) else None for v in values], dtype)
-    text = np.fromiter(map(_is_text, values), bool, len(values))  # [values]
-    ids = [v if _is_ids(v) else None for v, t in zip(values, text.tolist()) if not t]
-    offsets = np.where(text, np.cumsum(text), np.cumsum(~text)) - 1
+    text = [_is_text(v) for v in values]  # [values]
     children = [
-        pa.array([v for v, t in zip(values, text.tolist()) if t], pa.string()),
-        pa.array(ids, dtype[1].type),
-    ]
-    return pa.UnionArray.from_dense(
-        pa.array((~text).astype(np.int8)), pa.array(offsets.astype(np.int32)), children, ["text", "ids"]
-    )
+        pa.array([v if t else None for v, t in zip(values, text)], pa.string()),
+        pa.array([v if not t and _is_ids(v) else None for v, t in zip(values, text)], dtype[1].type),
+    ]  # sparse: Ray's serializer takes slices of it (not of a dense union)
+    return pa.UnionArray.from_sparse(pa.array(np.logical_not(text), pa.int8()), children, ["text", "ids"])
 
 
 def _is_text(value: Any) -> bool:

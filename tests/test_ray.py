@@ -451,3 +451,27 @@ def test_a_window_as_the_inputs_arrow_columns_reads_back_as_the_same_window(tmp_
             ]
             assert window.query_id_values() == back.query_id_values()
             assert all(python(window.kept[name]) == python(back.kept[name]) for name in mapping.keep)
+
+
+def test_ray_takes_token_ids_mixed_with_text_and_a_bad_line_as_a_local_run(qwen3_causal, tmp_path):
+    """A JSONL query column mixing text and token ids travels as Arrow's text-or-ids union: same rows, scores
+    and messages as a local run."""
+    pytest.importorskip("ray")
+    lines = [json.dumps({"query": "Tokyo is a city in", "item": f" item {k}"}) for k in range(4)]
+    lines += [
+        json.dumps({"query": [1, 2, 3, 4], "item": [5, 6]}),
+        "{not json",
+        json.dumps({"query": [1, 2, 3, 4], "item": [7]}),
+    ]
+    lines += [json.dumps({"query": "Tokyo is a city in", "item": ["not", "ids"]})]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    common = [src, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "record", "-q"]
+    local = run_cli(*common, "-o", tmp_path / "local.parquet")
+    assert local.returncode == 0, local.stderr
+    result = run_cli(*common, "-o", tmp_path / "out", "--ray", "--num-workers", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = _compare(tmp_path / "out", tmp_path / "local.parquet", error_column=True)
+    errors = got.column("error").to_pylist()
+    assert [e is None for e in errors] == [True] * 5 + [False, True, False]  # token ids scored
+    assert errors[5].startswith("row 5: line 6:")
