@@ -344,7 +344,7 @@ def test_ray_moves_the_inputs_own_columns_as_arrow_and_scores_as_a_local_run_bit
     """What reaches a Ray actor is Arrow: the input's own columns (as lists, a query group a row) with the row
     index and the error found at read, nothing pickled; on an input whose query groups straddle the read units
     (row groups and files, each read in its own task), the output equals a local run's bit for bit (one
-    batch: the same groups as the local run's one window, so the same plan)."""
+    batch: the same groups as the local run's one window, so the same plan, both on one torch thread)."""
     pytest.importorskip("ray")
     rows = _rows()
     for k, row in enumerate(rows):
@@ -356,7 +356,9 @@ def test_ray_moves_the_inputs_own_columns_as_arrow_and_scores_as_a_local_run_bit
     pq.write_table(table.slice(0, 40), src / "a.parquet", row_group_size=16)  # groups span row groups
     pq.write_table(table.slice(40), src / "b.parquet", row_group_size=16)  # … and files
     common = [src, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "record", "-q", "--keep-columns", "n"]
-    local = run_cli(*common, "-o", tmp_path / "local.parquet")
+    local = run_cli(
+        *common, "-o", tmp_path / "local.parquet", "--threads", "1"
+    )  # an actor's one torch thread
     assert local.returncode == 0, local.stderr
     schemas = tmp_path / "schemas"
     schemas.mkdir()
