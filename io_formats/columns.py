@@ -13,7 +13,7 @@ RANK = "rank"  # 1 = the best item of its query (with --rank / --top-k)
 ERROR = "error"
 SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scoring settings, query, item)
 QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
-REUSED_FLAG = "__reused"  # Ray actors' batches: the pair's values came from --reuse (counted, never written)
-DUPLICATES = "__duplicates"  # Ray actors' batches: the copies of earlier pairs a row accounts for (ditto)
+REUSED_FLAG = "__reused"  # Ray actors' batches: pairs copied from --reuse (a count, on a batch's first row)
+DUPLICATES = "__duplicates"  # Ray actors' batches: pairs copied from earlier ones (ditto)
 ID_COLUMNS = (QUERY_ID, ITEM_ID)
 ERROR_FIELDS = (ROW_INDEX, QUERY_ID, ITEM_ID, ERROR)  # one line of the errors file

@@ -5,9 +5,10 @@ never an exception or a missing row; problems of the whole input are InputErrors
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from score_batch.choices import HiveTypes, RequestedFormat
@@ -19,7 +20,17 @@ from score_batch.io_formats.locations import Location, parse_location
 from score_batch.io_formats.parquet import BATCH_ROWS, ParquetReader
 from score_batch.io_formats.rows import InputRow, to_row  # noqa: F401 (InputRow: re-exported)
 from score_batch.io_formats.schema import ColumnMapping, ColumnOverrides, resolve_columns
-from score_batch.io_formats.window import Window, concat, from_rows, json_window, long_window
+from score_batch.io_formats.window import (
+    ERROR_COLUMN,
+    ITEM_ID_COLUMN,
+    ROW_COLUMN,
+    Window,
+    concat,
+    from_rows,
+    json_window,
+    long_window,
+    python,
+)
 
 STDIN = "-"
 
@@ -187,9 +198,7 @@ def _window_batches(
     where = None if unit is None else (unit.file, unit.row_group)
     if isinstance(table, ParquetReader):
         for file, batch in table.batches(mapping.read_columns(), where, (mapping.query,) if long else ()):
-            window = long_window(index, batch, dict(file.partitions), mapping, types) if long else None
-            if window is None:
-                window = from_rows(_batch_rows(index, batch, file, mapping, types), *shape)
+            window = batch_window(index, batch, dict(file.partitions), mapping, types)
             index += window.num_rows
             yield window
         return
@@ -205,9 +214,40 @@ def _window_batches(
         yield window
 
 
-def _batch_rows(first: int, batch: pa.RecordBatch, file: InputFile, mapping: ColumnMapping, types) -> list:
-    """A Parquet batch's rows record by record (rows.to_row); a string that is not UTF-8 (Parquet's reader does
-    not check) reads as null and fails its row, naming the column."""
+def batch_window(
+    first: int | np.ndarray, batch: pa.RecordBatch, partitions: dict, mapping: ColumnMapping, types
+) -> Window:
+    """A batch of the input's columns as a window (first: the first row's index, or [rows] each row's;
+    partitions: its file's hive values): column by column where it can (long_window), else record by record."""
+    window = long_window(first, batch, partitions, mapping, types) if mapping.layout == "long" else None
+    if window is None:
+        index = np.arange(first, first + batch.num_rows) if isinstance(first, int) else first
+        rows = _batch_rows(index, batch, partitions, mapping, types)
+        window = from_rows(rows, bool(mapping.id_columns), mapping.keep)
+    return window
+
+
+def table_window(table: pa.Table, mapping: ColumnMapping, types) -> Window:
+    """A window_table's rows (a Ray batch's, in any order) as one window in input order: read as a local run
+    reads a batch (batch_window), each row with the error (and generated item ids) found when it was read."""
+    table = table.sort_by(ROW_COLUMN)
+    batch = pa.record_batch([column.combine_chunks() for column in table.columns], schema=table.schema)
+    window = batch_window(table[ROW_COLUMN].to_numpy(), batch, {}, mapping, types)
+    item_ids, query_ids, errors = window.item_ids, window.query_ids, table[ERROR_COLUMN].to_pylist()
+    if mapping.item_id is None:
+        item_ids = batch.column(ITEM_ID_COLUMN)
+        item_ids = item_ids.flatten() if mapping.layout == "nested" else item_ids
+    unread = [error is not None and error.startswith("line ") for error in errors]  # not JSON (rows.to_row)
+    if mapping.query_key and any(unread):  # such a line has no composite key at all, not one of nulls
+        query_ids = [None if gone else key for gone, key in zip(unread, python(query_ids))]
+    return replace(window, errors=errors, item_ids=item_ids, query_ids=query_ids)
+
+
+def _batch_rows(
+    index: np.ndarray, batch: pa.RecordBatch, partitions: dict, mapping: ColumnMapping, types
+) -> list:
+    """A batch's rows record by record (rows.to_row; [rows] index: each row's); a string that is not UTF-8
+    (Parquet's reader does not check) reads as null and fails its row, naming the column."""
     bad: dict[int, str] = {}  # row → its first column that is not UTF-8
     try:
         records = batch.to_pylist()
@@ -220,7 +260,7 @@ def _batch_rows(first: int, batch: pa.RecordBatch, file: InputFile, mapping: Col
                 except UnicodeDecodeError:
                     record[name] = None
                     bad.setdefault(k, name)
-    rows = [to_row(first + k, file.with_partitions(r), mapping, types) for k, r in enumerate(records)]
+    rows = [to_row(i, {**partitions, **r}, mapping, types) for i, r in zip(index.tolist(), records)]
     for k, name in bad.items():
         rows[k].error = f"column {name!r} holds bytes that are not valid UTF-8"
     return rows

@@ -16,16 +16,19 @@ import numpy as np
 import pyarrow as pa
 
 from score_batch.io_formats.jsonl import BOM  # pyarrow skips one starting a block, Python's json refuses it
-from score_batch.io_formats.rows import InputRow, convert, value_error
+from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, InputRow, convert, has_surrogate, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
+# window_table's columns beside the input's (named so that no input column takes them)
+ROW_COLUMN, ERROR_COLUMN, ITEM_ID_COLUMN = "__row_index", "__error", "__item_id"
+TEXT_OR_IDS = pa.sparse_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
 
 @dataclass(frozen=True)
 class Window:
-    """Input rows as columns (see the module); a reader's windows are consecutive rows, a Ray batch's any."""
+    """Input rows as columns (see the module): a reader's consecutive rows, or a Ray batch's (in input order)."""
 
     index: np.ndarray  # [rows] int64: each row's index in the input (JSONL: line number - 1)
     query_codes: np.ndarray  # [rows] int64: the row's query in query_values; -1 when the row has none
@@ -95,27 +98,6 @@ class Window:
     def rows(self) -> list[InputRow]:
         """Every row as an InputRow (tests and the Python API; the run loop reads columns)."""
         return [self.row(row) for row in range(self.num_rows)]
-
-    def take(self, rows: np.ndarray) -> Window:
-        """The rows at these positions, in this order, as a window of their own (holding only their queries)."""
-        rows = np.asarray(rows, np.int64)
-        starts, counts = self.offsets[rows], np.diff(self.offsets)[rows]  # [rows]
-        ends = np.cumsum(counts)
-        items = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
-        taken, held = self.query_codes[rows], self.query_codes[rows] >= 0  # [rows]
-        codes = np.full(len(rows), -1, np.int64)
-        codes[held], firsts = appearance_codes(taken[held])  # the taken rows' queries, renumbered
-        return Window(
-            self.index[rows],
-            codes,
-            [self.query_values[code] for code in taken[held][firsts].tolist()],
-            [self.items[i] for i in items.tolist()],
-            np.concatenate([[0], ends]).astype(np.int64),
-            None if self.query_ids is None else pick(self.query_ids, rows),
-            {name: pick(values, rows) for name, values in self.kept.items()},
-            pick(self.item_ids, items),
-            [self.errors[r] for r in rows.tolist()],
-        )
 
     def slice(self, start: int, stop: int) -> Window:
         """Rows start..stop-1 as a window of their own."""
@@ -239,10 +221,11 @@ def from_rows(rows: list[InputRow], query_ids: bool, keep: tuple[str, ...]) -> W
 
 
 def long_window(
-    first: int, batch: pa.RecordBatch, partitions: dict[str, Any], mapping: ColumnMapping, types
+    first: int | np.ndarray, batch: pa.RecordBatch, partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
-    """A long-layout Parquet batch column by column, as from_rows(to_row(...)) would give it (partitions: the
-    file's hive values), or None when it needs to_row's checks (not valid text, a type not the input's)."""
+    """A long-layout Parquet batch column by column, as from_rows(to_row(...)) would give it (first: the first
+    row's index, or [rows] each row's; partitions: the file's hive values), or None when it needs to_row's
+    checks (not valid text, a type not the input's)."""
     schema = batch.schema
     text = (pa.string(), pa.large_string())
     for name in (mapping.query, mapping.items):
@@ -280,9 +263,10 @@ def long_window(
             errors[k] = missing_query
         for k in np.flatnonzero(items.is_null().to_numpy(zero_copy_only=False)).tolist():
             errors[k] = errors[k] or missing_item
-    item_ids = column(mapping.item_id) if mapping.item_id else pa.array(np.arange(first, first + n))
+    index = np.arange(first, first + n, dtype=np.int64) if isinstance(first, int) else first
+    item_ids = column(mapping.item_id) if mapping.item_id else pa.array(index)
     return Window(
-        np.arange(first, first + n, dtype=np.int64),
+        index,
         codes,
         queries.dictionary.to_pylist(),
         items.to_pylist(),
@@ -313,6 +297,81 @@ def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa
     fields = key_type(key, types)
     children = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, fields)]
     return pa.StructArray.from_arrays(children, fields=list(fields))
+
+
+def text_type(dtype: pa.DataType, nested: bool) -> pa.DataType:
+    """How a query or item column's values travel in window_table: as text where the input's column holds text
+    (nested: lists of text), else as text or token ids (TEXT_OR_IDS, a sparse union: token ids, a mix, nulls only)."""
+    if nested:
+        listed = pa.types.is_list(dtype) or pa.types.is_large_list(dtype)
+        dtype = dtype.value_type if listed else pa.null()
+    return pa.string() if _plain(dtype) in (pa.string(), pa.large_string()) else TEXT_OR_IDS
+
+
+def window_table(
+    window: Window, mapping: ColumnMapping, types, texts: tuple[pa.DataType, pa.DataType]
+) -> pa.Table:
+    """A window as the input's own columns (ids and kept columns typed as `types`, hive values among them, a
+    composite key as its columns; texts: the query's and the items' text_type, a text query dictionary-encoded)
+    with each row's index and error (and item ids where the input has none: positions, row indexes, null for a
+    line that is not JSON): what a Ray run moves. readers.table_window reads it back as a local run a batch."""
+    codes, nested = window.query_codes, mapping.layout == "nested"  # [rows]
+    if texts[0] == pa.string():  # dictionary-encoded: each distinct query held once
+        distinct = _texts(window.query_values, pa.string())
+        queries = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), distinct)
+    else:
+        queries = _texts([window.query_values[c] if c >= 0 else None for c in codes.tolist()], texts[0])
+    offsets = pa.array(window.offsets.astype(np.int32))
+    items = _texts(window.items, texts[1])
+    columns = {
+        ROW_COLUMN: pa.array(window.index),
+        mapping.query: queries,
+        mapping.items: pa.ListArray.from_arrays(offsets, items) if nested else items,
+    }
+    if mapping.query_key:
+        key = _typed(window.query_ids, key_type(mapping.query_key, types))
+        columns.update(zip(mapping.query_key, key.flatten()))
+    elif mapping.query_id:
+        columns[mapping.query_id] = _typed(window.query_ids, types[mapping.query_id])
+    id_type = types[mapping.item_id] if mapping.item_id else pa.int64()  # nested: the lists' element type
+    ids = _typed(window.item_ids, id_type)
+    columns[mapping.item_id or ITEM_ID_COLUMN] = pa.ListArray.from_arrays(offsets, ids) if nested else ids
+    columns.update((name, _typed(window.kept[name], types[name])) for name in mapping.keep)
+    columns[ERROR_COLUMN] = pa.array(window.errors, pa.string())
+    return pa.table(columns)
+
+
+def _typed(values: Values, dtype: pa.DataType) -> pa.Array:
+    """A column's values as its input type (a dictionary one as its values' type)."""
+    dtype = _plain(dtype)
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values if values.type == dtype else values.cast(dtype)
+    return pa.array(values, dtype)
+
+
+def _texts(values: list, dtype: pa.DataType) -> pa.Array:
+    """Queries or items as text (pa.string()) or TEXT_OR_IDS; a value neither can hold (a row's error) is null."""
+    if dtype == pa.string():
+        try:
+            return pa.array(values, dtype)
+        except (pa.ArrowException, UnicodeError):
+            return pa.array([v if _is_text(v) else None for v in values], dtype)
+    text = [_is_text(v) for v in values]  # [values]
+    children = [
+        pa.array([v if t else None for v, t in zip(values, text)], pa.string()),
+        pa.array([v if not t and _is_ids(v) else None for v, t in zip(values, text)], dtype[1].type),
+    ]  # sparse: Ray's serializer takes slices of it (not of a dense union)
+    return pa.UnionArray.from_sparse(pa.array(np.logical_not(text), pa.int8()), children, ["text", "ids"])
+
+
+def _is_text(value: Any) -> bool:
+    """Text Arrow holds (a lone surrogate is the row's error)."""
+    return isinstance(value, str) and not has_surrogate(value)
+
+
+def _is_ids(value: Any) -> bool:
+    """Token ids Arrow's int64 holds (a value out of range is the row's error)."""
+    return isinstance(value, list) and all(type(v) is int and INT64_MIN <= v <= INT64_MAX for v in value)
 
 
 def json_window(

@@ -21,7 +21,7 @@ from score_batch.job.preflight import Checked, run_contract
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RunConfig
-from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
+from score_batch.job.scoring import Prepared, WindowTools, prepare, score_window
 from score_batch.job.sinks import open_sink
 from score_batch.job.windows import group_sizes
 
@@ -137,16 +137,13 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
                 continue
             if config.on_error == "fail":
                 _fail_on_unreadable_row(window, source)
-            prepared = planned(prepared, tools)
-            phase.advance(len(prepared.reused) + len(prepared.copies))  # copied pairs are done already
-            part, scored = score(prepared, tools, scorer, phase.advance)
+            part, scored = score_window(prepared, tools, scorer, phase.advance)
             try:
                 enforce_fail(tools.contract, part, source.label)  # a dry run stops where the real run would
             except UserError:
                 phase.add(dataclasses.replace(scored, written=False))
                 raise
             phase.add(scored)
-            tools.pairs.add(part)
             if not config.dry_run:
                 sink.write(number, part, tools.contract, prepared.digest)
             del (

@@ -1,9 +1,14 @@
-"""A score-batch run on Ray Data: read units → rows → whole query groups → actor pool of Scorers → Parquet dir.
+"""A score-batch run on Ray Data: read units → query groups as Arrow → whole query groups → actor pool of
+Scorers → Parquet dir.
 
-Actors run a local run's scoring steps (job/scoring.py), so scores and schema match it, plus `row_index`. Read
-units (Parquet row groups, whole JSONL files) are read in Ray tasks by io_formats' readers (docs/ray.md: why);
---reuse's joined earlier values wait in a file beside OUTPUT. Ray tasks write the scored blocks as Parquet into
-a StagedDirectorySink, named by their rows (a retried task rewrites its own file), published whole.
+Read units (Parquet row groups, whole JSONL files) are read in Ray tasks by io_formats' readers (docs/ray.md:
+why) into windows, which travel as the input's own columns (io_formats/window.window_table: Arrow, nothing
+pickled); a sort-based shuffle gathers each query's rows from every unit into one row of lists. Actors read a
+batch back as a local run reads a batch (readers.table_window) and score it with the local run's scoring step
+(job/scoring.score_window), so scores and schema match it, plus `row_index`.
+--reuse's joined earlier values wait in a file beside OUTPUT, read by the actors. Ray tasks write the scored
+blocks as Parquet into a StagedDirectorySink, named by their rows (a retried task rewrites its own file),
+published whole.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import pickle
 import sys
 import threading
 
@@ -29,8 +33,8 @@ from score_batch.errors import UserError
 from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
-from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units
-from score_batch.io_formats.window import concat, token_key
+from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units, reader, table_window
+from score_batch.io_formats.window import text_type, token_key, window_table
 from score_batch.job.contract import OutputContract
 from score_batch.job.identity import RunIdentity
 from score_batch.job.phase import ScoredWindow, ScoringPhase
@@ -41,90 +45,85 @@ from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.job.score_stats import written_scores
-from score_batch.job.scoring import WindowTools, planned, prepare, score
+from score_batch.job.scoring import WindowTools, prepare, score_window
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
-from score_batch.job.windows import group_codes, members
+from score_batch.job.windows import group_codes
 from score_batch.machine import tune_gc, tune_malloc
 
 log = logging.getLogger(__name__)
 RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per partition of the grouping shuffle
-LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and pickling, no model)
+LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and Arrow, no model)
 CALLS_PER_ACTOR = 2  # batches in an actor at once: the next one is planned while one runs the model
 COUNTS = ("items", "failed", "reused", "duplicates")  # a block's counts (_counts), as ScoredWindow names them
-TALLIES = [pa.field(REUSED_FLAG, pa.bool_()), pa.field(DUPLICATES, pa.int32())]  # counted, never written
+TALLIES = [pa.field(REUSED_FLAG, pa.int64()), pa.field(DUPLICATES, pa.int64())]  # counted, never written
+GROUP = "__group"  # the read stage's query group key (the grouping shuffle's)
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
-    """Read units as plain rows: file position, row group (-1: none), first row, the next unit's first row."""
+    """Read units as plain rows: file position, row group (-1: none), first row."""
     position = {id(file): index for index, file in enumerate(source.files)}
-    ends = [unit.first_row for unit in units[1:]] + [2**62]
     return [
         {
             "file": position[id(unit.file)],
             "row_group": -1 if unit.row_group is None else unit.row_group,
             "first_row": unit.first_row,
-            "end_row": end,
         }
-        for unit, end in zip(units, ends)
+        for unit in units
     ]
 
 
-def _read_rows(batch: dict, source: InputSource, mapping, types: dict, reused: Location | None) -> dict:
-    """Ray Data stage: read units → a row per query group of each unit: its key, and its rows as a pickled
-    window with their pairs' joined earlier values (reused: --reuse's file on the output's store)."""
-    keys, blobs = [], []
-    for file, group, first, end in zip(
-        batch["file"], batch["row_group"], batch["first_row"], batch["end_row"]
-    ):
+def _read_rows(batch: dict, source: InputSource, mapping, types: dict, texts) -> pa.Table:
+    """Ray Data stage: read units → their rows as the input's own columns (io_formats/window.window_table), in
+    the long layout with each row's query group key (GROUP)."""
+    tables = []
+    for file, group, first in zip(batch["file"], batch["row_group"], batch["first_row"]):
         unit = ReadUnit(source, source.files[int(file)], None if group < 0 else int(group), int(first))
-        joined = _joined_rows(reused, int(first), int(end))
         window = read_unit(unit, mapping, types)
-        for key, rows in _unit_groups(window, mapping.layout):
-            part = window.take(rows)
-            mine = None if joined is None else pc.is_in(joined[ROW_INDEX], pa.array(part.index))
-            part_joined = None if joined is None else joined.filter(mine)
-            keys.append(key)
-            blobs.append(pickle.dumps([(part, part_joined)]))
-    return {"group": keys, "rows": blobs}
+        table = window_table(window, mapping, types, texts)
+        if mapping.layout == "long":
+            table = table.append_column(GROUP, pa.array(_group_keys(window), pa.string()))
+        tables.append(table)
+    return pa.concat_tables(tables)
 
 
-def _unit_groups(window, layout: str):
-    """(key, row positions) per query group of a unit's window: a long-layout query's rows share a key across
-    units; other rows (nested, unreadable) stand alone."""
+def _group_keys(window) -> list[str]:
+    """[rows] each row's query group key, the same for a query's rows in every unit; an unreadable row stands
+    alone."""
     codes, firsts = group_codes(window)
-    if layout == "long" and firsts:
-        ids = window.query_id_values()
-        for first, rows in zip(firsts, members(codes, len(firsts))):
-            query = window.query(first)
-            named = (repr(ids[first]), query if isinstance(query, str) else token_key(query))
-            yield hashlib.sha256(repr(named).encode()).hexdigest(), rows
-        alone = np.flatnonzero(codes < 0)
-    else:
-        alone = np.arange(window.num_rows)
-    for row in alone.tolist():
-        yield f"row:{int(window.index[row])}", np.array([row])
+    ids, keys = window.query_id_values(), []
+    for first in firsts:
+        query = window.query(first)
+        named = (repr(ids[first]), query if isinstance(query, str) else token_key(query))
+        keys.append(hashlib.sha256(repr(named).encode()).hexdigest())
+    return [keys[code] if code >= 0 else f"row:{i}" for code, i in zip(codes.tolist(), window.index.tolist())]
 
 
-def _joined_rows(reused: Location | None, first: int, end: int) -> pa.Table | None:
-    """The joined earlier values of input rows [first, end) (a sorted file: few row groups read)."""
+def _merge_group(group: pa.Table) -> pa.Table:
+    """One query group's rows (from every unit holding it) as one row of lists: a batch of whole groups."""
+    offsets, rows = pa.array([0, group.num_rows], pa.int32()), group.drop_columns([GROUP])
+    return pa.table(
+        {
+            n: pa.ListArray.from_arrays(offsets, c.combine_chunks())
+            for n, c in zip(rows.column_names, rows.columns)
+        }
+    )
+
+
+def _joined_rows(reused: Location | None, index: np.ndarray) -> pa.Table | None:
+    """--reuse: the joined earlier values of these input rows (a file sorted by row: few row groups read)."""
     if reused is None:
         return None
     dataset = ds.dataset(reused.path, filesystem=reused.fs, format="parquet")
-    return dataset.to_table(filter=(pc.field(ROW_INDEX) >= first) & (pc.field(ROW_INDEX) < end))
-
-
-def _collapse_group(group: pa.Table) -> pa.Table:
-    """One query group (its rows from every unit) → one row holding the pickled list of its windows."""
-    parts = [entry for blob in group.column("rows").to_pylist() for entry in pickle.loads(blob)]
-    return pa.table({"rows": pa.array([pickle.dumps(parts)], pa.binary())})
+    row = pc.field(ROW_INDEX)
+    return dataset.to_table(filter=(row >= int(index.min())) & (row <= int(index.max())) & row.isin(index))
 
 
 class ScoreActor:
     """Holds one loaded Scorer; scores batches of complete query groups into part-schema tables."""
 
     def __init__(
-        self, config: RunConfig, identity: RunIdentity, contract: OutputContract, threads: int
+        self, config: RunConfig, checked: Checked, contract: OutputContract, reused, threads: int
     ) -> None:
         import torch
 
@@ -133,34 +132,28 @@ class ScoreActor:
         tune_malloc(os.environ)  # an actor's process is ours, as the CLI's is
         tune_gc()
         torch.set_num_threads(max(1, threads))
-        self.config = config
+        self.mapping, self.types, self.reused = checked.mapping, checked.types, reused
         self.contract = contract
         self.scorer = Scorer.load(config.model_dir, config.engine)
-        self.score_key = identity.score_key(self.scorer.setup)  # as this actor resolved the device
+        self.score_key = checked.identity.score_key(self.scorer.setup)  # as this actor resolved the device
         self.pairs = ScoredPairs()  # the pairs this actor wrote: a repeat in a later batch is copied
         self.running = threading.Lock()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        """Part rows of the batch's groups with their TALLIES: REUSED_FLAG (values from --reuse), DUPLICATES (1
-        for a pair this actor wrote before; the first row adds the batch's own repeats the plan scored once)."""
-        entries = [entry for blob in batch.column("rows").to_pylist() for entry in pickle.loads(blob)]
-        window = concat([part for part, _ in entries])
-        window = window.take(np.argsort(window.index, kind="stable"))  # input order
-        joined = [table for _, table in entries if table is not None]
-        earlier = JoinedScores(pa.concat_tables(joined) if joined else None)
+        """Part rows of the batch's groups (the input's columns: read back as a local run reads a batch) with
+        their TALLIES on the first row: REUSED (pairs with values from --reuse) and DUPLICATES (pairs this actor
+        wrote before, and repeats within the batch the plan scored once)."""
+        if self.mapping.layout == "long":  # a row per group (_merge_group): the rows of each
+            batch = pa.table({n: pc.list_flatten(c) for n, c in zip(batch.column_names, batch.columns)})
+        window = table_window(batch, self.mapping, self.types)
+        earlier = JoinedScores(_joined_rows(self.reused, window.index))
         tools = WindowTools(self.scorer, self.contract, self.score_key, earlier, self.pairs)
         prepared = prepare(0, window, tools)
         prepared = dataclasses.replace(prepared, plan=self.scorer.plan(prepared.todo.groups))
         with self.running:  # the next batch is planned while this one runs the model (CALLS_PER_ACTOR)
-            prepared = planned(prepared, tools)  # pairs the batch before wrote meanwhile are copied
-            part, _ = score(prepared, tools, self.scorer)
-            self.pairs.add(part)
-        refs = range(window.num_items)
-        duplicates = [int(ref in prepared.copies) for ref in refs]
-        if duplicates:
-            duplicates[0] += prepared.plan.stats.duplicates
-        reused = [ref in prepared.reused for ref in refs]
-        tallies = [pa.array(reused, pa.bool_()), pa.array(duplicates, pa.int32())]
+            part, scored = score_window(prepared, tools, self.scorer)
+        tallies = np.zeros((2, part.num_rows), np.int64)
+        tallies[:, :1] = [[scored.reused], [scored.duplicates + scored.plan.duplicates]]
         return pa.Table.from_arrays([*part.columns, *tallies], schema=_tallied(part.schema))
 
 
@@ -261,22 +254,24 @@ def _quiet_core_worker(quiet: bool):
 
 
 def _dataset(config, checked, options, units, contract, gpus, reused, total_rows: int):
-    """The Ray Data pipeline: read units → rows → whole query groups → the actor pool (see the module)."""
+    """The Ray Data pipeline: read units → rows (Arrow) → whole query groups → the actor pool (see the module)."""
     import ray
 
     source, mapping, types = checked.source, checked.mapping, checked.types
+    nested = mapping.layout == "nested"
+    texts = (_text_type(source, mapping.query, False), _text_type(source, mapping.items, nested))
     dataset = ray.data.from_items(_unit_rows(units, source), override_num_blocks=len(units))
     dataset = dataset.map_batches(
-        _read_rows, fn_args=(source, mapping, types, reused), batch_size=1, num_cpus=LIGHT_CPUS
+        _read_rows, fn_args=(source, mapping, types, texts), batch_size=1, num_cpus=LIGHT_CPUS
     )
-    if mapping.layout == "long":
+    if not nested:
         partitions = max(2 * options.num_workers, -(-total_rows // ROWS_PER_PARTITION))
-        dataset = dataset.groupby("group", num_partitions=partitions).map_groups(
-            _collapse_group, batch_format="pyarrow", num_cpus=LIGHT_CPUS
+        dataset = dataset.groupby(GROUP, num_partitions=partitions).map_groups(
+            _merge_group, batch_format="pyarrow", num_cpus=LIGHT_CPUS
         )
     return dataset.map_batches(
         ScoreActor,
-        fn_constructor_args=(config, checked.identity, contract, int(options.cpus_per_worker)),
+        fn_constructor_args=(config, checked, contract, reused, int(options.cpus_per_worker)),
         batch_size=options.groups_per_batch,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(
@@ -287,6 +282,14 @@ def _dataset(config, checked, options, units, contract, gpus, reused, total_rows
         num_cpus=options.cpus_per_worker,
         num_gpus=gpus,
     )  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1 by default)
+
+
+def _text_type(source: InputSource, name: str, nested: bool) -> pa.DataType:
+    """How the query or items column's values travel (io_formats/window.text_type), from the input's type."""
+    try:
+        return text_type(reader(source).column_type(name), nested)
+    except InputError:  # a JSONL column mixing text and token ids
+        return text_type(pa.null(), nested)
 
 
 def _score_on_ray(dataset, contract, sink, partitioning, phase, label: str) -> list[dict]:

@@ -72,6 +72,19 @@ def planned(prepared: Prepared, tools: WindowTools) -> Prepared:
     return prepared
 
 
+def score_window(
+    prepared: Prepared, tools: WindowTools, scorer, advance=None
+) -> tuple[pa.Table, ScoredWindow]:
+    """THE loop's step for a local window and a Ray batch alike: a prepared window planned (`planned`), run into
+    its output part (`score`), its pairs remembered for later repeats; advance(items): progress."""
+    prepared = planned(prepared, tools)
+    if advance is not None:
+        advance(len(prepared.reused) + len(prepared.copies))  # copied pairs are done already
+    part, scored = score(prepared, tools, scorer, advance)
+    tools.pairs.add(part)
+    return part, scored
+
+
 def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple[pa.Table, ScoredWindow]:
     """Run a planned window (scorer None: a dry run's NaN scores) into its output part and its ScoredWindow."""
     contract, plan, window = tools.contract, prepared.plan, prepared.window

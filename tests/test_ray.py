@@ -313,3 +313,167 @@ def test_ray_actor_copies_pairs_it_wrote_in_earlier_batches(qwen3_causal, tmp_pa
     assert scores[half:] == scores[:half] and scores[0] == scores[1]  # every copy is its first, bit for bit
     reports = [json.loads((tmp_path / f"{name}.json").read_text()) for name in ("local", "ray")]
     assert [report["duplicates"] for report in reports] == [17, 17]  # 1 within a batch, 16 across
+
+
+# A score-batch command whose Ray actors note the schema of every batch they get (in the directory argv[1]).
+SCHEMAS = """
+import os, sys, uuid
+import score_batch.job.ray_run as ray_run
+from score_batch.cli.main import run
+
+
+def noting(directory):
+    class NotingActor(ray_run.ScoreActor):
+        def __call__(self, batch):
+            with open(os.path.join(directory, uuid.uuid4().hex), "wb") as file:
+                file.write(batch.schema.serialize().to_pybytes() if hasattr(batch, "schema") else b"")
+            return super().__call__(batch)
+
+    return NotingActor
+
+
+ray_run.ScoreActor = noting(sys.argv[1])
+sys.argv = ["score-batch", *sys.argv[2:]]
+run()
+"""
+
+
+def test_ray_moves_the_inputs_own_columns_as_arrow_and_scores_as_a_local_run_bit_for_bit(
+    qwen3_causal, tmp_path
+):
+    """What reaches a Ray actor is Arrow: the input's own columns (as lists, a query group a row) with the row
+    index and the error found at read, nothing pickled; on an input whose query groups straddle the read units
+    (row groups and files, each read in its own task), the output equals a local run's bit for bit (one
+    batch: the same groups as the local run's one window, so the same plan, both on one torch thread)."""
+    pytest.importorskip("ray")
+    rows = _rows()
+    for k, row in enumerate(rows):
+        row["n"] = k * 0.5
+    rows[9]["query"] = None
+    src = tmp_path / "in"
+    src.mkdir()
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table.slice(0, 40), src / "a.parquet", row_group_size=16)  # groups span row groups
+    pq.write_table(table.slice(40), src / "b.parquet", row_group_size=16)  # … and files
+    common = [src, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "record", "-q", "--keep-columns", "n"]
+    local = run_cli(
+        *common, "-o", tmp_path / "local.parquet", "--threads", "1"
+    )  # an actor's one torch thread
+    assert local.returncode == 0, local.stderr
+    schemas = tmp_path / "schemas"
+    schemas.mkdir()
+    out = tmp_path / "out"
+    ray = ["--ray", "--num-workers", "1"]
+    result = run_in_process("-c", SCHEMAS, schemas, *common, "-o", out, *ray, python_args=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = [pa.ipc.read_schema(pa.py_buffer(p.read_bytes())) for p in schemas.iterdir()]
+    assert len(seen) == 1  # 12 query groups: one batch
+    listed = {name: pa.list_(dtype) for name, dtype in zip(table.schema.names, table.schema.types)}
+    listed["query"] = pa.list_(pa.dictionary(pa.int32(), pa.string()))  # each distinct query held once
+    expected = {"__row_index": pa.list_(pa.int64()), **listed, "__error": pa.list_(pa.string())}
+    assert dict(zip(seen[0].names, seen[0].types)) == expected  # a row per query group, no binary column
+    got = pq.read_table(out).sort_by("row_index").drop_columns(["row_index"])
+    want = pq.read_table(tmp_path / "local.parquet")
+    assert got.schema == want.schema
+    for name in want.column_names:  # bit for bit: score, scores, error, ids, kept
+        assert got.column(name).equals(want.column(name)), name
+    assert "column 'query' is null" in got.column("error")[9].as_py()
+
+
+def _hostile_inputs(tmp_path) -> list[tuple]:
+    """(input, column overrides): text with nulls; JSONL with a bad line, token ids, a lone surrogate, a wrong
+    type and a composite key; nested lists with item ids, an empty list and a list of the wrong length."""
+    from score_batch.io_formats.schema import ColumnOverrides
+
+    rows = [
+        {"query_id": f"q{k % 3}", "query": f"query {k % 3}", "item_id": k, "item": f"i{k}", "n": k / 2}
+        for k in range(13)
+    ]
+    rows[4]["item"], rows[6]["query"] = None, None
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet", row_group_size=4)
+    lines = [
+        '{"query": "a", "item": "x", "qid": 1, "sub": "s"}', '{"query": [1, 2], "item": [3], "qid": 2, "sub": "t"}',
+        "not json", '{"query": "a", "item": 5, "qid": 1, "sub": "s"}', '{"query": "b", "item": "\\ud800", "qid": 3}',
+        '{"query": "a", "item": "", "qid": 1.0, "sub": "s"}', '{"query": [1, -2], "item": [3], "qid": 4, "sub": "u"}',
+    ]  # fmt: skip
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    nested = [
+        {"query": "q1", "items": ["a", "b", ""], "item_ids": [1, 2, 3], "tag": "x"},
+        {"query": "q2", "items": [], "item_ids": [], "tag": "y"},
+        {"query": [7, 8], "items": [[1], [2, 3]], "item_ids": [1, 2]},
+        {"query": "q1", "items": ["a"], "item_ids": [1, 2]},
+        {"query": "q4", "items": None},
+    ]
+    write_jsonl(tmp_path / "c.jsonl", nested)
+    return [
+        (tmp_path / "a.parquet", ColumnOverrides(keep_columns=("n",))),
+        (tmp_path / "b.jsonl", ColumnOverrides(query_id_col="qid,sub")),
+        (tmp_path / "b.jsonl", ColumnOverrides(query_id_col="qid")),
+        (tmp_path / "c.jsonl", ColumnOverrides(keep_columns=("tag",))),
+    ]
+
+
+def test_a_window_as_the_inputs_arrow_columns_reads_back_as_the_same_window(tmp_path):
+    """window_table → rows in any order → table_window (what a Ray actor does) gives every row of a local run's
+    window: its index, query, items, ids, kept values and error (a failed row's value Arrow cannot hold, a lone
+    surrogate or a line that is not JSON, reads as null)."""
+    from score_batch.io_formats.readers import (
+        column_types,
+        input_mapping,
+        open_source,
+        read_windows,
+        table_window,
+    )
+    from score_batch.io_formats.window import python, window_table
+    from score_batch.job.ray_run import _text_type
+
+    for path, overrides in _hostile_inputs(tmp_path):
+        source = open_source(str(path))
+        mapping = input_mapping(source, overrides)
+        types = column_types(source, mapping)
+        texts = (
+            _text_type(source, mapping.query, False),
+            _text_type(source, mapping.items, mapping.layout == "nested"),
+        )
+        for window in read_windows(source, overrides, 5)[1]:
+            table = window_table(window, mapping, types, texts)
+            back = table_window(
+                table.take(np.random.default_rng(0).permutation(table.num_rows)), mapping, types
+            )
+            assert np.array_equal(back.index, window.index) and np.array_equal(back.offsets, window.offsets)
+            assert back.errors == window.errors and python(back.item_ids) == python(window.item_ids)
+            held = [e is None for e in window.errors]
+            rows = range(window.num_rows)
+            assert [back.query(r) for r in rows] == [
+                window.query(r) if ok or back.query(r) is not None else None for r, ok in zip(rows, held)
+            ]
+            item_ok = [held[r] for r in window.item_rows().tolist()]
+            assert back.items == [
+                a if ok or b is not None else None for a, b, ok in zip(window.items, back.items, item_ok)
+            ]
+            assert window.query_id_values() == back.query_id_values()
+            assert all(python(window.kept[name]) == python(back.kept[name]) for name in mapping.keep)
+
+
+def test_ray_takes_token_ids_mixed_with_text_and_a_bad_line_as_a_local_run(qwen3_causal, tmp_path):
+    """A JSONL query column mixing text and token ids travels as Arrow's text-or-ids union: same rows, scores
+    and messages as a local run."""
+    pytest.importorskip("ray")
+    lines = [json.dumps({"query": "Tokyo is a city in", "item": f" item {k}"}) for k in range(4)]
+    lines += [
+        json.dumps({"query": [1, 2, 3, 4], "item": [5, 6]}),
+        "{not json",
+        json.dumps({"query": [1, 2, 3, 4], "item": [7]}),
+    ]
+    lines += [json.dumps({"query": "Tokyo is a city in", "item": ["not", "ids"]})]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    common = [src, "--model", qwen3_causal, *LABEL_FLAGS, "--on-error", "record", "-q"]
+    local = run_cli(*common, "-o", tmp_path / "local.parquet")
+    assert local.returncode == 0, local.stderr
+    result = run_cli(*common, "-o", tmp_path / "out", "--ray", "--num-workers", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = _compare(tmp_path / "out", tmp_path / "local.parquet", error_column=True)
+    errors = got.column("error").to_pylist()
+    assert [e is None for e in errors] == [True] * 5 + [False, True, False]  # token ids scored
+    assert errors[5].startswith("row 5: line 6:")
