@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -329,7 +330,14 @@ def group_sizes(window: Window, grouped: WindowGroups, ids_given: bool) -> list[
 
 def empty_counts(window: Window) -> tuple[int, int]:
     """(rows with an empty query, empty items) of a window: an empty string or an empty list of token ids; a
-    missing (null) one is the row's error, not counted here."""
-    empty = [code for code, query in enumerate(window.query_values) if len(query) == 0]
-    queries = int(np.isin(window.query_codes, empty).sum()) if empty else 0
-    return queries, sum(1 for item in window.items if item is not None and len(item) == 0)
+    missing (null) one, or one of another type (a number), is the row's error, not counted here."""
+    fine = np.fromiter((error is None for error in window.errors), bool, window.num_rows)  # [rows]
+    empty = [code for code, query in enumerate(window.query_values) if _is_empty(query)]
+    queries = int((np.isin(window.query_codes, empty) & fine).sum()) if empty else 0
+    items = itertools.compress(window.items, np.repeat(fine, np.diff(window.offsets)).tolist())
+    return queries, sum(map(_is_empty, items))
+
+
+def _is_empty(value) -> bool:
+    """Whether a query or item is an empty text or an empty list of token ids."""
+    return isinstance(value, (str, list)) and not value

@@ -94,3 +94,19 @@ def test_a_column_json_lines_cannot_hold_is_refused_before_scoring():
             check_jsonl_columns(mapping, types, output)
     check_jsonl_columns(mapping, types, "o.parquet")  # Parquet takes it
     check_jsonl_columns(mapping, {**types, "span": pa.list_(pa.decimal128(5, 1))}, "o.jsonl")
+
+
+@pytest.mark.parametrize(
+    "bad", [{"query": "q", "item": 3.5}, {"query": 3, "item": ""}, {"query": "", "item": True}]
+)
+def test_a_number_where_text_belongs_is_that_rows_error_and_not_an_empty_value(qwen3_causal, tmp_path, bad):
+    data = tmp_path / "in.jsonl"
+    rows = [bad, {"query": "q", "item": " fine"}, {"query": "q", "item": ""}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "o.parquet"
+    ran = run_cli(data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", out, "--on-error", "record")
+    assert ran.returncode == 0, ran.stderr
+    errors = pq.read_table(out).column("error").to_pylist()
+    assert "must hold text or a list of integer token ids" in errors[0] and errors[1:] == [None, None]
+    # only the good rows' empty values are counted: the failed row's are its error's, not empties
+    assert "1 of 3 items are empty" in ran.stderr and "empty query" not in ran.stderr
