@@ -269,23 +269,3 @@ def test_window_digest_hashes_the_rows_own_queries(tmp_path, monkeypatch):
         got = window_module.window_digest(window)
         assert sorted(hashed) == sorted({row.query for row in rows if row.query is not None})
         assert got == window_module.window_digest(from_rows(rows, False, ()))
-
-
-def test_taken_rows_hold_only_their_own_queries():
-    """A Ray read task pickles each query group's rows (Window.take): they carry their own queries, not the
-    whole unit's (a 50k-row unit of 500 long queries once pickled 1.3 GB for a 14 MB input)."""
-    from score_batch.io_formats.rows import InputRow
-
-    rng = random.Random(3)
-    rows = [
-        InputRow(k, None if k % 7 == 0 else f"q{rng.randrange(6)}", [f"i{k}"], k % 2, [k], {"n": k})
-        for k in range(60)
-    ]
-    whole = from_rows(rows, True, ("n",))
-    for _ in range(20):
-        picked = np.array(rng.sample(range(60), rng.randrange(1, 12)))
-        taken = whole.take(picked)
-        assert taken.rows() == [rows[k] for k in picked.tolist()]
-        queries = [rows[k].query for k in picked.tolist() if rows[k].query is not None]
-        assert taken.query_values == list(dict.fromkeys(queries))  # first appearance, nothing else
-        assert taken.rows() == concat([taken]).rows() == concat([taken, whole.take(picked[:1])]).rows()[:-1]
