@@ -38,7 +38,7 @@ from score_batch.job.preflight import Checked
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import ScoredPairs
 from score_batch.job.run_config import STDOUT, RunConfig
-from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score
+from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score_window
 from score_batch.job.sinks import LinesSink
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,8 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
             window, bounds = _window(requests, planner)
             prepared, part = prepare(number, window, tools), None
             if prepared.todo.groups:
-                prepared = planned(prepared, tools)
-                part, _ = score(prepared, tools, scorer, phase.advance)
+                prepared = planned(prepared, tools)  # _columns reads its plan (score_window keeps it)
+                part, _ = score_window(prepared, tools, scorer, phase.advance)
             columns = _columns(window, prepared, part, scorer)
             lines, items, failed, refused = [], 0, 0, 0  # failed items, in refused requests
             for request, start, stop in zip(requests, bounds, bounds[1:]):
