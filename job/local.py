@@ -146,11 +146,8 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
             phase.add(scored)
             if not config.dry_run:
                 sink.write(number, part, tools.contract, prepared.digest)
-            del (
-                prepared,
-                part,
-                scored,
-            )  # the window and its plan's encodings freed now, not after the next arrives
+            # the window and its plan's encodings freed now, not after the next arrives
+            del prepared, part, scored
             phase.check()
         sink.check_read(windows_read)
         digest = content.hexdigest()

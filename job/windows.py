@@ -331,7 +331,7 @@ def group_sizes(window: Window, grouped: WindowGroups, ids_given: bool) -> list[
 def empty_counts(window: Window) -> tuple[int, int]:
     """(rows with an empty query, empty items) of a window: an empty string or an empty list of token ids; a
     missing (null) one, or one of another type (a number), is the row's error, not counted here."""
-    fine = np.fromiter((error is None for error in window.errors), bool, window.num_rows)  # [rows]
+    fine = readable_rows(window)  # [rows]
     empty = [code for code, query in enumerate(window.query_values) if _is_empty(query)]
     queries = int((np.isin(window.query_codes, empty) & fine).sum()) if empty else 0
     items = itertools.compress(window.items, np.repeat(fine, np.diff(window.offsets)).tolist())
