@@ -181,8 +181,9 @@ class TokenizerLookup:
 def stage_timers(totals: dict[str, float]):
     """Wrap the job's host steps with timers that add their seconds into totals (all threads)."""
     from score_batch.engine.plan import planner as planner_module
-    from score_batch.io_formats import readers, window
-    from score_batch.job import contract, local, sinks
+    from score_batch.io_formats import window
+    from score_batch.io_formats import jsonl
+    from score_batch.job import contract, local, scoring, sinks
 
     patched = []
 
@@ -199,12 +200,13 @@ def stage_timers(totals: dict[str, float]):
         setattr(owner, name, timed)
         patched.append((owner, name, original))
 
-    wrap(readers, "read_windows", "read (windows; generator set-up only)")
+    wrap(local, "read_windows", "read (windows; generator set-up only)")
     wrap(window.InputDigest, "add", "input digest")
     wrap(local, "prepare", "prepare (groups, keys, copies)")
     wrap(planner_module, "encode_groups", "  of which tokenize (encode_groups)")
     wrap(planner_module.PackedPlanner, "plan", "plan (tokenize, pack, batch)")
-    wrap(local, "score", "score (results, output columns, part)")
+    wrap(scoring, "score", "score (results, output columns, part)")
+    wrap(jsonl.JsonlReader, "scan", "JSONL first pass (columns, types, rows)")
     wrap(contract.OutputContract, "part_table", "  of which part_table")
     for sink in ("PartsSink", "DirectorySink"):
         if hasattr(sinks, sink) and hasattr(getattr(sinks, sink), "write"):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,6 @@ from score_batch.io_formats.jsonl import BOM  # pyarrow skips one starting a blo
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, InputRow, convert, has_surrogate, value_error
 from score_batch.io_formats.schema import ColumnMapping
 
-SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # a JSON escape of a UTF-16 surrogate
 # window_table's columns beside the input's (named so that no input column takes them)
 ROW_COLUMN, ERROR_COLUMN, ITEM_ID_COLUMN = "__row_index", "__error", "__item_id"
 TEXT_OR_IDS = pa.sparse_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
@@ -379,19 +377,22 @@ def json_window(
 ) -> Window | None:
     """A long-layout JSONL block parsed by pyarrow into the input's types, as the per-line path would give it,
     or None when a line needs that path (not an object, bad JSON or UTF-8 anywhere in it, a byte order mark,
-    another type, a repeated key, a surrogate escape, a column partition values fill)."""
+    another type, a repeated key, a lone surrogate escape, a column partition values fill)."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
     typed = mapping.typed_columns()
     if any(name in partitions for name in (mapping.query, mapping.items, *typed)):
         return None
     raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
-    if SURROGATE_ESCAPE.search(raw) or raw.startswith(BOM):
-        return None  # Python's json names a lone surrogate (the row's error) and refuses a byte order mark
-    try:
-        raw.decode("utf-8")  # pyarrow checks the UTF-8 of the values it reads only, Python's json every byte
-    except UnicodeDecodeError:
-        return None
+    if raw.startswith(BOM):
+        return None  # pyarrow skips it, Python's json refuses it
+    # pyarrow checks the UTF-8 of the values it reads only, Python's json every byte (ASCII is UTF-8); a lone
+    # surrogate escape, the row's error in Python's json, fails pyarrow's parse of the block, in any field
+    if not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     fields = [(mapping.query, pa.string()), (mapping.items, pa.string()), *((n, types[n]) for n in typed)]
     options = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
     try:

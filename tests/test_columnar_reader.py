@@ -110,7 +110,7 @@ def test_jsonl_blocks_equal_the_line_by_line_rows(tmp_path, seed):
 
 def hostile_bytes(rng: random.Random, count: int) -> bytes:
     """hostile_lines as bytes, with what a block parser could take differently from a line parser: bytes that are
-    not UTF-8 (in a column nobody reads, in an item), indented lines, two objects on one line, CRLF, form feeds,
+    not UTF-8 (in a column nobody reads, in an item), a lone surrogate escape nobody reads, indented lines, two objects on one line, CRLF, form feeds,
     surrogate pairs, -Infinity, byte order marks (one or two), a last line with or without its newline."""
     lines = []
     for line in (text.encode() for text in hostile_lines(rng, count)):
@@ -131,6 +131,8 @@ def hostile_bytes(rng: random.Random, count: int) -> bytes:
             line = line.replace(b'"item ', b'"\\ud83d\\ude00 ', 1)
         elif kind < 0.085:
             line = line.replace(b'"n": 1,', b'"n": -Infinity,', 1)
+        elif kind < 0.09:
+            line = line[:-1] + b', "junk": "\\udfff"}'  # a lone surrogate in a column nobody reads
         lines.append(line)
     data = b"\n".join(lines) + rng.choice([b"", b"\n"])
     return rng.choice([b"", BOM, BOM + BOM]) + data
