@@ -181,8 +181,7 @@ class TokenizerLookup:
 def stage_timers(totals: dict[str, float]):
     """Wrap the job's host steps with timers that add their seconds into totals (all threads)."""
     from score_batch.engine.plan import planner as planner_module
-    from score_batch.io_formats import window
-    from score_batch.io_formats import jsonl
+    from score_batch.io_formats import jsonl, window
     from score_batch.job import contract, local, scoring, sinks
 
     patched = []
