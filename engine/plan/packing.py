@@ -40,18 +40,22 @@ class Pack:
 
 def mis_pack(
     query_ids: list[int],
-    items: list[list[int]],
+    items: list[list[int]] | tuple[np.ndarray, np.ndarray],
     refs: list[ItemRef],
     delimiter: int,
     query_key: int | None = None,
 ) -> Pack:
-    """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows. With query_key,
-    the pack also stores its query's per-layer K/V under that key for cached packs."""
+    """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows (items: each
+    item's ids, or all of them as arrays: [item tokens] back to back and [n] lengths). With query_key, the
+    pack also stores its query's per-layer K/V under that key for cached packs."""
     if not query_ids:
         raise ValueError("multi-item packing needs a query of at least one token")
-    q, n = len(query_ids), len(items)
-    lens = np.fromiter(map(len, items), np.int64, n)  # [n]
-    flat = np.fromiter(itertools.chain.from_iterable(items), np.int64, int(lens.sum()))  # [item tokens]
+    if isinstance(items, tuple):
+        flat, lens = items  # [item tokens], [n]
+    else:
+        lens = np.fromiter(map(len, items), np.int64, len(items))  # [n]
+        flat = np.fromiter(itertools.chain.from_iterable(items), np.int64, int(lens.sum()))  # [item tokens]
+    q, n = len(query_ids), len(lens)
     total = q + 1 + int(lens.sum()) + n
     tokens = np.full(total, delimiter, np.int64)  # [total]: delimiters everywhere the items do not write
     positions = np.full(total, q - 1, np.int64)  # a delimiter sits at the query's last position

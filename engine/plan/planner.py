@@ -5,11 +5,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.plan.batching import Batch, make_batches
 from score_batch.engine.plan.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
 from score_batch.engine.text.chunking import ChunkedGroup, check_chunk_settings, chunk_group
+from score_batch.engine.text.encode import EncodedTexts
 from score_batch.engine.text.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
 from score_batch.engine.text.tokenize import (
     TokenizedGroup,
@@ -122,21 +125,22 @@ class PackedPlanner:
         read = [without_unscored_tail(g, limits.unscored_tail_id) for g in tokenized]
         chunked = [chunk_group(g) for g in read] if cfg.truncate == "chunk" else None
         scored = read if chunked is None else [c.scored for c in chunked]
-        copies = duplicate_sequences(scored) if limits.dedupe else {}
+        arrays = [_as_encoded(group, e) for group, e in zip(scored, encoded)]
+        copies = duplicate_sequences(scored, arrays) if limits.dedupe else {}
         skipped: list[set[int]] = [set() for _ in scored]  # per group: the repeats it does not pack
         for refs in copies.values():
             for ref in refs:
                 skipped[ref.group].add(ref.item)
         packs: list[Pack] = []
-        for group_index, group in enumerate(scored):
-            packs.extend(_group_packs(group_index, group, cfg, limits, skipped[group_index]))
+        for group_index, (group, items) in enumerate(zip(scored, arrays)):
+            packs.extend(_group_packs(group_index, group, cfg, limits, skipped[group_index], items))
         budget = 1 if limits.isolate_sequences else limits.max_batch_tokens
         batches = make_batches(packs, budget)
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in tokenized),
-            failed_items=sum(e is not None for g in tokenized for e in g.errors),
-            sequences=sum(ids is not None for g in scored for ids in g.item_ids) - sum(map(len, skipped)),
+            failed_items=sum(len(g.errors) - g.errors.count(None) for g in tokenized),
+            sequences=sum(len(g.item_ids) - g.item_ids.count(None) for g in scored) - sum(map(len, skipped)),
             duplicates=sum(map(len, skipped)),
             packs=len(packs),
             batches=len(batches),
@@ -184,31 +188,77 @@ Planner = PackedPlanner | PairPlanner
 WorkPlan = PackedPlan | PairPlan
 
 
-def duplicate_sequences(groups: list[TokenizedGroup]) -> dict[ItemRef, tuple[ItemRef, ...]]:
+def _as_encoded(group: TokenizedGroup, encoded: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The group's item ids as arrays ([item tokens] back to back, [items] lengths) when it scores its
+    encodings' ids as they are (the common case: views of the tokenizer call's ids, flattened once), else None."""
+    if encoded is None or not isinstance(encoded[1], EncodedTexts) or group.item_ids is not encoded[1].ids:
+        return None
+    return encoded[1].tokens()
+
+
+def duplicate_sequences(
+    groups: list[TokenizedGroup], arrays: list[tuple[np.ndarray, np.ndarray] | None] | None = None
+) -> dict[ItemRef, tuple[ItemRef, ...]]:
     """Each scored sequence that later ones repeat exactly (same query and item tokens, same order) → those
-    repeats, across the call's groups: they are scored once and copied (pure; no model)."""
+    repeats, across the call's groups: they are scored once and copied (pure; no model). arrays: each group's
+    items as arrays (_as_encoded) where it has them; when every group has, only the items whose hash another
+    item shares are compared token by token (the same answer: equal sequences hash alike)."""
+    queries: dict[tuple, int] = {}  # each distinct query's tokens → a small code (items key on the code)
+    codes = [queries.setdefault((g.item_first, tuple(g.query_ids)), len(queries)) for g in groups]
+    candidates = _hash_candidates(codes, arrays) if arrays and all(a is not None for a in arrays) else None
     first: dict[
         tuple, tuple[int, int]
     ] = {}  # (query code, item tokens) → (group, item) of its first sequence
     copies: dict[ItemRef, list[ItemRef]] = {}
-    queries: dict[tuple, int] = {}  # each distinct query's tokens → a small code (items key on the code)
     for g, group in enumerate(groups):
-        query = queries.setdefault((group.item_first, tuple(group.query_ids)), len(queries))
-        for i, ids in enumerate(group.item_ids):
+        items = (
+            enumerate(group.item_ids)
+            if candidates is None
+            else ((i, group.item_ids[i]) for i in candidates[g])
+        )
+        for i, ids in items:
             if ids is None:
                 continue
-            original = first.setdefault((query, tuple(ids)), (g, i))
+            original = first.setdefault((codes[g], tuple(ids)), (g, i))
             if original[0] != g or original[1] != i:  # an earlier sequence of the same tokens
                 copies.setdefault(ItemRef(*original), []).append(ItemRef(g, i))
     return {original: tuple(refs) for original, refs in copies.items()}
 
 
+def _hash_candidates(codes: list[int], arrays: list[tuple[np.ndarray, np.ndarray]]) -> list[list[int]]:
+    """Per group, its items whose (query code, tokens) hash some other item of the call shares, in order."""
+    flat = np.concatenate([a[0] for a in arrays]).astype(np.uint64)  # [tokens]
+    lens = np.concatenate([a[1] for a in arrays])  # [items]
+    starts = np.cumsum(lens) - lens  # [items]
+    within = np.arange(len(flat)) - np.repeat(starts, lens)  # [tokens] index in its item
+    powers = np.cumprod(np.full(int(lens.max(initial=0)) + 1, 0x100000001B3, np.uint64))  # wraps mod 2**64
+    sums = np.zeros(len(flat) + 1, np.uint64)
+    np.cumsum((flat + np.uint64(1)) * powers[within], out=sums[1:])
+    hashes = sums[starts + lens] - sums[starts]  # [items] a polynomial hash of each item's tokens
+    per_group = np.fromiter((len(a[1]) for a in arrays), np.int64, len(arrays))
+    query = np.repeat(np.asarray(codes, np.uint64), per_group)  # [items]
+    hashes = hashes * np.uint64(0x9E3779B97F4A7C15) + lens.astype(np.uint64) * np.uint64(31) + query
+    _, inverse, counts = np.unique(hashes, return_inverse=True, return_counts=True)
+    shared = np.flatnonzero(counts[inverse] > 1)  # [candidates] item positions across the call
+    group_of = np.repeat(np.arange(len(arrays)), per_group)
+    first_item = np.cumsum(per_group) - per_group
+    out: list[list[int]] = [[] for _ in arrays]
+    for g, position in zip(group_of[shared].tolist(), shared.tolist()):
+        out[g].append(position - int(first_item[g]))
+    return out
+
+
 def _group_packs(
-    group_index: int, group: TokenizedGroup, cfg: ScoringConfig, limits: PlanLimits, skip: set[int]
+    group_index: int,
+    group: TokenizedGroup,
+    cfg: ScoringConfig,
+    limits: PlanLimits,
+    skip: set[int],
+    arrays: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> list[Pack]:
     """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit. With
     limits.cache_query, a group of several runs computes its query once (see _query_once_packs). Items in skip
-    (repeats of an earlier sequence) are left out."""
+    (repeats of an earlier sequence) are left out. arrays: the items' ids as arrays (_as_encoded), or None."""
     item_ids = group.item_ids
     if skip or None in item_ids:
         valid = [i for i, ids in enumerate(item_ids) if ids is not None and i not in skip]
@@ -216,7 +266,10 @@ def _group_packs(
         valid = list(range(len(item_ids)))
     if cfg.packing == "single" or group.item_first:
         return [single_pack(group.reference_sequence(i), ItemRef(group_index, i)) for i in valid]
-    item_lens = [len(item_ids[i]) for i in valid]
+    if arrays is not None:
+        item_lens = arrays[1][valid] if len(valid) != len(item_ids) else arrays[1]
+    else:
+        item_lens = [len(item_ids[i]) for i in valid]
     if limits.cache_query and 0 in item_lens:
         # Empty items score at the query's last token: first, so that they land in the inline pack.
         valid = [i for i, n in zip(valid, item_lens) if not n] + [i for i, n in zip(valid, item_lens) if n]
@@ -226,16 +279,26 @@ def _group_packs(
         runs = [[valid[k] for k in run] for run in runs]
     if limits.cache_query and len(runs) > 1:
         return _query_once_packs(group_index, group, runs, limits.delimiter_token_id)
-    return [_inline_pack(group_index, group, run, limits.delimiter_token_id) for run in runs]
+    return [_inline_pack(group_index, group, run, limits.delimiter_token_id, None, arrays) for run in runs]
 
 
 def _inline_pack(
-    group_index: int, group: TokenizedGroup, run: list[int], delimiter: int, query_key: int | None = None
+    group_index: int,
+    group: TokenizedGroup,
+    run: list[int],
+    delimiter: int,
+    query_key: int | None = None,
+    arrays: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Pack:
-    """The MIS pack of a run of a group's items, query inline."""
+    """The MIS pack of a run of a group's items, query inline (arrays: the items' ids as arrays, or None)."""
     first, last = run[0], run[-1] + 1
     if run == list(range(first, last)):  # the common case, a run of consecutive items: a slice
-        items = group.item_ids[first:last]
+        if arrays is not None:
+            flat, lens = arrays
+            bounds = (int(lens[:first].sum()), int(lens[:last].sum()))
+            items = (flat[bounds[0] : bounds[1]], lens[first:last])
+        else:
+            items = group.item_ids[first:last]
     else:
         items = [group.item_ids[i] for i in run]
     return mis_pack(group.query_ids, items, item_refs(group_index, run), delimiter, query_key)

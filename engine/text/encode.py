@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.text.backend_tokenizer import BackendTokenizer
@@ -74,40 +77,85 @@ def encode_texts(
     """Encode each content wrapped in a template, in one tokenizer call; each encoding knows which of its
     tokens are the content's (a fast tokenizer's offsets; a slow one's: none)."""
     if not contents:
-        return EncodedTexts([], [], [], 0)
+        return EncodedTexts(_Call([], [], [], 0), 0, 0)
     prefix, suffix = template.split(placeholder, 1) if template else ("", "")
     texts = [prefix + content + suffix for content in contents] if template else contents
     if not getattr(tokenizer, "is_fast", False):
         ids = [tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"] for text in texts]
-        return EncodedTexts(ids, None, contents, len(prefix))
+        return EncodedTexts(_Call(ids, None, contents, len(prefix)), 0, len(ids))
     encodings = backend_encode(tokenizer, texts, add_special_tokens)
     if encodings is None:  # a tokenizer class of its own: through its __call__
         batch = tokenizer(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         encodings = [Offsets(*pair) for pair in zip(batch["input_ids"], batch["offset_mapping"])]
-    return EncodedTexts([encoding.ids for encoding in encodings], encodings, contents, len(prefix))
+    return EncodedTexts(_Call(None, encodings, contents, len(prefix)), 0, len(encodings))
 
 
 class EncodedTexts(Sequence):
-    """The Encoded texts of one tokenizer call, each made when indexed: the ids lists are there at once (the
-    common case reads only them: `ids`), the offsets only where truncation or chunking asks."""
+    """The Encoded texts of one tokenizer call (or a slice of them), each made when indexed: the common case
+    reads only the ids (`ids`, or `tokens` as arrays), the offsets only where truncation or chunking asks. The
+    ids lists are made on first use, by the thread that uses them (a pipeline's planner, not its tokenizer)."""
 
-    def __init__(self, ids: list[list[int]], encodings: list | None, contents: list[str], start: int) -> None:
-        self.ids = ids  # [texts] each text's token ids
-        self._encodings = encodings  # None: a slow tokenizer, no offsets (no content tokens)
-        self._contents = contents
-        self._start = start  # where each content begins in its templated text (after the template's prefix)
+    def __init__(self, call: _Call, lo: int, hi: int) -> None:
+        self._call, self._lo, self._hi = call, lo, hi
+        self._ids: list[list[int]] | None = None
+
+    @property
+    def ids(self) -> list[list[int]]:
+        """[texts] each text's token ids (the same list object on every read)."""
+        if self._ids is None:
+            whole = self._call.ids()
+            self._ids = whole if (self._lo, self._hi) == (0, len(whole)) else whole[self._lo : self._hi]
+        return self._ids
+
+    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """The texts' ids as arrays: ([tokens] int64 back to back, [texts] int64 each text's length), views of
+        one flattening of the whole call's ids."""
+        flat, bounds = self._call.flat()
+        return flat[bounds[self._lo] : bounds[self._hi]], np.diff(bounds[self._lo : self._hi + 1])
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self._hi - self._lo
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            encodings = None if self._encodings is None else self._encodings[index]
-            return EncodedTexts(self.ids[index], encodings, self._contents[index], self._start)
+            lo, hi, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("EncodedTexts slices are contiguous")
+            return EncodedTexts(self._call, self._lo + lo, self._lo + max(lo, hi))
+        index = range(self._lo, self._hi)[index]
+        return self._call.encoded(index)
+
+
+class _Call:
+    """One tokenizer call's results: Encodings (or, from a slow tokenizer, ids lists) and the contents."""
+
+    def __init__(self, ids: list[list[int]] | None, encodings: list | None, contents: list[str], start: int):
+        self._ids = ids  # None until made from the encodings
+        self._encodings = encodings  # None: a slow tokenizer, no offsets (no content tokens)
+        self._contents = contents
+        self._start = start  # where each content begins in its templated text (after the template's prefix)
+        self._flat: tuple[np.ndarray, np.ndarray] | None = None
+
+    def ids(self) -> list[list[int]]:
+        if self._ids is None:
+            self._ids = [encoding.ids for encoding in self._encodings]
+        return self._ids
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """([tokens] int64 every text's ids back to back, [texts + 1] int64 each text's first token, then the end)."""
+        if self._flat is None:
+            ids = self.ids()
+            bounds = np.zeros(len(ids) + 1, np.int64)
+            np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids)), out=bounds[1:])
+            flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(bounds[-1]))
+            self._flat = flat, bounds
+        return self._flat
+
+    def encoded(self, index: int) -> Encoded:
         if self._encodings is None:
-            return Encoded(self.ids[index], [])
+            return Encoded(self.ids()[index], [])
         span = (self._start, self._start + len(self._contents[index]))
-        return Encoded(self.ids[index], None, self._encodings[index], span)
+        return Encoded(self.ids()[index], None, self._encodings[index], span)
 
 
 @dataclass(frozen=True)

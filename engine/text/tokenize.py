@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -37,7 +38,11 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
         return ids[:end]
 
     def each(change, ids_list: list[list[int] | None] | None):
-        return None if ids_list is None else [change(ids) for ids in ids_list]
+        """The lists changed; the same list object when none changed (packing then slices the encodings)."""
+        if ids_list is None:
+            return None
+        changed = [change(ids) for ids in ids_list]
+        return ids_list if all(map(operator.is_, changed, ids_list)) else changed
 
     def each_chunk(change):
         return None if group.chunks is None else [each(change, ws) for ws in group.chunks]
@@ -137,8 +142,11 @@ def _fit_items(
             f"(max_position_embeddings {max_positions})"
         )
     if text_input and cfg.truncate != "chunk" and (query_ids or not cfg.item_first):
-        ids = items.ids if isinstance(items, EncodedTexts) else [item.ids for item in items]
-        if _all_fit(ids, item_limit, vocab_size):  # the common case, checked over the group's tokens at once
+        tokens = items.tokens() if isinstance(items, EncodedTexts) else _flat([item.ids for item in items])
+        if _all_fit(
+            *tokens, item_limit, vocab_size
+        ):  # the common case, checked over the group's tokens at once
+            ids = items.ids if isinstance(items, EncodedTexts) else [item.ids for item in items]
             return TokenizedGroup(query_ids, ids, [None] * len(ids), cfg.item_first)
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []
@@ -173,10 +181,15 @@ def _chunk(
     return [], [], f"{over}, and cannot be split into chunks: {reason}"
 
 
-def _all_fit(ids: list[list[int]], limit: int, vocab_size: int) -> bool:
-    """Whether every item's tokenizer ids fit the limit and the vocabulary (else each is checked on its own)."""
-    lens = np.fromiter(map(len, ids), np.int64, len(ids))  # [items]
-    if not len(ids) or lens.max() > limit:
+def _all_fit(flat: np.ndarray, lens: np.ndarray, limit: int, vocab_size: int) -> bool:
+    """Whether every item's tokenizer ids ([tokens] back to back, [items] lengths) fit the limit and the
+    vocabulary (else each is checked on its own)."""
+    if not len(lens) or lens.max() > limit:
         return False
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lens.sum()))  # [item tokens]
     return not len(flat) or (flat.min() >= 0 and flat.max() < vocab_size)
+
+
+def _flat(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids lists as ([tokens] int64 back to back, [lists] int64 lengths)."""
+    lens = np.fromiter(map(len, ids), np.int64, len(ids))  # [items]
+    return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lens.sum())), lens
