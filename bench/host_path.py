@@ -20,8 +20,9 @@ per-item work shows most, and the goal-like 1,500 × 40), tokenized by the tests
 - cli: the command as a user runs it, in its own process (`score-batch IN --dry-run --max-pack-tokens 8192
   --report R`): the report's items / seconds_scoring (its CPU time includes the process's start-up).
 
---stages adds where each mode's time goes: each host step's seconds (summed over the prefetch workers and the
-main thread), from wrappers around the job's steps.
+--stages adds where each mode's time goes: each host step's wall seconds and its own CPU per item (the calling
+thread's: the tokenizer's worker threads are not in it), summed over the prefetch workers and the main thread,
+from wrappers around the job's steps.
 
 Each mode also prints its CPU time per item (all threads, the load included) and the cores that rate of
 work needs at the H100 goal of 8,000 items/s (docs/operations.md, "CPU cores per GPU").
@@ -52,7 +53,7 @@ from bench.common import BASE_CORPUS, machine  # noqa: E402
 from score_batch.engine import EngineConfig, ScoringConfig  # noqa: E402
 from score_batch.io_formats.schema import ColumnOverrides  # noqa: E402
 from score_batch.job import RunConfig, run  # noqa: E402
-from score_batch.machine import tune_gc, tune_malloc  # noqa: E402
+from score_batch.machine import pyarrow_without_pandas, tune_gc, tune_malloc  # noqa: E402
 from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
 
 GOAL_ITEMS_PER_SECOND = 8_000  # the H100 goal on the goal shape: the host path must keep up with it
@@ -179,9 +180,10 @@ class TokenizerLookup:
 
 @contextlib.contextmanager
 def stage_timers(totals: dict[str, float]):
-    """Wrap the job's host steps with timers that add their seconds into totals (all threads)."""
+    """Wrap the job's host steps with timers that add (wall seconds, the calling thread's CPU seconds) into totals
+    (all threads): a step's CPU is its own work, its wall time also its waits for the GIL and the cores."""
     from score_batch.engine.plan import planner as planner_module
-    from score_batch.io_formats import jsonl, window
+    from score_batch.io_formats import jsonl, readers, window
     from score_batch.job import contract, local, scoring, sinks
 
     patched = []
@@ -190,16 +192,20 @@ def stage_timers(totals: dict[str, float]):
         original = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
-                totals[label] += time.perf_counter() - start
+                wall, used = totals[label]
+                totals[label] = (wall + time.perf_counter() - start, used + time.thread_time() - cpu)
 
         setattr(owner, name, timed)
         patched.append((owner, name, original))
 
     wrap(local, "read_windows", "read (windows; generator set-up only)")
+    wrap(readers, "batch_window", "read: a Parquet batch → window")
+    wrap(readers, "json_window", "read: a JSONL block → window")
+    wrap(readers, "concat", "read: batches → windows (concat)")
     wrap(window.InputDigest, "add", "input digest")
     wrap(local, "prepare", "prepare (groups, keys, copies)")
     wrap(planner_module, "encode_groups", "  of which tokenize (encode_groups)")
@@ -267,8 +273,9 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--modes", nargs="+", default=["dry", "zero", "pooled", "ceiling", "jsonl", "cli"])
     args = parser.parse_args()
-    tune_malloc(os.environ)  # this process as the CLI's: malloc and the garbage collector tuned
-    tune_gc()
+    tune_malloc(os.environ)  # this process as the CLI's: malloc and the garbage collector tuned, pyarrow
+    tune_gc()  # never importing pandas on its first conversion
+    pyarrow_without_pandas()
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -305,7 +312,7 @@ def main() -> None:
                         if mode == "ceiling":
                             stack.enter_context(lookup)
                         if args.stages:
-                            timed = collections.defaultdict(float)
+                            timed = collections.defaultdict(lambda: (0.0, 0.0))
                             stack.enter_context(stage_timers(timed))
                         cpu = time.process_time()
                         report = score(
@@ -335,9 +342,11 @@ def main() -> None:
                     f"at {GOAL_ITEMS_PER_SECOND:,} items/s"
                 )
             for mode, timed in totals.items():
-                print(f"  {mode} run's host steps (s, summed over the threads; its best run):")
-                for label, seconds in timed.items():
-                    print(f"    {label:<40} {seconds:7.3f}")
+                print(
+                    f"  {mode} run's host steps (summed over the threads; its best run):  wall s  CPU µs/item"
+                )
+                for label, (seconds, cpu) in timed.items():
+                    print(f"    {label:<40} {seconds:7.3f}  {cpu / items * 1e6:6.2f}")
 
 
 if __name__ == "__main__":

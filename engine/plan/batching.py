@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +41,7 @@ def collate(packs: list[Pack]) -> Batch:
         pack_index=np.repeat(np.arange(len(packs), dtype=np.int32), lengths),
         cu_seqlens=cu_seqlens,
         score_rows=np.concatenate([p.score_rows + offset for p, offset in zip(packs, cu_seqlens[:-1])]),
-        item_refs=tuple(ref for p in packs for ref in p.item_refs),
+        item_refs=tuple(itertools.chain.from_iterable(p.item_refs for p in packs)),
     )
 
 

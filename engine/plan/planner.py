@@ -145,7 +145,7 @@ class PackedPlanner:
             packs=len(packs),
             batches=len(batches),
             packed_tokens=sum(len(p) for p in packs),
-            pairwise_tokens=sum(g.pair_tokens() for g in tokenized),
+            pairwise_tokens=sum(map(_pair_tokens, tokenized, encoded)),
         )
         return PackedPlan(tokenized, scored, batches, stats, chunked, copies, given)
 
@@ -194,6 +194,16 @@ def _as_encoded(group: TokenizedGroup, encoded: tuple | None) -> tuple[np.ndarra
     if encoded is None or not isinstance(encoded[1], EncodedTexts) or group.item_ids is not encoded[1].ids:
         return None
     return encoded[1].tokens()
+
+
+def _pair_tokens(group: TokenizedGroup, encoded: tuple | None) -> int:
+    """TokenizedGroup.pair_tokens, from the item arrays where the group has them."""
+    arrays = _as_encoded(group, encoded)  # every item fit: none failed, none chunked
+    return (
+        group.pair_tokens()
+        if arrays is None
+        else len(group.query_ids) * len(arrays[1]) + int(arrays[1].sum())
+    )
 
 
 def duplicate_sequences(

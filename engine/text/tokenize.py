@@ -62,6 +62,8 @@ def without_unscored_tail(group: TokenizedGroup, tail_id: int | None) -> Tokeniz
     query_ids = group.query_ids
     head = cut(query_ids) or query_ids[:1]  # all tail_id: read at the first token
     tail = query_ids[len(head) :]
+    if not tail and group.chunks is None and not any(ids and ids[-1] == tail_id for ids in group.item_ids):
+        return group  # the common case: nothing to cut or carry (packing then slices the encodings)
 
     def cut_and_carry(ids: list[int] | None) -> list[int] | None:
         kept = cut(ids)
@@ -86,7 +88,7 @@ def tokenize_group(
     (query + item), since under multi-item packing an item's positions continue after the query's."""
     text_input = isinstance(group.query, str)
     overhead = 0 if cfg.packing == "single" or cfg.item_first else MIS_DELIMITERS_PER_ITEM
-    if any(isinstance(item, str) != text_input for item in group.items):
+    if any(issubclass(kind, str) != text_input for kind in set(map(type, group.items))):
         return failed(
             len(group.items), "a group must be all text or all token ids (query and items)", cfg.item_first
         )
