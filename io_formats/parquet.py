@@ -91,9 +91,10 @@ class ParquetReader:
         columns: list[str],
         unit: tuple[InputFile, int | None] | None = None,
         dictionary: tuple[str, ...] = (),
+        rows: int = BATCH_ROWS,
     ) -> Iterator[tuple[InputFile, pa.RecordBatch]]:
-        """(file, batch of the named columns it holds) of every file in order, or of one unit's row group; the
-        dictionary columns read dictionary-encoded (a query repeated per item is one value)."""
+        """(file, batch of at most `rows` rows of the named columns it holds) of every file in order, or of one
+        unit's row group; the dictionary columns read dictionary-encoded (a repeated query is one value)."""
         for info in self.infos():
             if unit is not None and info.file != unit[0]:
                 continue
@@ -103,9 +104,7 @@ class ParquetReader:
                 with _open(info.file) as handle:
                     parquet = pq.ParquetFile(handle, read_dictionary=text)
                     names = [name for name in columns if name in parquet.schema_arrow.names]
-                    for batch in parquet.iter_batches(
-                        batch_size=BATCH_ROWS, row_groups=groups, columns=names
-                    ):
+                    for batch in parquet.iter_batches(batch_size=rows, row_groups=groups, columns=names):
                         yield info.file, batch
             except READ_ERRORS as error:
                 if is_environment(error):

@@ -170,7 +170,8 @@ def read_windows(
     def windows() -> Iterator[Window]:
         pieces: list[Window] = []
         held = 0
-        for piece in _window_batches(reader(source), mapping, types):
+        # Parquet batches of a window's rows: one piece per window where the row groups allow
+        for piece in _window_batches(reader(source), mapping, types, rows=max(window_rows, BATCH_ROWS)):
             pieces.append(piece)
             held += piece.num_rows
             if held < window_rows:
@@ -189,15 +190,17 @@ def read_windows(
 
 
 def _window_batches(
-    table: TableReader, mapping: ColumnMapping, types, unit: ReadUnit | None = None
+    table: TableReader, mapping: ColumnMapping, types, unit: ReadUnit | None = None, rows: int = BATCH_ROWS
 ) -> Iterator[Window]:
-    """The input's (or one unit's) rows a batch at a time as windows: columnar where it can, else rows.to_row."""
+    """The input's (or one unit's) rows a batch at a time as windows (Parquet: batches of `rows` rows, JSONL:
+    blocks of BATCH_ROWS lines): columnar where it can, else rows.to_row."""
     shape = (bool(mapping.id_columns), mapping.keep)
     long = mapping.layout == "long"
     index = 0 if unit is None else unit.first_row
     where = None if unit is None else (unit.file, unit.row_group)
     if isinstance(table, ParquetReader):
-        for file, batch in table.batches(mapping.read_columns(), where, (mapping.query,) if long else ()):
+        dictionary = (mapping.query,) if long else ()
+        for file, batch in table.batches(mapping.read_columns(), where, dictionary, rows):
             window = batch_window(index, batch, dict(file.partitions), mapping, types)
             index += window.num_rows
             yield window

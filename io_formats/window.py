@@ -238,9 +238,18 @@ def long_window(
         if _plain(schema.field(name).type) != _plain(types.get(name) or pa.null()):
             return None  # to_row converts (an integer id in a float column): the per-record path
     n = batch.num_rows
+    queries, items = batch.column(mapping.query), batch.column(mapping.items)
+    if not pa.types.is_dictionary(queries.type):
+        queries = queries.dictionary_encode()
+    indices = queries.indices.fill_null(-1) if queries.indices.null_count else queries.indices
+    indices = indices.to_numpy()  # [rows] into the dictionary, -1 for a null
+    held = np.flatnonzero(indices >= 0)  # a Parquet dictionary may hold queries of other batches
+    codes = np.full(n, -1, np.int64)
+    codes[held], starts = appearance_codes(indices[held])
+    values = queries.dictionary.take(indices[held[starts]])  # [distinct queries of the batch]
     try:  # Parquet's reader does not check UTF-8: a row with bytes that are not text goes the per-record way
-        batch.column(mapping.query).validate(full=True)
-        batch.column(mapping.items).validate(full=True)
+        values.validate(full=True)
+        items.validate(full=True)
     except pa.ArrowInvalid:
         return None
 
@@ -249,11 +258,6 @@ def long_window(
             return batch.column(name)
         return pa.array([convert(partitions.get(name), types.get(name))] * n, type=types.get(name))
 
-    queries = batch.column(mapping.query)
-    if not pa.types.is_dictionary(queries.type):
-        queries = queries.dictionary_encode()
-    codes = queries.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    items = batch.column(mapping.items)
     missing_query, missing_item = value_error(None, mapping.query), value_error(None, mapping.items)
     errors: list = [None] * n
     if queries.null_count or items.null_count:
@@ -266,7 +270,7 @@ def long_window(
     return Window(
         index,
         codes,
-        queries.dictionary.to_pylist(),
+        values.to_pylist(),
         items.to_pylist(),
         np.arange(n + 1, dtype=np.int64),
         key_struct([column(name) for name in mapping.query_key], mapping.query_key, types)

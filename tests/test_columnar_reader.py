@@ -220,6 +220,49 @@ def test_parquet_batches_equal_the_record_rows_across_files(tmp_path, seed):
         assert window_rows(source, overrides, size) == expected
 
 
+@pytest.mark.parametrize("dictionary", [True, False])
+def test_parquet_query_dictionaries_give_each_batch_its_own_queries(tmp_path, dictionary):
+    """A query column stored with a dictionary per row group that falls back to plain pages, or stored plain
+    (either read as a dictionary holding queries of other batches), with nulls and a value that is not UTF-8:
+    the record path's rows, and each batch's distinct queries are its own rows' in order of first appearance."""
+    rng = random.Random(11)
+    texts = [f"query {g} " + "word " * rng.randint(0, 60) for g in range(80)]
+    queries = [
+        None if rng.random() < 0.02 else texts[min(k // 40, 79) - rng.choice([0, 0, 0, 3])]
+        for k in range(3000)
+    ]
+    raw = pa.array([None if q is None else q.encode() for q in queries], pa.binary())
+    raw = pa.concat_arrays([raw[:2500], pa.array([b"\xff bad"], pa.binary()), raw[2501:]])
+    table = pa.table(
+        {
+            "query_id": pa.array([k // 40 for k in range(3000)]),
+            "query": raw.view(pa.string()),
+            "item": [f"item {k}" for k in range(3000)],
+            "n": pa.array([rng.choice([1.5, None]) for _ in range(3000)]),
+        }
+    )
+    path = tmp_path / "in.parquet"
+    pq.write_table(
+        table, path, row_group_size=1200, use_dictionary=dictionary, dictionary_pagesize_limit=2000
+    )
+    source = open_source(str(path))
+    overrides = ColumnOverrides(keep_columns=("n",))
+    mapping = input_mapping(source, overrides)
+    types = column_types(source, mapping)
+    index, larger = 0, False
+    for batch in pq.ParquetFile(path, read_dictionary=["query"]).iter_batches(batch_size=500):
+        window = readers.batch_window(index, batch, {}, mapping, types)
+        own = from_rows(window.rows(), True, ("n",))
+        assert window.query_values == own.query_values
+        assert np.array_equal(window.query_codes, own.query_codes)
+        larger = larger or len(batch.column("query").dictionary) > len(own.query_values)
+        index += batch.num_rows
+    assert larger  # the premise: a batch dictionary holding queries of other batches (plain pages too)
+    expected = record_path_rows_parquet(source, overrides)
+    for size in (7, 1000, 2048):
+        assert window_rows(source, overrides, size) == expected
+
+
 def record_path_rows_parquet(source, overrides):
     """The record path over Parquet: each record with its file's partition values through to_row; a value
     that is not UTF-8 read as null, and the row's error names its column."""
