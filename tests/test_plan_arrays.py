@@ -78,7 +78,12 @@ def random_tokenized(rng: random.Random) -> list[TokenizedGroup]:
     pool = [[rng.randrange(50) for _ in range(rng.randint(0, 5))] for _ in range(8)]
     queries = [[1, 2], [1, 2, 3], [7]]
     return [
-        TokenizedGroup(rng.choice(queries), [list(rng.choice(pool)) for _ in range(rng.randint(1, 12))], [])
+        TokenizedGroup(
+            rng.choice(queries),
+            [None if rng.random() < 0.1 else list(rng.choice(pool)) for _ in range(rng.randint(1, 12))],
+            [],
+            rng.random() < 0.2,
+        )
         for _ in range(rng.randint(1, 8))
     ]
 
@@ -86,16 +91,30 @@ def random_tokenized(rng: random.Random) -> list[TokenizedGroup]:
 def arrays_of(groups):
     out = []
     for g in groups:
-        lens = np.array([len(ids) for ids in g.item_ids], np.int64)
-        out.append((np.array([t for ids in g.item_ids for t in ids], np.int64), lens))
+        lens = np.array([len(ids or []) for ids in g.item_ids], np.int64)
+        out.append((np.array([t for ids in g.item_ids for t in ids or []], np.int64), lens))
     return out
+
+
+def repeats_by_lists(groups) -> list:
+    """The reference: every (query, item tokens) sequence keyed as a tuple, first one found → later ones."""
+    first, copies = {}, {}
+    for g, group in enumerate(groups):
+        for i, ids in enumerate(group.item_ids):
+            if ids is not None:
+                original = first.setdefault((group.item_first, tuple(group.query_ids), tuple(ids)), (g, i))
+                if original != (g, i):
+                    copies.setdefault(original, []).append((g, i))
+    return [(original, tuple(refs)) for original, refs in copies.items()]
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_hashed_repeats_equal_the_exact_ones_in_order(seed, monkeypatch):
     groups = random_tokenized(random.Random(seed))
-    exact = list(duplicate_sequences(groups).items())
+    exact = repeats_by_lists(groups)
+    assert exact  # the pool repeats
     assert list(duplicate_sequences(groups, arrays_of(groups)).items()) == exact
+    assert list(duplicate_sequences(groups).items()) == exact  # arrays made from the lists
     # a hash that collides everywhere: every item a candidate, still only true repeats are copies
     every = lambda codes, arrays: [list(range(len(a[1]))) for a in arrays]  # noqa: E731
     monkeypatch.setattr(planner_module, "_hash_candidates", every)

@@ -17,6 +17,7 @@ from score_batch.engine.text.pairs import PairBatch, PairGroup, encode_pairs, ma
 from score_batch.engine.text.tokenize import (
     TokenizedGroup,
     encode_groups,
+    flat_ids,
     tokenize_group,
     without_unscored_tail,
 )
@@ -210,23 +211,22 @@ def duplicate_sequences(
     groups: list[TokenizedGroup], arrays: list[tuple[np.ndarray, np.ndarray] | None] | None = None
 ) -> dict[ItemRef, tuple[ItemRef, ...]]:
     """Each scored sequence that later ones repeat exactly (same query and item tokens, same order) → those
-    repeats, across the call's groups: they are scored once and copied (pure; no model). arrays: each group's
-    items as arrays (_as_encoded) where it has them; when every group has, only the items whose hash another
-    item shares are compared token by token (the same answer: equal sequences hash alike)."""
+    repeats, across the call's groups: they are scored once and copied (pure; no model). Only items whose
+    hash another item shares are compared token by token (equal sequences hash alike); arrays: each group's
+    items as arrays (_as_encoded) where it has them, else they are made from its lists."""
     queries: dict[tuple, int] = {}  # each distinct query's tokens → a small code (items key on the code)
     codes = [queries.setdefault((g.item_first, tuple(g.query_ids)), len(queries)) for g in groups]
-    candidates = _hash_candidates(codes, arrays) if arrays and all(a is not None for a in arrays) else None
+    arrays = [
+        flat_ids([ids or [] for ids in g.item_ids]) if a is None else a
+        for g, a in zip(groups, arrays or [None] * len(groups))
+    ]
     first: dict[
         tuple, tuple[int, int]
     ] = {}  # (query code, item tokens) → (group, item) of its first sequence
     copies: dict[ItemRef, list[ItemRef]] = {}
-    for g, group in enumerate(groups):
-        items = (
-            enumerate(group.item_ids)
-            if candidates is None
-            else ((i, group.item_ids[i]) for i in candidates[g])
-        )
-        for i, ids in items:
+    for g, candidates in enumerate(_hash_candidates(codes, arrays)):
+        for i in candidates:
+            ids = groups[g].item_ids[i]
             if ids is None:
                 continue
             original = first.setdefault((codes[g], tuple(ids)), (g, i))

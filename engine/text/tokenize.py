@@ -144,7 +144,7 @@ def _fit_items(
             f"(max_position_embeddings {max_positions})"
         )
     if text_input and cfg.truncate != "chunk" and (query_ids or not cfg.item_first):
-        tokens = items.tokens() if isinstance(items, EncodedTexts) else _flat([item.ids for item in items])
+        tokens = items.tokens() if isinstance(items, EncodedTexts) else flat_ids([item.ids for item in items])
         if _all_fit(
             *tokens, item_limit, vocab_size
         ):  # the common case, checked over the group's tokens at once
@@ -191,7 +191,7 @@ def _all_fit(flat: np.ndarray, lens: np.ndarray, limit: int, vocab_size: int) ->
     return not len(flat) or (flat.min() >= 0 and flat.max() < vocab_size)
 
 
-def _flat(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Ids lists as ([tokens] int64 back to back, [lists] int64 lengths)."""
     lens = np.fromiter(map(len, ids), np.int64, len(ids))  # [items]
     return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lens.sum())), lens
