@@ -108,6 +108,15 @@ def repeats_by_lists(groups) -> list:
     return [(original, tuple(refs)) for original, refs in copies.items()]
 
 
+def test_a_call_without_groups_plans_nothing(tokenizer):
+    limits = PlanLimits(
+        max_pack_tokens=40, max_batch_tokens=80, delimiter_token_id=3, vocab_size=len(tokenizer)
+    )
+    planner = PackedPlanner(tokenizer, ScoringConfig(), limits)
+    plan = planner.plan([], planner.encode([]))
+    assert plan.batches == [] and plan.copies == {} and duplicate_sequences([]) == {}
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_hashed_repeats_equal_the_exact_ones_in_order(seed, monkeypatch):
     groups = random_tokenized(random.Random(seed))

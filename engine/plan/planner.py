@@ -237,6 +237,8 @@ def duplicate_sequences(
 
 def _hash_candidates(codes: list[int], arrays: list[tuple[np.ndarray, np.ndarray]]) -> list[list[int]]:
     """Per group, its items whose (query code, tokens) hash some other item of the call shares, in order."""
+    if not arrays:
+        return []
     flat = np.concatenate([a[0] for a in arrays]).astype(np.uint64)  # [tokens]
     lens = np.concatenate([a[1] for a in arrays])  # [items]
     starts = np.cumsum(lens) - lens  # [items]
