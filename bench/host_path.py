@@ -181,7 +181,7 @@ class TokenizerLookup:
 def stage_timers(totals: dict[str, float]):
     """Wrap the job's host steps with timers that add their seconds into totals (all threads)."""
     from score_batch.engine.plan import planner as planner_module
-    from score_batch.io_formats import jsonl, window
+    from score_batch.io_formats import digest, jsonl
     from score_batch.job import contract, local, scoring, sinks
 
     patched = []
@@ -200,7 +200,7 @@ def stage_timers(totals: dict[str, float]):
         patched.append((owner, name, original))
 
     wrap(local, "read_windows", "read (windows; generator set-up only)")
-    wrap(window.InputDigest, "add", "input digest")
+    wrap(digest.InputDigest, "add", "input digest")
     wrap(local, "prepare", "prepare (groups, keys, copies)")
     wrap(planner_module, "encode_groups", "  of which tokenize (encode_groups)")
     wrap(planner_module.PackedPlanner, "plan", "plan (tokenize, pack, batch)")
