@@ -270,8 +270,8 @@ def test_window_digest_sees_every_field_and_the_input_digest_ignores_the_windows
     import datetime
     import decimal
 
-    from score_batch.io_formats.rows import InputRow
     from score_batch.io_formats.digest import InputDigest, window_digest
+    from score_batch.io_formats.rows import InputRow
     from score_batch.io_formats.window import from_rows
 
     long_query = "q" * 5000
