@@ -84,11 +84,7 @@ def query_digest(query: Any) -> bytes:
 def streams(values: Values) -> Streams:
     """A column's streams (see the module): an Arrow column's as its Python values' would be."""
     if isinstance(values, pa.ChunkedArray):
-        joined: Streams = {}
-        for chunk in values.chunks:
-            for name, parts in _arrow(chunk).items():
-                joined.setdefault(name, []).extend(parts)
-        return joined
+        values = values.combine_chunks()
     return _arrow(values) if isinstance(values, pa.Array) else _python(values)
 
 

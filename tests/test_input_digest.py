@@ -40,16 +40,19 @@ def rows(kept: dict[str, list], items=None) -> list[InputRow]:
 
 
 def arrow_backed(window, start: int = 0):
-    """The same window with its ids and kept columns as Arrow arrays (slices of longer ones: start junk rows)."""
+    """The same window with its ids and kept columns as Arrow arrays (slices of longer ones: start junk rows;
+    the item ids in two chunks)."""
 
     def arrow(values, dtype):
-        return pa.array([values[0]] * start + list(values), dtype)[start:]
+        return pa.array(list(values[:1]) * start + list(values), dtype)[start:]
 
     kept = {name: arrow(window.kept[name], KEPT[name][0]) for name in window.kept}
     return dataclasses.replace(
         window,
         query_ids=arrow(window.query_ids, pa.string()),
-        item_ids=arrow(window.item_ids, pa.int64()),
+        item_ids=pa.chunked_array(
+            [arrow(window.item_ids[:2], pa.int64()), arrow(window.item_ids[2:], pa.int64())]
+        ),
         kept=kept,
         _cache={},
     )
