@@ -1,11 +1,12 @@
-"""The input's digest (InputDigest): every window a run reads, hashed column by column as bytes, the same however
-the input is cut into windows. The digest of the input up to a window is that window's checkpoint part's check on
---resume (each byte is hashed once; a part's check thus sees its earlier windows too).
+"""The input's digest (InputDigest): every window a run reads, hashed column by column as bytes, the same
+however the input is cut into windows. The digest of the input up to a window is that window's checkpoint
+part's check on --resume (each byte is hashed once; a part's check thus sees its earlier windows too).
 
-Each column is hashed as streams that a window only appends to: a tag byte per value (null, integer, float, text,
-other), the integers as little-endian int64, the floats as float64, the UTF-8 byte lengths (int64) of the texts
-and the concatenated texts. A value that is none of these (nested, a date, a token-id list, a boolean) counts as
-text: its JSON, tagged apart. An Arrow column gives the same streams as its Python values, mostly without copies.
+Each column is hashed as streams that a window only appends to: a tag byte per value (null, integer, float,
+text, other), the integers as little-endian int64, the floats as float64, the UTF-8 byte lengths (int64) of
+the texts and the texts back to back. A value that is none of these (nested, a date, token ids, a boolean)
+counts as text: its JSON, tagged apart. An Arrow column gives its Python values' streams, mostly without
+copies.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def streams(values: Values) -> Streams:
 
 
 def _arrow(values: pa.Array) -> Streams:
-    """An Arrow column's streams: numbers and text from its buffers, other types through their Python values."""
+    """An Arrow column's streams: numbers and text from its buffers, other types as their Python values."""
     dtype = values.type
     if pa.types.is_dictionary(dtype):
         values, dtype = values.dictionary_decode(), dtype.value_type
@@ -152,7 +153,7 @@ def _python(values: list) -> Streams:
 
 
 def _texts(texts: list[str], joined: str) -> Streams:
-    """Texts' UTF-8 byte lengths (int64) and their bytes back to back (a lone surrogate as Python's JSON read it)."""
+    """Texts' UTF-8 byte lengths (int64) and bytes back to back (a lone surrogate as JSON let it in)."""
     data = joined.encode("utf-8", "surrogatepass")
     lengths = np.fromiter(map(len, texts), np.int64, len(texts))
     if len(data) != len(joined):  # not all ASCII: characters are not bytes

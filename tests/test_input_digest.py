@@ -97,7 +97,7 @@ def test_a_kept_column_digest_tells_values_apart(one, other):
 
 
 def test_items_digest_tells_texts_token_ids_nulls_and_row_boundaries_apart():
-    """Items as text and as token ids, None and '', and the same texts split otherwise between or within rows."""
+    """Items as text and token ids, None and '', and the same texts split otherwise between or within rows."""
     base = [["ab"], ["c"], ["x"], ["y"], ["z"], ["w"]]
     variants = [
         base,
