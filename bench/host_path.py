@@ -183,7 +183,7 @@ def stage_timers(totals: dict[str, float]):
     """Wrap the job's host steps with timers that add (wall seconds, the calling thread's CPU seconds) into totals
     (all threads): a step's CPU is its own work, its wall time also its waits for the GIL and the cores."""
     from score_batch.engine.plan import planner as planner_module
-    from score_batch.io_formats import jsonl, readers, window
+    from score_batch.io_formats import digest, jsonl, readers
     from score_batch.job import contract, local, scoring, sinks
 
     patched = []
@@ -206,7 +206,7 @@ def stage_timers(totals: dict[str, float]):
     wrap(readers, "batch_window", "read: a Parquet batch → window")
     wrap(readers, "json_window", "read: a JSONL block → window")
     wrap(readers, "concat", "read: batches → windows (concat)")
-    wrap(window.InputDigest, "add", "input digest")
+    wrap(digest.InputDigest, "add", "input digest")
     wrap(local, "prepare", "prepare (groups, keys, copies)")
     wrap(planner_module, "encode_groups", "  of which tokenize (encode_groups)")
     wrap(planner_module.PackedPlanner, "plan", "plan (tokenize, pack, batch)")

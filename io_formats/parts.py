@@ -10,6 +10,7 @@ import logging
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.writers import dictionary_columns
@@ -51,13 +52,21 @@ class PartStore:
         return self._manifest.get("record")
 
     def start(self, fingerprint: str, keep: bool, record: dict | None = None) -> None:
-        """Begin this run's manifest: keep the earlier run's listed parts (resume) or start empty."""
+        """Begin this run's manifest: keep the earlier run's listed parts (resume) or start empty; InputError
+        when they were checked with another input digest (io_formats/digest)."""
+        digest, earlier = InputDigest.VERSION.decode(), self._manifest.get("input_digest")
+        if keep and self._manifest["parts"] and earlier != digest:
+            raise InputError(
+                f"cannot --resume: the parts in {self.dir.uri!r} were checked with "
+                f"{earlier or 'an older input digest'} (this score-batch: {digest}); pass --overwrite "
+                "(without --resume) to start over"
+            )
         for name in self.dir.list_names():
             if name.startswith(".") and ".tmp-" in name:  # a part cut off while written
                 self.dir.child(name).delete()
         self.dir.make_dirs()
         parts = self._manifest["parts"] if keep else {}
-        self._manifest = {"fingerprint": fingerprint, "record": record, "parts": parts}
+        self._manifest = dict(fingerprint=fingerprint, record=record, input_digest=digest, parts=parts)
         self._save()
 
     def part(self, window: int) -> Location:

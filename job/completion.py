@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, read_windows
-from score_batch.io_formats.window import InputDigest
 from score_batch.io_formats.writers import ROWS_KEY, SUCCESS, output_format
 from score_batch.job.identity import FINGERPRINTED, RunIdentity
 from score_batch.job.run_config import RunConfig
@@ -30,7 +30,7 @@ SIDECAR = ".done"  # JSONL and dataset outputs: OUTPUT.done
 
 
 def input_digest(config: RunConfig, source: InputSource) -> str:
-    """Read the whole input (no model) and digest its rows the way a run does (io_formats/window.InputDigest)."""
+    """Read the whole input (no model) and digest its rows the way a run does (io_formats/digest.InputDigest)."""
     _, windows = read_windows(source, config.columns, config.window_rows)
     content = InputDigest()
     for window in windows:

@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from score_batch.engine.plan.planner import Planner
 from score_batch.errors import UserError
 from score_batch.io_formats.columns import SCORE
+from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
-from score_batch.io_formats.window import InputDigest, Window
+from score_batch.io_formats.window import Window
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
 from score_batch.job.policy import KEEP_GOING, enforce_fail
 from score_batch.job.prefetch import Prefetch

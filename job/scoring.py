@@ -49,7 +49,7 @@ class Prepared:
     copies: dict  # window item index → values of the same pair in an earlier window of this run
     keys: list  # [items] each pair's score key
     plan: WorkPlan | None = None
-    digest: str = ""  # a local run's window digest (io_formats/window.InputDigest): its checkpoint's check
+    digest: str = ""  # a local run's digest of its input up to this window (io_formats/digest): its check
 
 
 def prepare(number: int, window: Window, tools: WindowTools) -> Prepared:

@@ -24,13 +24,13 @@ from score_batch.io_formats.columns import (
     SCORE_KEY,
     SCORES,
 )
+from score_batch.io_formats.digest import query_digest
 from score_batch.io_formats.window import (
     Window,
     appearance_codes,
     first_appearance_codes,
     pick,
     python,
-    query_digest,
     token_key,
 )
 from score_batch.job.contract import OutputContract
@@ -218,7 +218,7 @@ def output_columns(
 
 def generated_ids(window: Window) -> pa.Array:
     """[rows] int64 the query_id of an input without id columns: the first 63 bits (big-endian) of the query's
-    SHA-256 (io_formats/window.query_digest), the same for the same query in any run and any input order;
+    SHA-256 (io_formats/digest.query_digest), the same for the same query in any run and any input order;
     null for a row without a query."""
     codes = window.query_codes  # [rows]
     used = np.unique(codes[codes >= 0])  # [distinct queries of the window]
@@ -250,7 +250,7 @@ def _shown(value: Any) -> str:
 
 def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
     """[items] each pair's score key (hex), None for an item of a row that cannot be read: the 128-bit BLAKE2b,
-    keyed with score_key (the run identity's, job/identity), of the query's digest (io_formats/window's
+    keyed with score_key (the run identity's, job/identity), of the query's digest (io_formats/digest's
     query_digest, once per distinct query) then the item (text as UTF-8 behind a tag byte, token ids as
     JSON)."""
     states: dict[int, Any] = {}

@@ -298,7 +298,7 @@ def test_windows_concatenate_and_slice_back_to_the_same_rows():
 def test_window_digest_hashes_the_rows_own_queries(tmp_path, monkeypatch):
     """A row group's batch holds all its queries and its windows are slices of it: each window's digest hashes
     the queries of its own rows only (once each), and equals the record path's window of the same rows."""
-    from score_batch.io_formats import window as window_module
+    from score_batch.io_formats import digest as digest_module
 
     rng = random.Random(5)
     queries = [rng.choice([f"query {k}" for k in range(40)] + [None]) for _ in range(3000)]
@@ -306,11 +306,11 @@ def test_window_digest_hashes_the_rows_own_queries(tmp_path, monkeypatch):
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=3000)
     _, windows = read_windows(open_source(str(tmp_path / "in.parquet")), ColumnOverrides(), 50)
     hashed = []
-    digest = window_module.query_digest
-    monkeypatch.setattr(window_module, "query_digest", lambda query: hashed.append(query) or digest(query))
+    digest = digest_module.query_digest
+    monkeypatch.setattr(digest_module, "query_digest", lambda query: hashed.append(query) or digest(query))
     for window in windows:
         rows = window.rows()
         hashed.clear()
-        got = window_module.window_digest(window)
+        got = digest_module.window_digest(window)
         assert sorted(hashed) == sorted({row.query for row in rows if row.query is not None})
-        assert got == window_module.window_digest(from_rows(rows, False, ()))
+        assert got == digest_module.window_digest(from_rows(rows, False, ()))

@@ -130,7 +130,7 @@ def test_resume_after_a_torch_upgrade_is_refused(job):
 def test_resume_checks_the_input_by_content_and_refuses_older_parts_by_version(job):
     """The parts record the run's identity (model, settings, versions) and each window's input digest: an
     input touched but unchanged resumes; parts of 0.4.0 (its record held the input files' sizes and times)
-    are refused naming the version."""
+    are refused naming the version, parts checked with an older input digest naming the digest."""
     import score_batch
 
     base, reference, tmp_path = job
@@ -148,6 +148,11 @@ def test_resume_checks_the_input_by_content_and_refuses_older_parts_by_version(j
     refused = run_cli(*base, "-o", out, "--resume")
     assert refused.returncode == 2, refused.stderr
     assert f"written differently: score-batch 0.4.0 → {score_batch.__version__};" in refused.stderr
+    digest_2 = json.loads(written)
+    del digest_2["input_digest"]  # parts checked with input digest 2 (its manifest named none)
+    manifest.write_text(json.dumps(digest_2))
+    refused = run_cli(*base, "-o", out, "--resume")
+    assert refused.returncode == 2 and "(this score-batch: score-batch input digest 3)" in refused.stderr
     manifest.write_text(written)
     stat = base[0].stat()
     os.utime(base[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, its content kept
@@ -270,8 +275,9 @@ def test_window_digest_sees_every_field_and_the_input_digest_ignores_the_windows
     import datetime
     import decimal
 
+    from score_batch.io_formats.digest import InputDigest, window_digest
     from score_batch.io_formats.rows import InputRow
-    from score_batch.io_formats.window import InputDigest, from_rows, window_digest
+    from score_batch.io_formats.window import from_rows
 
     long_query = "q" * 5000
     rows = [
