@@ -5,9 +5,11 @@ over two lines beside two objects on one line) and escapes both take (pairs, an 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
+from score_batch.io_formats import readers
 from score_batch.io_formats.readers import column_types, input_mapping, open_source
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.window import json_window
@@ -159,3 +161,37 @@ def test_clean_blocks_with_crlf_indents_and_brackets_stay_columnar(tmp_path):
     window = json_window(0, lines, {}, mapping, column_types(source, mapping))
     assert window is not None and window.rows() == record_path_rows(source, KEEP)
     assert window.rows()[7].kept["n"] == float("-inf")
+
+
+FRAGMENTS = [  # pieces of objects a block parser could join across lines, or split within one
+    b'{"query": "a",',
+    b'"item": "b"}',
+    b'"item": "b"} {"query": "c",',
+    b'"item": "b"}, {"query": "c",',
+    b"{",
+    b"}",
+    b'"n": 1}',
+    b'{"query": "a", "item": "b", "meta": {"x": 1}',
+    b'{"query": "a", "item": "b"} {"query": "c", "item": "d"}',
+    b'{"query": "a", "item": "b"}\r{"query": "c", "item": "d"}',
+    b'{"query": "a", "item": "b"}{"query": "c", "item": "d"}',
+    b'{"query": "a", "item": "b", "n": -NaN}',
+    b'{"query": "a", "item": "b", "n": Inf}',
+    b'{"query": "a", "item": "b", "junk": ' + b"[" * 1500 + b"]" * 1500 + b"}",
+    b'[{"query": "a", "item": "b"}]',
+    b'"x"',
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fragments_joined_or_split_by_the_block_parser_give_the_line_rows(tmp_path, monkeypatch, seed):
+    """Small blocks (where a line of two objects and an object over two lines meet in one) of random lines."""
+    rng = random.Random(seed)
+    monkeypatch.setattr(readers, "BATCH_ROWS", rng.choice([2, 3, 4, 7]))
+    lines = [
+        rng.choice(FRAGMENTS)
+        if rng.random() < 0.5
+        else ROW.replace(b'"item": "x"', b'"item": "i%d"' % k) + b"}"
+        for k in range(rng.randint(5, 60))
+    ]
+    assert_line_rows(tmp_path, lines)
