@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -430,7 +432,10 @@ def _python_refuses(raw: bytes, lines: list[bytes]) -> bool:
     if (b"Inf" in raw or b"-NaN" in raw) and NOT_PYTHON_NUMBER.search(raw):
         return True
     most = raw.count(b"[") + raw.count(b"{") - (len(lines) - 1)  # each other line has its '{'
-    return most > DEEP and any(line.count(b"[") + line.count(b"{") > DEEP for line in lines)
+    if most <= DEEP:
+        return False
+    count = bytes.count
+    return max(map(operator.add, map(count, lines, repeat(b"[")), map(count, lines, repeat(b"{")))) > DEEP
 
 
 class InputDigest:
