@@ -23,11 +23,11 @@ from score_batch.io_formats.schema import ColumnMapping
 
 # window_table's columns beside the input's (named so that no input column takes them)
 ROW_COLUMN, ERROR_COLUMN, ITEM_ID_COLUMN = "__row_index", "__error", "__item_id"
-# numbers pyarrow's parser reads and Python's json refuses (it reads NaN, Infinity and -Infinity only)
-NOT_PYTHON_NUMBER = re.compile(rb"[:\[,]\s*(?:-NaN|-?Inf(?!inity))")
-DEEP = (
-    200  # a line with more '[' and '{' than this may nest past Python json's recursion limit (not pyarrow's)
-)
+# numbers pyarrow's parser reads and Python's json refuses (it reads NaN, Infinity and -Infinity only), or
+# reads otherwise (the integer -0 is 0 to Python, -0.0 to pyarrow in a float column)
+NOT_PYTHON_NUMBER = re.compile(rb"[:\[,]\s*(?:-NaN|-?Inf(?!inity)|-0(?![.eE]))")
+# a line with more '[' and '{' than this may nest past Python json's recursion limit (not pyarrow's)
+DEEP = 200
 TEXT_OR_IDS = pa.sparse_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
@@ -427,9 +427,9 @@ def _one_object_a_line(raw: bytes, lines: list[bytes]) -> bool:
 
 
 def _python_refuses(raw: bytes, lines: list[bytes]) -> bool:
-    """Whether a line may hold what pyarrow's parser reads and Python's json does not (or maybe not): -NaN, Inf or
-    -Inf as a value, or nesting past Python's recursion limit."""
-    if (b"Inf" in raw or b"-NaN" in raw) and NOT_PYTHON_NUMBER.search(raw):
+    """Whether a line may hold what pyarrow's parser reads and Python's json does not (or maybe not, or reads
+    otherwise): -NaN, Inf or -Inf as a value, the integer -0, or nesting past Python's recursion limit."""
+    if (b"Inf" in raw or b"-NaN" in raw or b"-0" in raw) and NOT_PYTHON_NUMBER.search(raw):
         return True
     most = raw.count(b"[") + raw.count(b"{") - (len(lines) - 1)  # each other line has its '{'
     if most <= DEEP:

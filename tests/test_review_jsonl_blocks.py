@@ -5,6 +5,7 @@ over two lines beside two objects on one line) and escapes both take (pairs, an 
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -195,3 +196,12 @@ def test_fragments_joined_or_split_by_the_block_parser_give_the_line_rows(tmp_pa
         for k in range(rng.randint(5, 60))
     ]
     assert_line_rows(tmp_path, lines)
+
+
+def test_an_integer_minus_zero_in_a_float_column_is_zero_as_python_reads_it(tmp_path):
+    """JSON's -0 is the integer 0 to Python's json (a float column holds 0.0); pyarrow read it as -0.0."""
+    lines = [ROW.replace(b'"n": 2.5', b'"n": ' + number) + b"}" for number in (b"-0", b"-0.0", b"-0e1", b"0")]
+    expected = assert_line_rows(tmp_path, lines)  # == takes -0.0 for 0.0: the signs are compared here
+    rows = window_rows(open_source(str(tmp_path / "in.jsonl")), KEEP, 100)
+    signs = [[math.copysign(1, row.kept["n"]) for row in got[3:7]] for got in (rows, expected)]
+    assert signs == [[1, -1, -1, 1]] * 2
