@@ -130,6 +130,10 @@ class JsonlReader:
     def total_rows(self) -> int:
         return self.scan().rows
 
+    def all_objects(self) -> bool:
+        """Whether this reader's first pass, if it made one, read every line as one JSON object."""
+        return self._scan is not None and self._scan.first_bad is None
+
     def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:
         """(line, record) per non-blank line of every file in order (columns: ignored, a line is parsed whole)."""
         for file in self._inputs():

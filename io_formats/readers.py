@@ -205,9 +205,11 @@ def _window_batches(
             index += window.num_rows
             yield window
         return
+    read_by_python = table.all_objects()
     for file, lines in table.line_blocks(BATCH_ROWS, where):
         partitions = dict(file.partitions) if file is not None else {}
-        window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if long else None
+        raws = [raw for _, raw in lines]
+        window = json_window(index, raws, partitions, mapping, types, read_by_python) if long else None
         if window is None:
             records = [parse_line(raw, line) for line, raw in lines]
             if file is not None:

@@ -24,7 +24,7 @@ from score_batch.io_formats.schema import ColumnMapping
 ROW_COLUMN, ERROR_COLUMN, ITEM_ID_COLUMN = "__row_index", "__error", "__item_id"
 # numbers pyarrow's parser reads and Python's json refuses (it reads NaN, Infinity and -Infinity only), or
 # reads otherwise (the integer -0 is 0 to Python, -0.0 to pyarrow in a float column)
-NOT_PYTHON_NUMBER = re.compile(rb"[:\[,]\s*(?:-NaN|-?Inf(?!inity)|-0(?![.eE]))")
+NOT_PYTHON_NUMBER = re.compile(rb"[:\[,]\s*(?:-NaN|-?Inf(?!inity))")
 # a line with more '[' and '{' than this may nest past Python json's recursion limit (not pyarrow's)
 DEEP = 200
 TEXT_OR_IDS = pa.sparse_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
@@ -384,11 +384,18 @@ def _is_ids(value: Any) -> bool:
 
 
 def json_window(
-    first: int, lines: list[bytes], partitions: dict[str, Any], mapping: ColumnMapping, types
+    first: int,
+    lines: list[bytes],
+    partitions: dict[str, Any],
+    mapping: ColumnMapping,
+    types,
+    read_by_python: bool = False,
 ) -> Window | None:
     """A long-layout JSONL block parsed by pyarrow into the input's types, as the per-line path would give it,
     or None when a line needs that path (not an object, bad JSON or UTF-8 anywhere in it, a byte order mark,
-    another type, a repeated key, a lone surrogate escape, a column partition values fill)."""
+    another type, a repeated key, a lone surrogate escape, a column partition values fill, a negative zero in
+    a float column). read_by_python: the first pass read every line of the input as one JSON object
+    (JsonlReader.all_objects), so no line holds what pyarrow reads and Python's json refuses."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
     typed = mapping.typed_columns()
@@ -397,7 +404,7 @@ def json_window(
     raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
     if raw.startswith(BOM):
         return None  # pyarrow skips it, Python's json refuses it
-    if not _one_object_a_line(raw, lines) or _python_refuses(raw, lines):
+    if not read_by_python and (not _one_object_a_line(raw, lines) or _python_refuses(raw, lines)):
         return None
     # pyarrow checks the UTF-8 of the values it reads only, Python's json every byte (ASCII is UTF-8); a lone
     # surrogate escape, the row's error in Python's json, fails pyarrow's parse of the block, in any field
@@ -414,9 +421,17 @@ def json_window(
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    if table.num_rows != len(lines):
+    if table.num_rows != len(lines) or any(map(_negative_zero, table.columns)):
         return None
     return long_window(first, table.combine_chunks().to_batches()[0], {}, mapping, types)
+
+
+def _negative_zero(column: pa.ChunkedArray) -> bool:
+    """Whether a float column holds -0.0: pyarrow's for an integer -0, which Python's json reads as 0."""
+    if not pa.types.is_floating(column.type) or not len(column):
+        return False
+    values = column.combine_chunks().fill_null(1.0).to_numpy(zero_copy_only=False)
+    return bool(np.any(np.signbit(values) & (values == 0)))
 
 
 def _one_object_a_line(raw: bytes, lines: list[bytes]) -> bool:
@@ -430,9 +445,9 @@ def _one_object_a_line(raw: bytes, lines: list[bytes]) -> bool:
 
 
 def _python_refuses(raw: bytes, lines: list[bytes]) -> bool:
-    """Whether a line may hold what pyarrow's parser reads and Python's json does not (or maybe not, or reads
-    otherwise): -NaN, Inf or -Inf as a value, the integer -0, or nesting past Python's recursion limit."""
-    if (b"Inf" in raw or b"-NaN" in raw or b"-0" in raw) and NOT_PYTHON_NUMBER.search(raw):
+    """Whether a line may hold what pyarrow's parser reads and Python's json does not: -NaN, Inf or -Inf as a
+    value, or nesting past Python's recursion limit (an integer -0: _negative_zero, after the parse)."""
+    if (b"Inf" in raw or b"-NaN" in raw) and NOT_PYTHON_NUMBER.search(raw):
         return True
     most = raw.count(b"[") + raw.count(b"{") - (len(lines) - 1)  # each other line has its '{'
     if most <= DEEP:
