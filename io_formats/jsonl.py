@@ -131,7 +131,8 @@ class JsonlReader:
         return self.scan().rows
 
     def all_objects(self) -> bool:
-        """Whether this reader's first pass, if it made one, read every line as one JSON object."""
+        """Whether this reader's first pass, if it made one, read every line as one JSON object (its blocks may
+        then be parsed by pyarrow: io_formats/window.json_window)."""
         return self._scan is not None and self._scan.first_bad is None
 
     def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:

@@ -205,11 +205,10 @@ def _window_batches(
             index += window.num_rows
             yield window
         return
-    read_by_python = table.all_objects()
+    blocks = long and (table.all_objects() if unit is None else unit.lines_read)  # else line by line
     for file, lines in table.line_blocks(BATCH_ROWS, where):
         partitions = dict(file.partitions) if file is not None else {}
-        raws = [raw for _, raw in lines]
-        window = json_window(index, raws, partitions, mapping, types, read_by_python) if long else None
+        window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if blocks else None
         if window is None:
             records = [parse_line(raw, line) for line, raw in lines]
             if file is not None:
@@ -301,13 +300,15 @@ class ReadUnit:
     file: InputFile
     row_group: int | None  # None: the whole JSONL file
     first_row: int  # input row index of the unit's first row
+    lines_read: bool = False  # JSONL: the first pass read every line of the input as one JSON object
 
 
 def read_units(source: InputSource) -> list[ReadUnit]:
     """The input split into independently readable units, in input order, with their first row index."""
-    units, offset = [], 0
-    for file, row_group, rows in reader(source).units():
-        units.append(ReadUnit(source, file, row_group, offset))
+    units, offset, table = [], 0, reader(source)
+    lines_read = isinstance(table, JsonlReader) and table.all_objects()
+    for file, row_group, rows in table.units():
+        units.append(ReadUnit(source, file, row_group, offset, lines_read))
         offset += rows
     return units
 

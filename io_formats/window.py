@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import io
 import json
-import operator
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -22,11 +19,6 @@ from score_batch.io_formats.schema import ColumnMapping
 
 # window_table's columns beside the input's (named so that no input column takes them)
 ROW_COLUMN, ERROR_COLUMN, ITEM_ID_COLUMN = "__row_index", "__error", "__item_id"
-# numbers pyarrow's parser reads and Python's json refuses (it reads NaN, Infinity and -Infinity only), or
-# reads otherwise (the integer -0 is 0 to Python, -0.0 to pyarrow in a float column)
-NOT_PYTHON_NUMBER = re.compile(rb"[:\[,]\s*(?:-NaN|-?Inf(?!inity))")
-# a line with more '[' and '{' than this may nest past Python json's recursion limit (not pyarrow's)
-DEEP = 200
 TEXT_OR_IDS = pa.sparse_union([pa.field("text", pa.string()), pa.field("ids", pa.list_(pa.int64()))])
 Values = pa.Array | list  # a column of a window: Arrow as read, or Python values (from records)
 
@@ -384,18 +376,14 @@ def _is_ids(value: Any) -> bool:
 
 
 def json_window(
-    first: int,
-    lines: list[bytes],
-    partitions: dict[str, Any],
-    mapping: ColumnMapping,
-    types,
-    read_by_python: bool = False,
+    first: int, lines: list[bytes], partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
     """A long-layout JSONL block parsed by pyarrow into the input's types, as the per-line path would give it,
-    or None when a line needs that path (not an object, bad JSON or UTF-8 anywhere in it, a byte order mark,
-    another type, a repeated key, a lone surrogate escape, a column partition values fill, a negative zero in
-    a float column). read_by_python: the first pass read every line of the input as one JSON object
-    (JsonlReader.all_objects), so no line holds what pyarrow reads and Python's json refuses."""
+    or None when a line needs that path (another type, a repeated key, a lone surrogate escape, bad UTF-8
+    anywhere in it, a byte order mark, a column partition values fill, a negative zero in a float column).
+    Only for an input whose first pass read every line as one JSON object (JsonlReader.all_objects): else a
+    line Python's json refuses may be one pyarrow reads (Inf, deep nesting), and an object over two lines
+    beside two objects on one line would shift the rows by one."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
     typed = mapping.typed_columns()
@@ -404,8 +392,6 @@ def json_window(
     raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
     if raw.startswith(BOM):
         return None  # pyarrow skips it, Python's json refuses it
-    if not read_by_python and (not _one_object_a_line(raw, lines) or _python_refuses(raw, lines)):
-        return None
     # pyarrow checks the UTF-8 of the values it reads only, Python's json every byte (ASCII is UTF-8); a lone
     # surrogate escape, the row's error in Python's json, fails pyarrow's parse of the block, in any field
     if not raw.isascii():
@@ -432,28 +418,6 @@ def _negative_zero(column: pa.ChunkedArray) -> bool:
         return False
     values = column.combine_chunks().fill_null(1.0).to_numpy(zero_copy_only=False)
     return bool(np.any(np.signbit(values) & (values == 0)))
-
-
-def _one_object_a_line(raw: bytes, lines: list[bytes]) -> bool:
-    """Whether each line starts with '{' and ends with '}' beside JSON's whitespace: pyarrow reads newlines as
-    whitespace, but '}' then '{' is not JSON inside a value, so a parse into len(lines) objects is one a line
-    (else an object over two lines beside two objects on one line would shift the rows by one)."""
-    if raw.startswith(b"{") + raw.count(b"\n{") == len(lines) == raw.count(b"}\n") + raw.count(b"}\r\n"):
-        return True
-    stripped = (line.strip(b" \t\r\n") for line in lines)
-    return all(line.startswith(b"{") and line.endswith(b"}") for line in stripped)
-
-
-def _python_refuses(raw: bytes, lines: list[bytes]) -> bool:
-    """Whether a line may hold what pyarrow's parser reads and Python's json does not: -NaN, Inf or -Inf as a
-    value, or nesting past Python's recursion limit (an integer -0: _negative_zero, after the parse)."""
-    if (b"Inf" in raw or b"-NaN" in raw) and NOT_PYTHON_NUMBER.search(raw):
-        return True
-    most = raw.count(b"[") + raw.count(b"{") - (len(lines) - 1)  # each other line has its '{'
-    if most <= DEEP:
-        return False
-    count = bytes.count
-    return max(map(operator.add, map(count, lines, repeat(b"[")), map(count, lines, repeat(b"{")))) > DEEP
 
 
 def python(values: Values) -> list:

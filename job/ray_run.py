@@ -61,13 +61,14 @@ GROUP = "__group"  # the read stage's query group key (the grouping shuffle's)
 
 
 def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
-    """Read units as plain rows: file position, row group (-1: none), first row."""
+    """Read units as plain rows: file position, row group (-1: none), first row, lines read."""
     position = {id(file): index for index, file in enumerate(source.files)}
     return [
         {
             "file": position[id(unit.file)],
             "row_group": -1 if unit.row_group is None else unit.row_group,
             "first_row": unit.first_row,
+            "lines_read": unit.lines_read,
         }
         for unit in units
     ]
@@ -77,8 +78,12 @@ def _read_rows(batch: dict, source: InputSource, mapping, types: dict, texts) ->
     """Ray Data stage: read units → their rows as the input's own columns (io_formats/window.window_table), in
     the long layout with each row's query group key (GROUP)."""
     tables = []
-    for file, group, first in zip(batch["file"], batch["row_group"], batch["first_row"]):
-        unit = ReadUnit(source, source.files[int(file)], None if group < 0 else int(group), int(first))
+    for file, group, first, lines_read in zip(
+        batch["file"], batch["row_group"], batch["first_row"], batch["lines_read"]
+    ):
+        unit = ReadUnit(
+            source, source.files[int(file)], None if group < 0 else int(group), int(first), bool(lines_read)
+        )
         window = read_unit(unit, mapping, types)
         table = window_table(window, mapping, types, texts)
         if mapping.layout == "long":

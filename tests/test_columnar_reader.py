@@ -317,21 +317,20 @@ def test_window_digest_hashes_the_rows_own_queries(tmp_path, monkeypatch):
         assert got == digest_module.window_digest(from_rows(rows, False, ()))
 
 
-def test_blocks_trust_pyarrow_only_where_the_first_pass_read_every_line(tmp_path, monkeypatch):
-    """A clean input's blocks skip the checks for lines Python's json refuses (the first pass read them all);
-    with one bad line anywhere, every block is checked; the rows equal the line by line rows either way."""
+def test_blocks_are_parsed_by_pyarrow_only_where_the_first_pass_read_every_line(tmp_path, monkeypatch):
+    """A clean input's blocks go to pyarrow; with one line Python's json refuses anywhere, none does (such a line
+    may be one pyarrow reads); the rows equal the line by line rows either way, -0 read as Python reads it."""
     rows = [{"query": "q", "item": f"i{k}", "n": [-0, 2.5][k % 2]} for k in range(40)]
     lines = [json.dumps(row) for row in rows]
-    for bad, expected_trust in ((None, True), ('{"query": "q", "item": "x", "n": Inf}', False)):
-        path = tmp_path / f"in-{expected_trust}.jsonl"
+    for bad, blocks in ((None, 1), ('{"query": "q", "item": "x", "n": Inf}', 0)):
+        path = tmp_path / f"in-{blocks}.jsonl"
         path.write_text("\n".join(lines + ([bad] if bad else [])) + "\n", encoding="utf-8")
         source = open_source(str(path))
-        trusted: list[bool] = []
+        parsed: list[int] = []
         with monkeypatch.context() as patch:
-            patch.setattr(
-                readers, "json_window", lambda *a, seen=trusted: seen.append(a[-1]) or json_window(*a)
-            )
+            patch.setattr(readers, "json_window", lambda *a, seen=parsed: seen.append(1) or json_window(*a))
             got = window_rows(source, KEEP_N, 16)
-        assert set(trusted) == {expected_trust}
+        assert len(parsed) == blocks
         assert got == record_path_rows(source, KEEP_N)
         assert [math.copysign(1, row.kept["n"]) for row in got[:2]] == [1, 1]  # -0 is Python's 0: 0.0
+        assert [unit.lines_read for unit in readers.read_units(source)] == [bool(blocks)]
