@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from score_batch import __version__
 from score_batch.engine.model.source import model_identity
+from score_batch.io_formats.digest import InputDigest
 from score_batch.machine import device_name
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class RunIdentity:
 
     def completed(self, input_digest: str) -> RunIdentity:
         """The identity an output completed from an input of this content digest records."""
-        return self._of({**self.record, "input": [input_digest]})
+        return self._of({**self.record, "input": [input_digest, InputDigest.VERSION.decode()]})
 
     def score_key(self, setup) -> bytes:
         """The 32-byte key of every pair's score key: this identity's model, engine settings and versions, and
@@ -100,7 +101,11 @@ class RunIdentity:
         if earlier["model"] != self.record["model"] and same_build:
             said.append("the model's files changed (their content)")
         if earlier.get("input") != self.record.get("input") and same_build:
-            said.append("the input changed")
+            digested = [(record.get("input") or [None])[1:] for record in (earlier, self.record)]
+            if digested[0] != digested[1]:  # an older record: a digest without its version
+                said.append(f"the input was digested another way then (now: {InputDigest.VERSION.decode()})")
+            else:
+                said.append("the input changed")
         said += [f"{name} {before.get(name)} → {new}" for name, new in now.items() if before.get(name) != new]
         return "; ".join(said)
 

@@ -351,3 +351,36 @@ def test_a_dry_run_leaves_temporary_files_alone_the_real_run_removes_them(qwen3_
     real = run_cli(data, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS)
     assert real.returncode == 0, real.stderr
     assert not leftover.exists() and out.exists()
+
+
+def test_a_completed_output_of_an_older_input_digest_is_named_so_on_a_rerun(qwen3_causal, tmp_path):
+    """An output completed when the input digest had no version in its record (score-batch input digest 2):
+    a --resume on the same input is refused (the digests cannot be compared) naming the digest, not 'the input
+    changed'."""
+    import pyarrow.parquet as pq
+
+    from score_batch.io_formats.writers import ROWS_KEY
+    from score_batch.job.completion import METADATA_KEY, RECORD_KEY
+    from score_batch.job.identity import RunIdentity
+
+    data = write_jsonl(tmp_path / "in.jsonl", many_rows(4, 3))
+    out = tmp_path / "o.parquet"
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "-o", out, "--resume"]
+    assert run_cli(*base).returncode == 0
+    assert "already complete" in run_cli(*base).stderr  # the same input, this digest: nothing to do
+    table = pq.read_table(out)
+    record = json.loads(table.schema.metadata[RECORD_KEY])
+    assert record["input"][1] == "score-batch input digest 3"
+    record["input"] = record["input"][:1]  # as an older record holds it
+    older = RunIdentity._of(record)  # its fingerprint as the older run wrote it
+    metadata = {
+        **table.schema.metadata,
+        RECORD_KEY: json.dumps(record, sort_keys=True).encode(),
+        METADATA_KEY: older.digest.encode(),
+        ROWS_KEY: str(table.num_rows).encode(),
+    }
+    pq.write_table(table.replace_schema_metadata(metadata), out)
+    refused = run_cli(*base)
+    assert refused.returncode == 2, refused.stderr
+    assert "the input was digested another way then (now: score-batch input digest 3)" in refused.stderr
+    assert "the input changed" not in refused.stderr
