@@ -224,18 +224,8 @@ def long_window(
     row's index, or [rows] each row's; partitions: the file's hive values), or None when it needs to_row's
     checks (not valid text, a type not the input's)."""
     schema = batch.schema
-    text = (pa.string(), pa.large_string())
-    for name in (mapping.query, mapping.items):
-        dtype = schema.field(name).type if name in schema.names else None
-        if pa.types.is_dictionary(dtype):
-            dtype = dtype.value_type
-        if dtype not in text:
-            return None
-    for name in (*mapping.id_columns, mapping.item_id, *mapping.keep):
-        if name is None or name not in schema.names:
-            continue
-        if _plain(schema.field(name).type) != _plain(types.get(name) or pa.null()):
-            return None  # to_row converts (an integer id in a float column): the per-record path
+    if not _typed_as_read(schema, mapping, types):
+        return None
     n = batch.num_rows
     queries, items = batch.column(mapping.query), batch.column(mapping.items)
     if not pa.types.is_dictionary(queries.type):
@@ -280,6 +270,20 @@ def long_window(
         {name: column(name) for name in mapping.keep},
         item_ids,
         errors,
+    )
+
+
+def _typed_as_read(schema: pa.Schema, mapping: ColumnMapping, types) -> bool:
+    """Whether a batch's query and items are text and its id and kept columns of the input's types (else
+    to_row converts or fails them: an integer id in a float column, a number where text goes)."""
+    text = (pa.string(), pa.large_string())
+    for name in (mapping.query, mapping.items):
+        if name not in schema.names or _plain(schema.field(name).type) not in text:
+            return False
+    return all(
+        _plain(schema.field(name).type) == _plain(types.get(name) or pa.null())
+        for name in (*mapping.id_columns, mapping.item_id, *mapping.keep)
+        if name is not None and name in schema.names
     )
 
 
