@@ -14,7 +14,7 @@ import pytest
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.plan import planner as planner_module
-from score_batch.engine.plan.packing import mis_pack
+from score_batch.engine.plan.packing import FlatItems, mis_pack
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits, duplicate_sequences
 from score_batch.engine.text.backend_tokenizer import backend_tokenizer
 from score_batch.engine.text.encode import EncodedTexts, encode_texts
@@ -245,11 +245,14 @@ def test_no_items_anywhere(tokenizer):
 
 def test_mis_pack_takes_arrays_as_lists():
     items = [[4, 5], [], [6], [7, 8, 9]]
-    arrays = (np.array([4, 5, 6, 7, 8, 9], np.int64), np.array([2, 0, 1, 3], np.int64))
+    arrays = FlatItems(np.array([4, 5, 6, 7, 8, 9], np.int64), np.array([2, 0, 1, 3], np.int64))
     refs = [(0, k) for k in range(4)]
     a, b = mis_pack([1, 2], items, refs, 3), mis_pack([1, 2], arrays, refs, 3)
     for name in ("token_ids", "positions", "segments", "score_rows"):
         assert getattr(a, name).tolist() == getattr(b, name).tolist()
+    # a plain tuple of two items' lists is two items, not arrays
+    two = mis_pack([1, 2], ([4, 5], [6]), refs[:2], 3)
+    assert two.token_ids.tolist() == mis_pack([1, 2], [[4, 5], [6]], refs[:2], 3).token_ids.tolist()
 
 
 def test_encoded_texts_slices_of_slices_and_the_whole_call(tokenizer):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,19 +39,26 @@ class Pack:
         return self.query_key is not None and not self.query_cached
 
 
+class FlatItems(NamedTuple):
+    """Items' token ids as arrays: their tokens back to back and their lengths."""
+
+    tokens: np.ndarray  # [item tokens] int64
+    lens: np.ndarray  # [items] int64
+
+
 def mis_pack(
     query_ids: list[int],
-    items: list[list[int]] | tuple[np.ndarray, np.ndarray],
+    items: list[list[int]] | FlatItems,
     refs: list[ItemRef],
     delimiter: int,
     query_key: int | None = None,
 ) -> Pack:
     """Pack `query D item0 D item1 D … D` with restarting positions and per-item score rows (items: each
-    item's ids, or all of them as arrays: [item tokens] back to back and [n] lengths). With query_key, the
-    pack also stores its query's per-layer K/V under that key for cached packs."""
+    item's ids, or all of them as FlatItems). With query_key, the pack also stores its query's per-layer K/V
+    under that key for cached packs."""
     if not query_ids:
         raise ValueError("multi-item packing needs a query of at least one token")
-    if isinstance(items, tuple):
+    if isinstance(items, FlatItems):
         flat, lens = items  # [item tokens], [n]
     else:
         lens = np.fromiter(map(len, items), np.int64, len(items))  # [n]

@@ -10,7 +10,15 @@ import numpy as np
 from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.plan.batching import Batch, make_batches
-from score_batch.engine.plan.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
+from score_batch.engine.plan.packing import (
+    FlatItems,
+    ItemRef,
+    Pack,
+    cached_mis_pack,
+    mis_pack,
+    single_pack,
+    split_items,
+)
 from score_batch.engine.text.chunking import ChunkedGroup, check_chunk_settings, chunk_group
 from score_batch.engine.text.encode import EncodedTexts
 from score_batch.engine.text.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
@@ -308,7 +316,7 @@ def _inline_pack(
         if arrays is not None:
             flat, lens = arrays
             bounds = (int(lens[:first].sum()), int(lens[:last].sum()))
-            items = (flat[bounds[0] : bounds[1]], lens[first:last])
+            items = FlatItems(flat[bounds[0] : bounds[1]], lens[first:last])
         else:
             items = group.item_ids[first:last]
     else:
