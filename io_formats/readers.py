@@ -306,8 +306,9 @@ class ReadUnit:
 def read_units(source: InputSource) -> list[ReadUnit]:
     """The input split into independently readable units, in input order, with their first row index."""
     units, offset, table = [], 0, reader(source)
+    listed = table.units()  # JSONL: after its first pass, which all_objects reports
     lines_read = isinstance(table, JsonlReader) and table.all_objects()
-    for file, row_group, rows in table.units():
+    for file, row_group, rows in listed:
         units.append(ReadUnit(source, file, row_group, offset, lines_read))
         offset += rows
     return units

@@ -334,3 +334,5 @@ def test_blocks_are_parsed_by_pyarrow_only_where_the_first_pass_read_every_line(
         assert got == record_path_rows(source, KEEP_N)
         assert [math.copysign(1, row.kept["n"]) for row in got[:2]] == [1, 1]  # -0 is Python's 0: 0.0
         assert [unit.lines_read for unit in readers.read_units(source)] == [bool(blocks)]
+        fresh = open_source(str(path))  # units listed before anything else read the lines
+        assert [unit.lines_read for unit in readers.read_units(fresh)] == [bool(blocks)]
