@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 TokenIds = list[int]
+
+
+class FlatItems(NamedTuple):
+    """Items' token ids as arrays: their tokens back to back and their lengths."""
+
+    tokens: np.ndarray  # [item tokens] int64
+    lens: np.ndarray  # [items] int64
+
+    @classmethod
+    def of(cls, ids: list[list[int]]) -> FlatItems:
+        """Id lists flattened."""
+        lens = np.fromiter(map(len, ids), np.int64, len(ids))  # [items]
+        return cls(np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lens.sum())), lens)
 
 
 class ItemRef(NamedTuple):

@@ -13,7 +13,7 @@ from score_batch.engine.plan import planner as planner_module
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits, duplicate_sequences
 from score_batch.engine.text.backend_tokenizer import backend_tokenizer
 from score_batch.engine.text.encode import EncodedTexts, encode_texts
-from score_batch.engine.types import Group, TokenizedGroup
+from score_batch.engine.types import FlatItems, Group, TokenizedGroup
 from tests.tiny_models import BASE_CORPUS, build_tokenizer
 
 WORDS = sorted({w for line in BASE_CORPUS for w in line.split()})
@@ -92,7 +92,7 @@ def arrays_of(groups):
     out = []
     for g in groups:
         lens = np.array([len(ids or []) for ids in g.item_ids], np.int64)
-        out.append((np.array([t for ids in g.item_ids for t in ids or []], np.int64), lens))
+        out.append(FlatItems(np.array([t for ids in g.item_ids for t in ids or []], np.int64), lens))
     return out
 
 

@@ -14,12 +14,12 @@ import pytest
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.plan import planner as planner_module
-from score_batch.engine.plan.packing import FlatItems, mis_pack
+from score_batch.engine.plan.packing import mis_pack
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits, duplicate_sequences
 from score_batch.engine.text.backend_tokenizer import backend_tokenizer
 from score_batch.engine.text.encode import EncodedTexts, encode_texts
 from score_batch.engine.text.tokenize import without_unscored_tail
-from score_batch.engine.types import Group, TokenizedGroup
+from score_batch.engine.types import FlatItems, Group, TokenizedGroup
 from tests.test_plan_arrays import WORDS, as_lists, plan_arrays
 from tests.tiny_models import build_tokenizer
 
@@ -214,7 +214,9 @@ def test_hash_collisions_leave_the_exact_comparison_to_decide(monkeypatch):
         for _ in range(6)
     ]
     arrays = [
-        (np.array([t for ids in g.item_ids for t in ids], np.int64), np.array([len(i) for i in g.item_ids]))
+        FlatItems(
+            np.array([t for ids in g.item_ids for t in ids], np.int64), np.array([len(i) for i in g.item_ids])
+        )
         for g in groups
     ]
     exact = list(duplicate_sequences(groups).items())
@@ -226,7 +228,9 @@ def test_hash_collisions_leave_the_exact_comparison_to_decide(monkeypatch):
     assert list(duplicate_sequences(groups, arrays).items()) == exact
     # tokens that wrap the uint64 hash (ids up to 2**62) still hash equal sequences alike
     big = [TokenizedGroup([1], [[2**62, 2**62 - 1, 7], [2**62, 2**62 - 1, 7], [7]], [None] * 3)]
-    big_arrays = [(np.array([2**62, 2**62 - 1, 7, 2**62, 2**62 - 1, 7, 7], np.int64), np.array([3, 3, 1]))]
+    big_arrays = [
+        FlatItems(np.array([2**62, 2**62 - 1, 7, 2**62, 2**62 - 1, 7, 7], np.int64), np.array([3, 3, 1]))
+    ]
     monkeypatch.setattr(planner_module, "_hash_candidates", real)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

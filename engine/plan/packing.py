@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 
-from score_batch.engine.types import ItemRef
+from score_batch.engine.types import FlatItems, ItemRef
 
 QUERY_SEGMENT = -1
 DELIMITER_SEGMENT = -2
@@ -39,13 +37,6 @@ class Pack:
         return self.query_key is not None and not self.query_cached
 
 
-class FlatItems(NamedTuple):
-    """Items' token ids as arrays: their tokens back to back and their lengths."""
-
-    tokens: np.ndarray  # [item tokens] int64
-    lens: np.ndarray  # [items] int64
-
-
 def mis_pack(
     query_ids: list[int],
     items: list[list[int]] | FlatItems,
@@ -58,11 +49,7 @@ def mis_pack(
     under that key for cached packs."""
     if not query_ids:
         raise ValueError("multi-item packing needs a query of at least one token")
-    if isinstance(items, FlatItems):
-        flat, lens = items  # [item tokens], [n]
-    else:
-        lens = np.fromiter(map(len, items), np.int64, len(items))  # [n]
-        flat = np.fromiter(itertools.chain.from_iterable(items), np.int64, int(lens.sum()))  # [item tokens]
+    flat, lens = items if isinstance(items, FlatItems) else FlatItems.of(items)  # [item tokens], [n]
     q, n = len(query_ids), len(lens)
     total = q + 1 + int(lens.sum()) + n
     tokens = np.full(total, delimiter, np.int64)  # [total]: delimiters everywhere the items do not write

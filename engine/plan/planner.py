@@ -10,26 +10,17 @@ import numpy as np
 from score_batch.engine.config import SGLANG_DEFAULT_DELIMITER, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.plan.batching import Batch, make_batches
-from score_batch.engine.plan.packing import (
-    FlatItems,
-    ItemRef,
-    Pack,
-    cached_mis_pack,
-    mis_pack,
-    single_pack,
-    split_items,
-)
+from score_batch.engine.plan.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
 from score_batch.engine.text.chunking import ChunkedGroup, check_chunk_settings, chunk_group
 from score_batch.engine.text.encode import EncodedTexts
 from score_batch.engine.text.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
 from score_batch.engine.text.tokenize import (
     TokenizedGroup,
     encode_groups,
-    flat_ids,
     tokenize_group,
     without_unscored_tail,
 )
-from score_batch.engine.types import Group
+from score_batch.engine.types import FlatItems, Group
 
 
 @dataclass(frozen=True)
@@ -197,9 +188,9 @@ Planner = PackedPlanner | PairPlanner
 WorkPlan = PackedPlan | PairPlan
 
 
-def _as_encoded(group: TokenizedGroup, encoded: tuple | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """The group's item ids as arrays ([item tokens] back to back, [items] lengths) when it scores its
-    encodings' ids as they are (the common case: views of the tokenizer call's ids, flattened once), else None."""
+def _as_encoded(group: TokenizedGroup, encoded: tuple | None) -> FlatItems | None:
+    """The group's item ids as arrays when it scores its encodings' ids as they are (the common case: views of
+    the tokenizer call's ids, flattened once), else None."""
     if encoded is None or not isinstance(encoded[1], EncodedTexts) or group.item_ids is not encoded[1].ids:
         return None
     return encoded[1].tokens()
@@ -211,12 +202,12 @@ def _pair_tokens(group: TokenizedGroup, encoded: tuple | None) -> int:
     return (
         group.pair_tokens()
         if arrays is None
-        else len(group.query_ids) * len(arrays[1]) + int(arrays[1].sum())
+        else len(group.query_ids) * len(arrays.lens) + int(arrays.lens.sum())
     )
 
 
 def duplicate_sequences(
-    groups: list[TokenizedGroup], arrays: list[tuple[np.ndarray, np.ndarray] | None] | None = None
+    groups: list[TokenizedGroup], arrays: list[FlatItems | None] | None = None
 ) -> dict[ItemRef, tuple[ItemRef, ...]]:
     """Each scored sequence that later ones repeat exactly (same query and item tokens, same order) → those
     repeats, across the call's groups: they are scored once and copied (pure; no model). Only items whose
@@ -225,7 +216,7 @@ def duplicate_sequences(
     queries: dict[tuple, int] = {}  # each distinct query's tokens → a small code (items key on the code)
     codes = [queries.setdefault((g.item_first, tuple(g.query_ids)), len(queries)) for g in groups]
     arrays = [
-        flat_ids([ids or [] for ids in g.item_ids]) if a is None else a
+        FlatItems.of([ids or [] for ids in g.item_ids]) if a is None else a
         for g, a in zip(groups, arrays or [None] * len(groups))
     ]
     first: dict[
@@ -243,19 +234,19 @@ def duplicate_sequences(
     return {original: tuple(refs) for original, refs in copies.items()}
 
 
-def _hash_candidates(codes: list[int], arrays: list[tuple[np.ndarray, np.ndarray]]) -> list[list[int]]:
+def _hash_candidates(codes: list[int], arrays: list[FlatItems]) -> list[list[int]]:
     """Per group, its items whose (query code, tokens) hash some other item of the call shares, in order."""
     if not arrays:
         return []
-    flat = np.concatenate([a[0] for a in arrays]).astype(np.uint64)  # [tokens]
-    lens = np.concatenate([a[1] for a in arrays])  # [items]
+    flat = np.concatenate([a.tokens for a in arrays]).astype(np.uint64)  # [tokens]
+    lens = np.concatenate([a.lens for a in arrays])  # [items]
     starts = np.cumsum(lens) - lens  # [items]
     within = np.arange(len(flat)) - np.repeat(starts, lens)  # [tokens] index in its item
     powers = np.cumprod(np.full(int(lens.max(initial=0)) + 1, 0x100000001B3, np.uint64))  # wraps mod 2**64
     sums = np.zeros(len(flat) + 1, np.uint64)
     np.cumsum((flat + np.uint64(1)) * powers[within], out=sums[1:])
     hashes = sums[starts + lens] - sums[starts]  # [items] a polynomial hash of each item's tokens
-    per_group = np.fromiter((len(a[1]) for a in arrays), np.int64, len(arrays))
+    per_group = np.fromiter((len(a.lens) for a in arrays), np.int64, len(arrays))
     query = np.repeat(np.asarray(codes, np.uint64), per_group)  # [items]
     hashes = hashes * np.uint64(0x9E3779B97F4A7C15) + lens.astype(np.uint64) * np.uint64(31) + query
     _, inverse, counts = np.unique(hashes, return_inverse=True, return_counts=True)
@@ -274,7 +265,7 @@ def _group_packs(
     cfg: ScoringConfig,
     limits: PlanLimits,
     skip: set[int],
-    arrays: tuple[np.ndarray, np.ndarray] | None = None,
+    arrays: FlatItems | None = None,
 ) -> list[Pack]:
     """The packs of one group: one per item when single/item-first, else MIS runs under the pack limit. With
     limits.cache_query, a group of several runs computes its query once (see _query_once_packs). Items in skip
@@ -287,7 +278,7 @@ def _group_packs(
     if cfg.packing == "single" or group.item_first:
         return [single_pack(group.reference_sequence(i), ItemRef(group_index, i)) for i in valid]
     if arrays is not None:
-        item_lens = arrays[1][valid] if len(valid) != len(item_ids) else arrays[1]
+        item_lens = arrays.lens[valid] if len(valid) != len(item_ids) else arrays.lens
     else:
         item_lens = [len(item_ids[i]) for i in valid]
     if limits.cache_query and 0 in item_lens:
@@ -308,7 +299,7 @@ def _inline_pack(
     run: list[int],
     delimiter: int,
     query_key: int | None = None,
-    arrays: tuple[np.ndarray, np.ndarray] | None = None,
+    arrays: FlatItems | None = None,
 ) -> Pack:
     """The MIS pack of a run of a group's items, query inline (arrays: the items' ids as arrays, or None)."""
     first, last = run[0], run[-1] + 1

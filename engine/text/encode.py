@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,7 +9,7 @@ import numpy as np
 
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.text.backend_tokenizer import BackendTokenizer
-from score_batch.engine.types import Group
+from score_batch.engine.types import FlatItems, Group
 
 
 class Encoded:
@@ -107,11 +106,10 @@ class EncodedTexts(Sequence):
             self._ids = whole if (self._lo, self._hi) == (0, len(whole)) else whole[self._lo : self._hi]
         return self._ids
 
-    def tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """The texts' ids as arrays: ([tokens] int64 back to back, [texts] int64 each text's length), views of
-        one flattening of the whole call's ids."""
+    def tokens(self) -> FlatItems:
+        """The texts' ids as arrays, views of one flattening of the whole call's ids."""
         flat, bounds = self._call.flat()
-        return flat[bounds[self._lo] : bounds[self._hi]], np.diff(bounds[self._lo : self._hi + 1])
+        return FlatItems(flat.tokens[bounds[self._lo] : bounds[self._hi]], flat.lens[self._lo : self._hi])
 
     def __len__(self) -> int:
         return self._hi - self._lo
@@ -134,21 +132,18 @@ class _Call:
         self._encodings = encodings  # None: a slow tokenizer, no offsets (no content tokens)
         self._contents = contents
         self._start = start  # where each content begins in its templated text (after the template's prefix)
-        self._flat: tuple[np.ndarray, np.ndarray] | None = None
+        self._flat: tuple[FlatItems, np.ndarray] | None = None
 
     def ids(self) -> list[list[int]]:
         if self._ids is None:
             self._ids = [encoding.ids for encoding in self._encodings]
         return self._ids
 
-    def flat(self) -> tuple[np.ndarray, np.ndarray]:
-        """([tokens] int64 every text's ids back to back, [texts + 1] int64 each text's first token, then the end)."""
+    def flat(self) -> tuple[FlatItems, np.ndarray]:
+        """Every text's ids flattened, and [texts + 1] int64 each text's first token, then the end."""
         if self._flat is None:
-            ids = self.ids()
-            bounds = np.zeros(len(ids) + 1, np.int64)
-            np.cumsum(np.fromiter(map(len, ids), np.int64, len(ids)), out=bounds[1:])
-            flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(bounds[-1]))
-            self._flat = flat, bounds
+            flat = FlatItems.of(self.ids())
+            self._flat = flat, np.concatenate([[0], np.cumsum(flat.lens)]).astype(np.int64)
         return self._flat
 
     def encoded(self, index: int) -> Encoded:

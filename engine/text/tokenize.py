@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import replace
-
-import numpy as np
 
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.text.chunking import split_chunks
 from score_batch.engine.text.encode import Encoded, EncodedTexts, encode_groups, given_ids
 from score_batch.engine.text.truncation import EMPTY_QUERY, check_ids, failed, fit, longest_first, query_head
-from score_batch.engine.types import Group, TokenizedGroup
+from score_batch.engine.types import FlatItems, Group, TokenizedGroup
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
 
@@ -144,11 +141,11 @@ def _fit_items(
             f"(max_position_embeddings {max_positions})"
         )
     if text_input and cfg.truncate != "chunk" and (query_ids or not cfg.item_first):
-        tokens = items.tokens() if isinstance(items, EncodedTexts) else flat_ids([item.ids for item in items])
+        ids = items.ids if isinstance(items, EncodedTexts) else [item.ids for item in items]
+        tokens = items.tokens() if isinstance(items, EncodedTexts) else FlatItems.of(ids)
         if _all_fit(
-            *tokens, item_limit, vocab_size
+            tokens, item_limit, vocab_size
         ):  # the common case, checked over the group's tokens at once
-            ids = items.ids if isinstance(items, EncodedTexts) else [item.ids for item in items]
             return TokenizedGroup(query_ids, ids, [None] * len(ids), cfg.item_first)
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []
@@ -183,15 +180,9 @@ def _chunk(
     return [], [], f"{over}, and cannot be split into chunks: {reason}"
 
 
-def _all_fit(flat: np.ndarray, lens: np.ndarray, limit: int, vocab_size: int) -> bool:
-    """Whether every item's tokenizer ids ([tokens] back to back, [items] lengths) fit the limit and the
-    vocabulary (else each is checked on its own)."""
+def _all_fit(items: FlatItems, limit: int, vocab_size: int) -> bool:
+    """Whether every item's tokenizer ids fit the limit and the vocabulary (else each is checked on its own)."""
+    flat, lens = items
     if not len(lens) or lens.max() > limit:
         return False
     return not len(flat) or (flat.min() >= 0 and flat.max() < vocab_size)
-
-
-def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Ids lists as ([tokens] int64 back to back, [lists] int64 lengths)."""
-    lens = np.fromiter(map(len, ids), np.int64, len(ids))  # [items]
-    return np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lens.sum())), lens
