@@ -41,7 +41,18 @@ GROUPS = [
     Group("Tokyo is a city in", [" Japan", " the country", " yes", " no"]),
 ]
 BF16_TOLERANCE = 3e-2  # bf16 attention outputs of unit-variance inputs vs the fp32 reference
-SAME_KERNELS = 1e-2  # the same bf16 inputs through two kernels
+SAME_KERNELS = 1e-2  # the same bf16 inputs through two kernels: 1e-2, or one bf16 step of larger values
+# Scores (two-label softmax) of one bf16 model through two kernel arrangements: the rounding differences of the
+# attention outputs pass through the layers and the LM head. Measured on an H200 (2026-11-28): FA2 with the query
+# pages copied vs inline 0.0165; bf16 vs fp32 up to 0.13 on these random models.
+SAME_MODEL_SCORES = 3e-2
+
+
+def _beyond_same_kernels(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> float:
+    """Largest |a - b| over the rows read beyond max(SAME_KERNELS, 2^-7 |b|) per element (one bf16 step is 2^-8
+    to 2^-7 of the value: outputs of magnitude 2-4 differ by 0.0156 when one kernel rounds the other way)."""
+    a, b = a.float()[:, rows], b.float()[:, rows]
+    return float(((a - b).abs() - torch.clamp(b.abs() * 2**-7, min=SAME_KERNELS)).max())
 
 
 def _scorer(model_dir, backend, dtype="bfloat16"):
@@ -87,7 +98,7 @@ def test_attention_matches_fp32_reference_and_flex_on_mixed_packs(kernel):
     flex = _attend(FlexBackend(CUDA), batch, q16, k16, v16)
     rows = torch.from_numpy(batch.segments != -2).to(CUDA)  # delimiter rows are never read
     assert (fast.float() - reference)[:, rows].abs().max() <= BF16_TOLERANCE
-    assert (fast.float() - flex.float())[:, rows].abs().max() <= SAME_KERNELS
+    assert _beyond_same_kernels(fast, flex, rows) <= 0
 
 
 def test_flashinfer_scores_match_sdpa(model_dir):
@@ -102,7 +113,7 @@ def test_fa3_scores_match_sdpa_and_fa2(model_dir):
     reference = scorer(model_dir, "sdpa", dtype="float32").score(GROUPS)
     fa3 = flashinfer_scorer(model_dir, "fa3").score(GROUPS)
     assert max_diff(fa3, reference) <= BF16_VS_FP32
-    assert max_diff(fa3, flashinfer_scorer(model_dir, "fa2").score(GROUPS)) <= SAME_KERNELS
+    assert max_diff(fa3, flashinfer_scorer(model_dir, "fa2").score(GROUPS)) <= SAME_MODEL_SCORES
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -179,7 +190,7 @@ def test_cached_query_attention_equals_the_inline_pack(kernel, same_batch):
         got = _attend(backend, second, c_q.bfloat16(), c_k.bfloat16(), c_v.bfloat16(), cache=cache)
     rows = torch.from_numpy(cached.segments != -2).to(CUDA)
     assert (got.float() - reference)[:, rows].abs().max() <= BF16_TOLERANCE
-    assert (got.float() - same_kernel.float())[:, rows].abs().max() <= SAME_KERNELS
+    assert _beyond_same_kernels(got, same_kernel, rows) <= 0
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -201,7 +212,7 @@ def test_cached_query_scores_equal_fp32_plain_hf(model_dir, kernel, batch_tokens
     cached = [p for b in plan.batches for p in b.packs if p.query_cached]
     assert cached and (len(plan.batches) == 1) == (batch_tokens == 65536)
     got = run.run(plan)
-    assert max_diff(got, inline) <= SAME_KERNELS
+    assert max_diff(got, inline) <= SAME_MODEL_SCORES
     assert max_diff(got, hf_reference(model_dir, groups)) <= BF16_VS_FP32
 
 

@@ -44,8 +44,9 @@ def test_a_planted_one_key_leak_fails_the_check(model_dir, kernel, monkeypatch):
     """The kernel's own rule widened by one key: the first token of item 50 (t = 1) gets t = 3, so it sees the
     delimiter before it and the last token of item 49."""
     changed = 49
+    run = _run(model_dir, kernel)  # loaded first: the load's own check runs a small batch without item 49
     planned = fi.build_metadata
     monkeypatch.setattr(fi, "build_metadata", lambda batch: leak_one_key(planned(batch), changed))
-    diffs = isolation(_run(model_dir, kernel), changed)
+    diffs = isolation(run, changed)
     assert diffs["scores"] > BOUND or diffs["pooled"] > BOUND, diffs
     assert np.isfinite(diffs["pooled"])

@@ -95,8 +95,27 @@ def test_flashinfer_qk_norms_and_rope_in_place_equal_torch_and_leave_views(ops):
 
     if importlib.util.find_spec("triton") is not None:  # torch's CUDA wheels bring it: one fused launch
         assert fused._fused is not None and fused._fused.fusable(q, k, d)
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, **BF16_OPS)
+    exact = _qk_norm_rope_fp32(qkv, weights, positions, cos_sin, d)
+    for a, b, e in zip(*results, exact):
+        # The fused kernel rounds once, from float32: within one bf16 step of the float32 result. TorchOps
+        # rounds as transformers does, after the norm, the cos/sin and each product (2026-11-28, H200: 2 of 1.6M
+        # elements 0.025 from the fused ones): within four roundings of the largest normed value.
+        assert ((b.float() - e).abs() <= e.abs() * 2**-7 + 1e-6).all()
+        torch.testing.assert_close(a.float(), e, rtol=0, atol=4 * 2**-8 * float(e.abs().max()))
+
+
+def _qk_norm_rope_fp32(qkv, weights, positions, cos_sin, d):
+    """The q/k per-head RMSNorms and neox RoPE in float32 from the bf16 QKV output: (q, k) [tokens, heads * d]."""
+    tokens, half = qkv.shape[0], d // 2
+    table = cos_sin[positions][:, None]  # [tokens, 1, d]
+    cos, sin = table[..., :half], table[..., half:]
+    out = []
+    for x, w in ((qkv[:, : 16 * d], weights[0]), (qkv[:, 16 * d : 24 * d], weights[1])):
+        heads = x.float().view(tokens, -1, d)  # [tokens, heads, d]
+        normed = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+        first, second = normed[..., :half], normed[..., half:]
+        out.append(torch.cat([first * cos - second * sin, second * cos + first * sin], -1).view(tokens, -1))
+    return out
 
 
 @pytest.mark.parametrize("kind", ["torch", "flashinfer"])
