@@ -17,7 +17,11 @@ LABELS = (" to", " the")
 # 0.01..0.99, while probabilities over the whole vocabulary stay below 4e-4 and no bound on them can fail.
 # bf16 end to end vs the fp32 plain-HF reference: 2.2e-2 measured with sdpa on the CPU.
 BF16_VS_FP32 = 5e-2
-COMPILED_VS_EAGER = 1e-2  # the same bf16 kernels with and without torch.compile around them
+# One bf16 model's scores through two kernel arrangements (compiled or eager, the query inline or its pages
+# cached, FA2 or FA3): rounding differences in the activations pass through the layers and the LM head. Measured
+# on an H200 (2026-11-28): compiled vs eager flex 0.018, FA2 cached pages vs inline 0.0165; bf16 vs fp32 up to 0.13.
+SAME_MODEL_SCORES = 3e-2
+COMPILED_VS_EAGER = SAME_MODEL_SCORES
 MODEL = dict(head_dim=128, num_attention_heads=16, num_key_value_heads=8, hidden_size=256)
 KERNELS = ("fa2", "fa3")  # FlashInferBackend(kernel=...); fa3 runs on Hopper (sm90) only
 CUDA = torch.device("cuda")
