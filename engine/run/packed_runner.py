@@ -21,7 +21,7 @@ from score_batch.engine.run.compiled import OpaquePlan, compile_backbone
 from score_batch.engine.run.heads import score_and_pool
 from score_batch.engine.run.results import ResultTable, non_finite_rows
 from score_batch.engine.text.chunking import ItemCountdown, aggregate
-from score_batch.engine.types import Group, GroupResult
+from score_batch.engine.types import GroupResult
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ class PackedRunner:
     def cfg(self) -> ScoringConfig:
         """The scoring settings the planner packs with."""
         return self.planner.cfg
-
-    def plan(self, groups: list[Group]) -> PackedPlan:
-        """Tokenize, pack and batch groups without running the model."""
-        return self.planner.plan(groups)
 
     def run(self, plan: PackedPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
         """Run a plan's batches and assemble per-group results in input order. A pack with a non-finite output
