@@ -219,9 +219,8 @@ def duplicate_sequences(
         FlatItems.of([ids or [] for ids in g.item_ids]) if a is None else a
         for g, a in zip(groups, arrays or [None] * len(groups))
     ]
-    first: dict[
-        tuple, tuple[int, int]
-    ] = {}  # (query code, item tokens) → (group, item) of its first sequence
+    # (query code, item tokens) → (group, item) of its first sequence
+    first: dict[tuple, tuple[int, int]] = {}
     copies: dict[ItemRef, list[ItemRef]] = {}
     for g, candidates in enumerate(_hash_candidates(codes, arrays)):
         for i in candidates:

@@ -143,9 +143,8 @@ def _fit_items(
     if text_input and cfg.truncate != "chunk" and (query_ids or not cfg.item_first):
         ids = items.ids if isinstance(items, EncodedTexts) else [item.ids for item in items]
         tokens = items.tokens() if isinstance(items, EncodedTexts) else FlatItems.of(ids)
-        if _all_fit(
-            tokens, item_limit, vocab_size
-        ):  # the common case, checked over the group's tokens at once
+        # the common case, checked over the group's tokens at once
+        if _all_fit(tokens, item_limit, vocab_size):
             return TokenizedGroup(query_ids, ids, [None] * len(ids), cfg.item_first)
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []

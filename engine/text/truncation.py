@@ -77,12 +77,11 @@ def longest_first(
         query, error = _cut_to(query, cfg.max_query_tokens, "query")
     if error is not None:
         return failed(len(items), error, cfg.item_first)
-    pairs: Pairs = []
-    errors: list[str | None] = []
-    for index, item in enumerate(items):
-        pair, error = _longest_first_pair(query, item, f"item {index}", cfg, limit, why, vocab_size)
-        pairs.append(pair)
-        errors.append(error)
+    cuts = [
+        _longest_first_pair(query, item, f"item {i}", cfg, limit, why, vocab_size)
+        for i, item in enumerate(items)
+    ]
+    pairs, errors = [pair for pair, _ in cuts], [error for _, error in cuts]
     if (group := _uncut_or_whole(query.ids, pairs, errors, cfg.item_first)) is not None:
         return group
     shortest = min(len(pair[0]) for pair in pairs if pair is not None)
@@ -144,12 +143,11 @@ def query_head(
         error = EMPTY_QUERY
     if error is not None:
         return failed(len(items), error, cfg.item_first)
-    pairs: Pairs = []
-    errors: list[str | None] = []
-    for index, item in enumerate(items):
-        pair, error = _query_head_pair(query, base, item, f"item {index}", cfg, pair_limit, why, vocab_size)
-        pairs.append(pair)
-        errors.append(error)
+    cuts = [
+        _query_head_pair(query, base, item, f"item {i}", cfg, pair_limit, why, vocab_size)
+        for i, item in enumerate(items)
+    ]
+    pairs, errors = [pair for pair, _ in cuts], [error for _, error in cuts]
     if (group := _uncut_or_whole(base, pairs, errors, cfg.item_first)) is not None:
         return group
     queries = [pair[0] for pair in pairs if pair is not None]
