@@ -52,7 +52,6 @@ class PlanStats:
 
     groups: int = 0
     items: int = 0
-    failed_items: int = 0
     # sequences the model scores: the items that tokenized, or under truncate="chunk" their chunks
     sequences: int = 0
     packs: int = 0
@@ -139,7 +138,6 @@ class PackedPlanner:
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in tokenized),
-            failed_items=sum(len(g.errors) - g.errors.count(None) for g in tokenized),
             sequences=sum(len(g.item_ids) - g.item_ids.count(None) for g in scored) - sum(map(len, skipped)),
             duplicates=sum(map(len, skipped)),
             packs=len(packs),
@@ -173,7 +171,6 @@ class PairPlanner:
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in encoded),
-            failed_items=sum(e is not None for g in encoded for e in g.errors),
             sequences=sum(ids is not None for g in encoded for ids in g.item_ids),
             packs=sum(len(b.item_refs) for b in batches),
             batches=len(batches),
