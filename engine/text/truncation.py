@@ -130,10 +130,8 @@ def query_head(
     # or longer than the pair limit less the query's template and special tokens, is an error.
     pair_limit, why = max_pack_tokens - overhead, " (max_pack_tokens less the delimiters)"
     if max_positions is not None and max_positions < pair_limit:
-        pair_limit, why = (
-            max_positions,
-            f", the model's position limit (max_position_embeddings {max_positions})",
-        )
+        pair_limit = max_positions
+        why = f", the model's position limit (max_position_embeddings {max_positions})"
     error = check_ids(query.ids, vocab_size, "query")
     base: list[int] = []
     if error is None:
