@@ -195,12 +195,9 @@ def _as_encoded(group: TokenizedGroup, encoded: tuple | None) -> FlatItems | Non
 
 def _pair_tokens(group: TokenizedGroup, encoded: tuple | None) -> int:
     """TokenizedGroup.pair_tokens, from the item arrays where the group has them."""
-    arrays = _as_encoded(group, encoded)  # every item fit: none failed, none chunked
-    return (
-        group.pair_tokens()
-        if arrays is None
-        else len(group.query_ids) * len(arrays.lens) + int(arrays.lens.sum())
-    )
+    if (arrays := _as_encoded(group, encoded)) is None:
+        return group.pair_tokens()
+    return len(group.query_ids) * len(arrays.lens) + int(arrays.lens.sum())  # every item fit, none chunked
 
 
 def duplicate_sequences(
