@@ -9,7 +9,7 @@ from dataclasses import replace
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.text.chunking import split_chunks
 from score_batch.engine.text.encode import Encoded, EncodedTexts, encode_groups, given_ids
-from score_batch.engine.text.truncation import EMPTY_QUERY, check_ids, failed, fit, longest_first, query_head
+from score_batch.engine.text.truncation import check_ids, failed, fit, longest_first, query_head, query_within
 from score_batch.engine.types import FlatItems, Group, TokenizedGroup
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
@@ -101,22 +101,11 @@ def tokenize_group(
         )
     if cfg.truncate == "query-head":
         return query_head(query, items, cfg, max_pack_tokens, overhead, vocab_size, max_positions)
-    query_error = check_ids(query.ids, vocab_size, "query")
-    query_ids: list[int] = []
-    if query_error is None:
-        query_limit = min(cfg.max_query_tokens or max_pack_tokens, max_pack_tokens - overhead)
-        why = ""
-        if max_positions is not None and max_positions < query_limit:
-            query_limit = max_positions
-            why = f", the model's position limit (max_position_embeddings {max_positions})"
-        query_ids, query_error = fit(query, query_limit, "query", cfg.truncate, "query-head", why)
-    if query_error is None and not query_ids and not cfg.item_first:
-        query_error = EMPTY_QUERY
+    pair_limit = max_pack_tokens - overhead
+    query_ids, query_error = query_within(query, cfg, pair_limit, vocab_size, max_positions, cfg.truncate)
     if query_error is not None:
         return failed(len(items), query_error, cfg.item_first)
-    return _fit_items(
-        query_ids, items, cfg, text_input, max_pack_tokens - overhead, vocab_size, max_positions
-    )
+    return _fit_items(query_ids, items, cfg, text_input, pair_limit, vocab_size, max_positions)
 
 
 def _fit_items(
