@@ -119,9 +119,7 @@ def _fit_items(
 ) -> TokenizedGroup:
     """truncate error, item-tail or chunk: each item within what the query leaves of the pack (pair_limit, the
     pack less the delimiters), max_item_tokens and the position limit."""
-    item_limit = pair_limit - len(query_ids)
-    if cfg.max_item_tokens is not None:
-        item_limit = min(item_limit, cfg.max_item_tokens)
+    item_limit = min(pair_limit - len(query_ids), cfg.max_item_tokens or pair_limit)
     item_why = ""
     if max_positions is not None and max_positions - len(query_ids) < item_limit:
         item_limit = max_positions - len(query_ids)
