@@ -102,7 +102,7 @@ def tokenize_group(
     if cfg.truncate == "query-head":
         return query_head(query, items, cfg, max_pack_tokens, overhead, vocab_size, max_positions)
     pair_limit = max_pack_tokens - overhead
-    query_ids, query_error = query_within(query, cfg, pair_limit, vocab_size, max_positions, cfg.truncate)
+    query_ids, query_error = query_within(query, cfg, pair_limit, vocab_size, max_positions)
     if query_error is not None:
         return failed(len(items), query_error, cfg.item_first)
     return _fit_items(query_ids, items, cfg, text_input, pair_limit, vocab_size, max_positions)

@@ -51,15 +51,10 @@ def fit(
 
 
 def query_within(
-    query: Encoded,
-    cfg: ScoringConfig,
-    pair_limit: int,
-    vocab_size: int,
-    max_positions: int | None,
-    truncate: str,
+    query: Encoded, cfg: ScoringConfig, pair_limit: int, vocab_size: int, max_positions: int | None
 ) -> tuple[list[int], str | None]:
     """The query's ids within its own limit (max_query_tokens, the pack less the delimiters: pair_limit, the
-    position limit), cut from the head when truncate is query-head; or its error (an empty query too, unless
+    position limit), cut from the head under truncate query-head; or its error (an empty query too, unless
     item_first)."""
     error = check_ids(query.ids, vocab_size, "query")
     if error is not None:
@@ -67,7 +62,7 @@ def query_within(
     limit, why = min(cfg.max_query_tokens or pair_limit, pair_limit), ""
     if max_positions is not None and max_positions < limit:
         limit, why = max_positions, f", the model's position limit (max_position_embeddings {max_positions})"
-    ids, error = fit(query, limit, "query", truncate, "query-head", why)
+    ids, error = fit(query, limit, "query", cfg.truncate, "query-head", why)
     return ids, EMPTY_QUERY if error is None and not ids and not cfg.item_first else error
 
 
@@ -153,7 +148,7 @@ def query_head(
     if max_positions is not None and max_positions < pair_limit:
         pair_limit = max_positions
         why = f", the model's position limit (max_position_embeddings {max_positions})"
-    base, error = query_within(query, cfg, max_pack_tokens - overhead, vocab_size, None, "query-head")
+    base, error = query_within(query, cfg, max_pack_tokens - overhead, vocab_size, None)  # no position cap
     if error is not None:
         return failed(len(items), error, cfg.item_first)
     cuts = [
