@@ -97,9 +97,7 @@ class PackedRunner:
             log.warning(
                 "%d items shared a pack with a non-finite output and were scored again alone", rescored
             )
-        for original, repeats in plan.copies.items():  # duplicate (query, item) pairs: scored once
-            for repeat in repeats:
-                table.copy(original, repeat, plan.item_name(repeat))
+        table.copy(plan.copies, plan.item_name)  # duplicate (query, item) pairs: scored once
         errors = [group.errors for group in plan.scored]
         return table.results(errors, self.setup.activation, cfg.score_index)
 

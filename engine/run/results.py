@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from score_batch.engine.activation import ResolvedActivation, activate
@@ -54,13 +56,18 @@ class ResultTable:
         self.item_errors[ref.group][ref.item] = non_finite_message(raw, ref.item, name)
         self.put(ref, np.nan, np.nan, np.nan)
 
-    def copy(self, original: ItemRef, repeat: ItemRef, name: str | None = None) -> None:
-        """Give a repeated sequence its original's outputs (and, when it failed, the failure in its own name)."""
-        source, target = self.rows([original, repeat])
-        self.put_rows(target, *(None if array is None else array[source] for array in self._arrays))
-        if self.item_errors[original.group][original.item] is not None:
-            raw = self._arrays[0][source]
-            self.item_errors[repeat.group][repeat.item] = non_finite_message(raw, repeat.item, name)
+    def copy(self, copies: dict[ItemRef, tuple[ItemRef, ...]], name: Callable[[ItemRef], str]) -> None:
+        """Give each repeated sequence (copies: original → repeats) its original's outputs, in one gather and
+        one scatter per array; a failed original's failure goes to its repeats in their own names (name)."""
+        pairs = [(original, repeat) for original, repeats in copies.items() for repeat in repeats]
+        sources, targets = self.rows([p[0] for p in pairs]), self.rows([p[1] for p in pairs])
+        for array in self._arrays:
+            if array is not None:
+                array[targets] = array[sources]
+        for source, (original, repeat) in zip(sources, pairs):
+            if self.item_errors[original.group][original.item] is not None:
+                message = non_finite_message(self._arrays[0][source], repeat.item, name(repeat))
+                self.item_errors[repeat.group][repeat.item] = message
 
     def results(
         self, errors: list[list[str | None]], activation: ResolvedActivation, score_index: int
