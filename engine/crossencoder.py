@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from score_batch.engine.activation import model_activation_fn
-from score_batch.engine.ce_inputs import (
+from score_batch.engine.ce_arguments import (
     Text,
     ce_outputs,
     check_batch_size,

@@ -181,7 +181,7 @@ class Scorer(CrossEncoderAPI):
 
     def plan(self, groups: Sequence[Group]) -> WorkPlan:
         """Tokenize, pack and batch groups without running the model."""
-        return self._runner.plan(list(groups))
+        return self.planner.plan(list(groups))
 
     def run(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
         """Run a plan's batches and assemble per-group results in input order."""

@@ -118,7 +118,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 # configs, errors and activations every room shares; the top is the Python API (Scorer, the CrossEncoder surface).
 ENGINE_ROOMS = ("base", "text", "plan", "attention", "native", "model", "run", "api")
 ENGINE_BASE = {"errors", "config", "types", "activation"}
-ENGINE_API = {"", "scorer", "crossencoder", "ce_arguments", "ce_inputs"}
+ENGINE_API = {"", "scorer", "crossencoder", "ce_arguments"}
 
 
 def engine_room(module: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from score_batch.engine.activation import ResolvedActivation
 from score_batch.engine.plan.packing import ItemRef
 from score_batch.engine.run.results import ResultTable
 from tests.test_scorer import GROUPS, assert_matches_reference, make_scorer
@@ -23,10 +24,14 @@ def test_put_rows_stores_bit_for_bit_what_item_by_item_puts_store():
     picked = [refs[i] for i in order]
     by_batch.put_rows(by_batch.rows(picked), raw, scores, pooled)
     assert by_batch.rows(picked).tolist() == [[0, 3, 3, 8][r.group] + r.item for r in picked]
+    errors = [[None] * n for n in counts]
+    none = ResolvedActivation("none", "as stored")
+    item_results, batch_results = (table.results(errors, none, -1) for table in (by_item, by_batch))
     for name in ("raw", "scores", "pooled"):
-        for a, b in zip(getattr(by_item, name), getattr(by_batch, name)):
+        for a, b in zip(item_results, batch_results):
+            a, b = getattr(a, name), getattr(b, name)
             assert a.shape == b.shape and a.view(np.uint32).tobytes() == b.view(np.uint32).tobytes()
-    assert sum(np.isnan(s).all(axis=1).sum() for s in by_batch.scores) == len(refs) - 7
+    assert sum(np.isnan(r.scores).all(axis=1).sum() for r in batch_results) == len(refs) - 7
 
 
 def test_each_batch_is_launched_before_the_previous_ones_outputs_are_read(qwen3_causal, monkeypatch):

@@ -7,12 +7,16 @@ from score_batch.engine.plan.packing import (
     ItemRef,
     attention_mask,
     mis_pack,
-    mis_pack_length,
     single_pack,
     split_items,
 )
 
 D = 99
+
+
+def mis_pack_length(query_len: int, item_lens: list[int]) -> int:
+    """Length of the MIS pack of a query and items (docs/semantics.md): q + sum(items) + a delimiter per item + 1."""
+    return query_len + sum(item_lens) + len(item_lens) + 1
 
 
 def test_mis_pack_layout_matches_semantics():

@@ -63,9 +63,8 @@ def _layout(batch: Batch, pack_id: int, device: torch.device, sliding_window: in
         index[i, len(r) :] = r[-1] + start
         valid[i, : len(r)] = True
     own = np.tril(np.ones((width, width), dtype=bool))[None] & valid[:, None, :]  # [items, width, width]
-    mask = np.concatenate(
-        [np.ones((len(rows), width, q), dtype=bool), own], axis=2
-    )  # [items, width, q + width]
+    # [items, width, q + width]
+    mask = np.concatenate([np.ones((len(rows), width, q), dtype=bool), own], axis=2)
     if sliding_window is not None:
         row_pos = q + np.arange(width)
         key_pos = np.concatenate([np.arange(q), q + np.arange(width)])

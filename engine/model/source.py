@@ -21,19 +21,16 @@ def hub_cache_dir() -> Path:
 
 
 def resolve_model_dir(
-    name: str | Path,
-    check_weights: bool = True,
-    cache_dir: str | Path | None = None,
-    revision: str | None = None,
+    name: str | Path, cache_dir: str | Path | None = None, revision: str | None = None
 ) -> Path:
     """A local model directory, or the cached snapshot of a hub id ('org/name' or 'org/name@revision').
 
-    With check_weights, the directory's weight files are checked too (see check_weight_files), so a
-    missing or damaged file is refused before any tokenizer or weight load. cache_dir: the hub cache to look
-    in (default: hub_cache_dir()); revision: the revision of a hub id given without '@revision'.
+    Its weight files are checked too (see check_weight_files), so a missing or damaged file is refused
+    before any tokenizer or weight load. cache_dir: the hub cache to look in (default: hub_cache_dir());
+    revision: the revision of a hub id given without '@revision'.
     """
     path = _find_model_dir(name, cache_dir, revision)
-    if check_weights and (path / "config.json").is_file():  # without it, read_model_info says what is wrong
+    if (path / "config.json").is_file():  # without it, read_model_info says what is wrong
         check_weight_files(path)
     return path
 

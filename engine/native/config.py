@@ -53,27 +53,11 @@ FAMILY_DEFAULTS: dict[str, dict] = {
         max_window_layers=28,
         layer_types=None,
     ),
-    "qwen3": dict(
-        vocab_size=151936,
-        intermediate_size=22016,
-        num_key_value_heads=32,
-        head_dim=128,
-        max_position_embeddings=32768,
-        attention_bias=False,
-        use_sliding_window=False,
-        sliding_window=4096,
-        max_window_layers=28,
-        layer_types=None,
-    ),
 }
+FAMILY_DEFAULTS["qwen3"] = dict(FAMILY_DEFAULTS["qwen2"], head_dim=128, attention_bias=False)
 DEFAULT_ROPE_THETA = 10000.0
-INT_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "max_position_embeddings",
+INT_FIELDS = tuple(
+    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads max_position_embeddings".split()
 )
 OPTIONAL_INT_FIELDS = (
     "num_key_value_heads",

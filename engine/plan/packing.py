@@ -124,11 +124,6 @@ def single_pack(sequence: list[int], ref: ItemRef) -> Pack:
     )
 
 
-def mis_pack_length(query_len: int, item_lens: list[int]) -> int:
-    """Length of the MIS pack of a query and items: q + sum(items) + one delimiter per item + 1."""
-    return query_len + sum(item_lens) + len(item_lens) + 1
-
-
 def split_items(query_len: int, item_lens: list[int], max_pack_tokens: int) -> list[list[int]]:
     """Split item indices into consecutive runs whose MIS packs fit max_pack_tokens, each run as long as fits
     (greedy, in order). Every single item must already fit (query_len + item + 2 <= max_pack_tokens)."""

@@ -52,7 +52,6 @@ class PlanStats:
 
     groups: int = 0
     items: int = 0
-    failed_items: int = 0
     # sequences the model scores: the items that tokenized, or under truncate="chunk" their chunks
     sequences: int = 0
     packs: int = 0
@@ -139,7 +138,6 @@ class PackedPlanner:
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in tokenized),
-            failed_items=sum(len(g.errors) - g.errors.count(None) for g in tokenized),
             sequences=sum(len(g.item_ids) - g.item_ids.count(None) for g in scored) - sum(map(len, skipped)),
             duplicates=sum(map(len, skipped)),
             packs=len(packs),
@@ -173,7 +171,6 @@ class PairPlanner:
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in encoded),
-            failed_items=sum(e is not None for g in encoded for e in g.errors),
             sequences=sum(ids is not None for g in encoded for ids in g.item_ids),
             packs=sum(len(b.item_refs) for b in batches),
             batches=len(batches),
@@ -198,12 +195,9 @@ def _as_encoded(group: TokenizedGroup, encoded: tuple | None) -> FlatItems | Non
 
 def _pair_tokens(group: TokenizedGroup, encoded: tuple | None) -> int:
     """TokenizedGroup.pair_tokens, from the item arrays where the group has them."""
-    arrays = _as_encoded(group, encoded)  # every item fit: none failed, none chunked
-    return (
-        group.pair_tokens()
-        if arrays is None
-        else len(group.query_ids) * len(arrays.lens) + int(arrays.lens.sum())
-    )
+    if (arrays := _as_encoded(group, encoded)) is None:
+        return group.pair_tokens()
+    return len(group.query_ids) * len(arrays.lens) + int(arrays.lens.sum())  # every item fit, none chunked
 
 
 def duplicate_sequences(
@@ -219,9 +213,8 @@ def duplicate_sequences(
         FlatItems.of([ids or [] for ids in g.item_ids]) if a is None else a
         for g, a in zip(groups, arrays or [None] * len(groups))
     ]
-    first: dict[
-        tuple, tuple[int, int]
-    ] = {}  # (query code, item tokens) → (group, item) of its first sequence
+    # (query code, item tokens) → (group, item) of its first sequence
+    first: dict[tuple, tuple[int, int]] = {}
     copies: dict[ItemRef, list[ItemRef]] = {}
     for g, candidates in enumerate(_hash_candidates(codes, arrays)):
         for i in candidates:

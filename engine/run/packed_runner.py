@@ -10,7 +10,6 @@ import torch
 
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.attention.registry import make_backend
-from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model.loading import LoadedModel
 from score_batch.engine.model.setup import ResolvedSetup
@@ -21,7 +20,7 @@ from score_batch.engine.run.compiled import OpaquePlan, compile_backbone
 from score_batch.engine.run.heads import score_and_pool
 from score_batch.engine.run.results import ResultTable, non_finite_rows
 from score_batch.engine.text.chunking import ItemCountdown, aggregate
-from score_batch.engine.types import Group, GroupResult
+from score_batch.engine.types import GroupResult
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +54,6 @@ class PackedRunner:
                 setup.info.architecture,
             )
 
-    @property
-    def cfg(self) -> ScoringConfig:
-        """The scoring settings the planner packs with."""
-        return self.planner.cfg
-
-    def plan(self, groups: list[Group]) -> PackedPlan:
-        """Tokenize, pack and batch groups without running the model."""
-        return self.planner.plan(groups)
-
     def run(self, plan: PackedPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
         """Run a plan's batches and assemble per-group results in input order. A pack with a non-finite output
         has each of its items scored again alone (its own reference sequence, its own batch), so a NaN that
@@ -74,7 +64,7 @@ class PackedRunner:
         if plan.chunked is None:
             return results
         errors = [g.errors for g in plan.tokenized]
-        return aggregate(results, plan.chunked, errors, self.cfg.chunk_aggregate)
+        return aggregate(results, plan.chunked, errors, self.planner.cfg.chunk_aggregate)
 
     def run_sequences(
         self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
@@ -85,7 +75,7 @@ class PackedRunner:
         (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU the launch is
         the forward itself), so the next batch's host work (its attention plan, its inputs) overlaps the
         device's work on the previous one."""
-        cfg = self.cfg
+        cfg = self.planner.cfg
         table = ResultTable(
             [len(group.item_ids) for group in plan.scored],
             self.setup.num_scores,
@@ -107,9 +97,7 @@ class PackedRunner:
             log.warning(
                 "%d items shared a pack with a non-finite output and were scored again alone", rescored
             )
-        for original, repeats in plan.copies.items():  # duplicate (query, item) pairs: scored once
-            for repeat in repeats:
-                table.copy(original, repeat, plan.item_name(repeat))
+        table.copy(plan.copies, plan.item_name)  # duplicate (query, item) pairs: scored once
         errors = [group.errors for group in plan.scored]
         return table.results(errors, self.setup.activation, cfg.score_index)
 
@@ -168,7 +156,7 @@ class PackedRunner:
         causal = self.setup.info.kind == "causal"
         raw, scores, pooled = score_and_pool(
             rows,
-            self.cfg,
+            self.planner.cfg,
             self.model.head,
             self._label_ids if causal else None,
             self.model.final_logit_softcap,

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import logging
+import itertools
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from score_batch.engine.model.loading import LoadedModel
 from score_batch.engine.model.setup import ResolvedSetup
 from score_batch.engine.plan.planner import PairPlan, PairPlanner
 from score_batch.engine.run.heads import score_and_pool
+from score_batch.engine.run.packed_runner import Outputs
 from score_batch.engine.run.results import ResultTable, non_finite_rows
 from score_batch.engine.text.pairs import PairBatch, pad_pairs
-from score_batch.engine.types import Group, GroupResult
-
-log = logging.getLogger(__name__)
-
-# raw [rows, scores], scores [rows, scores], pooled [rows, hidden]
-Outputs = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+from score_batch.engine.types import GroupResult
 
 
 class PairRunner:
@@ -32,10 +27,6 @@ class PairRunner:
         self.backend = None  # no attention plan: the model's own attention
         self.compiled: list[str] = []  # encoders are never compiled (refused at setup)
 
-    def plan(self, groups: list[Group]) -> PairPlan:
-        """Encode and batch the pairs of groups without running the model."""
-        return self.planner.plan(groups)
-
     def run(self, plan: PairPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
         """Run a plan's batches; a non-finite row is scored again alone and fails only if it stays so."""
         cfg = self.planner.cfg
@@ -47,17 +38,12 @@ class PairRunner:
         with torch.inference_mode():
             for batch in plan.batches:
                 raw, scores, pooled = self._forward(batch)
-                bad = non_finite_rows(raw)  # [rows]
-                for row, ref in enumerate(batch.item_refs):
-                    if not bad[row]:
-                        table.put(ref, raw[row], scores[row], None if pooled is None else pooled[row])
-                        continue
-                    alone = pad_pairs(
-                        [ref],
-                        plan.tokenized,
-                        len(plan.tokenized[ref.group].item_ids[ref.item]),
-                        self.planner.limits.pad_token_id,
-                    )
+                good = ~non_finite_rows(raw)  # [rows]
+                rows = table.rows(batch.item_refs)[good]
+                table.put_rows(rows, raw[good], scores[good], None if pooled is None else pooled[good])
+                for ref in itertools.compress(batch.item_refs, ~good):
+                    ids = plan.tokenized[ref.group].item_ids[ref.item]
+                    alone = pad_pairs([ref], plan.tokenized, len(ids), self.planner.limits.pad_token_id)
                     raw1, scores1, pooled1 = self._forward(alone)
                     if non_finite_rows(raw1)[0]:
                         table.fail(ref, raw1[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from score_batch.engine.activation import ResolvedActivation, activate
@@ -23,18 +25,14 @@ def non_finite_message(raw_row: np.ndarray, item: int, name: str | None = None) 
 
 class ResultTable:
     """NaN-initialised outputs of every item in flat arrays (groups one after another), filled a batch at a time
-    (one fancy-index assignment per array: put_rows); each group's arrays are views of its rows."""
+    (one fancy-index assignment per array: put_rows); results() gives each group views of its rows."""
 
     def __init__(self, item_counts: list[int], num_scores: int, pooled_dim: int | None) -> None:
         self.starts = np.concatenate([[0], np.cumsum(item_counts, dtype=np.int64)])  # [groups + 1]
         total = int(self.starts[-1])
-        self._raw = np.full((total, num_scores), np.nan, np.float32)  # [items, num_scores]
-        self._scores = np.full((total, num_scores), np.nan, np.float32)
-        self._pooled = None if pooled_dim is None else np.full((total, pooled_dim), np.nan, np.float32)
-        bounds = list(zip(self.starts[:-1], self.starts[1:]))
-        self.raw = [self._raw[a:b] for a, b in bounds]  # per group [n, num_scores], views of the flat arrays
-        self.scores = [self._scores[a:b] for a, b in bounds]
-        self.pooled = [None if self._pooled is None else self._pooled[a:b] for a, b in bounds]
+        # raw [items, num_scores], scores [items, num_scores], pooled [items, hidden] or None
+        self._arrays = [np.full((total, width), np.nan, np.float32) for width in (num_scores, num_scores)]
+        self._arrays.append(None if pooled_dim is None else np.full((total, pooled_dim), np.nan, np.float32))
         self.item_errors: list[list[str | None]] = [[None] * n for n in item_counts]
 
     def rows(self, refs) -> np.ndarray:  # [len(refs)] int64
@@ -42,53 +40,52 @@ class ResultTable:
         starts = self.starts
         return np.fromiter((starts[ref.group] + ref.item for ref in refs), dtype=np.int64, count=len(refs))
 
-    def put_rows(
-        self, rows: np.ndarray, raw: np.ndarray, scores: np.ndarray, pooled: np.ndarray | None
-    ) -> None:
-        """Store the outputs of many items at their flat rows ([n], [n, num_scores] ×2, [n, hidden] or None)."""
-        self._raw[rows] = raw
-        self._scores[rows] = scores
-        if pooled is not None and self._pooled is not None:
-            self._pooled[rows] = pooled
+    def put_rows(self, rows: np.ndarray, *outputs: np.ndarray | None) -> None:
+        """Store (raw, scores, pooled) of many items at their flat rows ([n, num_scores] ×2, [n, hidden] or None)."""
+        for array, values in zip(self._arrays, outputs):
+            if array is not None and values is not None:
+                array[rows] = values
 
-    def put(self, ref: ItemRef, raw: np.ndarray, scores: np.ndarray, pooled: np.ndarray | None) -> None:
-        """Store one item's outputs ([num_scores], [num_scores], [hidden] or None)."""
-        for column, value in zip((self.raw, self.scores, self.pooled), (raw, scores, pooled)):
-            if value is not None and column[ref.group] is not None:
-                column[ref.group][ref.item] = value
+    def put(self, ref: ItemRef, *outputs: np.ndarray | None) -> None:
+        """Store one item's (raw, scores, pooled) ([num_scores], [num_scores], [hidden] or None)."""
+        self.put_rows(self.rows([ref]), *outputs)
 
     def fail(self, ref: ItemRef, raw: np.ndarray, name: str | None = None) -> None:
         """Mark an item whose output is non-finite on its own: an item error, NaN everywhere (name: see
         non_finite_message)."""
         self.item_errors[ref.group][ref.item] = non_finite_message(raw, ref.item, name)
-        for column in (self.raw, self.scores, self.pooled):  # a group's pooled is None when none are kept
-            if column[ref.group] is not None:
-                column[ref.group][ref.item] = np.nan
+        self.put(ref, np.nan, np.nan, np.nan)
 
-    def copy(self, original: ItemRef, repeat: ItemRef, name: str | None = None) -> None:
-        """Give a repeated sequence its original's outputs (and, when it failed, the failure in its own name)."""
-        for column in (self.raw, self.scores, self.pooled):
-            if column[repeat.group] is not None:
-                column[repeat.group][repeat.item] = column[original.group][original.item]
-        if self.item_errors[original.group][original.item] is not None:
-            raw = self.raw[original.group][original.item]
-            self.item_errors[repeat.group][repeat.item] = non_finite_message(raw, repeat.item, name)
+    def copy(self, copies: dict[ItemRef, tuple[ItemRef, ...]], name: Callable[[ItemRef], str]) -> None:
+        """Give each repeated sequence (copies: original → repeats) its original's outputs, in one gather and
+        one scatter per array; a failed original's failure goes to its repeats in their own names (name)."""
+        pairs = [(original, repeat) for original, repeats in copies.items() for repeat in repeats]
+        sources, targets = self.rows([p[0] for p in pairs]), self.rows([p[1] for p in pairs])
+        for array in self._arrays:
+            if array is not None:
+                array[targets] = array[sources]
+        for source, (original, repeat) in zip(sources, pairs):
+            if self.item_errors[original.group][original.item] is not None:
+                message = non_finite_message(self._arrays[0][source], repeat.item, name(repeat))
+                self.item_errors[repeat.group][repeat.item] = message
 
     def results(
         self, errors: list[list[str | None]], activation: ResolvedActivation, score_index: int
     ) -> list[GroupResult]:
         """GroupResults in group order; `score` is the activated value of each item (docs/semantics.md)."""
-        activated = self.scores if activation.name == "none" else self.raw  # what `score` is computed from
+        raw, scores, pooled = self._arrays
+        activated = scores if activation.name == "none" else raw  # what `score` is computed from
+        groups = [slice(a, b) for a, b in zip(self.starts[:-1], self.starts[1:])]  # views of the flat arrays
         return [
             GroupResult(
-                scores=self.scores[g],
-                score=activate(activated[g], activation.name, score_index),
-                pooled=self.pooled[g],
+                scores=scores[rows],
+                score=activate(activated[rows], activation.name, score_index),
+                pooled=None if pooled is None else pooled[rows],
                 errors=list(group_errors),
-                item_errors=tuple(self.item_errors[g]),
-                raw=self.raw[g],
+                item_errors=tuple(item_errors),
+                raw=raw[rows],
             )
-            for g, group_errors in enumerate(errors)
+            for rows, group_errors, item_errors in zip(groups, errors, self.item_errors)
         ]
 
 

@@ -91,7 +91,9 @@ class BackendTokenizer:
 
     def _special_id(self, name: str) -> int | None:
         token = self._special[name]
-        return None if token is None else self.convert_tokens_to_ids(token)
+        if token is None or name == "unk_token":  # the unknown token's own id: never the fallback to it
+            return None if token is None else self._backend.token_to_id(token)
+        return self.convert_tokens_to_ids(token)
 
     pad_token_id = property(
         lambda self: self._special_id("pad_token"), doc="The padding token's id, or None."
@@ -99,12 +101,7 @@ class BackendTokenizer:
     eos_token_id = property(lambda self: self._special_id("eos_token"), doc="The end token's id, or None.")
     bos_token_id = property(lambda self: self._special_id("bos_token"), doc="The start token's id, or None.")
     unk_token_id = property(
-        lambda self: (
-            None
-            if self._special["unk_token"] is None
-            else self._backend.token_to_id(self._special["unk_token"])
-        ),
-        doc="The unknown token's id, or None.",
+        lambda self: self._special_id("unk_token"), doc="The unknown token's id, or None."
     )
 
 

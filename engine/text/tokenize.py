@@ -9,7 +9,7 @@ from dataclasses import replace
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.text.chunking import split_chunks
 from score_batch.engine.text.encode import Encoded, EncodedTexts, encode_groups, given_ids
-from score_batch.engine.text.truncation import EMPTY_QUERY, check_ids, failed, fit, longest_first, query_head
+from score_batch.engine.text.truncation import check_ids, failed, fit, longest_first, query_head, query_within
 from score_batch.engine.types import FlatItems, Group, TokenizedGroup
 
 MIS_DELIMITERS_PER_ITEM = 2  # the delimiter after the query and the one closing the item
@@ -101,22 +101,11 @@ def tokenize_group(
         )
     if cfg.truncate == "query-head":
         return query_head(query, items, cfg, max_pack_tokens, overhead, vocab_size, max_positions)
-    query_error = check_ids(query.ids, vocab_size, "query")
-    query_ids: list[int] = []
-    if query_error is None:
-        query_limit = min(cfg.max_query_tokens or max_pack_tokens, max_pack_tokens - overhead)
-        why = ""
-        if max_positions is not None and max_positions < query_limit:
-            query_limit = max_positions
-            why = f", the model's position limit (max_position_embeddings {max_positions})"
-        query_ids, query_error = fit(query, query_limit, "query", cfg.truncate, "query-head", why)
-    if query_error is None and not query_ids and not cfg.item_first:
-        query_error = EMPTY_QUERY
+    pair_limit = max_pack_tokens - overhead
+    query_ids, query_error = query_within(query, cfg, pair_limit, vocab_size, max_positions)
     if query_error is not None:
         return failed(len(items), query_error, cfg.item_first)
-    return _fit_items(
-        query_ids, items, cfg, text_input, max_pack_tokens - overhead, vocab_size, max_positions
-    )
+    return _fit_items(query_ids, items, cfg, text_input, pair_limit, vocab_size, max_positions)
 
 
 def _fit_items(
@@ -130,9 +119,7 @@ def _fit_items(
 ) -> TokenizedGroup:
     """truncate error, item-tail or chunk: each item within what the query leaves of the pack (pair_limit, the
     pack less the delimiters), max_item_tokens and the position limit."""
-    item_limit = pair_limit - len(query_ids)
-    if cfg.max_item_tokens is not None:
-        item_limit = min(item_limit, cfg.max_item_tokens)
+    item_limit = min(pair_limit - len(query_ids), cfg.max_item_tokens or pair_limit)
     item_why = ""
     if max_positions is not None and max_positions - len(query_ids) < item_limit:
         item_limit = max_positions - len(query_ids)
@@ -143,9 +130,8 @@ def _fit_items(
     if text_input and cfg.truncate != "chunk" and (query_ids or not cfg.item_first):
         ids = items.ids if isinstance(items, EncodedTexts) else [item.ids for item in items]
         tokens = items.tokens() if isinstance(items, EncodedTexts) else FlatItems.of(ids)
-        if _all_fit(
-            tokens, item_limit, vocab_size
-        ):  # the common case, checked over the group's tokens at once
+        # the common case, checked over the group's tokens at once
+        if _all_fit(tokens, item_limit, vocab_size):
             return TokenizedGroup(query_ids, ids, [None] * len(ids), cfg.item_first)
     item_ids: list[list[int] | None] = []
     errors: list[str | None] = []

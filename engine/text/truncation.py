@@ -50,6 +50,22 @@ def fit(
     return [token for i, token in enumerate(encoded.ids) if i not in dropped], None
 
 
+def query_within(
+    query: Encoded, cfg: ScoringConfig, pair_limit: int, vocab_size: int, max_positions: int | None
+) -> tuple[list[int], str | None]:
+    """The query's ids within its own limit (max_query_tokens, the pack less the delimiters: pair_limit, the
+    position limit), cut from the head under truncate query-head; or its error (an empty query too, unless
+    item_first)."""
+    error = check_ids(query.ids, vocab_size, "query")
+    if error is not None:
+        return [], error
+    limit, why = min(cfg.max_query_tokens or pair_limit, pair_limit), ""
+    if max_positions is not None and max_positions < limit:
+        limit, why = max_positions, f", the model's position limit (max_position_embeddings {max_positions})"
+    ids, error = fit(query, limit, "query", cfg.truncate, "query-head", why)
+    return ids, EMPTY_QUERY if error is None and not ids and not cfg.item_first else error
+
+
 def longest_first(
     query: Encoded,
     items: list[Encoded],
@@ -77,12 +93,11 @@ def longest_first(
         query, error = _cut_to(query, cfg.max_query_tokens, "query")
     if error is not None:
         return failed(len(items), error, cfg.item_first)
-    pairs: Pairs = []
-    errors: list[str | None] = []
-    for index, item in enumerate(items):
-        pair, error = _longest_first_pair(query, item, f"item {index}", cfg, limit, why, vocab_size)
-        pairs.append(pair)
-        errors.append(error)
+    cuts = [
+        _longest_first_pair(query, item, f"item {i}", cfg, limit, why, vocab_size)
+        for i, item in enumerate(items)
+    ]
+    pairs, errors = [pair for pair, _ in cuts], [error for _, error in cuts]
     if (group := _uncut_or_whole(query.ids, pairs, errors, cfg.item_first)) is not None:
         return group
     shortest = min(len(pair[0]) for pair in pairs if pair is not None)
@@ -131,25 +146,16 @@ def query_head(
     # or longer than the pair limit less the query's template and special tokens, is an error.
     pair_limit, why = max_pack_tokens - overhead, " (max_pack_tokens less the delimiters)"
     if max_positions is not None and max_positions < pair_limit:
-        pair_limit, why = (
-            max_positions,
-            f", the model's position limit (max_position_embeddings {max_positions})",
-        )
-    error = check_ids(query.ids, vocab_size, "query")
-    base: list[int] = []
-    if error is None:
-        own = min(cfg.max_query_tokens or max_pack_tokens, max_pack_tokens - overhead)
-        base, error = fit(query, own, "query", "query-head", "query-head", "")
-    if error is None and not query.ids and not cfg.item_first:
-        error = EMPTY_QUERY
+        pair_limit = max_positions
+        why = f", the model's position limit (max_position_embeddings {max_positions})"
+    base, error = query_within(query, cfg, max_pack_tokens - overhead, vocab_size, None)  # no position cap
     if error is not None:
         return failed(len(items), error, cfg.item_first)
-    pairs: Pairs = []
-    errors: list[str | None] = []
-    for index, item in enumerate(items):
-        pair, error = _query_head_pair(query, base, item, f"item {index}", cfg, pair_limit, why, vocab_size)
-        pairs.append(pair)
-        errors.append(error)
+    cuts = [
+        _query_head_pair(query, base, item, f"item {i}", cfg, pair_limit, why, vocab_size)
+        for i, item in enumerate(items)
+    ]
+    pairs, errors = [pair for pair, _ in cuts], [error for _, error in cuts]
     if (group := _uncut_or_whole(base, pairs, errors, cfg.item_first)) is not None:
         return group
     queries = [pair[0] for pair in pairs if pair is not None]
