@@ -18,10 +18,8 @@ from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
 from score_batch.job.identity import RunIdentity
-from score_batch.job.lock import OutputLock
-from score_batch.job.paths import check_report_path
-from score_batch.job.policy import enforce_failed_rate, remove_leftovers
-from score_batch.job.progress import warn_failed_items
+from score_batch.job.paths import OutputLock, check_report_path
+from score_batch.job.policy import enforce_failed_rate, remove_leftovers, warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.machine import available_cpus
@@ -107,7 +105,7 @@ def _resolve(config: RunConfig, source) -> Runner:
 
         return Runner("ray", check_ray_preflight, run_ray)
     from score_batch.job.local import run_local
-    from score_batch.job.preflight import preflight
+    from score_batch.job.policy import preflight
 
     return Runner("local", preflight, run_local)
 

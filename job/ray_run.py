@@ -38,8 +38,7 @@ from score_batch.io_formats.window import text_type, token_key, window_table
 from score_batch.job.contract import OutputContract
 from score_batch.job.identity import RunIdentity
 from score_batch.job.phase import ScoredWindow, ScoringPhase
-from score_batch.job.policy import enforce_fail
-from score_batch.job.preflight import Checked, preflight, run_contract
+from score_batch.job.policy import Checked, enforce_fail, preflight, run_contract
 from score_batch.job.query_ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema
@@ -187,7 +186,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     options = config.ray or RayOptions()
     report.ray_workers = options.num_workers
     report.versions["ray"] = ray.__version__
-    source, destination = checked.source, checked.destination
+    source, destination = checked.source, checked.paths.output
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
     report.add_setup(setup)
     units = read_units(source)
@@ -347,7 +346,7 @@ def _joined_on_store(config: RunConfig, checked: Checked, contract, gpus) -> Loc
     with _user_errors():  # the device, dtype and ops an actor resolves may differ from this machine's
         key = ray.get(task.remote(config, checked.identity))
     earlier = EarlierScores.join(config, checked.source, key, reused_schema(contract.part_schema()))
-    directory = checked.destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
+    directory = checked.paths.output.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
     try:
         joined = directory.child("reused.parquet")
         pafs.copy_files(str(earlier.joined), joined.path, destination_filesystem=joined.fs)
