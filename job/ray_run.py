@@ -14,7 +14,6 @@ published whole.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -44,7 +43,7 @@ from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.job.score_stats import written_scores
-from score_batch.job.scoring import WindowTools, prepare, score_window
+from score_batch.job.scoring import WindowTools, planned, prepare, score_window
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_codes
 from score_batch.machine import tune_gc, tune_malloc
@@ -59,31 +58,12 @@ TALLIES = [pa.field(REUSED_FLAG, pa.int64()), pa.field(DUPLICATES, pa.int64())] 
 GROUP = "__group"  # the read stage's query group key (the grouping shuffle's)
 
 
-def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
-    """Read units as plain rows: file position, row group (-1: none), first row, lines read."""
-    position = {id(file): index for index, file in enumerate(source.files)}
-    return [
-        {
-            "file": position[id(unit.file)],
-            "row_group": -1 if unit.row_group is None else unit.row_group,
-            "first_row": unit.first_row,
-            "lines_read": unit.lines_read,
-        }
-        for unit in units
-    ]
-
-
-def _read_rows(batch: dict, source: InputSource, mapping, types: dict, texts) -> pa.Table:
-    """Ray Data stage: read units → their rows as the input's own columns (io_formats/window.window_table), in
-    the long layout with each row's query group key (GROUP)."""
+def _read_rows(batch: dict, units: list[ReadUnit], mapping, types: dict, texts) -> pa.Table:
+    """Ray Data stage: read units (by their place in units) → their rows as the input's own columns
+    (io_formats/window.window_table), in the long layout with each row's query group key (GROUP)."""
     tables = []
-    for file, group, first, lines_read in zip(
-        batch["file"], batch["row_group"], batch["first_row"], batch["lines_read"]
-    ):
-        unit = ReadUnit(
-            source, source.files[int(file)], None if group < 0 else int(group), int(first), bool(lines_read)
-        )
-        window = read_unit(unit, mapping, types)
+    for unit in batch["id"]:
+        window = read_unit(units[int(unit)], mapping, types)
         table = window_table(window, mapping, types, texts)
         if mapping.layout == "long":
             table = table.append_column(GROUP, pa.array(_group_keys(window), pa.string()))
@@ -152,8 +132,7 @@ class ScoreActor:
         window = table_window(batch, self.mapping, self.types)
         earlier = JoinedScores(_joined_rows(self.reused, window.index))
         tools = WindowTools(self.scorer, self.contract, self.score_key, earlier, self.pairs)
-        prepared = prepare(0, window, tools)
-        prepared = dataclasses.replace(prepared, plan=self.scorer.plan(prepared.todo.groups))
+        prepared = planned(prepare(0, window, tools), tools)
         with self.running:  # the next batch is planned while this one runs the model (CALLS_PER_ACTOR)
             part, scored = score_window(prepared, tools, self.scorer)
         tallies = np.zeros((2, part.num_rows), np.int64)
@@ -264,9 +243,9 @@ def _dataset(config, checked, options, units, contract, gpus, reused, total_rows
     source, mapping, types = checked.source, checked.mapping, checked.types
     nested = mapping.layout == "nested"
     texts = (_text_type(source, mapping.query, False), _text_type(source, mapping.items, nested))
-    dataset = ray.data.from_items(_unit_rows(units, source), override_num_blocks=len(units))
+    dataset = ray.data.range(len(units), override_num_blocks=len(units))  # a unit's place in units
     dataset = dataset.map_batches(
-        _read_rows, fn_args=(source, mapping, types, texts), batch_size=1, num_cpus=LIGHT_CPUS
+        _read_rows, fn_args=(units, mapping, types, texts), batch_size=1, num_cpus=LIGHT_CPUS
     )
     if not nested:
         partitions = max(2 * options.num_workers, -(-total_rows // ROWS_PER_PARTITION))

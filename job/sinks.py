@@ -34,37 +34,30 @@ Check = Callable[[], None]  # raises Stopped at a safe point when a signal came 
 
 
 class NullSink:
-    """A dry run: rows are planned and counted, nothing is written (and the base of the other sinks)."""
+    """A dry run: rows are planned and counted, nothing is written, nothing was finished before (and the base
+    of StdoutSink)."""
 
     rows_written = 0  # output rows (lines) written, for the report
 
     def resumed_record(self) -> dict | None:
-        """Nothing to continue."""
         return None
 
     def listed(self) -> frozenset[int]:
-        """No window was finished before."""
         return frozenset()
 
     def done(self, window: int, input_hash: str) -> bool:
-        """No window is ever finished before."""
         return False
 
-    def start(self, fingerprint: RunIdentity) -> None:
-        """Nothing to record."""
+    def start(self, fingerprint: RunIdentity) -> None: ...
 
-    def check_read(self, windows_read: int) -> None:
-        """Nothing was checkpointed before."""
+    def check_read(self, windows_read: int) -> None: ...
 
-    def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
-        """Drop the rows."""
+    def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None: ...
 
     def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
-        """Nothing to publish; no row was skipped."""
-        return 0
+        return 0  # no row was skipped
 
-    def abort(self, keep_checkpoints: bool) -> None:
-        """Nothing to clean."""
+    def abort(self, keep_checkpoints: bool) -> None: ...
 
 
 class StdoutSink(NullSink):

@@ -267,16 +267,12 @@ def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
                 query_digest(window.query_values[code]), digest_size=16, key=score_key
             )
         pair = state.copy()
-        pair.update(b"t" + item.encode("utf-8", "surrogatepass") if type(item) is str else _item_bytes(item))
+        if isinstance(item, str):
+            pair.update(b"t" + item.encode("utf-8", "surrogatepass"))
+        else:
+            pair.update(b"i" + json.dumps(item, default=repr).encode())
         append(pair.hexdigest())
     return keys
-
-
-def _item_bytes(item: Any) -> bytes:
-    """An item as the key hashes it."""
-    if isinstance(item, str):
-        return b"t" + item.encode("utf-8", "surrogatepass")
-    return b"i" + json.dumps(item, default=repr).encode()
 
 
 def query_identity(window: Window, row: int, ids_given: bool) -> tuple:
