@@ -97,7 +97,7 @@ class ScoringPhase:
         items = list(window.query_items)
         self._sizes_added |= bool(items)
         self.stats.add_query_items(items)
-        self.progress.add_rows(window.rows)
+        self.progress.rows += window.rows
 
     def _copies(self, window: ScoredWindow) -> int:
         """The window's items copied from another of the run: across windows, and within it by its plan (not
@@ -161,10 +161,6 @@ class Progress:
             disable=quiet or not terminal,
         )
         self._lines = not quiet and not terminal
-
-    def add_rows(self, rows: int) -> None:
-        """Count input rows read."""
-        self.rows += rows
 
     def update(self, items: int) -> None:
         """Count finished items; log a line when the interval has passed."""

@@ -349,16 +349,10 @@ def _write_block(
 ) -> pa.Table:
     """Ray Data stage: one scored block (part schema) → Parquet file(s) in the staging directory; its counts."""
     kept, _ = contract.split(part)
-    _write_files(contract.ray_view(kept), fs, directory, partitioning, _block_name(part))
+    # a file name stem fixed by the block's rows, so a retried write task replaces its own files
+    stem = f"part-{pc.min(part[ROW_INDEX]).as_py():012d}-{part.num_rows}" if part.num_rows else "part-empty"
+    _write_files(contract.ray_view(kept), fs, directory, partitioning, stem)
     return _counts(part)
-
-
-def _block_name(part: pa.Table) -> str:
-    """A file name stem fixed by the block's rows, so a retried write task replaces its own files."""
-    if part.num_rows == 0:
-        return "part-empty"
-    first = pc.min(part[ROW_INDEX]).as_py()
-    return f"part-{first:012d}-{part.num_rows}"
 
 
 def _write_files(

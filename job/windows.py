@@ -237,15 +237,14 @@ def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int
 
 
 def _ids(query_id: Any, item_id: Any) -> str:
-    """The ids of a failed row, for its message (empty when the input has none)."""
-    ids = {"query_id": query_id, "item_id": item_id}
-    named = [f"{name}={_shown(value)}" for name, value in ids.items() if value is not None]
+    """The ids of a failed row, for its message (empty when the input has none): a composite key's struct as
+    JSON (as the errors file holds it), others as repr."""
+    named = [
+        f"{name}={json.dumps(value, default=str) if isinstance(value, dict) else repr(value)}"
+        for name, value in (("query_id", query_id), ("item_id", item_id))
+        if value is not None
+    ]
     return f" ({', '.join(named)})" if named else ""
-
-
-def _shown(value: Any) -> str:
-    """An id in a message: a composite key's struct as JSON (as the errors file holds it), others as repr."""
-    return json.dumps(value, default=str) if isinstance(value, dict) else repr(value)
 
 
 def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
