@@ -25,16 +25,12 @@ from score_batch.job.run_config import RunConfig
 log = logging.getLogger(__name__)
 
 
-def real(path: str | Path) -> Path:
-    """A path with `..` and symlinks resolved (also for the parts that do not exist yet)."""
-    return Path(os.path.realpath(os.path.abspath(path)))
-
-
 def normalized(where) -> str:
-    """The URI a path is compared by: a Location or an InputFile by its key(), a Path resolved."""
+    """The URI a path is compared by: a Location or an InputFile by its key(), a Path with `..` and symlinks
+    resolved (also for the parts that do not exist yet)."""
     where = getattr(where, "location", where)  # an InputFile counts through its location
     key = getattr(where, "key", None)
-    return key() if callable(key) else "file://" + str(real(where))
+    return key() if callable(key) else "file://" + os.path.realpath(os.path.abspath(where))
 
 
 def check_collisions(writes: dict[str, object], reads: dict[str, object]) -> None:
