@@ -10,33 +10,20 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
 from score_batch.job.identity import RunIdentity
-from score_batch.job.lock import OutputLock
-from score_batch.job.paths import check_report_path
-from score_batch.job.policy import enforce_failed_rate, remove_leftovers
-from score_batch.job.progress import warn_failed_items
+from score_batch.job.paths import OutputLock, check_report_path
+from score_batch.job.policy import enforce_failed_rate, remove_leftovers, warn_failed_items
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.machine import available_cpus
 from score_batch.signals import Stopped, StopSignals, import_deferring_stops
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Runner:
-    """Where windows come from and where scoring happens: its preflight and its score-and-publish phase."""
-
-    kind: Literal["local", "ray", "batch-file"]
-    preflight: Callable  # (config, source) -> Checked
-    score: Callable  # (config, checked, report) -> None: load, score windows, publish
 
 
 def run(config: RunConfig) -> RunReport:
@@ -79,10 +66,10 @@ def _run_phases(config: RunConfig, report: RunReport):
     check_kept_columns(config.columns.keep_columns, ranked=ranked, pooled=pooled, chunked=config.chunked)
     source = open_source(config.inputs, config.storage_options, config.hive_types)
     try:
-        runner = _resolve(config, source)
-        checked = runner.preflight(config, source)
+        kind, preflight, score = _resolve(config, source)
+        checked = preflight(config, source)
         # The run's identity (job/identity): the model's content is read here, where a stop ends it at once.
-        if runner.kind != "batch-file":
+        if kind != "batch-file":
             checked = dataclasses.replace(checked, identity=RunIdentity.of(config))
         with contextlib.ExitStack() as held:
             for lock in checked.paths.locks:  # OUTPUT's, then the ranked view's
@@ -90,26 +77,27 @@ def _run_phases(config: RunConfig, report: RunReport):
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
                     remove_leftovers(*checked.paths.leftovers)
-                runner.score(config, checked, report)
+                score(config, checked, report)
         return checked.paths.errors
     finally:
         source.close()
 
 
-def _resolve(config: RunConfig, source) -> Runner:
-    """The runner the config and the input name: an OpenAI-style batch file, Ray, or a local table run."""
+def _resolve(config: RunConfig, source) -> tuple[str, Callable, Callable]:
+    """The runner the config and the input name (a batch file, Ray, or a local table run): its kind, its
+    preflight (config, source) → Checked, and its score (config, checked, report): load, score, publish."""
     if input_format(source, config.input_format) == FileFormat.OPENAI_BATCH:  # stdin: sniffed on its spool
         from score_batch.job.batch_file_run import batch_preflight, run_batch_file  # that command's only
 
-        return Runner("batch-file", batch_preflight, run_batch_file)
+        return "batch-file", batch_preflight, run_batch_file
     if config.ray is not None:
         from score_batch.job.ray_run import check_ray_preflight, run_ray
 
-        return Runner("ray", check_ray_preflight, run_ray)
+        return "ray", check_ray_preflight, run_ray
     from score_batch.job.local import run_local
-    from score_batch.job.preflight import preflight
+    from score_batch.job.policy import preflight
 
-    return Runner("local", preflight, run_local)
+    return "local", preflight, run_local
 
 
 def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:

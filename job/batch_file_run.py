@@ -33,8 +33,7 @@ from score_batch.io_formats.window import Window, encode_queries
 from score_batch.job.contract import OutputContract
 from score_batch.job.paths import check_run_paths
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
-from score_batch.job.policy import check_destination
-from score_batch.job.preflight import Checked
+from score_batch.job.policy import Checked, check_destination
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import ScoredPairs
 from score_batch.job.run_config import STDOUT, RunConfig
@@ -80,7 +79,7 @@ def batch_preflight(config: RunConfig, source: InputSource) -> Checked:
 def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
     """Every request (stdin: from the source's spool) → a window of pairs (_window) → job/scoring.py → one
     response line each, published in one step."""
-    batch, destination = readers.batch_reader(checked.source), checked.destination
+    batch, destination = readers.batch_reader(checked.source), checked.paths.output
     scorer, planner, _ = load_engine(config, report)
     tools = WindowTools(planner, PAIRS, None, None, ScoredPairs())  # no keys: nothing is copied
     scoring = config.engine.scoring

@@ -13,7 +13,6 @@ from score_batch.io_formats.columns import (
     CHUNKS,
     DUPLICATES,
     ERROR,
-    ERROR_FIELDS,
     ID_COLUMNS,
     ITEM_ID,
     POOLED,
@@ -29,7 +28,7 @@ from score_batch.io_formats.columns import (
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.io_formats.window import key_type
-from score_batch.io_formats.writers import json_lines, jsonl_unwritable, output_format
+from score_batch.io_formats.writers import jsonl_unwritable, output_format
 
 
 def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chunked: bool = False) -> None:
@@ -223,8 +222,3 @@ class OutputContract:
         """Part rows in the Ray output schema."""
         schema = self.ray_schema()
         return part.select(schema.names).cast(schema)
-
-    @staticmethod
-    def error_lines(failed: pa.Table) -> list[str]:
-        """The errors-file JSONL lines of failed rows: row_index, query_id, item_id, error."""
-        return json_lines(failed.select(list(ERROR_FIELDS)))

@@ -16,9 +16,8 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import Window
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
-from score_batch.job.policy import KEEP_GOING, enforce_fail
+from score_batch.job.policy import KEEP_GOING, Checked, enforce_fail, run_contract
 from score_batch.job.prefetch import Prefetch
-from score_batch.job.preflight import Checked, run_contract
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RunConfig

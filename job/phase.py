@@ -1,19 +1,22 @@
-"""The scoring phase every runner shares: the engine loaded once, progress, stop signals, the sink's commit or
-abort, and the report's counts built from the ScoredWindows each runner hands to `add` (never by hand)."""
+"""The scoring phase every runner shares: the engine loaded once, progress (a bar on a terminal, else a log line
+every few seconds), stop signals, the sink's commit or abort, and the report's counts built from the
+ScoredWindows each runner hands to `add` (never by hand)."""
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+
+from tqdm import tqdm
 
 from score_batch.engine.model.setup import ResolvedSetup, load_planner
 from score_batch.engine.plan.planner import Planner
 from score_batch.engine.scorer import Scorer
 from score_batch.errors import UserError
 from score_batch.job.policy import enforce_failed_rate
-from score_batch.job.progress import Progress
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
 from score_batch.job.score_stats import ScoreStats
@@ -94,7 +97,7 @@ class ScoringPhase:
         items = list(window.query_items)
         self._sizes_added |= bool(items)
         self.stats.add_query_items(items)
-        self.progress.add_rows(window.rows)
+        self.progress.rows += window.rows
 
     def _copies(self, window: ScoredWindow) -> int:
         """The window's items copied from another of the run: across windows, and within it by its plan (not
@@ -137,6 +140,52 @@ class ScoringPhase:
         if error is None:
             self.check()  # a signal after the last safe point (the publish): still a stop, 130/143
             enforce_failed_rate(self.report, self.config)  # the output and its completion record are written
+
+
+class Progress:
+    """Counts scored items and rows; shows them as a tqdm bar (terminal) or periodic log lines (log files)."""
+
+    def __init__(self, total_items: int | None, quiet: bool, every_seconds: float) -> None:
+        self.total = total_items
+        self.items = 0
+        self.rows = 0
+        self.every = every_seconds
+        self._started = self._last = time.monotonic()
+        terminal = sys.stderr.isatty()
+        self._bar = tqdm(
+            total=total_items,
+            unit="item",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            desc="scoring",
+            disable=quiet or not terminal,
+        )
+        self._lines = not quiet and not terminal
+
+    def update(self, items: int) -> None:
+        """Count finished items; log a line when the interval has passed."""
+        self.items += items
+        self._bar.update(items)
+        now = time.monotonic()
+        if self._lines and now - self._last >= self.every:
+            self._last = now
+            log.info("progress: %s", self.describe(now))
+
+    def describe(self, now: float) -> str:
+        """Rows, items, rate and (when the total is known) the ETA."""
+        elapsed = max(now - self._started, 1e-9)
+        rate = self.items / elapsed
+        text = f"{self.rows} rows, {self.items} items, {rate:.1f} items/s"
+        if self.total:
+            left = max(self.total - self.items, 0)
+            eta = int(left / rate) if rate > 0 else None
+            eta_text = "unknown" if eta is None else f"{eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+            text += f", {100 * self.items / self.total:.1f}%, ETA {eta_text}"
+        return text
+
+    def close(self) -> None:
+        """Close the bar."""
+        self._bar.close()
 
 
 def warn_empty(report: RunReport) -> None:

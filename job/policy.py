@@ -1,8 +1,15 @@
-"""Rules shared by every runner: the destination guard, on-error fail, the failure threshold, leftovers."""
+"""Preflight, every check that needs no model weights (run before any model is loaded: a failure is a one-line
+exit 2 with the report written), and the rules every runner shares: the destination guard, on-error fail, the
+failure threshold and its warning, leftovers.
+
+Preflight checks paths and collisions, column names and types from the input's metadata (or its JSONL lines),
+the partition columns and the --reuse outputs (job.run checks the reserved output names and opens the input
+just before)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,18 +17,64 @@ from pyarrow.fs import FileType
 
 from score_batch.errors import TooManyFailed
 from score_batch.io_formats.columns import ERROR
+from score_batch.io_formats.earlier import open_earlier
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.parts import MANIFEST
+from score_batch.io_formats.readers import InputSource, column_types, input_mapping
+from score_batch.io_formats.schema import ColumnMapping
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
 from score_batch.job.completion import Completion
-from score_batch.job.contract import OutputContract, check_partition_by
-from score_batch.job.paths import check_local_container, parts_dir, written
+from score_batch.job.contract import OutputContract, check_jsonl_columns, check_partition_by
+from score_batch.job.identity import RunIdentity
+from score_batch.job.paths import RunPaths, check_local_container, check_run_paths, parts_dir, written
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 KEEP_GOING = "(use --on-error record or skip to keep going)"
+PLACEHOLDER_POOLED_DIM = 1  # the pooled column's width is not needed to know its name
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What preflight established about a run: the open input, the checked output and (tables) the columns."""
+
+    source: InputSource | None  # the table input (None: a runner that reads its input itself)
+    paths: RunPaths  # every path the run writes
+    mapping: ColumnMapping | None  # None: a batch file, whose requests have no columns
+    types: dict[str, pa.DataType]
+    identity: RunIdentity | None = None  # job/identity, set by job.run after preflight (None: a batch file)
+
+
+def preflight(config: RunConfig, source: InputSource, directory: bool = False) -> Checked:
+    """Check a table run on its open input before any model load (directory: a Ray run's directory output)."""
+    destination = check_destination(config, directory=directory)
+    if config.ranked_output:
+        check_destination(config, directory=directory, ranked=True)
+    paths = check_run_paths(config, source.files, destination, source.directories)
+    mapping = input_mapping(source, config.columns)
+    types = column_types(source, mapping)
+    check_jsonl_columns(mapping, types, config.output)
+    if config.partition_by:  # partition columns must be usable output columns (not lists, …)
+        output_contract(config, mapping, types, PLACEHOLDER_POOLED_DIM).partition_schema(config.partition_by)
+    open_earlier(config.reuse, config.storage_options, config.reuse_missing_ok)  # they exist, with score keys
+    return Checked(source, paths, mapping, types)
+
+
+def output_contract(
+    config: RunConfig, mapping: ColumnMapping, types: dict, hidden_size: int
+) -> OutputContract:
+    """This run's output contract (hidden_size: the pooled column's width, when pooled states are asked for)."""
+    pooled_dim = hidden_size if config.engine.scoring.pooled_hidden_states else None
+    return OutputContract.from_types(
+        mapping, types, pooled_dim, config.on_error, config.rank, config.top_k, config.chunked
+    )
+
+
+def run_contract(config: RunConfig, checked: Checked, setup) -> OutputContract:
+    """The run's output contract once the model is known (setup: its ResolvedSetup, for the pooled width)."""
+    return output_contract(config, checked.mapping, checked.types, setup.info.hidden_size)
 
 
 def check_destination(config: RunConfig, directory: bool, ranked: bool = False) -> Location | None:
@@ -127,3 +180,21 @@ def remove_leftovers(*paths: Location | None) -> None:
     for path in paths:
         for leftover in path.remove_leftovers() if path is not None else ():
             log.info("removed %s, left by an interrupted run", leftover)
+
+
+def warn_failed_items(report: RunReport, config: RunConfig, errors: Location | None) -> None:
+    """Warn how many items failed and where they went (errors: RunPaths.errors), --quiet or not; batch files'
+    runner warns of its own."""
+    if not report.items_failed or report.requests:
+        return
+    count = f"{report.items_failed} of {report.items} items"
+    if config.dry_run:
+        message = f"dry run: {count} would fail (--on-error {config.on_error})"
+    elif config.on_error == "skip":  # no errors file (-o - without --errors-file): the log lists them
+        logged = "the log above, one line each (pass --errors-file to keep them in a file)"
+        where = logged if errors is None else errors.uri
+        message = f"{count} failed and were left out of the output; they are listed in {where}"
+    else:
+        output = "the output" if config.output == STDOUT else config.output
+        message = f"{count} failed; their rows in {output} carry the error"
+    log.warning("%s", message)

@@ -14,7 +14,6 @@ published whole.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -38,14 +37,13 @@ from score_batch.io_formats.window import text_type, token_key, window_table
 from score_batch.job.contract import OutputContract
 from score_batch.job.identity import RunIdentity
 from score_batch.job.phase import ScoredWindow, ScoringPhase
-from score_batch.job.policy import enforce_fail
-from score_batch.job.preflight import Checked, preflight, run_contract
+from score_batch.job.policy import Checked, enforce_fail, preflight, run_contract
 from score_batch.job.query_ranking import rank_parts
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.job.score_stats import written_scores
-from score_batch.job.scoring import WindowTools, prepare, score_window
+from score_batch.job.scoring import WindowTools, planned, prepare, score_window
 from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_codes
 from score_batch.machine import tune_gc, tune_malloc
@@ -60,31 +58,12 @@ TALLIES = [pa.field(REUSED_FLAG, pa.int64()), pa.field(DUPLICATES, pa.int64())] 
 GROUP = "__group"  # the read stage's query group key (the grouping shuffle's)
 
 
-def _unit_rows(units: list[ReadUnit], source: InputSource) -> list[dict]:
-    """Read units as plain rows: file position, row group (-1: none), first row, lines read."""
-    position = {id(file): index for index, file in enumerate(source.files)}
-    return [
-        {
-            "file": position[id(unit.file)],
-            "row_group": -1 if unit.row_group is None else unit.row_group,
-            "first_row": unit.first_row,
-            "lines_read": unit.lines_read,
-        }
-        for unit in units
-    ]
-
-
-def _read_rows(batch: dict, source: InputSource, mapping, types: dict, texts) -> pa.Table:
-    """Ray Data stage: read units → their rows as the input's own columns (io_formats/window.window_table), in
-    the long layout with each row's query group key (GROUP)."""
+def _read_rows(batch: dict, units: list[ReadUnit], mapping, types: dict, texts) -> pa.Table:
+    """Ray Data stage: read units (by their place in units) → their rows as the input's own columns
+    (io_formats/window.window_table), in the long layout with each row's query group key (GROUP)."""
     tables = []
-    for file, group, first, lines_read in zip(
-        batch["file"], batch["row_group"], batch["first_row"], batch["lines_read"]
-    ):
-        unit = ReadUnit(
-            source, source.files[int(file)], None if group < 0 else int(group), int(first), bool(lines_read)
-        )
-        window = read_unit(unit, mapping, types)
+    for unit in batch["id"]:
+        window = read_unit(units[int(unit)], mapping, types)
         table = window_table(window, mapping, types, texts)
         if mapping.layout == "long":
             table = table.append_column(GROUP, pa.array(_group_keys(window), pa.string()))
@@ -153,8 +132,7 @@ class ScoreActor:
         window = table_window(batch, self.mapping, self.types)
         earlier = JoinedScores(_joined_rows(self.reused, window.index))
         tools = WindowTools(self.scorer, self.contract, self.score_key, earlier, self.pairs)
-        prepared = prepare(0, window, tools)
-        prepared = dataclasses.replace(prepared, plan=self.scorer.plan(prepared.todo.groups))
+        prepared = planned(prepare(0, window, tools), tools)
         with self.running:  # the next batch is planned while this one runs the model (CALLS_PER_ACTOR)
             part, scored = score_window(prepared, tools, self.scorer)
         tallies = np.zeros((2, part.num_rows), np.int64)
@@ -187,7 +165,7 @@ def run_ray(config: RunConfig, checked: Checked, report: RunReport) -> None:
     options = config.ray or RayOptions()
     report.ray_workers = options.num_workers
     report.versions["ray"] = ray.__version__
-    source, destination = checked.source, checked.destination
+    source, destination = checked.source, checked.paths.output
     _, setup = load_planner(config.model_dir, config.engine)  # refuse bad settings before starting workers
     report.add_setup(setup)
     units = read_units(source)
@@ -265,9 +243,9 @@ def _dataset(config, checked, options, units, contract, gpus, reused, total_rows
     source, mapping, types = checked.source, checked.mapping, checked.types
     nested = mapping.layout == "nested"
     texts = (_text_type(source, mapping.query, False), _text_type(source, mapping.items, nested))
-    dataset = ray.data.from_items(_unit_rows(units, source), override_num_blocks=len(units))
+    dataset = ray.data.range(len(units), override_num_blocks=len(units))  # a unit's place in units
     dataset = dataset.map_batches(
-        _read_rows, fn_args=(source, mapping, types, texts), batch_size=1, num_cpus=LIGHT_CPUS
+        _read_rows, fn_args=(units, mapping, types, texts), batch_size=1, num_cpus=LIGHT_CPUS
     )
     if not nested:
         partitions = max(2 * options.num_workers, -(-total_rows // ROWS_PER_PARTITION))
@@ -347,7 +325,7 @@ def _joined_on_store(config: RunConfig, checked: Checked, contract, gpus) -> Loc
     with _user_errors():  # the device, dtype and ops an actor resolves may differ from this machine's
         key = ray.get(task.remote(config, checked.identity))
     earlier = EarlierScores.join(config, checked.source, key, reused_schema(contract.part_schema()))
-    directory = checked.destination.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
+    directory = checked.paths.output.temp_sibling(directory=True)  # `.NAME.tmp-…`: a dead run's is removed
     try:
         joined = directory.child("reused.parquet")
         pafs.copy_files(str(earlier.joined), joined.path, destination_filesystem=joined.fs)
@@ -371,16 +349,10 @@ def _write_block(
 ) -> pa.Table:
     """Ray Data stage: one scored block (part schema) → Parquet file(s) in the staging directory; its counts."""
     kept, _ = contract.split(part)
-    _write_files(contract.ray_view(kept), fs, directory, partitioning, _block_name(part))
+    # a file name stem fixed by the block's rows, so a retried write task replaces its own files
+    stem = f"part-{pc.min(part[ROW_INDEX]).as_py():012d}-{part.num_rows}" if part.num_rows else "part-empty"
+    _write_files(contract.ray_view(kept), fs, directory, partitioning, stem)
     return _counts(part)
-
-
-def _block_name(part: pa.Table) -> str:
-    """A file name stem fixed by the block's rows, so a retried write task replaces its own files."""
-    if part.num_rows == 0:
-        return "part-empty"
-    first = pc.min(part[ROW_INDEX]).as_py()
-    return f"part-{first:012d}-{part.num_rows}"
 
 
 def _write_files(

@@ -32,7 +32,7 @@ from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCO
 from score_batch.io_formats.earlier import join_earlier, open_earlier
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import Window
-from score_batch.job.lock import process_gone
+from score_batch.job.paths import process_gone
 from score_batch.job.run_config import RunConfig
 from score_batch.job.windows import pair_keys
 from score_batch.machine import available_cpus

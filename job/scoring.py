@@ -31,7 +31,7 @@ class WindowTools:
     """What scoring a window needs besides the window: made once the tokenizer is there."""
 
     planner: Planner
-    contract: OutputContract  # the run's output (job/preflight.run_contract)
+    contract: OutputContract  # the run's output (job/policy.run_contract)
     score_key: bytes | None  # RunIdentity.score_key: what every pair's key is keyed with (None: no keys)
     earlier: EarlierScores | JoinedScores | None  # --reuse: the earlier outputs' values for this run's pairs
     pairs: ScoredPairs  # the values of pairs written by earlier windows (or batches) of this run

@@ -8,17 +8,19 @@ import dataclasses
 import logging
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
 
+from score_batch.io_formats.columns import ERROR_FIELDS
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.writers import (
     STDOUT,
     StdoutJsonlWriter,
+    json_lines,
     output_format,
     write_partitioned,
 )
@@ -34,37 +36,30 @@ Check = Callable[[], None]  # raises Stopped at a safe point when a signal came 
 
 
 class NullSink:
-    """A dry run: rows are planned and counted, nothing is written (and the base of the other sinks)."""
+    """A dry run: rows are planned and counted, nothing is written, nothing was finished before (and the base
+    of StdoutSink)."""
 
     rows_written = 0  # output rows (lines) written, for the report
 
     def resumed_record(self) -> dict | None:
-        """Nothing to continue."""
         return None
 
     def listed(self) -> frozenset[int]:
-        """No window was finished before."""
         return frozenset()
 
     def done(self, window: int, input_hash: str) -> bool:
-        """No window is ever finished before."""
         return False
 
-    def start(self, fingerprint: RunIdentity) -> None:
-        """Nothing to record."""
+    def start(self, fingerprint: RunIdentity) -> None: ...
 
-    def check_read(self, windows_read: int) -> None:
-        """Nothing was checkpointed before."""
+    def check_read(self, windows_read: int) -> None: ...
 
-    def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
-        """Drop the rows."""
+    def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None: ...
 
     def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
-        """Nothing to publish; no row was skipped."""
-        return 0
+        return 0  # no row was skipped
 
-    def abort(self, keep_checkpoints: bool) -> None:
-        """Nothing to clean."""
+    def abort(self, keep_checkpoints: bool) -> None: ...
 
 
 class StdoutSink(NullSink):
@@ -78,26 +73,23 @@ class StdoutSink(NullSink):
 
     def write(self, window: int, part: pa.Table, contract: OutputContract, input_hash: str) -> None:
         """Print the window's output rows and divert its failed rows (ranked runs: hold them to the end)."""
-        if contract.ranked:
-            self._held.append(part)
-            return
-        kept, failed = contract.split(part)
-        self.errors.write(failed)
-        self._print(kept, contract)
+        self._held.append(part)
+        if not contract.ranked:
+            self._print(contract)
 
-    def _print(self, kept: pa.Table, contract: OutputContract) -> None:
-        """Write output rows as JSON lines."""
+    def _print(self, contract: OutputContract) -> None:
+        """Write the held parts' output rows as JSON lines."""
         if self._writer is None:
             self._writer = StdoutJsonlWriter(contract.final_schema())
-        self._writer.write(contract.final_view(kept))
-        self.rows_written += kept.num_rows
+        for kept in _output_rows(self._held, contract, self.errors):
+            self._writer.write(contract.final_view(kept))
+            self.rows_written += kept.num_rows
+        self._held = []
 
     def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
         """Print held ranked rows; publish the errors list (lines already printed stay printed)."""
         if contract.ranked:
-            ranked, failed = rank_parts(self._held, contract)
-            self.errors.write(failed)
-            self._print(ranked, contract)
+            self._print(contract)
         self.errors.commit()
         return self.errors.count
 
@@ -205,7 +197,7 @@ class PartsSink:
     def _publish_ranked(self, contract: OutputContract, check: Check, fingerprint) -> None:
         """--ranked-output: the whole run ranked (as a --rank/--top-k run writes OUTPUT), stamped as the output
         of such a run (its record without ranked_output: --reuse sees a --top-k output)."""
-        ranked, _ = rank_parts(self._all_parts(), contract)
+        ranked, _ = rank_parts([self.parts.read(window) for window in self.parts.windows()], contract)
         check()
         if fingerprint is not None:
             fingerprint = fingerprint.with_settings(ranked_output=None)
@@ -215,24 +207,13 @@ class PartsSink:
         self.rows_ranked = ranked.num_rows
         log.info("the ranked view (%d rows) is in %s", ranked.num_rows, self.config.ranked_output)
 
-    def _all_parts(self) -> list[pa.Table]:
-        """Every window's part, in window order."""
-        return [self.parts.read(window) for window in self.parts.windows()]
-
     def _final_tables(self, contract: OutputContract, check: Check, errors: ErrorsSink) -> Iterator[pa.Table]:
         """The output rows in output order, window by window (ranked: all at once); failed rows to errors."""
-        if contract.ranked:  # a query's items may sit in any window: rank the whole output at once
-            ranked, failed = rank_parts(self._all_parts(), contract)
-            errors.write(failed)
-            self.rows_written += ranked.num_rows
-            yield contract.final_view(ranked)
-            return
-        for window in self.parts.windows():
-            kept, failed = contract.split(self.parts.read(window))
-            errors.write(failed)
+        for kept in _output_rows(map(self.parts.read, self.parts.windows()), contract, errors):
             self.rows_written += kept.num_rows
             yield contract.final_view(kept)
-            check()  # a signal during the merge stops it; the parts stay for --resume
+            if not contract.ranked:
+                check()  # a signal during the merge stops it; the parts stay for --resume
 
     def _publish(self, tables, contract, ready, fingerprint, check, destination: Location, form: str) -> None:
         """Tables published at destination; ready() runs once every row is written, before the output appears.
@@ -267,6 +248,18 @@ class PartsSink:
         """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""
         if not keep_checkpoints:
             self.parts.clear()
+
+
+def _output_rows(
+    parts: Iterable[pa.Table], contract: OutputContract, errors: ErrorsSink
+) -> Iterator[pa.Table]:
+    """The output rows of parts in output order, part by part (ranked: all at once, as a query's items may sit
+    in any part); their failed rows to errors."""
+    for kept, failed in (
+        [rank_parts(list(parts), contract)] if contract.ranked else map(contract.split, parts)
+    ):
+        errors.write(failed)
+        yield kept
 
 
 class StagedFile:
@@ -317,7 +310,7 @@ class ErrorsSink:
         if failed.num_rows == 0:
             return
         self.count += failed.num_rows
-        lines = OutputContract.error_lines(failed)
+        lines = json_lines(failed.select(list(ERROR_FIELDS)))  # row_index, query_id, item_id, error
         if self._file is not None:
             self._file.write(lines)
             return

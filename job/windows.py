@@ -237,15 +237,14 @@ def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int
 
 
 def _ids(query_id: Any, item_id: Any) -> str:
-    """The ids of a failed row, for its message (empty when the input has none)."""
-    ids = {"query_id": query_id, "item_id": item_id}
-    named = [f"{name}={_shown(value)}" for name, value in ids.items() if value is not None]
+    """The ids of a failed row, for its message (empty when the input has none): a composite key's struct as
+    JSON (as the errors file holds it), others as repr."""
+    named = [
+        f"{name}={json.dumps(value, default=str) if isinstance(value, dict) else repr(value)}"
+        for name, value in (("query_id", query_id), ("item_id", item_id))
+        if value is not None
+    ]
     return f" ({', '.join(named)})" if named else ""
-
-
-def _shown(value: Any) -> str:
-    """An id in a message: a composite key's struct as JSON (as the errors file holds it), others as repr."""
-    return json.dumps(value, default=str) if isinstance(value, dict) else repr(value)
 
 
 def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
@@ -267,16 +266,12 @@ def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
                 query_digest(window.query_values[code]), digest_size=16, key=score_key
             )
         pair = state.copy()
-        pair.update(b"t" + item.encode("utf-8", "surrogatepass") if type(item) is str else _item_bytes(item))
+        if isinstance(item, str):
+            pair.update(b"t" + item.encode("utf-8", "surrogatepass"))
+        else:
+            pair.update(b"i" + json.dumps(item, default=repr).encode())
         append(pair.hexdigest())
     return keys
-
-
-def _item_bytes(item: Any) -> bytes:
-    """An item as the key hashes it."""
-    if isinstance(item, str):
-        return b"t" + item.encode("utf-8", "surrogatepass")
-    return b"i" + json.dumps(item, default=repr).encode()
 
 
 def query_identity(window: Window, row: int, ids_given: bool) -> tuple:
