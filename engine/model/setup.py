@@ -166,7 +166,11 @@ FLASHINFER_OPS_DTYPES = (torch.bfloat16, torch.float16)  # its RoPE kernel dispa
 
 
 def resolve_ops(
-    config: EngineConfig, layers: str, device: torch.device, dtype: torch.dtype
+    config: EngineConfig,
+    layers: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    import_error: Callable[[str], str | None] = import_failure,
 ) -> Literal["torch", "flashinfer", "none"]:
     """The native layers' kernels: auto → flashinfer on CUDA in 16 bits when it imports (not under compile), else
     torch; importing proves no kernel: engine/model/proof.py runs them at load."""
@@ -188,7 +192,7 @@ def resolve_ops(
         problem = f"runs on CUDA only, not on {device.type}"
     elif dtype not in FLASHINFER_OPS_DTYPES:
         problem = f"needs EngineConfig.dtype bfloat16 or float16, not {dtype}"
-    elif (failure := import_failure(OPS_MODULE)) is not None:
+    elif (failure := import_error(OPS_MODULE)) is not None:
         problem = f"cannot import {OPS_MODULE} ({failure})"
     if problem is not None and config.ops == "flashinfer":
         raise SettingError("EngineConfig.ops", config.ops, problem)
