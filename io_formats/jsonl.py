@@ -105,7 +105,7 @@ class _JsonlScan:
 
 
 class JsonlReader:
-    """The JSONL files of an input, in order: their columns and types (one scan, cached) and their records."""
+    """The JSONL files of an input, in order: their columns and types (one scan, cached) and their lines."""
 
     def __init__(self, files: tuple[InputFile, ...], label: str) -> None:
         self.files = files
@@ -134,11 +134,6 @@ class JsonlReader:
         """Whether this reader's first pass, if it made one, read every line as one JSON object (its blocks may
         then be parsed by pyarrow: io_formats/window.json_window)."""
         return self._scan is not None and self._scan.first_bad is None
-
-    def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:
-        """(line, record) per non-blank line of every file in order (columns: ignored, a line is parsed whole)."""
-        for file in self._inputs():
-            yield from self.file_records(file)
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, None, rows) per file: a JSONL file is read whole by one worker."""

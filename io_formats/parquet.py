@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 from score_batch.io_formats.arrow_types import unify
 from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
 from score_batch.io_formats.listing import InputFile
-from score_batch.io_formats.rows import Record
 
 BATCH_ROWS = 1024  # rows per record batch read from a file
 
@@ -28,7 +27,7 @@ class ParquetInfo:
 
 
 class ParquetReader:
-    """The Parquet files of an input, in order: their footers (read once), column types and records."""
+    """The Parquet files of an input, in order: their footers (read once), column types and record batches."""
 
     def __init__(
         self, files: tuple[InputFile, ...], label: str, partition_types: dict[str, pa.DataType]
@@ -79,12 +78,6 @@ class ParquetReader:
 
     def total_rows(self) -> int:
         return sum(info.num_rows for info in self.infos())
-
-    def records(self, columns: list[str] | None = None) -> Iterator[tuple[None, Record]]:
-        """(None, record) per row of every file in order, partition values added (columns: only these)."""
-        for file, batch in self.batches(self.columns() if columns is None else columns):
-            for record in batch.to_pylist():
-                yield None, file.with_partitions(record)
 
     def batches(
         self,

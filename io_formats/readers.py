@@ -35,22 +35,9 @@ from score_batch.io_formats.window import (
 STDIN = "-"
 
 
-# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows, records
-# (in input order), units (for distributed workers) and close.
+# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows, units (for
+# distributed workers) and close.
 TableReader = ParquetReader | JsonlReader
-
-
-class _SourceState:
-    """The source's reader (footers, the JSONL scan, the stdin spool); a pickled copy starts empty."""
-
-    def __init__(self) -> None:
-        self.reader: TableReader | None = None
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
 
 @dataclass(frozen=True)
@@ -63,7 +50,11 @@ class InputSource:
     files: tuple[InputFile, ...]
     directories: tuple[Location, ...] = ()  # the directories (or glob bases) the files were found in
     partition_types: tuple[tuple[str, pa.DataType], ...] = ()  # hive partition keys and their Arrow types
-    _state: _SourceState = field(default_factory=_SourceState, compare=False, hash=False, repr=False)
+    # "reader": the source's reader (footers, the JSONL scan, the stdin spool), made on first use
+    _state: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_state": {}}  # a pickled copy makes its own reader
 
     @property
     def label(self) -> str:
@@ -83,21 +74,21 @@ class InputSource:
 
     def close(self) -> None:
         """Delete the stdin spool, if any (reading the source again spools nothing: stdin is consumed)."""
-        if self._state.reader is not None:
-            self._state.reader.close()
+        if "reader" in self._state:
+            self._state["reader"].close()
 
 
 def reader(source: InputSource) -> TableReader:
     """The source's table reader, made on first use (the one place a table format picks its class)."""
     state = source._state
-    if state.reader is None:
+    if "reader" not in state:
         if source.path == STDIN:
-            state.reader = StdinReader()
+            state["reader"] = StdinReader()
         elif source.format == FileFormat.PARQUET:
-            state.reader = ParquetReader(source.files, source.label, dict(source.partition_types))
+            state["reader"] = ParquetReader(source.files, source.label, dict(source.partition_types))
         else:
-            state.reader = JsonlReader(source.files, source.label)
-    return state.reader
+            state["reader"] = JsonlReader(source.files, source.label)
+    return state["reader"]
 
 
 def input_format(source: InputSource, requested: RequestedFormat = "auto") -> FileFormat:

@@ -21,6 +21,7 @@ from score_batch.io_formats.readers import (
     open_source,
     read_unit,
     read_units,
+    read_windows,
     reader,
 )
 from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
@@ -47,7 +48,9 @@ def test_one_reader_class_per_format(tmp_path, monkeypatch):
     assert classes == {"a.parquet": ParquetReader, "b.jsonl.gz": JsonlReader, "-": StdinReader}
     for source in sources.values():  # the same rows and types whatever the format
         assert source.total_rows() == 3
-        assert [r for _, r in reader(source).records()] == ROWS
+        mapping, windows = read_windows(source, ColumnOverrides(keep_columns=("n",)), 2)
+        rows = [row for window in windows for row in window.rows()]
+        assert [{"query": r.query, "item": r.items[0], **r.kept} for r in rows] == ROWS
         assert reader(source).column_type("n") == pa.int64()
     spool = sources["-"].spool_path()
     sources["-"].close()
@@ -83,7 +86,7 @@ def test_a_pickled_source_reads_its_units_again(tmp_path):
     assert [(u.row_group, u.first_row) for u in units] == [(0, 0), (1, 2)]
     mapping = resolve_columns(["query", "item", "n"], ColumnOverrides(), source.label)
     copy = pickle.loads(pickle.dumps(units[1]))  # what a Ray worker gets: no cached footers
-    assert copy.source._state.reader is None
+    assert copy.source._state == {}
     assert [row.items for row in read_unit(copy, mapping).rows()] == [["c"]]
     with pytest.raises(Exception, match="stdin"):
         read_units(open_source("-"))
@@ -122,7 +125,8 @@ def test_parquet_rows_read_column_by_column_equal_the_record_path(tmp_path, wind
     source = open_source(str(tmp_path))
     mapping = input_mapping(source, ColumnOverrides(keep_columns=("price", "tags", "day")))
     types = column_types(source, mapping)
-    expected = [to_row(i, record, mapping, types) for i, (_, record) in enumerate(reader(source).records())]
+    records = [{**r, "day": part} for part, table in (("a", first), ("b", second)) for r in table.to_pylist()]
+    expected = [to_row(i, record, mapping, types) for i, record in enumerate(records)]
     _, windows = read_windows(source, ColumnOverrides(keep_columns=("price", "tags", "day")), window_rows)
     windows = list(windows)
     assert all(w.num_rows == window_rows for w in windows[:-1]) and 0 < windows[-1].num_rows <= window_rows
