@@ -19,8 +19,9 @@ import pyarrow as pa
 
 from score_batch.io_formats.arrow_types import unify
 from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
-from score_batch.io_formats.listing import InputFile
-from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, Record, has_surrogate, value_kind
+from score_batch.io_formats.listing import JSONL, InputFile
+from score_batch.io_formats.locations import Location
+from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, has_surrogate, value_kind
 
 BOM = b"\xef\xbb\xbf"
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
@@ -148,13 +149,14 @@ class JsonlReader:
             scan = _JsonlScan()
             for file in self._inputs():
                 before = scan.rows
-                for line, record in self.file_records(file):
+                for line, raw in self._numbered(file):
+                    record = parse_line(raw, line)
                     scan.rows += 1
                     if isinstance(record, BadLine):
                         scan.first_bad = scan.first_bad or record
                         continue
                     scan.objects += 1
-                    for name, value in record.items():
+                    for name, value in file.with_partitions(record).items():
                         scan.columns[name].add(value, line, scan.rows)
                 scan.rows_per_file.append(scan.rows - before)
             for column in scan.columns.values():
@@ -164,7 +166,7 @@ class JsonlReader:
 
     def line_blocks(
         self, size: int, unit: tuple[InputFile, None] | None = None
-    ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
+    ) -> Iterator[tuple[InputFile, list[tuple[str, bytes]]]]:
         """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
         for file in self._inputs():
             if unit is not None and file != unit[0]:
@@ -178,27 +180,15 @@ class JsonlReader:
             if block:
                 yield file, block
 
-    def file_records(self, file: InputFile | None) -> Iterator[tuple[str, Record]]:
-        """(line, record) per non-blank line of one file, its partition values added."""
-        for where, raw in self._numbered(file):
-            record = parse_line(raw, where)
-            if file is not None and isinstance(record, dict):
-                record = file.with_partitions(record)
-            yield where, record
+    def _inputs(self) -> tuple[InputFile, ...]:
+        """The files in order."""
+        return self.files
 
-    def _inputs(self) -> list[InputFile | None]:
-        """The files in order (stdin: one, None)."""
-        return list(self.files)
-
-    def _numbered(self, file: InputFile | None) -> Iterator[tuple[str, bytes]]:
+    def _numbered(self, file: InputFile) -> Iterator[tuple[str, bytes]]:
         """(line as messages name it, raw bytes) per non-blank line of one file."""
         several = len(self.files) > 1
-        for number, raw in nonblank_lines(self._lines(file)):
+        for number, raw in nonblank_lines(file_lines(file)):
             yield f"{number} of {file}" if several else str(number), raw
-
-    def _lines(self, file: InputFile | None) -> Iterator[bytes]:
-        """The raw lines of one file, decompressed by its suffix."""
-        return file_lines(file)
 
 
 def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -273,16 +263,8 @@ class StdinReader(JsonlReader):
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         raise InputError("distributed runs read files, not stdin")
 
-    def _inputs(self) -> list[InputFile | None]:
-        return [None]
-
-    def _lines(self, file: InputFile | None) -> Iterator[bytes]:
-        try:
-            stream = open(self.spool_path(), "rb")
-        except OSError as error:
-            raise InputError(f"{self.label}: cannot read ({error.strerror or error})") from None
-        with stream:
-            yield from stream
+    def _inputs(self) -> tuple[InputFile, ...]:
+        return (InputFile(Location.on_disk(self.spool_path(), self.label), JSONL, None),)
 
 
 def parse_line(raw: bytes, line: str) -> dict | BadLine:

@@ -198,12 +198,14 @@ def _window_batches(
         return
     blocks = long and (table.all_objects() if unit is None else unit.lines_read)  # else line by line
     for file, lines in table.line_blocks(BATCH_ROWS, where):
-        partitions = dict(file.partitions) if file is not None else {}
-        window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if blocks else None
+        window = (
+            json_window(index, [raw for _, raw in lines], dict(file.partitions), mapping, types)
+            if blocks
+            else None
+        )
         if window is None:
             records = [parse_line(raw, line) for line, raw in lines]
-            if file is not None:
-                records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
+            records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
             window = from_rows([to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape)
         index += window.num_rows
         yield window

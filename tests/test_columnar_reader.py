@@ -312,9 +312,9 @@ def test_window_digest_hashes_the_rows_own_queries(tmp_path, monkeypatch):
     for window in windows:
         rows = window.rows()
         hashed.clear()
-        got = digest_module.window_digest(window)
+        got = digest_module.InputDigest().add(window)
         assert sorted(hashed) == sorted({row.query for row in rows if row.query is not None})
-        assert got == digest_module.window_digest(from_rows(rows, False, ()))
+        assert got == digest_module.InputDigest().add(from_rows(rows, False, ()))
 
 
 def test_blocks_are_parsed_by_pyarrow_only_where_the_first_pass_read_every_line(tmp_path, monkeypatch):
