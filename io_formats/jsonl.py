@@ -147,7 +147,7 @@ class JsonlReader:
         """Scan every line once (cached)."""
         if self._scan is None:
             scan = _JsonlScan()
-            for file in self._inputs():
+            for file in self.inputs():
                 before = scan.rows
                 for line, raw in self._numbered(file):
                     record = parse_line(raw, line)
@@ -168,7 +168,7 @@ class JsonlReader:
         self, size: int, unit: tuple[InputFile, None] | None = None
     ) -> Iterator[tuple[InputFile, list[tuple[str, bytes]]]]:
         """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
-        for file in self._inputs():
+        for file in self.inputs():
             if unit is not None and file != unit[0]:
                 continue
             block: list[tuple[str, bytes]] = []
@@ -180,8 +180,8 @@ class JsonlReader:
             if block:
                 yield file, block
 
-    def _inputs(self) -> tuple[InputFile, ...]:
-        """The files in order."""
+    def inputs(self) -> tuple[InputFile, ...]:
+        """The files in order (stdin: its spool)."""
         return self.files
 
     def _numbered(self, file: InputFile) -> Iterator[tuple[str, bytes]]:
@@ -263,7 +263,7 @@ class StdinReader(JsonlReader):
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         raise InputError("distributed runs read files, not stdin")
 
-    def _inputs(self) -> tuple[InputFile, ...]:
+    def inputs(self) -> tuple[InputFile, ...]:
         return (InputFile(Location.on_disk(self.spool_path(), self.label), JSONL, None),)
 
 

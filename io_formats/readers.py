@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -65,13 +64,6 @@ class InputSource:
         """Row count: Parquet metadata; JSONL from the first pass over the lines."""
         return reader(self).total_rows()
 
-    def spool_path(self) -> Path:
-        """Standard input spooled to a temporary file (read on first call; stdin sources only)."""
-        table = reader(self)
-        if not isinstance(table, StdinReader):
-            raise ValueError("only a stdin source has a spool")
-        return table.spool_path()
-
     def close(self) -> None:
         """Delete the stdin spool, if any (reading the source again spools nothing: stdin is consumed)."""
         if "reader" in self._state:
@@ -100,20 +92,23 @@ def input_format(source: InputSource, requested: RequestedFormat = "auto") -> Fi
 
 
 def _sniff_batch(source: InputSource) -> bool:
-    if source.path == STDIN:
-        return looks_like_openai_batch(source.spool_path())
-    if len(source.files) != 1 or source.directories:
-        return False  # a batch file is one JSONL file
-    return source.format == FileFormat.JSONL and looks_like_openai_batch(source.files[0])
+    file = _batch_file(source)
+    return file is not None and file.format == FileFormat.JSONL and looks_like_openai_batch(file)
 
 
 def batch_reader(source: InputSource) -> BatchFileReader:
     """The batch-file reader of a source: its one file (local or on an object store), or the stdin spool."""
-    if source.path == STDIN:
-        return BatchFileReader(source.spool_path())
-    if len(source.files) != 1 or source.directories:
+    file = _batch_file(source)
+    if file is None:
         raise InputError(f"input {source.label!r}: an OpenAI batch file is one JSONL file, or - for stdin")
-    return BatchFileReader(source.files[0])
+    return BatchFileReader(file)
+
+
+def _batch_file(source: InputSource) -> InputFile | None:
+    """The one file a batch input is (stdin: its spool), or None for several files or a directory."""
+    if source.path == STDIN:
+        return reader(source).inputs()[0]
+    return source.files[0] if len(source.files) == 1 and not source.directories else None
 
 
 def open_source(

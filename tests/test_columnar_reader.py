@@ -36,7 +36,11 @@ KEEP_N = ColumnOverrides(keep_columns=("n",))
 def line_records(source):
     """(line, record) per non-blank line of a JSONL input, read line by line here (not by the reader's blocks)."""
     for file in source.files or [None]:
-        data = source.spool_path().read_bytes() if file is None else Path(file.location.path).read_bytes()
+        data = (
+            readers.reader(source).spool_path().read_bytes()
+            if file is None
+            else Path(file.location.path).read_bytes()
+        )
         data = gzip.decompress(data) if str(file).endswith(".gz") else data
         pieces = data.split(b"\n")
         for number, raw in enumerate([piece + b"\n" for piece in pieces[:-1]] + pieces[-1:], start=1):

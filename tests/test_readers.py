@@ -52,7 +52,7 @@ def test_one_reader_class_per_format(tmp_path, monkeypatch):
         rows = [row for window in windows for row in window.rows()]
         assert [{"query": r.query, "item": r.items[0], **r.kept} for r in rows] == ROWS
         assert reader(source).column_type("n") == pa.int64()
-    spool = sources["-"].spool_path()
+    spool = reader(sources["-"]).spool_path()
     sources["-"].close()
     assert not spool.exists()
 
