@@ -17,11 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from score_batch.io_formats.arrow_types import unify
 from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
 from score_batch.io_formats.listing import JSONL, InputFile
 from score_batch.io_formats.locations import Location
-from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, has_surrogate, value_kind
+from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, has_surrogate, unify, value_kind
 
 BOM = b"\xef\xbb\xbf"
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference

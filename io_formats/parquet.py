@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from score_batch.io_formats.arrow_types import unify
 from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
 from score_batch.io_formats.listing import InputFile
+from score_batch.io_formats.rows import unify
 
 BATCH_ROWS = 1024  # rows per record batch read from a file
 
