@@ -25,6 +25,7 @@ from score_batch.io_formats.readers import (
     reader,
 )
 from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
+from tests.test_columnar_reader import as_rows
 
 ROWS = [
     {"query": "q1", "item": "a", "n": 1},
@@ -49,7 +50,7 @@ def test_one_reader_class_per_format(tmp_path, monkeypatch):
     for source in sources.values():  # the same rows and types whatever the format
         assert source.total_rows() == 3
         mapping, windows = read_windows(source, ColumnOverrides(keep_columns=("n",)), 2)
-        rows = [row for window in windows for row in window.rows()]
+        rows = [row for window in windows for row in as_rows(window)]
         assert [{"query": r.query, "item": r.items[0], **r.kept} for r in rows] == ROWS
         assert reader(source).column_type("n") == pa.int64()
     spool = reader(sources["-"]).spool_path()
@@ -87,7 +88,7 @@ def test_a_pickled_source_reads_its_units_again(tmp_path):
     mapping = resolve_columns(["query", "item", "n"], ColumnOverrides(), source.label)
     copy = pickle.loads(pickle.dumps(units[1]))  # what a Ray worker gets: no cached footers
     assert copy.source._state == {}
-    assert [row.items for row in read_unit(copy, mapping).rows()] == [["c"]]
+    assert [row.items for row in as_rows(read_unit(copy, mapping))] == [["c"]]
     with pytest.raises(Exception, match="stdin"):
         read_units(open_source("-"))
 
@@ -130,7 +131,7 @@ def test_parquet_rows_read_column_by_column_equal_the_record_path(tmp_path, wind
     _, windows = read_windows(source, ColumnOverrides(keep_columns=("price", "tags", "day")), window_rows)
     windows = list(windows)
     assert all(w.num_rows == window_rows for w in windows[:-1]) and 0 < windows[-1].num_rows <= window_rows
-    assert [row for window in windows for row in window.rows()] == expected
+    assert [row for window in windows for row in as_rows(window)] == expected
     errors = [None, "column 'query' is null", "column 'item' is null", None, None, None, None]
     assert [row.error for row in expected] == errors
     assert [row.query_id for row in expected] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5]  # floats throughout
@@ -143,6 +144,6 @@ def test_token_id_parquet_rows_take_the_record_path(tmp_path):
     table = pa.table({"query": [[1, 2], [-3]], "item": [[3], [4]]})
     pq.write_table(table, tmp_path / "t.parquet")
     _, windows = read_windows(open_source(str(tmp_path / "t.parquet")), ColumnOverrides(), 10)
-    rows = next(windows).rows()
+    rows = as_rows(next(windows))
     assert rows[0].query == [1, 2] and rows[0].error is None
     assert rows[1].error == "column 'query' holds a token id outside 0..2^63-1"
