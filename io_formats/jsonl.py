@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
+from score_batch.io_formats.errors import READ_ERRORS, InputError, unreadable
 from score_batch.io_formats.listing import JSONL, InputFile
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, has_surrogate, unify, value_kind
@@ -207,18 +207,14 @@ def file_lines(file: InputFile) -> Iterator[bytes]:
     except FileNotFoundError:
         raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
     except OSError as error:
-        if is_environment(error):
-            raise
-        raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+        raise unreadable(error, f"{file}: cannot read ({error.strerror or error})") from None
     with stream:
         rest = b""
         while True:
             try:
                 chunk = stream.read(READ_CHUNK)
             except READ_ERRORS as error:
-                if is_environment(error):
-                    raise
-                raise InputError(f"{file}: cannot read ({error})") from None
+                raise unreadable(error, f"{file}: cannot read ({error})") from None
             if not chunk:
                 break
             lines = (rest + chunk).split(b"\n")

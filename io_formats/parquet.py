@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
+from score_batch.io_formats.errors import READ_ERRORS, InputError, unreadable
 from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import unify
 
@@ -100,9 +100,7 @@ class ParquetReader:
                     for batch in parquet.iter_batches(batch_size=rows, row_groups=groups, columns=names):
                         yield info.file, batch
             except READ_ERRORS as error:
-                if is_environment(error):
-                    raise
-                raise InputError(f"{info.file}: cannot read this Parquet file: {error}") from None
+                raise unreadable(error, f"{info.file}: cannot read this Parquet file: {error}") from None
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, row group, rows) per row group: what one distributed worker reads."""
@@ -124,9 +122,9 @@ class ParquetReader:
         except FileNotFoundError:
             raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
         except READ_ERRORS as error:
-            if is_environment(error):
-                raise
-            raise InputError(f"{file}: not a readable Parquet file ({_describe(error, file)})") from None
+            raise unreadable(
+                error, f"{file}: not a readable Parquet file ({_describe(error, file)})"
+            ) from None
         for key, _ in file.partitions:
             if key not in schema.names:
                 schema = schema.append(pa.field(key, self.partition_types.get(key, pa.string())))
