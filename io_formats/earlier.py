@@ -72,8 +72,7 @@ class _Output:
             return None
 
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
-        """The rows that have a score key: Parquet scanned with little readahead, JSONL block by block with
-        fixed column types."""
+        """The rows with a score key: Parquet scanned with little readahead, JSONL in blocks of fixed types."""
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
         import pyarrow.json as pj

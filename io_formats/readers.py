@@ -193,11 +193,8 @@ def _window_batches(
         return
     blocks = long and (table.all_objects() if unit is None else unit.lines_read)  # else line by line
     for file, lines in table.line_blocks(BATCH_ROWS, where):
-        window = (
-            json_window(index, [raw for _, raw in lines], dict(file.partitions), mapping, types)
-            if blocks
-            else None
-        )
+        partitions = dict(file.partitions)
+        window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if blocks else None
         if window is None:
             records = [parse_line(raw, line) for line, raw in lines]
             records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
