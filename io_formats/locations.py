@@ -210,9 +210,6 @@ class Location:
 
     def delete(self) -> None:
         """Delete the file (already gone is fine)."""
-        if self.local:
-            Path(self.path).unlink(missing_ok=True)
-            return
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(self.path)
 
