@@ -62,10 +62,6 @@ class InputFile:
     partitions: tuple[tuple[str, Any], ...] = ()  # (key, value): a string, or typed by type_partitions
 
     @property
-    def name(self) -> str:
-        return self.location.name
-
-    @property
     def uri(self) -> str:
         return self.location.uri
 

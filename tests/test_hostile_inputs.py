@@ -82,7 +82,7 @@ def test_parquet_directory_types_unified_and_partial_files_ignored(tmp_path):
     (data / ".part-3.parquet.tmp-123").write_bytes(b"partial")
     (data / "nested.parquet").mkdir()
     source = open_source(str(data))
-    assert [f.name for f in source.files] == ["part-0.parquet", "part-1.parquet"]
+    assert [f.location.name for f in source.files] == ["part-0.parquet", "part-1.parquet"]
     mapping, rows = rows_of(source, ColumnOverrides(keep_columns=("price", "n")))
     assert column_types(source, mapping) == {"query_id": pa.int64(), "price": pa.float64(), "n": pa.float64()}
     assert [r.kept["n"] for r in rows] == [1.0, 2.5] and all(isinstance(r.kept["n"], float) for r in rows)
