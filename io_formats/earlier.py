@@ -157,7 +157,8 @@ def join_earlier(
         schema.append(pa.field("source", pa.int32())), _earlier_batches(outputs, schema, failed)
     )
     names = ", ".join(f"e.{name}" for name in values.names)
-    spill_sql, keys_sql, joined_sql = (_sql_text(path) for path in (directory / "spill", keys, joined))
+    # the paths as the insides of SQL string literals (a quote doubled)
+    spill_sql, keys_sql, joined_sql = (str(p).replace("'", "''") for p in (directory / "spill", keys, joined))
     connection = duckdb.connect()
     try:
         connection.execute(f"SET memory_limit = '{JOIN_MEMORY}'")
@@ -210,11 +211,6 @@ def _first_line(error: BaseException) -> str:
     """The first line of an error's message (its type when it has none)."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-def _sql_text(path: Path) -> str:
-    """A path as the inside of a SQL string literal (a quote doubled)."""
-    return str(path).replace("'", "''")
 
 
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:

@@ -217,7 +217,8 @@ def _glob(location: Location) -> tuple[list[InputFile], Location]:
     uri_segments = location.uri.split("/")
     base_uri = "/".join(uri_segments[: len(uri_segments) - (len(segments) - fixed)])
     base = Location(location.fs, base_path, base_uri, location.scheme)
-    pattern = _glob_regex("/".join(segments[fixed:]))
+    # a glob over '/'-separated paths: * ? […] within a segment, ** across segments
+    pattern = re.compile("".join(map(_glob_part, _GLOB_TOKEN.findall("/".join(segments[fixed:])))))
     files = _files_below(base, pattern.fullmatch) if file_info(base).type == pafs.FileType.Directory else []
     if not files:
         raise InputError(f"input {location.uri!r} matches no .parquet or .jsonl files")
@@ -242,11 +243,6 @@ def _files_below(
         elif known is not None and skipped is not None:
             skipped.append(relative)
     return sorted(files, key=lambda f: f.location.path)
-
-
-def _glob_regex(pattern: str) -> re.Pattern:
-    """A glob over '/'-separated paths: * ? […] within a segment, ** across segments."""
-    return re.compile("".join(_glob_part(token) for token in _GLOB_TOKEN.findall(pattern)))
 
 
 def _glob_part(token: str) -> str:

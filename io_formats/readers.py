@@ -86,14 +86,9 @@ def reader(source: InputSource) -> TableReader:
 def input_format(source: InputSource, requested: RequestedFormat = "auto") -> FileFormat:
     """What the input holds: `table` → its files' format; `openai-batch` → batch requests; `auto` → batch
     requests when the input is one file (local or a URI), or stdin, whose first non-blank line is a request."""
-    if requested == "openai-batch" or (requested == "auto" and _sniff_batch(source)):
-        return FileFormat.OPENAI_BATCH
-    return source.format
-
-
-def _sniff_batch(source: InputSource) -> bool:
-    file = _batch_file(source)
-    return file is not None and file.format == FileFormat.JSONL and looks_like_openai_batch(file)
+    file = _batch_file(source) if requested == "auto" else None  # stdin is spooled only to be sniffed
+    sniffed = file is not None and file.format == FileFormat.JSONL and looks_like_openai_batch(file)
+    return FileFormat.OPENAI_BATCH if requested == "openai-batch" or sniffed else source.format
 
 
 def batch_reader(source: InputSource) -> BatchFileReader:

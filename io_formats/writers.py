@@ -168,6 +168,8 @@ def write_partitioned(
     in order within each partition, every file and directory fsynced; [path below it, rows, bytes] per file, in
     path order. Only data files and an empty `_SUCCESS` (last): polars' `read_parquet(directory)` refuses any
     other non-empty file (docs/formats.md). check() runs every CHECK_ROWS rows and before the fsyncs (may raise)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
 
     directory = Path(directory).absolute()
@@ -200,7 +202,9 @@ def write_partitioned(
         while parent != directory and directory in parent.parents:
             partitions.add(parent)
             parent = parent.parent
-    _fsync_all([*paths, *partitions])
+    # fsync releases the GIL: SYNC_THREADS at a time
+    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="score-batch-fsync") as pool:
+        list(pool.map(fsync_path, [*paths, *partitions]))  # raises the first failure
     (directory / SUCCESS).touch()
     fsync_path(directory)
     return published
@@ -213,14 +217,6 @@ def _checked_batches(tables: Iterable[pa.Table], check: Callable[[], None]) -> I
         for batch in table.to_batches(max_chunksize=CHECK_ROWS):
             check()
             yield batch
-
-
-def _fsync_all(paths: list[Path]) -> None:
-    """fsync files and directories, SYNC_THREADS at a time (fsync releases the GIL)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="score-batch-fsync") as pool:
-        list(pool.map(fsync_path, paths))  # raises the first failure
 
 
 def fsync_path(path: Path) -> None:
