@@ -81,16 +81,11 @@ class _ColumnScan:
             raise InputError(f"{label}: column {name!r} mixes {shown}; give every value of a column one type")
         if self.problem is not None:
             raise InputError(f"{label}: column {name!r}, {self.problem}")
-        if not families:
-            return pa.null()
-        family = next(iter(families))
-        if family == "boolean":
-            return pa.bool_()
+        family = next(iter(families), None)  # None: only nulls
         if family == "number":
             return pa.float64() if "float" in self.kinds else pa.int64()
-        if family == "text":
-            return pa.string()
-        return self.nested if self.nested is not None else pa.null()
+        flat = {None: pa.null(), "boolean": pa.bool_(), "text": pa.string()}
+        return flat[family] if family in flat else self.nested if self.nested is not None else pa.null()
 
 
 class _JsonlScan:
