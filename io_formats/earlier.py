@@ -32,7 +32,7 @@ class _Output:
     """An earlier output file: its columns, the completion record a Parquet one carries, its keyed rows."""
 
     def __init__(self, file: InputFile) -> None:
-        self.uri, self.file, self.record = file.uri, file, None
+        self.uri, self.file, self.record = str(file), file, None
         if file.format == PARQUET:
             import pyarrow.dataset as ds
 
@@ -260,7 +260,7 @@ def _open(file: InputFile):
         return _Output(file)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as error:
         raise InputError(
-            f"--reuse {file.uri!r}: not a readable score-batch output ({_first_line(error)})"
+            f"--reuse {str(file)!r}: not a readable score-batch output ({_first_line(error)})"
         ) from None
 
 

@@ -61,10 +61,6 @@ class InputFile:
     compression: str | None
     partitions: tuple[tuple[str, Any], ...] = ()  # (key, value): a string, or typed by type_partitions
 
-    @property
-    def uri(self) -> str:
-        return self.location.uri
-
     def __str__(self) -> str:
         return self.location.uri
 
@@ -261,7 +257,7 @@ def check_one_format(files: list[InputFile], label: str) -> FileFormat:
     if len(formats) > 1:
         first = {f.format: f for f in files}
         raise InputError(
-            f"{label}: mixes Parquet ({first[PARQUET].uri}) and JSONL ({first[JSONL].uri}) files; "
+            f"{label}: mixes Parquet ({first[PARQUET]}) and JSONL ({first[JSONL]}) files; "
             "give inputs of one format"
         )
     return formats.pop()

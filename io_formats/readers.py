@@ -132,7 +132,7 @@ def open_source(
     seen: set[str] = set()
     for file in files:
         if file.location.key() in seen:
-            raise InputError(f"input file {file.uri!r} is named twice by the inputs; each file is read once")
+            raise InputError(f"input file {str(file)!r} is named twice by the inputs; each file is read once")
         seen.add(file.location.key())
     files, types = type_partitions(files, hive_types)
     return InputSource(
