@@ -107,9 +107,6 @@ class JsonlReader:
         self.label = label
         self._scan: _JsonlScan | None = None
 
-    def __getstate__(self) -> dict:
-        return {"files": self.files, "label": self.label, "_scan": None}  # a copy learns again
-
     def columns(self) -> list[str] | None:
         """Every line's keys in order of first appearance (None: no line at all)."""
         scan = self.scan()
@@ -227,9 +224,6 @@ class StdinReader(JsonlReader):
         super().__init__((), "stdin")
         self._spool: Path | None = None
         self._cleanup: weakref.finalize | None = None
-
-    def __getstate__(self) -> dict:
-        raise TypeError("standard input is read by this process only")
 
     def spool_path(self) -> Path:
         """The spool file (stdin is copied into it on the first call)."""

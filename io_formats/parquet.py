@@ -37,9 +37,6 @@ class ParquetReader:
         self.partition_types = partition_types
         self._infos: list[ParquetInfo] | None = None
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_infos": None}  # a copy reads the footers again
-
     def infos(self) -> list[ParquetInfo]:
         """Footers of all files; a file that is not readable Parquet is an InputError."""
         if self._infos is None:

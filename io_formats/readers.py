@@ -53,7 +53,7 @@ class InputSource:
     _state: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_state": {}}  # a pickled copy makes its own reader
+        return {**self.__dict__, "_state": {}}  # a pickled copy makes its own reader (no footers, no stdin)
 
     @property
     def label(self) -> str:
