@@ -131,9 +131,6 @@ class JsonlReader:
         """(file, None, rows) per file: a JSONL file is read whole by one worker."""
         return [(file, None, rows) for file, rows in zip(self.files, self.scan().rows_per_file)]
 
-    def close(self) -> None:
-        """Nothing held open between calls."""
-
     def scan(self) -> _JsonlScan:
         """Scan every line once (cached)."""
         if self._scan is None:

@@ -107,9 +107,6 @@ class ParquetReader:
             for group, rows in enumerate(info.row_group_rows)
         ]
 
-    def close(self) -> None:
-        """Nothing held open between calls."""
-
     def _info(self, file: InputFile) -> ParquetInfo:
         try:
             with _open(file) as stream:

@@ -34,8 +34,8 @@ from score_batch.io_formats.window import (
 STDIN = "-"
 
 
-# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows, units (for
-# distributed workers) and close.
+# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows and units
+# (for distributed workers).
 TableReader = ParquetReader | JsonlReader
 
 
@@ -66,7 +66,7 @@ class InputSource:
 
     def close(self) -> None:
         """Delete the stdin spool, if any (reading the source again spools nothing: stdin is consumed)."""
-        if "reader" in self._state:
+        if isinstance(self._state.get("reader"), StdinReader):
             self._state["reader"].close()
 
 
