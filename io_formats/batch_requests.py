@@ -19,7 +19,7 @@ from score_batch.io_formats.jsonl import BOM, file_lines, nonblank_lines
 from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import value_kind
 
-STDIN = "-"
+STDIN = "-"  # the INPUT that is standard input
 ENVELOPE = ("custom_id", "url", "body")  # the keys of a request line
 SCORE_URLS = ("/v1/score", "/score")
 RERANK_URLS = ("/v1/rerank", "/rerank", "/v2/rerank")

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from score_batch.choices import HiveTypes, RequestedFormat
-from score_batch.io_formats.batch_requests import ENVELOPE, BatchFileReader, looks_like_openai_batch
+from score_batch.io_formats.batch_requests import ENVELOPE, STDIN, BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
@@ -30,9 +30,6 @@ from score_batch.io_formats.window import (
     long_window,
     python,
 )
-
-STDIN = "-"
-
 
 # A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows and units
 # (for distributed workers).
