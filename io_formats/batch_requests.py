@@ -13,15 +13,13 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from score_batch.io_formats.jsonl import BOM, file_lines, nonblank_lines
-from score_batch.io_formats.listing import JSONL, InputFile
-from score_batch.io_formats.locations import Location
+from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import value_kind
 
-STDIN = "-"
+STDIN = "-"  # the INPUT that is standard input
 ENVELOPE = ("custom_id", "url", "body")  # the keys of a request line
 SCORE_URLS = ("/v1/score", "/score")
 RERANK_URLS = ("/v1/rerank", "/rerank", "/v2/rerank")
@@ -80,17 +78,11 @@ class BatchRequest:
     error: BatchError | None = None
 
 
-def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
-    """True when path (local, or a listed JSONL input file on any store) is a file whose first non-blank line (BOM
-    and CRLF allowed) is a JSON object with custom_id, url and body; anything unreadable is not."""
-    if str(path) == STDIN:
-        return False
-    if not isinstance(path, InputFile) and (
-        not Path(path).is_file() or Path(path).suffix.lower() == ".parquet"
-    ):
-        return False
+def looks_like_openai_batch(file: InputFile) -> bool:
+    """True when a JSONL input file (on any store, or the stdin spool) has a first non-blank line (BOM and CRLF
+    allowed) that is a JSON object with custom_id, url and body; anything unreadable is not."""
     try:  # a bounded readline: a file that is one huge line is not read whole
-        with io.BufferedReader(_as_file(path).open()) as handle:
+        with io.BufferedReader(file.open()) as handle:
             raw = handle.readline(DETECT_LIMIT).removeprefix(BOM)
             while raw and not raw.strip():
                 raw = handle.readline(DETECT_LIMIT)
@@ -102,19 +94,14 @@ def looks_like_openai_batch(path: str | Path | InputFile) -> bool:
 
 @dataclass(frozen=True)
 class BatchFileReader:
-    """An OpenAI-style batch file (local, e.g. the stdin spool, or a listed input file on any store) → requests."""
+    """An OpenAI-style batch file (a listed JSONL input file on any store, or the stdin spool) → requests."""
 
-    path: str | Path | InputFile
+    file: InputFile
 
     def requests(self) -> Iterator[BatchRequest]:
         """The request lines in order, parsed; blank lines are skipped, bad lines carry an error."""
-        for index, (line, raw) in enumerate(nonblank_lines(file_lines(_as_file(self.path)))):
+        for index, (line, raw) in enumerate(nonblank_lines(file_lines(self.file))):
             yield parse_request(raw, line, index)
-
-
-def _as_file(path: str | Path | InputFile) -> InputFile:
-    """A local path as an input file read as it is (no codec); a listed input file as listed."""
-    return path if isinstance(path, InputFile) else InputFile(Location.on_disk(path), JSONL, None)
 
 
 def parse_request(raw: bytes | str, line: int, index: int) -> BatchRequest:

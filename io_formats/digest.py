@@ -70,11 +70,6 @@ class InputDigest:
         return total.hexdigest()
 
 
-def window_digest(window: Window) -> str:
-    """One window's digest, as if it were the whole input."""
-    return InputDigest().add(window)
-
-
 def query_digest(query: Any) -> bytes:
     """A query's 32-byte SHA-256: text as UTF-8 behind a tag byte, token ids as their JSON."""
     if isinstance(query, str):

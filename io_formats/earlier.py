@@ -28,15 +28,30 @@ JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lin
 COMPLETION_RECORD = b"score_batch.completion_record"
 
 
-class _ParquetOutput:
-    """A Parquet file, scanned with little readahead."""
+class _Output:
+    """An earlier output file: its columns, the completion record a Parquet one carries, its keyed rows."""
 
     def __init__(self, file: InputFile) -> None:
-        import pyarrow.dataset as ds
+        self.uri, self.file, self.record = str(file), file, None
+        if file.format == PARQUET:
+            import pyarrow.dataset as ds
 
-        self.uri = file.uri
-        self.dataset = ds.dataset(file.location.path, filesystem=file.location.fs, format="parquet")
-        self.names = self.dataset.schema.names
+            self.dataset = ds.dataset(file.location.path, filesystem=file.location.fs, format="parquet")
+            self.names = self.dataset.schema.names
+            self.record = (self.dataset.schema.metadata or {}).get(COMPLETION_RECORD)
+            return
+        # JSONL carries no record (OUTPUT.done is written under --resume only)
+        with file.open() as stream:
+            first = next((line for line in io.TextIOWrapper(stream, encoding="utf-8") if line.strip()), None)
+        try:
+            row = json.loads(first) if first is not None else {}
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise InputError(
+                f"--reuse {self.uri!r}: not a score-batch output (its lines are not JSON objects)"
+            )
+        self.names = list(row) if first is not None else [SCORE_KEY]
 
     def written_by(self) -> str | None:
         """The score-batch version that wrote this output, from its completion record (None: not recorded)."""
@@ -52,51 +67,25 @@ class _ParquetOutput:
     def _recorded(self, read) -> object:
         """A value read from the completion record (None when it is missing or malformed)."""
         try:
-            return read(json.loads((self.dataset.schema.metadata or {}).get(COMPLETION_RECORD, b"null")))
+            return read(json.loads(self.record or b"null"))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
 
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.dataset as ds
-
-        scanner = self.dataset.scanner(
-            columns=names,
-            filter=ds.field(SCORE_KEY).is_valid(),
-            batch_size=SCAN_BATCH_ROWS,
-            batch_readahead=2,  # memory: a few batches in flight, not the scanner's default 16
-            fragment_readahead=1,
-        )
-        return scanner.to_batches()
-
-
-class _JsonlOutput:
-    """A JSONL output (compressed as its name says), read block by block with fixed column types."""
-
-    def __init__(self, file: InputFile) -> None:
-        self.uri = file.uri
-        self.file = file
-        with self.file.open() as stream:
-            first = next((line for line in io.TextIOWrapper(stream, encoding="utf-8") if line.strip()), None)
-        try:
-            row = json.loads(first) if first is not None else {}
-        except ValueError:
-            row = None
-        if not isinstance(row, dict):
-            raise InputError(
-                f"--reuse {self.uri!r}: not a score-batch output (its lines are not JSON objects)"
-            )
-        self.names = list(row) if first is not None else [SCORE_KEY]
-
-    def written_by(self) -> str | None:
-        return None  # JSONL carries no record (OUTPUT.done is written under --resume only)
-
-    def top_k(self) -> int | None:
-        return None  # not recorded (see written_by)
-
-    def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
+        """The rows with a score key: Parquet scanned with little readahead, JSONL in blocks of fixed types."""
         import pyarrow.compute as pc
+        import pyarrow.dataset as ds
         import pyarrow.json as pj
 
+        if self.file.format == PARQUET:
+            yield from self.dataset.scanner(
+                columns=names,
+                filter=ds.field(SCORE_KEY).is_valid(),
+                batch_size=SCAN_BATCH_ROWS,
+                batch_readahead=2,  # memory: a few batches in flight, not the scanner's default 16
+                fragment_readahead=1,
+            ).to_batches()
+            return
         parse = pj.ParseOptions(explicit_schema=_JSON_SCHEMA, unexpected_field_behavior="ignore")
         with self.file.open() as stream:
             reader = pj.open_json(
@@ -168,7 +157,8 @@ def join_earlier(
         schema.append(pa.field("source", pa.int32())), _earlier_batches(outputs, schema, failed)
     )
     names = ", ".join(f"e.{name}" for name in values.names)
-    spill_sql, keys_sql, joined_sql = (_sql_text(path) for path in (directory / "spill", keys, joined))
+    # the paths as the insides of SQL string literals (a quote doubled)
+    spill_sql, keys_sql, joined_sql = (str(p).replace("'", "''") for p in (directory / "spill", keys, joined))
     connection = duckdb.connect()
     try:
         connection.execute(f"SET memory_limit = '{JOIN_MEMORY}'")
@@ -223,11 +213,6 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _sql_text(path: Path) -> str:
-    """A path as the inside of a SQL string literal (a quote doubled)."""
-    return str(path).replace("'", "''")
-
-
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:
     """A batch in schema's columns and types (missing or uncastable: null) plus its source number."""
     arrays = []
@@ -272,10 +257,10 @@ def _files(text: str, options) -> list[InputFile] | None:
 def _open(file: InputFile):
     """One earlier output file, opened (its schema, or its first line)."""
     try:
-        return _ParquetOutput(file) if file.format == PARQUET else _JsonlOutput(file)
+        return _Output(file)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as error:
         raise InputError(
-            f"--reuse {file.uri!r}: not a readable score-batch output ({_first_line(error)})"
+            f"--reuse {str(file)!r}: not a readable score-batch output ({_first_line(error)})"
         ) from None
 
 

@@ -11,6 +11,8 @@ class InputError(UserError):
     """A problem with the user's input or output paths that the user must fix (exit code 2)."""
 
 
-def is_environment(error: BaseException) -> bool:
-    """True for a refusal of the machine or the network (not a damaged file): it propagates as OSError."""
-    return isinstance(error, PermissionError) or is_environment_error(error)
+def unreadable(error: BaseException, message: str) -> BaseException:
+    """What a failed read raises: a refusal of the machine or the network (not a damaged file) as it is, an
+    OSError; else InputError(message)."""
+    environment = isinstance(error, PermissionError) or is_environment_error(error)
+    return error if environment else InputError(message)

@@ -17,10 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from score_batch.io_formats.arrow_types import unify
-from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
-from score_batch.io_formats.listing import InputFile
-from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, Record, has_surrogate, value_kind
+from score_batch.io_formats.errors import READ_ERRORS, InputError, unreadable
+from score_batch.io_formats.listing import JSONL, InputFile
+from score_batch.io_formats.locations import Location
+from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, has_surrogate, unify, value_kind
 
 BOM = b"\xef\xbb\xbf"
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
@@ -81,16 +81,11 @@ class _ColumnScan:
             raise InputError(f"{label}: column {name!r} mixes {shown}; give every value of a column one type")
         if self.problem is not None:
             raise InputError(f"{label}: column {name!r}, {self.problem}")
-        if not families:
-            return pa.null()
-        family = next(iter(families))
-        if family == "boolean":
-            return pa.bool_()
+        family = next(iter(families), None)  # None: only nulls
         if family == "number":
             return pa.float64() if "float" in self.kinds else pa.int64()
-        if family == "text":
-            return pa.string()
-        return self.nested if self.nested is not None else pa.null()
+        flat = {None: pa.null(), "boolean": pa.bool_(), "text": pa.string()}
+        return flat[family] if family in flat else self.nested if self.nested is not None else pa.null()
 
 
 class _JsonlScan:
@@ -105,15 +100,12 @@ class _JsonlScan:
 
 
 class JsonlReader:
-    """The JSONL files of an input, in order: their columns and types (one scan, cached) and their records."""
+    """The JSONL files of an input, in order: their columns and types (one scan, cached) and their lines."""
 
     def __init__(self, files: tuple[InputFile, ...], label: str) -> None:
         self.files = files
         self.label = label
         self._scan: _JsonlScan | None = None
-
-    def __getstate__(self) -> dict:
-        return {"files": self.files, "label": self.label, "_scan": None}  # a copy learns again
 
     def columns(self) -> list[str] | None:
         """Every line's keys in order of first appearance (None: no line at all)."""
@@ -135,31 +127,24 @@ class JsonlReader:
         then be parsed by pyarrow: io_formats/window.json_window)."""
         return self._scan is not None and self._scan.first_bad is None
 
-    def records(self, columns: list[str] | None = None) -> Iterator[tuple[str, Record]]:
-        """(line, record) per non-blank line of every file in order (columns: ignored, a line is parsed whole)."""
-        for file in self._inputs():
-            yield from self.file_records(file)
-
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, None, rows) per file: a JSONL file is read whole by one worker."""
         return [(file, None, rows) for file, rows in zip(self.files, self.scan().rows_per_file)]
-
-    def close(self) -> None:
-        """Nothing held open between calls."""
 
     def scan(self) -> _JsonlScan:
         """Scan every line once (cached)."""
         if self._scan is None:
             scan = _JsonlScan()
-            for file in self._inputs():
+            for file in self.inputs():
                 before = scan.rows
-                for line, record in self.file_records(file):
+                for line, raw in self._numbered(file):
+                    record = parse_line(raw, line)
                     scan.rows += 1
                     if isinstance(record, BadLine):
                         scan.first_bad = scan.first_bad or record
                         continue
                     scan.objects += 1
-                    for name, value in record.items():
+                    for name, value in file.with_partitions(record).items():
                         scan.columns[name].add(value, line, scan.rows)
                 scan.rows_per_file.append(scan.rows - before)
             for column in scan.columns.values():
@@ -169,9 +154,9 @@ class JsonlReader:
 
     def line_blocks(
         self, size: int, unit: tuple[InputFile, None] | None = None
-    ) -> Iterator[tuple[InputFile | None, list[tuple[str, bytes]]]]:
+    ) -> Iterator[tuple[InputFile, list[tuple[str, bytes]]]]:
         """(file, [(line, raw bytes)]) blocks of at most size non-blank lines, in order (unit: one file's only)."""
-        for file in self._inputs():
+        for file in self.inputs():
             if unit is not None and file != unit[0]:
                 continue
             block: list[tuple[str, bytes]] = []
@@ -183,27 +168,15 @@ class JsonlReader:
             if block:
                 yield file, block
 
-    def file_records(self, file: InputFile | None) -> Iterator[tuple[str, Record]]:
-        """(line, record) per non-blank line of one file, its partition values added."""
-        for where, raw in self._numbered(file):
-            record = parse_line(raw, where)
-            if file is not None and isinstance(record, dict):
-                record = file.with_partitions(record)
-            yield where, record
+    def inputs(self) -> tuple[InputFile, ...]:
+        """The files in order (stdin: its spool)."""
+        return self.files
 
-    def _inputs(self) -> list[InputFile | None]:
-        """The files in order (stdin: one, None)."""
-        return list(self.files)
-
-    def _numbered(self, file: InputFile | None) -> Iterator[tuple[str, bytes]]:
+    def _numbered(self, file: InputFile) -> Iterator[tuple[str, bytes]]:
         """(line as messages name it, raw bytes) per non-blank line of one file."""
         several = len(self.files) > 1
-        for number, raw in nonblank_lines(self._lines(file)):
+        for number, raw in nonblank_lines(file_lines(file)):
             yield f"{number} of {file}" if several else str(number), raw
-
-    def _lines(self, file: InputFile | None) -> Iterator[bytes]:
-        """The raw lines of one file, decompressed by its suffix."""
-        return file_lines(file)
 
 
 def nonblank_lines(lines: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
@@ -223,18 +196,14 @@ def file_lines(file: InputFile) -> Iterator[bytes]:
     except FileNotFoundError:
         raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
     except OSError as error:
-        if is_environment(error):
-            raise
-        raise InputError(f"{file}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+        raise unreadable(error, f"{file}: cannot read ({error.strerror or error})") from None
     with stream:
         rest = b""
         while True:
             try:
                 chunk = stream.read(READ_CHUNK)
             except READ_ERRORS as error:
-                if is_environment(error):
-                    raise
-                raise InputError(f"{file}: cannot read ({error})") from None
+                raise unreadable(error, f"{file}: cannot read ({error})") from None
             if not chunk:
                 break
             lines = (rest + chunk).split(b"\n")
@@ -252,9 +221,6 @@ class StdinReader(JsonlReader):
         super().__init__((), "stdin")
         self._spool: Path | None = None
         self._cleanup: weakref.finalize | None = None
-
-    def __getstate__(self) -> dict:
-        raise TypeError("standard input is read by this process only")
 
     def spool_path(self) -> Path:
         """The spool file (stdin is copied into it on the first call)."""
@@ -278,16 +244,8 @@ class StdinReader(JsonlReader):
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         raise InputError("distributed runs read files, not stdin")
 
-    def _inputs(self) -> list[InputFile | None]:
-        return [None]
-
-    def _lines(self, file: InputFile | None) -> Iterator[bytes]:
-        try:
-            stream = open(self.spool_path(), "rb")
-        except OSError as error:
-            raise InputError(f"{self.label}: cannot read ({error.strerror or error})") from None
-        with stream:
-            yield from stream
+    def inputs(self) -> tuple[InputFile, ...]:
+        return (InputFile(Location.on_disk(self.spool_path(), self.label), JSONL, None),)
 
 
 def parse_line(raw: bytes, line: str) -> dict | BadLine:

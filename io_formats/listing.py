@@ -61,14 +61,6 @@ class InputFile:
     compression: str | None
     partitions: tuple[tuple[str, Any], ...] = ()  # (key, value): a string, or typed by type_partitions
 
-    @property
-    def name(self) -> str:
-        return self.location.name
-
-    @property
-    def uri(self) -> str:
-        return self.location.uri
-
     def __str__(self) -> str:
         return self.location.uri
 
@@ -221,7 +213,8 @@ def _glob(location: Location) -> tuple[list[InputFile], Location]:
     uri_segments = location.uri.split("/")
     base_uri = "/".join(uri_segments[: len(uri_segments) - (len(segments) - fixed)])
     base = Location(location.fs, base_path, base_uri, location.scheme)
-    pattern = _glob_regex("/".join(segments[fixed:]))
+    # a glob over '/'-separated paths: * ? […] within a segment, ** across segments
+    pattern = re.compile("".join(map(_glob_part, _GLOB_TOKEN.findall("/".join(segments[fixed:])))))
     files = _files_below(base, pattern.fullmatch) if file_info(base).type == pafs.FileType.Directory else []
     if not files:
         raise InputError(f"input {location.uri!r} matches no .parquet or .jsonl files")
@@ -248,11 +241,6 @@ def _files_below(
     return sorted(files, key=lambda f: f.location.path)
 
 
-def _glob_regex(pattern: str) -> re.Pattern:
-    """A glob over '/'-separated paths: * ? […] within a segment, ** across segments."""
-    return re.compile("".join(_glob_part(token) for token in _GLOB_TOKEN.findall(pattern)))
-
-
 def _glob_part(token: str) -> str:
     """One token of a glob as a regular expression (a `[` never closed stands for itself)."""
     if token in _GLOB_PARTS:
@@ -269,7 +257,7 @@ def check_one_format(files: list[InputFile], label: str) -> FileFormat:
     if len(formats) > 1:
         first = {f.format: f for f in files}
         raise InputError(
-            f"{label}: mixes Parquet ({first[PARQUET].uri}) and JSONL ({first[JSONL].uri}) files; "
+            f"{label}: mixes Parquet ({first[PARQUET]}) and JSONL ({first[JSONL]}) files; "
             "give inputs of one format"
         )
     return formats.pop()

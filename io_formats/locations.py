@@ -210,9 +210,6 @@ class Location:
 
     def delete(self) -> None:
         """Delete the file (already gone is fine)."""
-        if self.local:
-            Path(self.path).unlink(missing_ok=True)
-            return
         with contextlib.suppress(FileNotFoundError):
             self.fs.delete_file(self.path)
 
@@ -260,9 +257,7 @@ class Location:
 
     def atomic_writer(self, schema: pa.Schema, fmt: str) -> AtomicTableWriter:
         """A Parquet or JSONL writer whose commit() publishes the whole file here in one step."""
-        if self.local:
-            return AtomicTableWriter(Path(self.path), schema, fmt)
-        return AtomicTableWriter(self.uri, schema, fmt, publish=lambda tmp, _: self.publish_file(tmp))
+        return AtomicTableWriter(self.staging_file(), schema, fmt, self.path, self.publish_file)
 
     def publish_file(self, local: Path) -> None:
         """Make a finished local file this one in one step (the local file is consumed)."""

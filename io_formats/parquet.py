@@ -9,10 +9,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from score_batch.io_formats.arrow_types import unify
-from score_batch.io_formats.errors import READ_ERRORS, InputError, is_environment
+from score_batch.io_formats.errors import READ_ERRORS, InputError, unreadable
 from score_batch.io_formats.listing import InputFile
-from score_batch.io_formats.rows import Record
+from score_batch.io_formats.rows import unify
 
 BATCH_ROWS = 1024  # rows per record batch read from a file
 
@@ -28,7 +27,7 @@ class ParquetInfo:
 
 
 class ParquetReader:
-    """The Parquet files of an input, in order: their footers (read once), column types and records."""
+    """The Parquet files of an input, in order: their footers (read once), column types and record batches."""
 
     def __init__(
         self, files: tuple[InputFile, ...], label: str, partition_types: dict[str, pa.DataType]
@@ -37,9 +36,6 @@ class ParquetReader:
         self.label = label
         self.partition_types = partition_types
         self._infos: list[ParquetInfo] | None = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_infos": None}  # a copy reads the footers again
 
     def infos(self) -> list[ParquetInfo]:
         """Footers of all files; a file that is not readable Parquet is an InputError."""
@@ -80,12 +76,6 @@ class ParquetReader:
     def total_rows(self) -> int:
         return sum(info.num_rows for info in self.infos())
 
-    def records(self, columns: list[str] | None = None) -> Iterator[tuple[None, Record]]:
-        """(None, record) per row of every file in order, partition values added (columns: only these)."""
-        for file, batch in self.batches(self.columns() if columns is None else columns):
-            for record in batch.to_pylist():
-                yield None, file.with_partitions(record)
-
     def batches(
         self,
         columns: list[str],
@@ -107,9 +97,7 @@ class ParquetReader:
                     for batch in parquet.iter_batches(batch_size=rows, row_groups=groups, columns=names):
                         yield info.file, batch
             except READ_ERRORS as error:
-                if is_environment(error):
-                    raise
-                raise InputError(f"{info.file}: cannot read this Parquet file: {error}") from None
+                raise unreadable(error, f"{info.file}: cannot read this Parquet file: {error}") from None
 
     def units(self) -> list[tuple[InputFile, int | None, int]]:
         """(file, row group, rows) per row group: what one distributed worker reads."""
@@ -118,9 +106,6 @@ class ParquetReader:
             for info in self.infos()
             for group, rows in enumerate(info.row_group_rows)
         ]
-
-    def close(self) -> None:
-        """Nothing held open between calls."""
 
     def _info(self, file: InputFile) -> ParquetInfo:
         try:
@@ -131,9 +116,9 @@ class ParquetReader:
         except FileNotFoundError:
             raise InputError(f"{file}: the file is gone (removed while the run started?)") from None
         except READ_ERRORS as error:
-            if is_environment(error):
-                raise
-            raise InputError(f"{file}: not a readable Parquet file ({_describe(error, file)})") from None
+            raise unreadable(
+                error, f"{file}: not a readable Parquet file ({_describe(error, file)})"
+            ) from None
         for key, _ in file.partitions:
             if key not in schema.names:
                 schema = schema.append(pa.field(key, self.partition_types.get(key, pa.string())))

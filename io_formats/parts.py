@@ -20,11 +20,6 @@ STORED_AS_BYTES = b"score_batch.stored_as_bytes"  # a part column's field metada
 log = logging.getLogger(__name__)
 
 
-def sha256(data: bytes) -> str:
-    """The SHA-256 of some bytes."""
-    return hashlib.sha256(data).hexdigest()
-
-
 class PartStore:
     """One Parquet part per input window in a checkpoint directory (OUTPUT.parts/), listed in a manifest."""
 
@@ -84,7 +79,7 @@ class PartStore:
                 f"written (window {window} differs); pass --overwrite (without --resume) to start over"
             )
         data = self.part(window).read_bytes()
-        if data is None or sha256(data) != entry.get("sha256"):
+        if data is None or hashlib.sha256(data).hexdigest() != entry.get("sha256"):
             log.warning(
                 "checkpointed part %s is missing or damaged; scoring its window again", self.part(window)
             )
@@ -100,7 +95,7 @@ class PartStore:
         try:
             pq.write_table(as_stored(table), tmp, use_dictionary=dictionary_columns(table.schema))
             self._manifest["parts"][str(window)] = {
-                "sha256": sha256(tmp.read_bytes()),
+                "sha256": hashlib.sha256(tmp.read_bytes()).hexdigest(),
                 "input_sha256": input_hash,
             }
             self._save()

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from score_batch.choices import HiveTypes, RequestedFormat
-from score_batch.io_formats.batch_requests import ENVELOPE, BatchFileReader, looks_like_openai_batch
+from score_batch.io_formats.batch_requests import ENVELOPE, STDIN, BatchFileReader, looks_like_openai_batch
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
@@ -32,25 +31,9 @@ from score_batch.io_formats.window import (
     python,
 )
 
-STDIN = "-"
-
-
-# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows, records
-# (in input order), units (for distributed workers) and close.
+# A table format's reader (StdinReader is a JsonlReader); both give columns, column_type, total_rows and units
+# (for distributed workers).
 TableReader = ParquetReader | JsonlReader
-
-
-class _SourceState:
-    """The source's reader (footers, the JSONL scan, the stdin spool); a pickled copy starts empty."""
-
-    def __init__(self) -> None:
-        self.reader: TableReader | None = None
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
 
 
 @dataclass(frozen=True)
@@ -63,7 +46,11 @@ class InputSource:
     files: tuple[InputFile, ...]
     directories: tuple[Location, ...] = ()  # the directories (or glob bases) the files were found in
     partition_types: tuple[tuple[str, pa.DataType], ...] = ()  # hive partition keys and their Arrow types
-    _state: _SourceState = field(default_factory=_SourceState, compare=False, hash=False, repr=False)
+    # "reader": the source's reader (footers, the JSONL scan, the stdin spool), made on first use
+    _state: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_state": {}}  # a pickled copy makes its own reader (no footers, no stdin)
 
     @property
     def label(self) -> str:
@@ -74,55 +61,46 @@ class InputSource:
         """Row count: Parquet metadata; JSONL from the first pass over the lines."""
         return reader(self).total_rows()
 
-    def spool_path(self) -> Path:
-        """Standard input spooled to a temporary file (read on first call; stdin sources only)."""
-        table = reader(self)
-        if not isinstance(table, StdinReader):
-            raise ValueError("only a stdin source has a spool")
-        return table.spool_path()
-
     def close(self) -> None:
         """Delete the stdin spool, if any (reading the source again spools nothing: stdin is consumed)."""
-        if self._state.reader is not None:
-            self._state.reader.close()
+        if isinstance(self._state.get("reader"), StdinReader):
+            self._state["reader"].close()
 
 
 def reader(source: InputSource) -> TableReader:
     """The source's table reader, made on first use (the one place a table format picks its class)."""
     state = source._state
-    if state.reader is None:
+    if "reader" not in state:
         if source.path == STDIN:
-            state.reader = StdinReader()
+            state["reader"] = StdinReader()
         elif source.format == FileFormat.PARQUET:
-            state.reader = ParquetReader(source.files, source.label, dict(source.partition_types))
+            state["reader"] = ParquetReader(source.files, source.label, dict(source.partition_types))
         else:
-            state.reader = JsonlReader(source.files, source.label)
-    return state.reader
+            state["reader"] = JsonlReader(source.files, source.label)
+    return state["reader"]
 
 
 def input_format(source: InputSource, requested: RequestedFormat = "auto") -> FileFormat:
     """What the input holds: `table` → its files' format; `openai-batch` → batch requests; `auto` → batch
     requests when the input is one file (local or a URI), or stdin, whose first non-blank line is a request."""
-    if requested == "openai-batch" or (requested == "auto" and _sniff_batch(source)):
-        return FileFormat.OPENAI_BATCH
-    return source.format
-
-
-def _sniff_batch(source: InputSource) -> bool:
-    if source.path == STDIN:
-        return looks_like_openai_batch(source.spool_path())
-    if len(source.files) != 1 or source.directories:
-        return False  # a batch file is one JSONL file
-    return source.format == FileFormat.JSONL and looks_like_openai_batch(source.files[0])
+    file = _batch_file(source) if requested == "auto" else None  # stdin is spooled only to be sniffed
+    sniffed = file is not None and file.format == FileFormat.JSONL and looks_like_openai_batch(file)
+    return FileFormat.OPENAI_BATCH if requested == "openai-batch" or sniffed else source.format
 
 
 def batch_reader(source: InputSource) -> BatchFileReader:
     """The batch-file reader of a source: its one file (local or on an object store), or the stdin spool."""
-    if source.path == STDIN:
-        return BatchFileReader(source.spool_path())
-    if len(source.files) != 1 or source.directories:
+    file = _batch_file(source)
+    if file is None:
         raise InputError(f"input {source.label!r}: an OpenAI batch file is one JSONL file, or - for stdin")
-    return BatchFileReader(source.files[0])
+    return BatchFileReader(file)
+
+
+def _batch_file(source: InputSource) -> InputFile | None:
+    """The one file a batch input is (stdin: its spool), or None for several files or a directory."""
+    if source.path == STDIN:
+        return reader(source).inputs()[0]
+    return source.files[0] if len(source.files) == 1 and not source.directories else None
 
 
 def open_source(
@@ -151,7 +129,7 @@ def open_source(
     seen: set[str] = set()
     for file in files:
         if file.location.key() in seen:
-            raise InputError(f"input file {file.uri!r} is named twice by the inputs; each file is read once")
+            raise InputError(f"input file {str(file)!r} is named twice by the inputs; each file is read once")
         seen.add(file.location.key())
     files, types = type_partitions(files, hive_types)
     return InputSource(
@@ -207,12 +185,11 @@ def _window_batches(
         return
     blocks = long and (table.all_objects() if unit is None else unit.lines_read)  # else line by line
     for file, lines in table.line_blocks(BATCH_ROWS, where):
-        partitions = dict(file.partitions) if file is not None else {}
+        partitions = dict(file.partitions)
         window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if blocks else None
         if window is None:
             records = [parse_line(raw, line) for line, raw in lines]
-            if file is not None:
-                records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
+            records = [file.with_partitions(r) if isinstance(r, dict) else r for r in records]
             window = from_rows([to_row(index + k, r, mapping, types) for k, r in enumerate(records)], *shape)
         index += window.num_rows
         yield window

@@ -1,5 +1,5 @@
 """Input rows: one record (a Parquet row, a JSONL object or an unreadable line) → a validated InputRow, its
-problems the row's `error`, never an exception."""
+problems the row's `error`, never an exception; the Arrow type that holds several files' or lines' values."""
 
 from __future__ import annotations
 
@@ -127,3 +127,29 @@ def value_error(value: Any, column: str) -> str | None:
             return None
         return f"column {column!r} holds a token id outside 0..2^63-1"
     return f"column {column!r} must hold text or a list of integer token ids, got {type(value).__name__}"
+
+
+def unify(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type that holds the values of both a and b without loss, or None."""
+    if a == b:
+        return a
+    try:
+        merged = (
+            pa.unify_schemas([pa.schema([("c", a)]), pa.schema([("c", b)])], promote_options="permissive")
+            .field("c")
+            .type
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    return merged if _holds(merged, a) and _holds(merged, b) else None
+
+
+def _holds(wide: pa.DataType, narrow: pa.DataType) -> bool:
+    """Whether every integer value of narrow fits in wide (other promotions are trusted to pyarrow)."""
+    if not (pa.types.is_integer(wide) and pa.types.is_integer(narrow)):
+        return True
+    if pa.types.is_signed_integer(narrow):
+        return pa.types.is_signed_integer(wide) and wide.bit_width >= narrow.bit_width
+    return wide.bit_width > narrow.bit_width or (
+        pa.types.is_unsigned_integer(wide) and wide.bit_width == narrow.bit_width
+    )

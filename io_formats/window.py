@@ -76,26 +76,6 @@ class Window:
         """[rows] the query ids as Python values (None everywhere without a query-id column)."""
         return [None] * self.num_rows if self.query_ids is None else python(self.query_ids)
 
-    def row(self, row: int) -> InputRow:
-        """One row as an InputRow (for a failing row's message or a test; the run loop reads columns)."""
-        start, stop = int(self.offsets[row]), int(self.offsets[row + 1])
-        kept = {name: _at(values, row) for name, values in self.kept.items()}
-        ids = [_at(self.item_ids, k) for k in range(start, stop)]
-        query_id = None if self.query_ids is None else _at(self.query_ids, row)
-        return InputRow(
-            int(self.index[row]),
-            self.query(row),
-            self.items[start:stop],
-            query_id,
-            ids,
-            kept,
-            self.errors[row],
-        )
-
-    def rows(self) -> list[InputRow]:
-        """Every row as an InputRow (tests and the Python API; the run loop reads columns)."""
-        return [self.row(row) for row in range(self.num_rows)]
-
     def slice(self, start: int, stop: int) -> Window:
         """Rows start..stop-1 as a window of their own."""
         lo, hi = int(self.offsets[start]), int(self.offsets[stop])
@@ -117,11 +97,6 @@ def pick(values: Values, positions: np.ndarray) -> Values:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values.take(pa.array(positions, pa.int64()))
     return [values[k] for k in positions.tolist()]
-
-
-def _at(values: Values, k: int) -> Any:
-    """One value of a column as Python."""
-    return values[k].as_py() if isinstance(values, (pa.Array, pa.ChunkedArray)) else values[k]
 
 
 def concat(windows: Sequence[Window]) -> Window:

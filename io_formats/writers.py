@@ -83,9 +83,9 @@ def exclusive_temp(destination: Path, directory: bool = False) -> Path:
     return Path(name)
 
 
-def local_temp_file(prefix: str = "score-batch-") -> Path:
+def local_temp_file() -> Path:
     """A local temporary file for something published to a target when finished (object stores upload it)."""
-    handle, name = tempfile.mkstemp(prefix=prefix)
+    handle, name = tempfile.mkstemp(prefix="score-batch-")
     os.close(handle)
     return Path(name)
 
@@ -106,20 +106,18 @@ def durable_replace(source: Path, destination: Path) -> None:
 
 
 class AtomicTableWriter:
-    """Writes tables to a temporary file beside the destination and renames it there on commit."""
+    """Writes tables to a new local file, handed to publish on commit (Location.atomic_writer)."""
 
-    def __init__(self, path: str | Path, schema: pa.Schema, fmt: str, publish=None) -> None:
-        """publish(tmp, path): how the finished file reaches path (default: a durable rename beside it;
-        an object store passes its upload and gets a local temporary file)."""
-        self.path = path if publish is not None else Path(path)
-        self._publish = publish or durable_replace
-        self.tmp = exclusive_temp(self.path) if publish is None else local_temp_file("score-batch-output-")
-        self.rows = 0
+    def __init__(
+        self, tmp: Path, schema: pa.Schema, fmt: str, path: str, publish: Callable[[Path], None]
+    ) -> None:
+        """path: the destination, whose name gives a JSONL output's compression."""
+        self.tmp, self._publish, self.rows = tmp, publish, 0
         self._parquet = self._jsonl = None
         if fmt == "parquet":
             self._parquet = pq.ParquetWriter(self.tmp, schema, use_dictionary=dictionary_columns(schema))
         elif fmt == "jsonl":
-            self._jsonl = pa.output_stream(str(self.tmp), compression=output_compression(str(path)))
+            self._jsonl = pa.output_stream(str(self.tmp), compression=output_compression(path))
 
     def write(self, table: pa.Table) -> None:
         """Append a table (one Parquet row group, or JSONL lines, compressed as the name says)."""
@@ -132,11 +130,7 @@ class AtomicTableWriter:
     def commit(self) -> None:
         """Close and move the finished file to its destination."""
         self._close()
-        try:
-            self._publish(self.tmp, self.path)
-        finally:
-            if self._publish is not durable_replace:
-                self.tmp.unlink(missing_ok=True)
+        self._publish(self.tmp)
 
     def abort(self) -> None:
         """Close and delete the temporary file; the destination is untouched."""
@@ -174,6 +168,8 @@ def write_partitioned(
     in order within each partition, every file and directory fsynced; [path below it, rows, bytes] per file, in
     path order. Only data files and an empty `_SUCCESS` (last): polars' `read_parquet(directory)` refuses any
     other non-empty file (docs/formats.md). check() runs every CHECK_ROWS rows and before the fsyncs (may raise)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow.dataset as ds  # here: it imports pandas when installed (~0.2 s), and only this needs it
 
     directory = Path(directory).absolute()
@@ -206,7 +202,9 @@ def write_partitioned(
         while parent != directory and directory in parent.parents:
             partitions.add(parent)
             parent = parent.parent
-    _fsync_all([*paths, *partitions])
+    # fsync releases the GIL: SYNC_THREADS at a time
+    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="score-batch-fsync") as pool:
+        list(pool.map(fsync_path, [*paths, *partitions]))  # raises the first failure
     (directory / SUCCESS).touch()
     fsync_path(directory)
     return published
@@ -219,14 +217,6 @@ def _checked_batches(tables: Iterable[pa.Table], check: Callable[[], None]) -> I
         for batch in table.to_batches(max_chunksize=CHECK_ROWS):
             check()
             yield batch
-
-
-def _fsync_all(paths: list[Path]) -> None:
-    """fsync files and directories, SYNC_THREADS at a time (fsync releases the GIL)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="score-batch-fsync") as pool:
-        list(pool.map(fsync_path, paths))  # raises the first failure
 
 
 def fsync_path(path: Path) -> None:

@@ -25,9 +25,9 @@ from score_batch.io_formats.readers import (
     read_windows,
     reader,
 )
-from score_batch.io_formats.rows import to_row
+from score_batch.io_formats.rows import InputRow, to_row
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.io_formats.window import concat, from_rows, json_window
+from score_batch.io_formats.window import Window, concat, from_rows, json_window
 
 KEEP = ColumnOverrides(keep_columns=("n", "tags", "meta"))
 KEEP_N = ColumnOverrides(keep_columns=("n",))
@@ -36,7 +36,11 @@ KEEP_N = ColumnOverrides(keep_columns=("n",))
 def line_records(source):
     """(line, record) per non-blank line of a JSONL input, read line by line here (not by the reader's blocks)."""
     for file in source.files or [None]:
-        data = source.spool_path().read_bytes() if file is None else Path(file.location.path).read_bytes()
+        data = (
+            readers.reader(source).spool_path().read_bytes()
+            if file is None
+            else Path(file.location.path).read_bytes()
+        )
         data = gzip.decompress(data) if str(file).endswith(".gz") else data
         pieces = data.split(b"\n")
         for number, raw in enumerate([piece + b"\n" for piece in pieces[:-1]] + pieces[-1:], start=1):
@@ -55,11 +59,28 @@ def record_path_rows(source, overrides):
     return rows
 
 
+def as_rows(window: Window) -> list[InputRow]:
+    """A window's rows as the record path's InputRows (ids and kept values as Python values)."""
+
+    def at(values, k: int):
+        return values[k].as_py() if isinstance(values, (pa.Array, pa.ChunkedArray)) else values[k]
+
+    rows = []
+    for r in range(window.num_rows):
+        start, stop = int(window.offsets[r]), int(window.offsets[r + 1])
+        query_id = None if window.query_ids is None else at(window.query_ids, r)
+        ids = [at(window.item_ids, k) for k in range(start, stop)]
+        kept = {name: at(values, r) for name, values in window.kept.items()}
+        index, items = int(window.index[r]), window.items[start:stop]
+        rows.append(InputRow(index, window.query(r), items, query_id, ids, kept, window.errors[r]))
+    return rows
+
+
 def window_rows(source, overrides, window_rows):
     _, windows = read_windows(source, overrides, window_rows)
     windows = list(windows)
     assert all(w.num_rows == window_rows for w in windows[:-1])
-    return [row for window in windows for row in window.rows()]
+    return [row for window in windows for row in as_rows(window)]
 
 
 def hostile_lines(rng: random.Random, count: int) -> list[str]:
@@ -187,7 +208,7 @@ def test_clean_jsonl_blocks_take_the_columnar_path(tmp_path):
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
     window = json_window(0, lines, {}, mapping, types)
-    assert window is not None and window.rows() == record_path_rows(source, overrides)
+    assert window is not None and as_rows(window) == record_path_rows(source, overrides)
     assert isinstance(window.kept["n"], pa.Array)  # columns stay Arrow: no Python object per row
     assert json_window(0, [*lines, b'{"query": "q", "item": "i", "item": "j"}'], {}, mapping, types) is None
 
@@ -253,7 +274,7 @@ def test_parquet_query_dictionaries_give_each_batch_its_own_queries(tmp_path, di
     index, larger = 0, False
     for batch in pq.ParquetFile(path, read_dictionary=["query"]).iter_batches(batch_size=500):
         window = readers.batch_window(index, batch, {}, mapping, types)
-        own = from_rows(window.rows(), True, ("n",))
+        own = from_rows(as_rows(window), True, ("n",))
         assert window.query_values == own.query_values
         assert np.array_equal(window.query_codes, own.query_codes)
         larger = larger or len(batch.column("query").dictionary) > len(own.query_values)
@@ -286,13 +307,11 @@ def record_path_rows_parquet(source, overrides):
 
 
 def test_windows_concatenate_and_slice_back_to_the_same_rows():
-    from score_batch.io_formats.rows import InputRow
-
     rows = [InputRow(k, f"q{k % 3}", [f"i{k}"], k % 2, [k], {"n": k}) for k in range(10)]
     whole = from_rows(rows, True, ("n",))
     parts = [whole.slice(0, 4), whole.slice(4, 5), whole.slice(5, 10)]
     joined = concat(parts)
-    assert joined.rows() == rows
+    assert as_rows(joined) == rows
     assert np.array_equal(joined.query_codes, whole.query_codes)  # codes in order of first appearance
 
 
@@ -310,11 +329,11 @@ def test_window_digest_hashes_the_rows_own_queries(tmp_path, monkeypatch):
     digest = digest_module.query_digest
     monkeypatch.setattr(digest_module, "query_digest", lambda query: hashed.append(query) or digest(query))
     for window in windows:
-        rows = window.rows()
+        rows = as_rows(window)
         hashed.clear()
-        got = digest_module.window_digest(window)
+        got = digest_module.InputDigest().add(window)
         assert sorted(hashed) == sorted({row.query for row in rows if row.query is not None})
-        assert got == digest_module.window_digest(from_rows(rows, False, ()))
+        assert got == digest_module.InputDigest().add(from_rows(rows, False, ()))
 
 
 def test_blocks_are_parsed_by_pyarrow_only_where_the_first_pass_read_every_line(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ from score_batch.io_formats.readers import (
 )
 from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+from tests.test_columnar_reader import as_rows
 
 TEXT = {"query": "I pledge allegiance", "item": " to"}
 
@@ -46,7 +47,7 @@ def assert_clean_exit_2(result, *needles):
 def rows_of(source, overrides=ColumnOverrides(), window_rows=1000):
     """All InputRows of a source (with its mapping)."""
     mapping, windows = read_windows(source, overrides, window_rows)
-    return mapping, [row for window in windows for row in window.rows()]
+    return mapping, [row for window in windows for row in as_rows(window)]
 
 
 # ------------------------------------------------------------------------------ Parquet: types
@@ -81,7 +82,7 @@ def test_parquet_directory_types_unified_and_partial_files_ignored(tmp_path):
     (data / ".part-3.parquet.tmp-123").write_bytes(b"partial")
     (data / "nested.parquet").mkdir()
     source = open_source(str(data))
-    assert [f.name for f in source.files] == ["part-0.parquet", "part-1.parquet"]
+    assert [f.location.name for f in source.files] == ["part-0.parquet", "part-1.parquet"]
     mapping, rows = rows_of(source, ColumnOverrides(keep_columns=("price", "n")))
     assert column_types(source, mapping) == {"query_id": pa.int64(), "price": pa.float64(), "n": pa.float64()}
     assert [r.kept["n"] for r in rows] == [1.0, 2.5] and all(isinstance(r.kept["n"], float) for r in rows)
@@ -187,7 +188,7 @@ def test_read_units_of_a_directory_index_rows_and_convert_types(tmp_path):
     source = open_source(str(data))
     mapping = input_mapping(source, ColumnOverrides())
     types = column_types(source, mapping)
-    rows = [row for unit in read_units(source) for row in read_unit(unit, mapping, types).rows()]
+    rows = [row for unit in read_units(source) for row in as_rows(read_unit(unit, mapping, types))]
     assert [(r.index, r.query_id) for r in rows] == [(0, 1.0), (1, 2.0), (2, 3.0), (3, 4.5)]
     assert all(isinstance(r.query_id, float) for r in rows)
 

@@ -11,7 +11,7 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from score_batch.io_formats.digest import InputDigest, window_digest
+from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.rows import InputRow
 from score_batch.io_formats.window import from_rows
 
@@ -63,7 +63,7 @@ def test_arrow_columns_digest_as_their_python_values_however_cut(start):
     """Every type's Arrow column (sliced or not, with nulls) gives its Python values' digest, and the running
     digest is the same for any cut, each window Arrow- or Python-backed."""
     listed = from_rows(rows({n: v for n, (_, v) in KEPT.items()}), True, tuple(KEPT))
-    assert window_digest(arrow_backed(listed, start)) == window_digest(listed)
+    assert InputDigest().add(arrow_backed(listed, start)) == InputDigest().add(listed)
     whole = InputDigest()
     whole.add(listed)
     for cut in range(1, 6):
@@ -91,7 +91,7 @@ def test_arrow_columns_digest_as_their_python_values_however_cut(start):
     ],
 )
 def test_a_kept_column_digest_tells_values_apart(one, other):
-    assert window_digest(from_rows(rows({"k": one}), True, ("k",))) != window_digest(
+    assert InputDigest().add(from_rows(rows({"k": one}), True, ("k",))) != InputDigest().add(
         from_rows(rows({"k": other}), True, ("k",))
     )
 
@@ -112,5 +112,5 @@ def test_items_digest_tells_texts_token_ids_nulls_and_row_boundaries_apart():
         [["\ud800"], ["c"], ["x"], ["y"], ["z"], ["w"]],  # a lone surrogate (JSONL's escape) is its own text
         [["\udc00"], ["c"], ["x"], ["y"], ["z"], ["w"]],
     ]
-    digests = [window_digest(from_rows(rows({}, items), True, ())) for items in variants]
+    digests = [InputDigest().add(from_rows(rows({}, items), True, ())) for items in variants]
     assert len(set(digests)) == len(variants)

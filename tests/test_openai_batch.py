@@ -15,6 +15,8 @@ from score_batch import job
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
 from score_batch.io_formats.batch_requests import looks_like_openai_batch, parse_request
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.listing import FileFormat, InputFile
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.job.run_config import RunConfig
 from tests.test_cli import LABEL_FLAGS, ROWS, run_cli, write_jsonl
@@ -191,22 +193,26 @@ def test_refused_settings(qwen3_causal, tmp_path, overrides, match):
         job.run(config)
 
 
+def sniff(path) -> bool:
+    return looks_like_openai_batch(InputFile(Location.on_disk(path), FileFormat.JSONL, None))
+
+
 def test_looks_like_openai_batch(tmp_path):
     batch = write_batch(tmp_path / "batch.jsonl", REQUESTS)
-    assert looks_like_openai_batch(str(batch))
+    assert sniff(batch)
     leading_blank = tmp_path / "blank.jsonl"
     leading_blank.write_text("\n  \n" + json.dumps(REQUESTS[0]) + "\n")
-    assert looks_like_openai_batch(str(leading_blank))
-    assert not looks_like_openai_batch(str(write_jsonl(tmp_path / "table.jsonl", ROWS)))
-    assert not looks_like_openai_batch("-")
-    assert not looks_like_openai_batch(str(tmp_path))
-    assert not looks_like_openai_batch(str(tmp_path / "missing.jsonl"))
+    assert sniff(leading_blank)
+    assert not sniff(write_jsonl(tmp_path / "table.jsonl", ROWS))
+    assert not sniff("-")
+    assert not sniff(tmp_path)
+    assert not sniff(tmp_path / "missing.jsonl")
     for name, text in (("empty.jsonl", ""), ("bad.jsonl", "{not json\n"), ("list.jsonl", "[1, 2]\n")):
         (tmp_path / name).write_text(text)
-        assert not looks_like_openai_batch(str(tmp_path / name))
+        assert not sniff(tmp_path / name)
     no_body = tmp_path / "no_body.jsonl"
     no_body.write_text(json.dumps({"custom_id": "a", "url": "/v1/score"}) + "\n")
-    assert not looks_like_openai_batch(str(no_body))
+    assert not sniff(no_body)
 
 
 def _request(body: dict, url: str = "/v1/score", **envelope) -> str:
@@ -337,7 +343,7 @@ def test_bom_and_crlf_detected_and_read(qwen3_causal, tmp_path):
     text = "\r\n".join(json.dumps(r) for r in REQUESTS[:2]) + "\r\n"
     src = tmp_path / "windows.jsonl"
     src.write_bytes(b"\xef\xbb\xbf" + text.encode())
-    assert looks_like_openai_batch(str(src))
+    assert sniff(src)
     result = run_cli(src, "-o", tmp_path / "out.jsonl", "--model", qwen3_causal, *LABEL_FLAGS)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]

@@ -21,6 +21,7 @@ from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import output_compression, output_format
 from score_batch.job.run_config import RunConfig
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
+from tests.test_columnar_reader import as_rows
 from tests.test_job import many_rows
 
 
@@ -97,7 +98,7 @@ def test_hive_values_are_typed_over_all_files(tmp_path, fmt):
     types = column_types(source, mapping)
     assert (types["dt"], types["n"], types["shard"]) == (pa.date32(), pa.int64(), pa.string())
     _, windows = read_windows(source, overrides, 4)
-    kept = [row.kept for window in windows for row in window.rows()]
+    kept = [row.kept for window in windows for row in as_rows(window)]
     assert kept == [{k: r[k] for k in ("dt", "n", "shard")} for r in ordered]
 
     as_text = open_source(str(hive), hive_types="string")

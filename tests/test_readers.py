@@ -21,9 +21,11 @@ from score_batch.io_formats.readers import (
     open_source,
     read_unit,
     read_units,
+    read_windows,
     reader,
 )
 from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
+from tests.test_columnar_reader import as_rows
 
 ROWS = [
     {"query": "q1", "item": "a", "n": 1},
@@ -47,9 +49,11 @@ def test_one_reader_class_per_format(tmp_path, monkeypatch):
     assert classes == {"a.parquet": ParquetReader, "b.jsonl.gz": JsonlReader, "-": StdinReader}
     for source in sources.values():  # the same rows and types whatever the format
         assert source.total_rows() == 3
-        assert [r for _, r in reader(source).records()] == ROWS
+        mapping, windows = read_windows(source, ColumnOverrides(keep_columns=("n",)), 2)
+        rows = [row for window in windows for row in as_rows(window)]
+        assert [{"query": r.query, "item": r.items[0], **r.kept} for r in rows] == ROWS
         assert reader(source).column_type("n") == pa.int64()
-    spool = sources["-"].spool_path()
+    spool = reader(sources["-"]).spool_path()
     sources["-"].close()
     assert not spool.exists()
 
@@ -83,8 +87,8 @@ def test_a_pickled_source_reads_its_units_again(tmp_path):
     assert [(u.row_group, u.first_row) for u in units] == [(0, 0), (1, 2)]
     mapping = resolve_columns(["query", "item", "n"], ColumnOverrides(), source.label)
     copy = pickle.loads(pickle.dumps(units[1]))  # what a Ray worker gets: no cached footers
-    assert copy.source._state.reader is None
-    assert [row.items for row in read_unit(copy, mapping).rows()] == [["c"]]
+    assert copy.source._state == {}
+    assert [row.items for row in as_rows(read_unit(copy, mapping))] == [["c"]]
     with pytest.raises(Exception, match="stdin"):
         read_units(open_source("-"))
 
@@ -122,11 +126,12 @@ def test_parquet_rows_read_column_by_column_equal_the_record_path(tmp_path, wind
     source = open_source(str(tmp_path))
     mapping = input_mapping(source, ColumnOverrides(keep_columns=("price", "tags", "day")))
     types = column_types(source, mapping)
-    expected = [to_row(i, record, mapping, types) for i, (_, record) in enumerate(reader(source).records())]
+    records = [{**r, "day": part} for part, table in (("a", first), ("b", second)) for r in table.to_pylist()]
+    expected = [to_row(i, record, mapping, types) for i, record in enumerate(records)]
     _, windows = read_windows(source, ColumnOverrides(keep_columns=("price", "tags", "day")), window_rows)
     windows = list(windows)
     assert all(w.num_rows == window_rows for w in windows[:-1]) and 0 < windows[-1].num_rows <= window_rows
-    assert [row for window in windows for row in window.rows()] == expected
+    assert [row for window in windows for row in as_rows(window)] == expected
     errors = [None, "column 'query' is null", "column 'item' is null", None, None, None, None]
     assert [row.error for row in expected] == errors
     assert [row.query_id for row in expected] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.5]  # floats throughout
@@ -139,6 +144,6 @@ def test_token_id_parquet_rows_take_the_record_path(tmp_path):
     table = pa.table({"query": [[1, 2], [-3]], "item": [[3], [4]]})
     pq.write_table(table, tmp_path / "t.parquet")
     _, windows = read_windows(open_source(str(tmp_path / "t.parquet")), ColumnOverrides(), 10)
-    rows = next(windows).rows()
+    rows = as_rows(next(windows))
     assert rows[0].query == [1, 2] and rows[0].error is None
     assert rows[1].error == "column 'query' holds a token id outside 0..2^63-1"

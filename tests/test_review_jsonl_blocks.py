@@ -14,7 +14,7 @@ from score_batch.io_formats import readers
 from score_batch.io_formats.readers import column_types, input_mapping, open_source
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.window import json_window
-from tests.test_columnar_reader import record_path_rows, window_rows
+from tests.test_columnar_reader import as_rows, record_path_rows, window_rows
 
 KEEP = ColumnOverrides(keep_columns=("n", "meta"))
 ROW = b'{"query": "q", "item": "x", "item_id": 9, "n": 2.5, "meta": {"x": 2}'  # its closing brace left off
@@ -160,8 +160,8 @@ def test_clean_blocks_with_crlf_indents_and_brackets_stay_columnar(tmp_path):
     source = open_source(str(tmp_path / "in.jsonl"))
     mapping = input_mapping(source, KEEP)
     window = json_window(0, lines, {}, mapping, column_types(source, mapping))
-    assert window is not None and window.rows() == record_path_rows(source, KEEP)
-    assert window.rows()[7].kept["n"] == float("-inf")
+    assert window is not None and as_rows(window) == record_path_rows(source, KEEP)
+    assert as_rows(window)[7].kept["n"] == float("-inf")
 
 
 FRAGMENTS = [  # pieces of objects a block parser could join across lines, or split within one
