@@ -135,7 +135,7 @@ class ZeroForward:
             rows = len(batch.score_rows)
             scores = zeros(rows, runner.setup.num_scores)  # [num_items, num_scores]
             pooled = None
-            if runner.cfg.pooled_hidden_states:
+            if runner.planner.cfg.pooled_hidden_states:
                 pooled = zeros(rows, runner.setup.info.hidden_size)  # [num_items, hidden]
             return launched.of(batch, scores, scores, pooled)
 
