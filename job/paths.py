@@ -23,6 +23,7 @@ from score_batch.job.completion import Completion
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
+lock_log = logging.getLogger("score_batch.job.lock")  # the name its lines had before the merge
 
 
 def normalized(where) -> str:
@@ -291,7 +292,9 @@ class OutputLock:
             if holder is None:
                 age = self.path.age_seconds()  # None where the store does not say
                 if age is not None and age > UNREADABLE_LOCK_SECONDS:
-                    log.warning("removing the unreadable lock %s (a run died while writing it)", self.path)
+                    lock_log.warning(
+                        "removing the unreadable lock %s (a run died while writing it)", self.path
+                    )
                     self.path.delete()
                 else:  # vanished or still being written: look again
                     time.sleep(0.05)
@@ -302,7 +305,7 @@ class OutputLock:
                     f"{holder.get('host')} since {holder.get('started')}; wait for it, or stop it and rerun "
                     "(its lock is taken over once the process is gone)"
                 )
-            log.warning(
+            lock_log.warning(
                 "taking over the lock %s left by pid %s (no longer running)", self.path, holder.get("pid")
             )
             if self._holder() == holder:  # unless another run replaced it meanwhile

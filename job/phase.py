@@ -23,6 +23,7 @@ from score_batch.job.score_stats import ScoreStats
 from score_batch.signals import StopSignals
 
 log = logging.getLogger(__name__)
+progress_log = logging.getLogger("score_batch.job.progress")  # the name its lines had before the merge
 # counts a window adds to the report's field of the same name (and rows → rows_read, failed → items_failed)
 ADDED = ("items", "reused", "duplicates", "requests", "requests_failed", "empty_queries", "empty_items")
 
@@ -169,7 +170,7 @@ class Progress:
         now = time.monotonic()
         if self._lines and now - self._last >= self.every:
             self._last = now
-            log.info("progress: %s", self.describe(now))
+            progress_log.info("progress: %s", self.describe(now))
 
     def describe(self, now: float) -> str:
         """Rows, items, rate and (when the total is known) the ETA."""
