@@ -85,7 +85,9 @@ class _ColumnScan:
         if family == "number":
             return pa.float64() if "float" in self.kinds else pa.int64()
         flat = {None: pa.null(), "boolean": pa.bool_(), "text": pa.string()}
-        return flat[family] if family in flat else self.nested if self.nested is not None else pa.null()
+        if family in flat:
+            return flat[family]
+        return self.nested if self.nested is not None else pa.null()
 
 
 class _JsonlScan:

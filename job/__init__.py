@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Literal, NamedTuple
 
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
@@ -24,6 +25,14 @@ from score_batch.machine import available_cpus
 from score_batch.signals import Stopped, StopSignals, import_deferring_stops
 
 log = logging.getLogger(__name__)
+
+
+class Runner(NamedTuple):
+    """Where windows come from and where scoring happens: its preflight and its score-and-publish phase."""
+
+    kind: Literal["local", "ray", "batch-file"]
+    preflight: Callable  # (config, source) -> Checked
+    score: Callable  # (config, checked, report) -> None: load, score windows, publish
 
 
 def run(config: RunConfig) -> RunReport:
@@ -83,21 +92,20 @@ def _run_phases(config: RunConfig, report: RunReport):
         source.close()
 
 
-def _resolve(config: RunConfig, source) -> tuple[str, Callable, Callable]:
-    """The runner the config and the input name (a batch file, Ray, or a local table run): its kind, its
-    preflight (config, source) → Checked, and its score (config, checked, report): load, score, publish."""
+def _resolve(config: RunConfig, source) -> Runner:
+    """The runner the config and the input name: an OpenAI-style batch file, Ray, or a local table run."""
     if input_format(source, config.input_format) == FileFormat.OPENAI_BATCH:  # stdin: sniffed on its spool
         from score_batch.job.batch_file_run import batch_preflight, run_batch_file  # that command's only
 
-        return "batch-file", batch_preflight, run_batch_file
+        return Runner("batch-file", batch_preflight, run_batch_file)
     if config.ray is not None:
         from score_batch.job.ray_run import check_ray_preflight, run_ray
 
-        return "ray", check_ray_preflight, run_ray
+        return Runner("ray", check_ray_preflight, run_ray)
     from score_batch.job.local import run_local
     from score_batch.job.policy import preflight
 
-    return "local", preflight, run_local
+    return Runner("local", preflight, run_local)
 
 
 def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:

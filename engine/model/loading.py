@@ -149,7 +149,12 @@ class LoadedModel:
 
 # Files a Hugging Face tokenizer is built from; a directory with none of them has no tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
-TOKENIZER_JSON_FILES = (*TOKENIZER_FILES[:2], "special_tokens_map.json", "added_tokens.json")
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False, backend: bool = False):

@@ -56,8 +56,13 @@ FAMILY_DEFAULTS: dict[str, dict] = {
 }
 FAMILY_DEFAULTS["qwen3"] = dict(FAMILY_DEFAULTS["qwen2"], head_dim=128, attention_bias=False)
 DEFAULT_ROPE_THETA = 10000.0
-INT_FIELDS = tuple(
-    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads max_position_embeddings".split()
+INT_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
 )
 OPTIONAL_INT_FIELDS = (
     "num_key_value_heads",

@@ -91,8 +91,10 @@ class BackendTokenizer:
 
     def _special_id(self, name: str) -> int | None:
         token = self._special[name]
-        if token is None or name == "unk_token":  # the unknown token's own id: never the fallback to it
-            return None if token is None else self._backend.token_to_id(token)
+        if token is None:
+            return None
+        if name == "unk_token":  # the unknown token's own id: never the fallback to it
+            return self._backend.token_to_id(token)
         return self.convert_tokens_to_ids(token)
 
     pad_token_id = property(

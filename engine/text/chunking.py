@@ -153,36 +153,45 @@ def aggregate(
     how: max (the chunk with the highest `score`, the first on ties, gives score, scores, raw and pooled),
     first (the item's first chunk), mean (score, scores, raw and pooled each averaged over the chunks). An
     item fails when any of its chunks fails (its error names the chunk); errors are the items' own."""
-    out = []
-    for result, group, group_errors in zip(chunks, chunked, errors):
-        items = len(group.counts)
-        per_chunk = {
-            "score": result.score,
-            "scores": result.scores,
-            "raw": result.raw,
-            "pooled": result.pooled,
-        }
-        # per item, NaN until set: score [items], scores and raw [items, num_scores], pooled [items, hidden]
-        per_item = {
-            name: None if values is None else np.full((items, *values.shape[1:]), np.nan, np.float32)
-            for name, values in per_chunk.items()
-        }
-        chunk_errors = list(result.item_errors) or [None] * len(group.owners)
-        item_errors: list[str | None] = [None] * items
-        for item, (first, count) in enumerate(zip(group.firsts, group.counts)):
-            rows = slice(first, first + count)
-            failed = [e for e in chunk_errors[rows] if e is not None]
-            if count == 0 or failed:
-                item_errors[item] = failed[0] if failed else None
-                continue
-            pick = first + (0 if how == "first" else int(np.argmax(result.score[rows])))
-            for name, values in per_chunk.items():
-                if values is not None and how == "mean":  # the float32 mean, summed in float64
-                    per_item[name][item] = values[rows].astype(np.float64).mean(axis=0).astype(np.float32)
-                elif values is not None:
-                    per_item[name][item] = values[pick]
-        counts = np.asarray(group.counts, np.int32)
-        out.append(
-            GroupResult(**per_item, errors=list(group_errors), item_errors=tuple(item_errors), chunks=counts)
-        )
-    return out
+    return [
+        _aggregate_group(result, group, group_errors, how)
+        for result, group, group_errors in zip(chunks, chunked, errors)
+    ]
+
+
+def _aggregate_group(
+    result: GroupResult, chunked: ChunkedGroup, errors: list[str | None], how: str
+) -> GroupResult:
+    """One group's chunks → its items (see aggregate)."""
+    items = len(chunked.counts)
+    per_chunk = {"score": result.score, "scores": result.scores, "raw": result.raw, "pooled": result.pooled}
+    # per item, NaN until set: score [items], scores and raw [items, num_scores], pooled [items, hidden]
+    per_item = {
+        name: None if values is None else np.full((items, *values.shape[1:]), np.nan, np.float32)
+        for name, values in per_chunk.items()
+    }
+    chunk_errors = list(result.item_errors) or [None] * len(chunked.owners)
+    item_errors: list[str | None] = [None] * items
+    for item, (first, count) in enumerate(zip(chunked.firsts, chunked.counts)):
+        if count == 0:
+            continue
+        rows = slice(first, first + count)
+        failed = [e for e in chunk_errors[rows] if e is not None]
+        if failed:
+            item_errors[item] = failed[0]
+            continue
+        pick = first + (0 if how == "first" else int(np.argmax(result.score[rows])))
+        for name, values in per_chunk.items():
+            if values is not None:
+                per_item[name][item] = _mean(values[rows]) if how == "mean" else values[pick]
+    return GroupResult(
+        **per_item,
+        errors=list(errors),
+        item_errors=tuple(item_errors),
+        chunks=np.asarray(chunked.counts, np.int32),
+    )
+
+
+def _mean(values: np.ndarray) -> np.ndarray:
+    """The float32 mean over the first axis, summed in float64."""
+    return values.astype(np.float64).mean(axis=0).astype(np.float32)
