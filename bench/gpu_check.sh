@@ -13,6 +13,9 @@
 #                                                 missing CUDA/flashinfer fails
 #                                                                                   → gpu-tests.txt/.xml
 #   bash bench/gpu_check.sh [--dry-run] bench [bench/gpu.py bench arguments]        → bench.txt, gpu.json
+#   bash bench/gpu_check.sh [--dry-run] host [bench/host_path.py arguments]  the host path alone on this machine's
+#                                                 cores (no GPU: read → tokenize → plan → Parquet against the
+#                                                 tokenizer's own batch rate; HOST_BENCH by default)   → host.txt
 #   bash bench/gpu_check.sh [--dry-run] all       install → tests → the short bench (FA3 last, once its background
 #                                                 build finished) → collect, in one device command: each phase
 #                                                 under its own limit plus what earlier phases left unused; later
@@ -70,6 +73,8 @@ KILL_AFTER=5
 # the whole CLI on 64 queries of that shape beside its forward alone, plain HF pairs, then FA3 (last: it waits
 # for its build). The compiled method, flex, sdpa, split and workload b: `bench --methods ...` in a later call.
 SHORT_BENCH=(--workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline fa3)
+# The host path on the GPU machine's cores (bench/host_path.py; about 2-3 minutes on 16 cores): both shapes, 100k items.
+HOST_BENCH=(--items 100000 --shapes 1000x27 1500x40 --repeats 2 --modes dry zero pooled ceiling jsonl cli)
 # Most valuable first: a phase cut at its limit loses the last module. `all` runs ALL_TESTS (what fits its tests
 # phase with margin); a lone `tests` call runs them all.
 ALL_TESTS=(
@@ -430,6 +435,13 @@ GPU_CHECK_FA3_DEADLINE=<this phase's limit - $FA3_RESERVE s>  # while FA3's buil
   run "$OUT/bench.txt" python bench/gpu.py bench --out "$OUT/gpu.json" "$@"
 }
 
+host() {
+  installed
+  local args=("${HOST_BENCH[@]}")
+  [ $# = 0 ] || args=("$@")
+  run "$OUT/host.txt" python bench/host_path.py "${args[@]}"
+}
+
 fa3_start() {
   # FA3's build (and first call) in the background at nice 19, started by the warm-up as soon as FA2's modules are
   # built: its 10 objects use the cores while the tests and the bench use the GPU. setsid: neither a phase's limit
@@ -539,6 +551,10 @@ case "${1:-}" in
     shift
     bench "$@"
     ;;
+  host)
+    shift
+    host "$@"
+    ;;
   all)
     say ": > $OUT/summary.txt"
     [ "$DRY" = 1 ] || : >"$OUT/summary.txt"
@@ -551,7 +567,7 @@ case "${1:-}" in
     summary_status
     ;;
   *)
-    echo "usage: bash bench/gpu_check.sh [--dry-run] probe|install|tests|bench|all [bench/gpu.py bench arguments]" >&2
+    echo "usage: bash bench/gpu_check.sh [--dry-run] probe|install|tests|bench|host|all [the bench's arguments]" >&2
     exit 2
     ;;
 esac

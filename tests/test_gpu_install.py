@@ -152,6 +152,20 @@ def test_dry_run_prints_every_command_and_runs_none(tmp_path):
     assert not out.exists()  # nothing ran, nothing was written
 
 
+def test_host_phase_runs_the_host_bench_after_the_install_and_takes_its_arguments(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    default = [
+        line[2:] for line in _run("--dry-run", "host", env=env).stdout.splitlines() if line.startswith("+ ")
+    ]
+    install = next(i for i, line in enumerate(default) if line.startswith("python -c 'import flashinfer'"))
+    bench = [i for i, line in enumerate(default) if line.startswith("python bench/host_path.py")]
+    assert len(bench) == 1 and install < bench[0]
+    assert default[bench[0]].startswith("python bench/host_path.py --items 100000 --shapes 1000x27 1500x40")
+    given = _run("--dry-run", "host", "--items", "5000", "--modes", "dry", env=env).stdout
+    assert "+ python bench/host_path.py --items 5000 --modes dry" in given
+    assert not (tmp_path / "out").exists()
+
+
 def test_every_gpu_test_module_runs_and_limits_fit_one_device_command():
     script = SCRIPT.read_text()
     in_all = re.findall(r"tests/gpu/(test_\w+\.py)", script.split("ALL_TESTS=(", 1)[1].split(")", 1)[0])
@@ -182,7 +196,7 @@ def test_every_gpu_test_module_runs_and_limits_fit_one_device_command():
     }
     assert all(name in script for name in outputs) and len(outputs) <= 8  # the device returns at most 8 files
     written = {name for name in re.findall(r"\$OUT/([\w.-]+)", script) if not name.endswith(".tmp")}
-    assert written <= outputs, written - outputs
+    assert written <= outputs | {"host.txt"}, written - outputs  # host.txt: the host phase, a call of its own
 
 
 def test_cache_folder_is_git_ignored():
