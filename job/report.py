@@ -148,9 +148,10 @@ class RunReport:
             f"tokens packed vs {self.pairwise_tokens} pairwise ({ratio:.2f}x{self._saved()})"
         )
         cost = f"cost {self.usage['cost']:.4g}, " if "cost" in self.usage else ""
+        rate = "" if self.dry_run else f"{self.items_per_second:.1f} items/s, "  # a dry run scores none
         return (
             f"score-batch: {verb} {count} items from {source} {work}{self._written()}; "
-            f"{self.seconds_total:.1f}s total, {self.items_per_second:.1f} items/s, {cost}peak RSS "
+            f"{self.seconds_total:.1f}s total, {rate}{cost}peak RSS "
             f"{self.peak_rss_mb:.0f} MB"
         )
 

@@ -228,12 +228,11 @@ def generated_ids(window: Window) -> pa.Array:
 
 
 def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int:
-    """How many numbers each item's scores list holds (0 when nothing in the window has any)."""
-    for result in results or ():
-        return result.scores.shape[1]  # [items, num_scores]
-    for values in (reused or {}).values():
-        return len(values[SCORES])
-    return 0
+    """How many numbers each item's scores list holds (0 when nothing in the window has any): the copied
+    values' count where a dry run's one NaN per item stands in for the model's scores."""
+    scored = next((result.scores.shape[1] for result in results or ()), 0)  # [items, num_scores]
+    copied = next((len(values[SCORES]) for values in (reused or {}).values()), 0)
+    return max(scored, copied)
 
 
 def _ids(query_id: Any, item_id: Any) -> str:

@@ -81,6 +81,18 @@ def test_a_rerun_copies_unchanged_pairs_bit_for_bit_and_scores_only_the_new(qwen
     )
 
 
+def test_a_dry_run_counts_the_pairs_the_real_run_would_copy(qwen3_causal, tmp_path):
+    # The dry run's stand-in scores are one NaN per item; the earlier output's hold one number per label (2).
+    base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
+    report, out = tmp_path / "dry.json", tmp_path / "dry.parquet"
+    ran = run_cli(today, *base, "-o", out, "--reuse", yesterday, "--dry-run", "--report", report)
+    assert ran.returncode == 0, ran.stderr
+    stats = json.loads(report.read_text())
+    assert (stats["items"], stats["reused"], stats["items_scored"], stats["rows_written"]) == (150, 120, 0, 0)
+    assert "planned 150 items" in ran.stderr and "items/s" not in ran.stderr.splitlines()[-1]
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "change",
     [
