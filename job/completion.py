@@ -106,18 +106,21 @@ class Completion:
         record it was completed with."""
         stamp = self._stamp()
         now = identity.completed(input_digest(config, source))
+        replace = "pass --overwrite to replace it"
+        if config.overwrite:  # given already: --resume is what keeps the output
+            replace = (
+                "drop --resume to replace it (under --resume a completed output is kept, --overwrite or not)"
+            )
         if stamp.fingerprint != now.digest:
             what = now.difference(stamp.record) if stamp.fingerprint is not None else ""
             differs = (
                 f"differently: {what}" if what else f"with a different {FINGERPRINTED} (or replaced since)"
             )
-            raise InputError(
-                f"output {config.output!r} already exists, completed {differs}; pass --overwrite to replace it"
-            )
+            raise InputError(f"output {config.output!r} already exists, completed {differs}; {replace}")
         if stamp.changed is not None:
             raise InputError(
                 f"output {config.output!r} changed since it was completed ({stamp.changed}), so it is not "
-                "what this run would publish; pass --overwrite to replace it"
+                f"what this run would publish; {replace}"
             )
         return stamp.record or {}
 
