@@ -50,6 +50,14 @@ class Checked:
 def preflight(config: RunConfig, source: InputSource, directory: bool = False) -> Checked:
     """Check a table run on its open input before any model load (directory: a Ray run's directory output)."""
     destination = check_destination(config, directory=directory)
+    if config.errors_file and config.on_error != "skip":
+        instead = {"record": "failed rows stay in the output with their error"}.get(
+            config.on_error, "the first failed row stops the run"
+        )
+        log.warning(
+            "--errors-file %s is written only under --on-error skip; under --on-error %s %s",
+            config.errors_file, config.on_error, instead,
+        )  # fmt: skip
     if config.ranked_output:
         check_destination(config, directory=directory, ranked=True)
     paths = check_run_paths(config, source.files, destination, source.directories)

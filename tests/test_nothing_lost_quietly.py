@@ -126,3 +126,18 @@ def test_a_batch_file_under_quiet_names_the_failed_request_and_counts_once(qwen3
     assert result.returncode == 0, result.stderr
     lines = warnings(result.stderr)
     assert len(lines) == 2 and "'r2'" in lines[0] and "1 of 2 requests failed" in lines[1]
+
+
+@pytest.mark.parametrize("mode", ["record", "fail"])
+def test_an_errors_file_outside_skip_is_named_as_unwritten(qwen3_causal, data, tmp_path, mode):
+    listed, out = tmp_path / "errors.jsonl", tmp_path / "o.parquet"
+    flags = ["--model", qwen3_causal, *LABEL_FLAGS, "-q", "--on-error", mode, "--errors-file", listed]
+    result = run_cli(data, *flags, "-o", out)
+    assert result.returncode == (0 if mode == "record" else 2), result.stderr
+    assert (
+        f"--errors-file {listed} is written only under --on-error skip; under --on-error {mode}"
+        in (warnings(result.stderr)[0])
+    )
+    assert not listed.exists()
+    if mode == "record":
+        assert pq.read_table(out)["error"].null_count == 11  # the failed row is in the output
