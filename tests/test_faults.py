@@ -322,3 +322,25 @@ def test_partition_by_a_list_column_exits_2_before_scoring(qwen3_causal, tmp_pat
     )
     assert result.returncode == 2 and "cannot name a directory" in result.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.parts").exists()
+
+
+def test_a_resumed_skip_run_says_its_errors_file_lists_the_resumed_windows_failures_too(
+    qwen3_causal, tmp_path
+):
+    rows = [
+        dict(row, item=None) if k % 6 == 0 else row for k, row in enumerate(many_rows())
+    ]  # one per window
+    data = write_jsonl(tmp_path / "in.jsonl", rows)
+    base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6", "--max-batch-tokens", "64"]
+    base += ["--on-error", "skip"]
+    out, report = tmp_path / "out.parquet", tmp_path / "report.json"
+    killed_run(base, out)
+    resumed = run_cli(*base, "-o", out, "--resume", "--report", report)
+    assert resumed.returncode == 0, resumed.stderr
+    stats = json.loads(report.read_text())
+    listed = (tmp_path / "out.parquet.errors.jsonl").read_text().splitlines()
+    assert stats["items_skipped"] == len(listed) == 40 > stats["items_failed"]  # this run's windows: fewer
+    (warning,) = [line for line in resumed.stderr.splitlines() if "were left out of the output" in line]
+    assert f"{stats['items_failed']} of {stats['items']} items failed" in warning
+    assert "(40 in all, with those of the windows resumed from checkpoints)" in warning
+    assert pq.read_table(out).num_rows == 200
