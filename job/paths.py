@@ -94,7 +94,7 @@ class RunPaths:
         ranked = written(config, config.ranked_output) if config.ranked_output else None
         # --on-error skip lists skipped rows in --errors-file, else OUTPUT.errors.jsonl (or the log: None)
         errors = None
-        if config.on_error == "skip" and not config.dry_run:
+        if config.on_error == "skip" and not config.dry_run and config.errors_file != STDOUT:  # -: the log
             if config.errors_file:
                 errors = written(config, config.errors_file)
             elif destination is not None:
@@ -183,7 +183,7 @@ def _named_paths(config: RunConfig) -> dict[str, object]:
             named[f"input {kind} {i}"] = base
     try:
         output = None if config.output == STDOUT else written(config, config.output)
-        errors = written(config, config.errors_file) if config.errors_file else None
+        errors = written(config, config.errors_file) if config.errors_file not in (None, STDOUT) else None
         ranked = written(config, config.ranked_output) if config.ranked_output else None
     except InputError:  # preflight names the bad path, with the report written
         return named

@@ -141,3 +141,16 @@ def test_an_errors_file_outside_skip_is_named_as_unwritten(qwen3_causal, data, t
     assert not listed.exists()
     if mode == "record":
         assert pq.read_table(out)["error"].null_count == 11  # the failed row is in the output
+
+
+def test_errors_file_dash_is_the_log_not_a_file_named_dash(qwen3_causal, data, tmp_path):
+    out = tmp_path / "o.parquet"
+    flags = ["--model", qwen3_causal, *LABEL_FLAGS, "-q", "--on-error", "skip", "--errors-file", "-"]
+    for _ in range(2):  # a second run is not refused over a file named '-'
+        result = run_cli(data, *flags, "-o", out, "--overwrite", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        lines = warnings(result.stderr)
+        assert json.loads(lines[0].split("skipped ", 1)[1])["row_index"] == 5
+        assert "listed in the log above" in lines[1]
+    assert not (tmp_path / "-").exists() and not (tmp_path / "o.parquet.errors.jsonl").exists()
+    assert pq.read_table(out).num_rows == 11
