@@ -47,6 +47,7 @@ import os
 import queue
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -332,51 +333,41 @@ def main() -> None:
             best: dict[str, float] = {}
             cpu_seconds: dict[str, float] = {}
             totals: dict[str, dict[str, float]] = {}  # mode → its best run's host steps
-            paired: dict[str, list[float]] = collections.defaultdict(
-                list
-            )  # mode → floor s / its s, run by run
+            paired: dict[str, list[float]] = collections.defaultdict(list)  # mode → floor s / its s, per run
             for _ in range(args.repeats):
                 for mode in args.modes:
-                    floor_now = floor_seconds(
-                        tokenizer, data
-                    )  # right before each run: the machine's speed drifts
+                    # the floor right before each run: this machine's speed drifts within minutes
+                    floor_now = floor_seconds(tokenizer, data)
                     best["floor"] = min(best.get("floor", 1e9), floor_now)
                     out = tmp / f"out-{mode}.parquet"
+                    timed = collections.defaultdict(lambda: (0.0, 0.0))  # the run's host steps (--stages)
                     if mode.startswith("bound"):
                         cpu = time.process_time()
                         seconds = bound_seconds(tokenizer, data, float(mode.removeprefix("bound")))
                         cpu = time.process_time() - cpu
-                        paired[mode].append(floor_now / seconds)
-                        if seconds < best.get(mode, 1e9):
-                            best[mode], cpu_seconds[mode] = seconds, cpu
-                        continue
-                    if mode == "cli":
+                    elif mode == "cli":
                         seconds, cpu = cli_run(model_dir, data, out)
-                        paired[mode].append(floor_now / seconds)
-                        if seconds < best.get(mode, 1e9):
-                            best[mode], cpu_seconds[mode] = seconds, cpu
-                        continue
-                    with contextlib.ExitStack() as stack:
-                        if mode not in ("dry", "ceiling", "jsonl"):
-                            stack.enter_context(ZeroForward())
-                        if mode == "ceiling":
-                            stack.enter_context(lookup)
-                        if args.stages:
-                            timed = collections.defaultdict(lambda: (0.0, 0.0))
-                            stack.enter_context(stage_timers(timed))
-                        cpu = time.process_time()
-                        report = score(
-                            wide_dir if mode == "pooled" else model_dir,
-                            jsonl if mode == "jsonl" else data,
-                            out,
-                            dry=mode in ("dry", "ceiling", "jsonl"),
-                            pooled=mode == "pooled",
-                        )
-                        cpu = time.process_time() - cpu  # every thread's CPU seconds, the load included
-                    paired[mode].append(floor_now / report.seconds_scoring)
-                    if report.seconds_scoring < best.get(mode, 1e9):
-                        best[mode], cpu_seconds[mode] = report.seconds_scoring, cpu
-                        if args.stages:
+                    else:
+                        with contextlib.ExitStack() as stack:
+                            if mode not in ("dry", "ceiling", "jsonl"):
+                                stack.enter_context(ZeroForward())
+                            if mode == "ceiling":
+                                stack.enter_context(lookup)
+                            if args.stages:
+                                stack.enter_context(stage_timers(timed))
+                            cpu = time.process_time()
+                            seconds = score(
+                                wide_dir if mode == "pooled" else model_dir,
+                                jsonl if mode == "jsonl" else data,
+                                out,
+                                dry=mode in ("dry", "ceiling", "jsonl"),
+                                pooled=mode == "pooled",
+                            ).seconds_scoring
+                            cpu = time.process_time() - cpu  # every thread's CPU seconds, the load included
+                    paired[mode].append(floor_now / seconds)
+                    if seconds < best.get(mode, 1e9):
+                        best[mode], cpu_seconds[mode] = seconds, cpu
+                        if timed:
                             totals[mode] = timed
             floor = items / best["floor"]
             print(
@@ -402,8 +393,7 @@ def main() -> None:
 
 def _spread(ratios: list[float]) -> str:
     """Run-by-run ratios to the floor measured just before each run: median (lowest–highest)."""
-    ratios = sorted(ratios)
-    return f"{ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
 
 
 if __name__ == "__main__":

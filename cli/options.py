@@ -244,7 +244,7 @@ OPTIONS = (
     Option("on_error", RUN, choices.OnError, "fail", JOB, "A row that cannot be scored: fail (exit 2), "
            "record (error column), skip (errors file)."),
     Option("errors_file", RUN, str | None, None, JOB, "Where --on-error skip lists skipped rows "
-           "(- : stderr, a log line each).", (), "FILE", "OUTPUT.errors.jsonl; with -o -, stderr"),
+           "(- for stderr, a log line each).", (), "FILE", "OUTPUT.errors.jsonl; with -o -, stderr"),
     Option("max_failed_rate", RUN, float | None, None, JOB, "Fail the run (exit 4, after its output is "
            "written) when more than this fraction of its items failed (0: any; 1: never).", (), "RATE",
            "fail only when every item failed"),

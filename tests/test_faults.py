@@ -327,9 +327,8 @@ def test_partition_by_a_list_column_exits_2_before_scoring(qwen3_causal, tmp_pat
 def test_a_resumed_skip_run_says_its_errors_file_lists_the_resumed_windows_failures_too(
     qwen3_causal, tmp_path
 ):
-    rows = [
-        dict(row, item=None) if k % 6 == 0 else row for k, row in enumerate(many_rows())
-    ]  # one per window
+    # one failed row in each window of 6
+    rows = [dict(row, item=None) if k % 6 == 0 else row for k, row in enumerate(many_rows())]
     data = write_jsonl(tmp_path / "in.jsonl", rows)
     base = [data, "--model", qwen3_causal, *LABEL_FLAGS, "--window-rows", "6", "--max-batch-tokens", "64"]
     base += ["--on-error", "skip"]

@@ -134,10 +134,8 @@ def test_an_errors_file_outside_skip_is_named_as_unwritten(qwen3_causal, data, t
     flags = ["--model", qwen3_causal, *LABEL_FLAGS, "-q", "--on-error", mode, "--errors-file", listed]
     result = run_cli(data, *flags, "-o", out)
     assert result.returncode == (0 if mode == "record" else 2), result.stderr
-    assert (
-        f"--errors-file {listed} is written only under --on-error skip; under --on-error {mode}"
-        in (warnings(result.stderr)[0])
-    )
+    said = f"--errors-file {listed} is written only under --on-error skip; under --on-error {mode}"
+    assert said in warnings(result.stderr)[0]
     assert not listed.exists()
     if mode == "record":
         assert pq.read_table(out)["error"].null_count == 11  # the failed row is in the output

@@ -292,12 +292,10 @@ def test_resume_on_a_completed_output_refuses_a_changed_input_or_setting(qwen3_c
     os.utime(data, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     changed = run_cli(*base)
     assert changed.returncode == 2 and "completed differently: the input changed" in changed.stderr
-    both = run_cli(
-        *base, "--overwrite"
-    )  # --resume keeps a completed output: the message says what replaces it
-    assert both.returncode == 2 and "the input changed; drop --resume to replace it" in both.stderr, (
-        both.stderr
-    )
+    # --resume keeps a completed output, so the message names what replaces it (not the --overwrite given)
+    both = run_cli(*base, "--overwrite")
+    assert both.returncode == 2, both.stderr
+    assert "the input changed; drop --resume to replace it" in both.stderr
     assert "pass --overwrite" not in both.stderr and out.read_bytes() == before
     data.write_text(text)
     other_setting = run_cli(*base, "--max-pack-tokens", "64")
