@@ -63,7 +63,7 @@ from bench.common import BASE_CORPUS, machine  # noqa: E402
 from score_batch.engine import EngineConfig, ScoringConfig  # noqa: E402
 from score_batch.io_formats.schema import ColumnOverrides  # noqa: E402
 from score_batch.job import RunConfig, run  # noqa: E402
-from score_batch.machine import pyarrow_without_pandas, tune_gc, tune_malloc  # noqa: E402
+from score_batch.machine import tune_gc, tune_malloc  # noqa: E402
 from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
 
 GOAL_ITEMS_PER_SECOND = 8_000  # the H100 goal on the goal shape: the host path must keep up with it
@@ -309,9 +309,8 @@ def main() -> None:
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--modes", nargs="+", default=["dry", "zero", "pooled", "ceiling", "jsonl", "cli"])
     args = parser.parse_args()
-    tune_malloc(os.environ)  # this process as the CLI's: malloc and the garbage collector tuned, pyarrow
-    tune_gc()  # never importing pandas on its first conversion
-    pyarrow_without_pandas()
+    tune_malloc(os.environ)  # this process as the CLI's: malloc and the garbage collector tuned
+    tune_gc()
     print(machine())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -25,7 +25,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/ holds the stub and models
 
 from score_batch.engine.attention.flashinfer import FlashInferBackend  # noqa: E402
-from score_batch.engine.model.kind import read_config_json  # noqa: E402
 from score_batch.engine.model.source import weight_files  # noqa: E402
 from score_batch.engine.native.load import load_native  # noqa: E402
 from score_batch.engine.plan.batching import collate  # noqa: E402
@@ -93,8 +92,8 @@ def count(model_dir: Path, ops: str) -> Counter:
     cpu = torch.device("cpu")
     pack = mis_pack(list(range(5, 35)), [[40, 41, 42], [43], [44, 45]], [ItemRef(0, i) for i in range(3)], 3)
     batch = collate([pack])
-    raw_config, paths = read_config_json(model_dir, False), weight_files(model_dir)[1]
-    backbone, _, _ = load_native(model_dir, raw_config, paths, "causal", 0, torch.bfloat16, cpu, ops, False)
+    paths = weight_files(model_dir)[1]
+    backbone, _, _ = load_native(model_dir, paths, "causal", 0, torch.bfloat16, cpu, ops, False)
     plan = FlashInferBackend(cpu).plan(batch, cpu)
     args = (
         torch.from_numpy(batch.token_ids),

@@ -27,11 +27,6 @@ class ScoreByDefault(TyperGroup):
     def get_params(self, ctx) -> list:
         return help_params(super().get_params(ctx))  # --version and --help shown as flags: no <bool>
 
-    def format_help(self, ctx, formatter) -> None:
-        import score_batch.cli.help  # noqa: F401 - Typer's rich_utils as it imports it (no Markdown, no traceback)
-
-        super().format_help(ctx, formatter)
-
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         ctx.meta[ARGS] = list(args)  # for a stop's report (report_stop), whatever parsing reaches
         first = args[0] if args else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,51 +19,11 @@ TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")  # click's spellings of a true
 
 
 TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "list[str]": "TEXT"}
-DECIMAL = re.compile(r"-?(0|[1-9][0-9]{0,17})")  # an integer every parser reads alike
-NOT_PLAIN = object()
-
-
-def plain_value(param, value, ctx) -> object:
-    """value coerced as Typer's pydantic adapter would coerce it for param, or NOT_PLAIN when only the adapter
-    can tell: None, a default or string of the parameter's own type, a decimal integer, a choice as spelled.
-    Building the adapters imports pydantic (~0.06 s of start-up) for what a command line mostly holds."""
-    described, info = param.type_descriptor, param.type_descriptor.parameter_info
-    kind, many = described.annotation, param.multiple or param.nargs == -1
-    if value is None:
-        return () if many else None
-    if described.is_ranged or info.parser is not None or described.file_annotation is not None:
-        return NOT_PLAIN
-    if many:
-        strings = kind == list[str] and isinstance(value, (list, tuple))
-        return list(value) if strings and all(type(v) is str for v in value) else NOT_PLAIN
-    if kind in (str, int, float) and type(value) is kind:
-        return value
-    if kind is int and type(value) is str and DECIMAL.fullmatch(value):
-        return int(value)
-    choices = described.choices if described.is_choice else ()
-    if type(value) is str and value in choices and ctx.token_normalize_func is None:
-        return next(choice for choice in choices if choice == value and type(choice) is str)
-    return NOT_PLAIN
-
-
-class PlainFirst:
-    """A parameter's runtime coercion (Typer's RuntimeParam): plain_value, else Typer's adapter, which gives the
-    same value (tests/test_cli_options.py compares them) and every message."""
-
-    def __init__(self, adapter: Callable[[], Any]) -> None:
-        self.adapter = adapter  # the parameter's own get_runtime_param: the adapter built on first use
-
-    def coerce(self, value, param, ctx):
-        plain = plain_value(param, value, ctx)
-        return self.adapter().coerce(value, param=param, ctx=ctx) if plain is NOT_PLAIN else plain
 
 
 class HelpOption(TyperOption):
     """An option as --help shows it: a flag without a type, choices as [a|b], a value as TEXT, INTEGER, FLOAT
     (or its metavar); cli/help.py shows a default given in words (show_default="…") as any other default."""
-
-    def get_runtime_param(self) -> PlainFirst:
-        return PlainFirst(super().get_runtime_param)
 
     def display_type_rich(self, ctx) -> str | None:
         if self.is_flag or self.count:
@@ -80,9 +39,6 @@ class HelpOption(TyperOption):
 class HelpArgument(TyperArgument):
     """An argument as --help shows it: its metavar (INPUT...) in the usage line and its panel, no type."""
 
-    def get_runtime_param(self) -> PlainFirst:
-        return PlainFirst(super().get_runtime_param)
-
     def display_type_rich(self, ctx) -> str | None:
         return None
 
@@ -94,8 +50,7 @@ class HelpArgument(TyperArgument):
 
 
 def help_params(params: list) -> list:
-    """params, each shown by HelpOption's or HelpArgument's rules and coerced by PlainFirst (their parsing is
-    Typer's, unchanged)."""
+    """params, each shown by HelpOption's or HelpArgument's rules (their parsing is Typer's, unchanged)."""
     for param in params:
         if type(param) is TyperOption:
             param.__class__ = HelpOption

@@ -3,61 +3,22 @@ drawn in the top-level help's style (Typer's rich panels and colours) at any ter
 name whole: a panel is a two-column table whose first column is as wide as its longest flag, and a value's
 metavar that would not fit beside its flag goes on the line below it.
 
-Imported only when help is shown (rich stays out of a run's start-up), for this help and the top-level one
-(cli/app.py): typer.rich_utils is imported here without rich.markdown and rich.traceback.
+Typer's own panels give each of the flag, short flag, --no- flag and type its own column and cut them to fit
+(at 80 columns --delimiter-token-id, --max-query-tokens, --no-apply-softmax and --trust-remote-code end in …),
+so these panels are drawn here. Imported only when help is shown (rich stays out of a run's start-up).
 """
 
 from __future__ import annotations
-
-import importlib
-import sys
-import types
 
 from rich.align import Align
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+from typer import rich_utils
 from typer.core import TyperArgument
 
 OTHER = "Options"  # the panel of what names none (-h/--help), drawn last
-DEFERRED = {"rich.markdown": "Markdown", "rich.traceback": "Traceback"}  # module: the class rich_utils takes
-
-
-class StandIn(type):
-    """A class that is its real one (DEFERRED) when called or asked for an attribute, imported then."""
-
-    def real(cls) -> type:
-        return getattr(importlib.import_module(cls.module), cls.__name__)
-
-    def __call__(cls, *args, **kwargs):
-        return cls.real()(*args, **kwargs)
-
-    def __getattr__(cls, name: str):
-        return getattr(cls.real(), name)
-
-
-def typer_rich_utils() -> types.ModuleType:
-    """typer.rich_utils, imported without rich.markdown and rich.traceback (markdown_it, pygments: ~0.05 s of a
-    --help): help in rich markup mode draws no Markdown and no traceback. Stand-ins sit in sys.modules while
-    it imports (only there), so any later import of those modules is the real one."""
-    if "typer.rich_utils" not in sys.modules:
-        stand_ins = {}
-        for module, name in DEFERRED.items():
-            if module not in sys.modules:
-                stand_ins[module] = types.ModuleType(module)
-                setattr(stand_ins[module], name, StandIn(name, (), {"module": module}))
-        sys.modules.update(stand_ins)
-        try:
-            import typer.rich_utils  # noqa: F401 - imported here, between the stand-ins' coming and going
-        finally:
-            for module, stand_in in stand_ins.items():
-                if sys.modules.get(module) is stand_in:
-                    del sys.modules[module]
-    return sys.modules["typer.rich_utils"]
-
-
-rich_utils = typer_rich_utils()
 
 
 def print_help(command, ctx, panels: tuple[str, ...]) -> None:

@@ -70,11 +70,10 @@ def score(options: ScoreOptions) -> None:
         job = import_deferring_stops("score_batch.job")
         config, profile = run_config(options)
         quiet_libraries()
-        from score_batch.machine import pyarrow_without_pandas, tune_gc, tune_malloc
+        from score_batch.machine import tune_gc, tune_malloc
 
         tune_malloc(os.environ)
         tune_gc()
-        pyarrow_without_pandas()
     except (Exception, Stopped) as error:
         # A bad flag value, model or profile, or a signal while importing: the report still says why.
         if options.report:

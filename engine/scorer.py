@@ -27,7 +27,6 @@ from score_batch.engine.plan.planner import Planner, WorkPlan
 from score_batch.engine.run.heads import LogitScoreHead
 from score_batch.engine.run.packed_runner import PackedRunner
 from score_batch.engine.run.pair_runner import PairRunner
-from score_batch.engine.text.backend_tokenizer import BackendTokenizer
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
@@ -157,10 +156,8 @@ class Scorer(CrossEncoderAPI):
 
     @property
     def tokenizer(self):
-        """The model's Hugging Face tokenizer (transformers' own, also where the planner runs a
-        BackendTokenizer of the same tokenizer.json)."""
-        tokenizer = self._runner.planner.tokenizer
-        return tokenizer.transformers_tokenizer() if isinstance(tokenizer, BackendTokenizer) else tokenizer
+        """The model's Hugging Face tokenizer (transformers' own; its backend encodes the batches)."""
+        return self._runner.planner.tokenizer
 
     @property
     def model(self):

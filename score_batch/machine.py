@@ -1,7 +1,6 @@
 """What this machine and process have: the CPUs the process may use, the scoring device's name, the process's age,
 glibc malloc tuned for a run's tensors and the garbage collector for its rows (the CLI's and each Ray actor's
-process; docs/operations.md), and pyarrow that makes no pandas objects: no pandas import (~0.3 s) for pa.array's
-duck-typing."""
+process; docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -115,30 +114,3 @@ def tune_gc() -> None:
 
     gc.freeze()
     gc.set_threshold(GC_YOUNG_ALLOCATIONS, *GC_OLDER_COLLECTIONS)
-
-
-def pyarrow_without_pandas() -> None:
-    """Settle pyarrow's lazy pandas check (on pa.array's first call) as "not installed"; to_pandas and
-    from_pandas still import it (pyarrow tries again for those). No-op once pandas is imported."""
-    if "pandas" in sys.modules:
-        return
-    import pyarrow as pa
-
-    refuse = _RefusePandas()
-    sys.meta_path.insert(0, refuse)  # `import pandas` raises ModuleNotFoundError meanwhile
-    try:
-        pa.array([])  # the shim's first check (it cannot raise) records pandas as missing
-    except ImportError:
-        pass
-    finally:
-        sys.meta_path.remove(refuse)
-
-
-class _RefusePandas:
-    """A meta path finder that finds no pandas."""
-
-    def find_spec(self, name: str, path=None, target=None):
-        """Refuse pandas itself; leave every other module to the next finder."""
-        if name == "pandas":
-            raise ModuleNotFoundError("pandas is not imported by score-batch's run", name="pandas")
-        return None

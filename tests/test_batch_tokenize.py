@@ -11,7 +11,6 @@ from transformers import AutoTokenizer
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits
 from score_batch.engine.text import encode, truncation
-from score_batch.engine.text.backend_tokenizer import BackendTokenizer, backend_tokenizer
 from score_batch.engine.types import Group
 from tests.tiny_models import BASE_CORPUS, build_tokenizer
 
@@ -31,20 +30,15 @@ POLICIES = [
 ]
 
 
-@pytest.fixture(scope="module", params=["bpe", "bos", "bert", "bpe-backend", "bos-backend", "bert-backend"])
+@pytest.fixture(scope="module", params=["bpe", "bos", "bert"])
 def tokenizer(request, tmp_path_factory):
-    """transformers' tokenizer, or (-backend) the BackendTokenizer a run loads: its batch calls are then
-    checked against transformers' own __call__ on the same directory."""
-    kind, _, backend = request.param.partition("-")
+    """transformers' tokenizer: its backend's batch calls are checked against its own __call__."""
+    kind = request.param
     out = tmp_path_factory.mktemp(request.param)
     if kind == "bert":
         build_tokenizer(out, pair_style="bert")
     else:
         build_tokenizer(out, add_bos=kind == "bos")
-    if backend:
-        loaded = backend_tokenizer(out, False)
-        assert isinstance(loaded, BackendTokenizer)
-        return loaded
     return AutoTokenizer.from_pretrained(out)
 
 

@@ -598,35 +598,3 @@ def test_every_flag_the_docs_name_exists():
     named = set(re.findall(r"(?<![\w/-])--[a-z][a-z-]*[a-z]", text))
     known = command_flags("score") | command_flags("run-batch")
     assert named - known - {"--help", "--install-completion", "--version", "--write"} == set()
-
-
-PLAIN_VALUES = (None, "007", "0", "-3", "12", "+5", " 5", "1_000", "1.5", "1e3", "abc", "", "auto", "AUTO", "mis",
-                "fail", "text", " no", 3, 2.5, True, False, ("a.jsonl", "b.jsonl"), [" no", " yes"], ("a", 1))  # fmt: skip
-
-
-@pytest.mark.parametrize("command", ["score", "run-batch"])
-def test_plain_values_are_coerced_as_typers_adapters_coerce_them(command):
-    """cli/command.plain_value (no pydantic import) gives what Typer's pydantic adapter gives, or leaves the
-    value to the adapter; every value the adapter refuses is left to it (its message)."""
-    from typer._click.exceptions import BadParameter
-    from typer._coercion import build_runtime_param
-    from typer.main import get_command
-
-    from score_batch.cli.command import NOT_PLAIN, plain_value
-
-    group = get_command(app)
-    scored = group.commands[command]
-    ctx = typer.Context(scored)
-    plain_seen = 0
-    for param in scored.get_params(ctx):
-        for value in (param.default, *PLAIN_VALUES, *(param.type_descriptor.choices or ())):
-            plain = plain_value(param, value, ctx)
-            try:
-                expected = build_runtime_param(param.type_descriptor).coerce(value, param=param, ctx=ctx)
-            except BadParameter:
-                assert plain is NOT_PLAIN, (param.name, value)
-                continue
-            if plain is not NOT_PLAIN:
-                plain_seen += 1
-                assert (plain, type(plain)) == (expected, type(expected)), (param.name, value)
-    assert plain_seen > 200  # most values a command line holds are plain

@@ -285,7 +285,7 @@ def test_flashinfer_ops_norm_q_and_k_heads_where_the_fused_projection_left_them(
     hidden = {}
     for ops in ("torch", "flashinfer"):
         backbone, _, spec = load_native(
-            qwen3_causal, *native_parts(qwen3_causal), "causal", 0, torch.bfloat16, cpu, ops, False
+            qwen3_causal, native_parts(qwen3_causal), "causal", 0, torch.bfloat16, cpu, ops, False
         )
         with torch.inference_mode():
             hidden[ops] = backbone(
@@ -306,8 +306,7 @@ def test_flashinfer_ops_norm_q_and_k_heads_where_the_fused_projection_left_them(
 
 
 def native_parts(model_dir):
-    """config.json and the safetensors files of a model directory, as load_native takes them."""
-    from score_batch.engine.model.kind import read_config_json
+    """The safetensors files of a model directory, as load_native takes them."""
     from score_batch.engine.model.source import weight_files
 
-    return read_config_json(model_dir, False), weight_files(model_dir)[1]
+    return weight_files(model_dir)[1]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from score_batch.engine.config import ScoringConfig
+from score_batch.engine.model.loading import load_tokenizer
 from score_batch.engine.plan import planner as planner_module
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits, duplicate_sequences
-from score_batch.engine.text.backend_tokenizer import backend_tokenizer
 from score_batch.engine.text.encode import EncodedTexts, encode_texts
 from score_batch.engine.types import FlatItems, Group, TokenizedGroup
 from tests.tiny_models import BASE_CORPUS, build_tokenizer
@@ -23,7 +23,7 @@ WORDS = sorted({w for line in BASE_CORPUS for w in line.split()})
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
     build_tokenizer(out)
-    return backend_tokenizer(out, False)
+    return load_tokenizer(out)
 
 
 def repeating_groups(rng: random.Random) -> list[Group]:

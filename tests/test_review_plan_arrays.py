@@ -13,10 +13,10 @@ import pytest
 
 from score_batch.engine.config import ScoringConfig
 from score_batch.engine.errors import SettingError
+from score_batch.engine.model.loading import load_tokenizer
 from score_batch.engine.plan import planner as planner_module
 from score_batch.engine.plan.packing import mis_pack
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits, duplicate_sequences
-from score_batch.engine.text.backend_tokenizer import backend_tokenizer
 from score_batch.engine.text.encode import EncodedTexts, encode_texts
 from score_batch.engine.text.tokenize import without_unscored_tail
 from score_batch.engine.types import FlatItems, Group, TokenizedGroup
@@ -30,7 +30,7 @@ PAD = "<|endoftext|>"  # id 0 in the tiny tokenizer: the unscored tail id below
 def tokenizer(tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
     build_tokenizer(out)
-    return backend_tokenizer(out, False)
+    return load_tokenizer(out)
 
 
 class OwnCall:

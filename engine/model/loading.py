@@ -20,7 +20,6 @@ from score_batch.engine.model.kind import (
     read_json_file,
 )
 from score_batch.engine.model.source import SAFETENSORS_INDEX, check_weight_files, weight_files
-from score_batch.engine.text.backend_tokenizer import backend_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +44,12 @@ class ModelInfo(ModelKind):
 
 
 def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelInfo:
-    """Read and check a model directory's config without loading weights (a native family's from its JSON
-    alone, engine/native/config.py; any other through transformers' AutoConfig)."""
+    """Read and check a model directory's config (transformers' AutoConfig) without loading weights."""
     from score_batch.engine.native.config import model_config
 
     path = Path(path)
-    config = model_config(path, read_config_json(path, trust_remote_code), trust_remote_code)
+    read_config_json(path, trust_remote_code)  # a damaged or remote-code config named first
+    config = model_config(path, trust_remote_code)
     text_config = config.get_text_config()
     layer_types = set(getattr(text_config, "layer_types", None) or [])
     architecture = (config.architectures or ["?"])[0]
@@ -157,10 +156,8 @@ TOKENIZER_JSON_FILES = (
 )
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False, backend: bool = False):
-    """Load the tokenizer stored in a model directory (offline). backend: a BackendTokenizer where its
-    tokenizer.json is what transformers would run unchanged (engine/text/backend_tokenizer.py: no transformers
-    import), else transformers' own."""
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """Load the tokenizer stored in a model directory (offline): transformers' AutoTokenizer."""
     path = Path(path)
     if not any((path / name).exists() for name in TOKENIZER_FILES) and not any(path.glob("*.model")):
         raise ScoringInputError(
@@ -170,8 +167,6 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, backend: b
     for name in TOKENIZER_JSON_FILES:  # name a damaged file instead of a bare parse error
         if (path / name).exists():
             read_json_file(path / name, "a tokenizer file (a JSON object)")
-    if backend and (light := backend_tokenizer(path, trust_remote_code)) is not None and len(light) > 0:
-        return light
     from transformers import AutoTokenizer
 
     try:
@@ -243,10 +238,9 @@ def _load_native(info: ModelInfo, setup, trust_remote_code: bool) -> LoadedModel
     from score_batch.engine.native.load import load_native
 
     try:
-        raw_config = read_config_json(info.path, trust_remote_code)
         paths = weight_files(info.path)[1]
         backbone, head, _ = load_native(
-            info.path, raw_config, paths, info.kind, info.num_labels, setup.dtype, setup.device, setup.ops,
+            info.path, paths, info.kind, info.num_labels, setup.dtype, setup.device, setup.ops,
             trust_remote_code,
         )  # fmt: skip
     except (OSError, SafetensorError, KeyError, ValueError) as error:

@@ -328,13 +328,13 @@ def load_planner(
 ) -> tuple[Planner, ResolvedSetup]:
     """Tokenizer and resolved settings of a model directory its caller resolved, without its weights: the one
     way an engine is built (the job, the Ray driver and Scorer call it). info, tokenizer: when the caller read
-    them already (else a BackendTokenizer where the directory allows); logit_score: "read" decides it here
+    them already (else transformers' tokenizer of the directory); logit_score: "read" decides it here
     (label_free_scoring), else it is taken as decided (Scorer); prove: the setup's FlashInfer kernels run once
     first, so an auto fallback is settled before the planner is built."""
     if info is None:
         info = read_model_info(model_dir, config.trust_remote_code)
     if tokenizer is None:
-        tokenizer = load_tokenizer(model_dir, config.trust_remote_code, backend=True)
+        tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
     if logit_score == "read":
         config, logit_score = label_free_scoring(info, config, tokenizer)
         if logit_score is not None:

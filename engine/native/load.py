@@ -37,7 +37,6 @@ def _ties(reader: CheckpointReader, prefix: str, model_dir: Path) -> bool:
 
 def load_native(
     model_dir: Path,
-    raw_config: dict,
     weight_paths: Sequence[Path],
     kind: str,
     num_labels: int,
@@ -46,9 +45,9 @@ def load_native(
     ops_name: str,
     trust_remote_code: bool,
 ) -> tuple[NativeDecoder, Linear, DecoderSpec]:
-    """(backbone, head, spec): the head is the LM head (kind 'causal') or the classifier's `score`; raw_config is
-    the directory's config.json, weight_paths its safetensors files (model.safetensors, else the index's shards)."""
-    config = model_config(model_dir, raw_config, trust_remote_code)
+    """(backbone, head, spec): the head is the LM head (kind 'causal') or the classifier's `score`;
+    weight_paths are the directory's safetensors files (model.safetensors, else the index's shards)."""
+    config = model_config(model_dir, trust_remote_code)
     spec = decoder_spec(config)
     inv_freq, scaling = inverse_frequencies(config, spec.head_dim)
     ops = make_ops(ops_name, device)

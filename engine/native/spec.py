@@ -3,9 +3,8 @@
 Only what the Llama, Mistral, Qwen2 and Qwen3 decoders use in released checkpoints is implemented;
 anything else (another family, another activation, a RoPE kind that depends on the sequence length,
 quantized weights, remote code) keeps transformers' modeling code, and `native_refusal` says why.
-The config object is transformers' own (AutoConfig), or for a plain config.json of these families the
-JsonConfig of engine/native/config.py (the same defaults, no transformers import): its defaults,
-`layer_types` and `rope_parameters` are the ones transformers' modeling code would use.
+The config object is transformers' own (AutoConfig): its defaults, `layer_types` and `rope_parameters` are the
+ones transformers' modeling code uses.
 """
 
 from __future__ import annotations

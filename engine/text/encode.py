@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from score_batch.engine.config import ScoringConfig
-from score_batch.engine.text.backend_tokenizer import BackendTokenizer
 from score_batch.engine.types import FlatItems, Group
 
 
@@ -165,8 +164,6 @@ def backend_encode(tokenizer, texts: list[str], add_special_tokens: bool) -> lis
     """The fast tokenizer's Rust backend called as transformers' own __call__ calls it (no truncation, no
     padding, its split_special_tokens), without building Python lists per token: tokenizers Encodings (the
     GIL released while it runs), or None for a tokenizer class that encodes its own way."""
-    if isinstance(tokenizer, BackendTokenizer):  # tokenizer.json alone, as transformers would run it
-        return tokenizer.encode_batch(texts, add_special_tokens)
     from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
