@@ -15,5 +15,7 @@ SCORE_KEY = "score_key"  # every scored output row: hex digest of (model, scorin
 QUERY_KEY = "query_key"  # checkpoint parts of ranked runs: which query a row belongs to, across windows
 REUSED_FLAG = "__reused"  # Ray actors' batches: pairs copied from --reuse (a count, on a batch's first row)
 DUPLICATES = "__duplicates"  # Ray actors' batches: pairs copied from earlier ones (ditto)
+REUSE_INCOMPLETE = "__reuse_incomplete"  # Ray actors' batches: pairs --reuse found incomplete (ditto)
+TALLY_COLUMNS = (REUSED_FLAG, REUSE_INCOMPLETE, DUPLICATES)
 ID_COLUMNS = (QUERY_ID, ITEM_ID)
 ERROR_FIELDS = (ROW_INDEX, QUERY_ID, ITEM_ID, ERROR)  # one line of the errors file

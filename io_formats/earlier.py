@@ -1,6 +1,7 @@
 """Earlier score-batch outputs read back for --reuse (each argument what an INPUT may be, or several joined by
 commas): record batches of (score key, values) in the types this run writes, so a value read back is the value
-written, bit for bit; a column that cannot take this run's type (another model's pooled width) reads as null."""
+written, bit for bit; a column that cannot take this run's type (another model's pooled width) reads as null,
+and a row is copied only when it holds every value this run writes (complete_rows)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from score_batch import __version__
@@ -26,6 +29,7 @@ JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
 # A Parquet output's record of what wrote it (job/completion).
 COMPLETION_RECORD = b"score_batch.completion_record"
+COMPLETE = "complete"  # the joined stream's flag: the earlier row holds every value this run writes
 
 
 class _Output:
@@ -73,7 +77,6 @@ class _Output:
 
     def batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
         """The rows with a score key: Parquet scanned with little readahead, JSONL in blocks of fixed types."""
-        import pyarrow.compute as pc
         import pyarrow.dataset as ds
         import pyarrow.json as pj
 
@@ -113,11 +116,7 @@ def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, w
             continue
         opened = [_open(file) for file in files]
         for output in opened:
-            if SCORE_KEY not in output.names:
-                raise InputError(
-                    f"--reuse {output.uri!r} has no {SCORE_KEY} column: it was not written by score-batch 0.2 or "
-                    "later, or it is not a score-batch output, so its rows cannot be matched; leave it out"
-                )
+            _check_columns(output)
         versions = {output.written_by() for output in opened} - {None, __version__}
         if warn and versions:
             log.warning(
@@ -140,13 +139,58 @@ def open_earlier(texts: tuple[str, ...], options=(), missing_ok: bool = False, w
     return outputs
 
 
+def _check_columns(output: _Output) -> None:
+    """An earlier output needs its score key (to match rows by) and a score column (a value to copy)."""
+    if SCORE_KEY not in output.names:
+        raise InputError(
+            f"--reuse {output.uri!r} has no {SCORE_KEY} column: it was not written by score-batch 0.2 or "
+            "later, or it is not a score-batch output, so its rows cannot be matched; leave it out"
+        )
+    if SCORE not in output.names and SCORES not in output.names:
+        raise InputError(
+            f"--reuse {output.uri!r} has no {SCORE} column (nor {SCORES}): it holds no score to copy; "
+            "leave it out, or keep the score columns of the output it was cut from"
+        )
+
+
+def missing_columns(output: _Output, values: pa.Schema) -> list[str]:
+    """The value columns this run writes that an earlier output lacks (its pairs are scored again)."""
+    return [name for name in values.names if name not in output.names]
+
+
+def complete_rows(table: pa.Table | pa.RecordBatch, names: list[str]) -> np.ndarray:
+    """[rows] bool: the rows holding every named value column, non-null, its numbers finite and its lists
+    non-empty without a null (what may be copied: never a NaN or a null as a score)."""
+    complete = np.ones(table.num_rows, bool)
+    for name in names:
+        if name not in table.schema.names:
+            complete[:] = False
+            continue
+        column = table.column(name)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        complete &= column.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
+            parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)  # [elements]
+            complete[parents[~_usable(pc.list_flatten(column))]] = False
+            complete &= pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False) > 0
+        else:
+            complete &= _usable(column)
+    return complete
+
+
+def _usable(values: pa.Array) -> np.ndarray:
+    """[values] bool: non-null, and finite where the values are floating point."""
+    usable = pc.is_finite(values) if pa.types.is_floating(values.type) else values.is_valid()
+    return pc.fill_null(usable, False).to_numpy(zero_copy_only=False)
+
+
 def join_earlier(
     outputs: list, keys: Path, values: pa.Schema, directory: Path, joined: Path, threads: int
-) -> int:
+) -> tuple[int, int]:
     """DuckDB: keys (Parquet: row_index, item_pos, score_key) ⋈ the earlier outputs' rows → joined, in input order
-    with values in this run's types (a key held twice: the first output's, lowest score); the pairs matched."""
-    import pyarrow.parquet as pq
-
+    with values in this run's types and their COMPLETE flag (a key held twice: a complete row first, then the
+    first output's, lowest score); (the pairs matched complete, those matched only incomplete)."""
     try:
         import duckdb
     except ImportError:
@@ -154,7 +198,7 @@ def join_earlier(
     schema = pa.schema([pa.field(SCORE_KEY, pa.string()), *values])
     failed: list[Exception] = []  # an output that cannot be read: its own message, not DuckDB's traceback
     stream = pa.RecordBatchReader.from_batches(
-        schema.append(pa.field("source", pa.int32())), _earlier_batches(outputs, schema, failed)
+        _stream_schema(schema), _earlier_batches(outputs, schema, failed)
     )
     names = ", ".join(f"e.{name}" for name in values.names)
     # the paths as the insides of SQL string literals (a quote doubled)
@@ -167,12 +211,17 @@ def join_earlier(
         connection.register("earlier", stream)
         connection.execute(
             f"""COPY (
-                SELECT k.row_index, k.item_pos, k.{SCORE_KEY}, {names}
+                SELECT k.row_index, k.item_pos, k.{SCORE_KEY}, {names}, e.{COMPLETE}
                 FROM read_parquet('{keys_sql}') AS k JOIN earlier AS e USING ({SCORE_KEY})
-                QUALIFY row_number() OVER (PARTITION BY k.row_index, k.item_pos ORDER BY e.source, e.score, e.scores) = 1
+                QUALIFY row_number() OVER (
+                    PARTITION BY k.row_index, k.item_pos ORDER BY NOT e.{COMPLETE}, e.source, e.score, e.scores
+                ) = 1
                 ORDER BY k.row_index, k.item_pos
             ) TO '{joined_sql}' (FORMAT parquet)"""
         )
+        complete, matched = connection.execute(
+            f"SELECT count(*) FILTER (WHERE {COMPLETE}), count(*) FROM read_parquet('{joined_sql}')"
+        ).fetchone()
     except (duckdb.Error, pa.ArrowException) as error:
         if failed:
             raise failed[0] from None
@@ -182,7 +231,7 @@ def join_earlier(
         raise InputError(f"--reuse: joining the earlier outputs failed: {first}") from None
     finally:
         connection.close()
-    return pq.ParquetFile(joined).metadata.num_rows
+    return complete, matched - complete
 
 
 def _earlier_batches(outputs: list, schema: pa.Schema, failed: list) -> Iterator[pa.RecordBatch]:
@@ -213,8 +262,14 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _stream_schema(schema: pa.Schema) -> pa.Schema:
+    """The earlier rows as joined: the score key and values, whether they are complete, the output's number."""
+    return schema.append(pa.field(COMPLETE, pa.bool_())).append(pa.field("source", pa.int32()))
+
+
 def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.RecordBatch:
-    """A batch in schema's columns and types (missing or uncastable: null) plus its source number."""
+    """A batch in schema's columns and types (missing or uncastable: null) plus whether each row holds every
+    value (complete_rows) and its source number."""
     arrays = []
     for field in schema:
         column = batch.column(field.name) if field.name in batch.schema.names else None
@@ -224,8 +279,10 @@ def _conformed(batch: pa.RecordBatch, schema: pa.Schema, number: int) -> pa.Reco
             if field.name == SCORE_KEY:
                 raise InputError(f"--reuse: an earlier output's {SCORE_KEY} column is not text") from None
             arrays.append(pa.nulls(batch.num_rows, field.type))
+    values = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    arrays.append(pa.array(complete_rows(values, schema.names[1:])))
     arrays.append(pa.array([number] * batch.num_rows, pa.int32()))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema.append(pa.field("source", pa.int32())))
+    return pa.RecordBatch.from_arrays(arrays, schema=_stream_schema(schema))
 
 
 def _files(text: str, options) -> list[InputFile] | None:

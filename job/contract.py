@@ -11,7 +11,6 @@ import pyarrow.compute as pc
 
 from score_batch.io_formats.columns import (
     CHUNKS,
-    DUPLICATES,
     ERROR,
     ID_COLUMNS,
     ITEM_ID,
@@ -19,11 +18,11 @@ from score_batch.io_formats.columns import (
     QUERY_ID,
     QUERY_KEY,
     RANK,
-    REUSED_FLAG,
     ROW_INDEX,
     SCORE,
     SCORE_KEY,
     SCORES,
+    TALLY_COLUMNS,
 )
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
@@ -128,7 +127,7 @@ class OutputContract:
         probe = OutputContract(
             (pa.null(), pa.null()), (), 1 if pooled else None, "record", False, ranked, chunked=chunked
         )
-        return (*(probe.ranked_schema() if ranked else probe.part_schema()).names, REUSED_FLAG, DUPLICATES)
+        return (*(probe.ranked_schema() if ranked else probe.part_schema()).names, *TALLY_COLUMNS)
 
     @property
     def keep(self) -> tuple[str, ...]:

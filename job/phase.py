@@ -25,7 +25,10 @@ from score_batch.signals import StopSignals
 log = logging.getLogger(__name__)
 progress_log = logging.getLogger("score_batch.job.progress")  # the name its lines had before the merge
 # counts a window adds to the report's field of the same name (and rows → rows_read, failed → items_failed)
-ADDED = ("items", "reused", "duplicates", "requests", "requests_failed", "empty_queries", "empty_items")
+ADDED = (
+    "items", "reused", "reuse_incomplete", "duplicates", "requests", "requests_failed", "empty_queries",
+    "empty_items",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class ScoredWindow:
     query_items: Iterable[tuple[Hashable, int]] = ()
     resumed: bool = False  # a window --resume found checkpointed: read back, not scored
     reused: int = 0  # pairs copied from earlier outputs (--reuse)
+    reuse_incomplete: int = 0  # pairs found there without every value this run writes: scored again
     duplicates: int = 0  # pairs copied from an earlier window of the run (the plan counts those within one)
     requests: int = 0  # request lines (OpenAI batch files)
     requests_failed: int = 0

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from score_batch.engine.model.setup import load_planner
 from score_batch.errors import UserError
-from score_batch.io_formats.columns import DUPLICATES, ERROR, REUSED_FLAG, ROW_INDEX, SCORE
+from score_batch.io_formats.columns import ERROR, ROW_INDEX, SCORE, TALLY_COLUMNS
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units, reader, table_window
@@ -53,8 +53,9 @@ RAY_HINT = "pip install -e '.[ray]'"
 ROWS_PER_PARTITION = 200_000  # input rows per partition of the grouping shuffle
 LIGHT_CPUS = 0.5  # logical CPUs of the read and grouping tasks (I/O and Arrow, no model)
 CALLS_PER_ACTOR = 2  # batches in an actor at once: the next one is planned while one runs the model
-COUNTS = ("items", "failed", "reused", "duplicates")  # a block's counts (_counts), as ScoredWindow names them
-TALLIES = [pa.field(REUSED_FLAG, pa.int64()), pa.field(DUPLICATES, pa.int64())]  # counted, never written
+# a block's counts (_counts), as ScoredWindow names them: its items, failed items, then its TALLIES
+COUNTS = ("items", "failed", "reused", "reuse_incomplete", "duplicates")
+TALLIES = [pa.field(name, pa.int64()) for name in TALLY_COLUMNS]  # counted, never written
 GROUP = "__group"  # the read stage's query group key (the grouping shuffle's)
 
 
@@ -125,8 +126,9 @@ class ScoreActor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Part rows of the batch's groups (the input's columns: read back as a local run reads a batch) with
-        their TALLIES on the first row: REUSED (pairs with values from --reuse) and DUPLICATES (pairs this actor
-        wrote before, and repeats within the batch the plan scored once)."""
+        their TALLIES on the first row: REUSED (pairs with values from --reuse), REUSE_INCOMPLETE (pairs found
+        there without every value, scored) and DUPLICATES (pairs this actor wrote before, and repeats within
+        the batch the plan scored once)."""
         if self.mapping.layout == "long":  # a row per group (_merge_group): the rows of each
             batch = pa.table({n: pc.list_flatten(c) for n, c in zip(batch.column_names, batch.columns)})
         window = table_window(batch, self.mapping, self.types)
@@ -135,8 +137,9 @@ class ScoreActor:
         prepared = planned(prepare(0, window, tools), tools)
         with self.running:  # the next batch is planned while this one runs the model (CALLS_PER_ACTOR)
             part, scored = score_window(prepared, tools, self.scorer)
-        tallies = np.zeros((2, part.num_rows), np.int64)
-        tallies[:, :1] = [[scored.reused], [scored.duplicates + scored.plan.duplicates]]
+        tallies = np.zeros((len(TALLIES), part.num_rows), np.int64)
+        counted = (scored.reused, scored.reuse_incomplete, scored.duplicates + scored.plan.duplicates)
+        tallies[:, :1] = np.array(counted)[:, None]
         return pa.Table.from_arrays([*part.columns, *tallies], schema=_tallied(part.schema))
 
 
@@ -298,7 +301,7 @@ def _score_on_ray(dataset, contract, sink, partitioning, phase, label: str) -> l
         )
         rows = rows.sort_by(ROW_INDEX)
         phase.add(ScoredWindow(0, 0, 0, scores=rows[SCORE]))  # the distribution before --top-k
-        ranked, failed = rank_parts([rows.drop_columns([REUSED_FLAG, DUPLICATES])], contract)
+        ranked, failed = rank_parts([rows.drop_columns(list(TALLY_COLUMNS))], contract)
         errors.write(failed)
         ranked = contract.ray_view(ranked)
         _write_files(ranked, staging.fs, staging.path, partitioning, "part-000000000000-ranked")
@@ -380,10 +383,8 @@ def _write_files(
 def _counts(part: pa.Table) -> pa.Table:
     """A block's items, failed items (before --on-error skip, as a local run), reused pairs and duplicates."""
     failed = part.num_rows - part[ERROR].null_count
-    reused, duplicates = (pc.sum(part[name]).as_py() or 0 for name in (REUSED_FLAG, DUPLICATES))
-    return pa.table(
-        {name: [count] for name, count in zip(COUNTS, (part.num_rows, failed, reused, duplicates))}
-    )
+    tallied = [pc.sum(part[name]).as_py() or 0 for name in TALLY_COLUMNS]
+    return pa.table({name: [count] for name, count in zip(COUNTS, (part.num_rows, failed, *tallied))})
 
 
 @contextlib.contextmanager

@@ -54,6 +54,8 @@ class RunReport:
     sequences: int = 0  # sequences scored: the items, or with --truncate chunk their chunks
     duplicates: int = 0  # (query, item) pairs equal to an earlier one of the run: scored once, copied
     reused: int = 0  # pairs whose values were copied from an earlier output (--reuse): not tokenized or run
+    # pairs an earlier output held without every value this run writes (a trimmed column, a null): scored again
+    reuse_incomplete: int = 0
     empty_queries: int = 0  # rows whose query is "" (or no token ids): scored as given, warned about
     empty_items: int = 0  # items that are "" (or no token ids): scored as given, warned about
     seconds_import: float = 0.0  # importing torch at the run's start (process start-up, not the job's work)
@@ -170,6 +172,8 @@ class RunReport:
         said = ""
         if self.reused:
             said += f", {self.reused} of {self.items} pairs reused from earlier outputs"
+        if self.reuse_incomplete:
+            said += f", {self.reuse_incomplete} pairs scored again (an earlier output lacked a value)"
         if self.duplicates:
             said += f", {self.duplicates} duplicate pairs scored once"
         return said

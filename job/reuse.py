@@ -8,7 +8,9 @@ transformers, tokenizers and flashinfer). Equal keys mean the same pair scored t
 The join is streamed and bounded in memory: this run's keys go to a temporary Parquet file in one pass over
 the input, and DuckDB joins them to the earlier outputs, scanned in record batches (io_formats/earlier,
 spilling to disk past its memory limit), into a file of (row_index, item position, values) in input order,
-which the run reads window by window.
+which the run reads window by window. Only an earlier row holding every value this run writes (non-null, its
+scores finite: io_formats/earlier.complete_rows) is copied; a pair found only in rows missing one is scored
+again and counted (the report's reuse_incomplete).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCORE, SCORE_KEY, SCORES
-from score_batch.io_formats.earlier import join_earlier, open_earlier
+from score_batch.io_formats.earlier import complete_rows, join_earlier, missing_columns, open_earlier
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import Window
 from score_batch.job.paths import process_gone
@@ -49,10 +51,11 @@ KEY_SCHEMA = pa.schema([(ROW_INDEX, pa.int64()), ("item_pos", pa.int32()), (SCOR
 class EarlierScores:
     """The earlier outputs' values for this run's pairs, in input order: `take` hands out one window's."""
 
-    def __init__(self, directory: Path, joined: Path, matched: int) -> None:
+    def __init__(self, directory: Path, joined: Path, matched: int, incomplete: int = 0) -> None:
         self.directory = directory
         self.joined = joined  # (row_index, item_pos, score_key, values…) sorted by row_index, item_pos
-        self.matched = matched  # pairs of this run found in an earlier output
+        self.matched = matched  # pairs of this run found in an earlier output with every value
+        self.incomplete = incomplete  # pairs found only in rows missing a value: scored again
         file = pq.ParquetFile(joined)
         self._batches = file.iter_batches(batch_size=KEY_ROWS)
         self._held = file.schema_arrow.empty_table()  # joined rows read, not yet taken
@@ -69,27 +72,39 @@ class EarlierScores:
             if not outputs:  # every one missing (preflight warned): nothing to join, no key pass
                 pq.write_table(pa.schema([*KEY_SCHEMA, *values]).empty_table(), joined)
                 return cls(directory, joined, 0)
+            for output in outputs:
+                missing = missing_columns(output, values)
+                if missing:
+                    log.warning(
+                        "--reuse %s has no %s column, which this run writes: its pairs are scored again",
+                        output.uri,
+                        " or ".join(missing),
+                    )
             keys = directory / "keys.parquet"
             _write_keys(config, source, key, keys)
-            matched = join_earlier(outputs, keys, values, directory, joined, available_cpus())
+            matched, incomplete = join_earlier(outputs, keys, values, directory, joined, available_cpus())
             # --top-k outputs: some pairs only
             partial = any(output.top_k() is not None for output in outputs)
-            (log.warning if partial else log.info)(
-                "--reuse: %d pairs of this run found in %d earlier output file(s)%s",
+            (log.warning if partial or incomplete else log.info)(
+                "--reuse: %d pairs of this run found in %d earlier output file(s)%s%s",
                 matched,
                 len(outputs),
                 " (a --top-k output among them holds only each query's best pairs)" if partial else "",
+                f"; {incomplete} more found without every value this run writes, scored again"
+                if incomplete
+                else "",
             )
-            return cls(directory, joined, matched)
+            return cls(directory, joined, matched, incomplete)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
 
-    def take(self, window: Window, keys: list[str | None]) -> dict[int, dict]:
-        """The reused values of a window's pairs (matched_values). Windows are taken in input order; joined rows
-        before this window's (windows a resumed run skipped) are passed over."""
+    def take(self, window: Window, keys: list[str | None]) -> tuple[dict[int, dict], int]:
+        """The reused values of a window's pairs, and how many were found incomplete (matched_values). Windows
+        are taken in input order; joined rows before this window's (windows a resumed run skipped) are passed
+        over."""
         if not window.num_rows:
-            return {}
+            return {}, 0
         pieces = []
         while True:
             rows = self._held[ROW_INDEX].to_numpy()  # [held] sorted
@@ -119,24 +134,29 @@ class JoinedScores:
     def __init__(self, joined: pa.Table | None) -> None:
         self.joined = joined
 
-    def take(self, window: Window, keys: list[str | None]) -> dict[int, dict]:
+    def take(self, window: Window, keys: list[str | None]) -> tuple[dict[int, dict], int]:
         return matched_values(window, keys, self.joined)
 
 
-def matched_values(window: Window, keys: list[str | None], joined: pa.Table | None) -> dict[int, dict]:
+def matched_values(
+    window: Window, keys: list[str | None], joined: pa.Table | None
+) -> tuple[dict[int, dict], int]:
     """Window item index → reused values ({score, scores, …}) of the joined rows (row_index, item_pos, score_key,
-    values) whose pair's key (keys: job/windows.pair_keys of the window) is still the joined one: an input
-    rewritten since the key pass is scored, never given another pair's value."""
+    values) whose pair's key (keys: job/windows.pair_keys of the window) is still the joined one (an input
+    rewritten since the key pass is scored, never given another pair's value) and that hold every value (a row
+    missing one is scored again); and how many such pairs were left out for a missing value."""
     if joined is None or not joined.num_rows or not window.num_rows:
-        return {}
+        return {}, 0
     rows = joined[ROW_INDEX].to_numpy()  # [joined]
     order = np.argsort(window.index, kind="stable")
     at = order[np.minimum(np.searchsorted(window.index, rows, sorter=order), len(order) - 1)]  # [joined]
     item = window.offsets[at] + joined["item_pos"].to_numpy()  # [joined] window item index
     ok = (window.index[at] == rows) & (item < window.offsets[at + 1])
     ok[ok] = np.asarray(keys, object)[item[ok]] == joined[SCORE_KEY].to_numpy()[ok]
-    values = joined.filter(pa.array(ok)).select([name for name in REUSED if name in joined.schema.names])
-    return dict(zip(item[ok].tolist(), values.to_pylist()))
+    names = [name for name in REUSED if name in joined.schema.names]  # the values this run writes
+    complete = ok & complete_rows(joined, names)
+    values = joined.filter(pa.array(complete)).select(names)
+    return dict(zip(item[complete].tolist(), values.to_pylist())), int(ok.sum() - complete.sum())
 
 
 class ScoredPairs:

@@ -50,15 +50,17 @@ class Prepared:
     keys: list  # [items] each pair's score key
     plan: WorkPlan | None = None
     digest: str = ""  # a local run's digest of its input up to this window (io_formats/digest): its check
+    reuse_incomplete: int = 0  # pairs an earlier output held without every value this run writes: scored
 
 
 def prepare(number: int, window: Window, tools: WindowTools) -> Prepared:
     """Group and key a window, taking out the pairs copied from --reuse's earlier outputs and from this run."""
     grouped = group_window(window)
     keys = [None] * window.num_items if tools.score_key is None else pair_keys(window, tools.score_key)
-    reused = {} if tools.earlier is None else tools.earlier.take(window, keys)
+    reused, incomplete = ({}, 0) if tools.earlier is None else tools.earlier.take(window, keys)
     copies = tools.pairs.take(without(grouped, reused), keys)
-    return Prepared(number, window, grouped, without(grouped, reused | copies), reused, copies, keys)
+    todo = without(grouped, reused | copies)
+    return Prepared(number, window, grouped, todo, reused, copies, keys, reuse_incomplete=incomplete)
 
 
 def planned(prepared: Prepared, tools: WindowTools) -> Prepared:
@@ -102,6 +104,7 @@ def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple
         part[SCORE],
         group_sizes(window, prepared.grouped, contract.query_ids_given),
         reused=len(prepared.reused),
+        reuse_incomplete=prepared.reuse_incomplete,
         duplicates=len(prepared.copies),
         empty_queries=empty_queries,
         empty_items=empty_items,

@@ -229,9 +229,10 @@ def generated_ids(window: Window) -> pa.Array:
 
 def _scores_width(results: list[GroupResult] | None, reused: dict | None) -> int:
     """How many numbers each item's scores list holds (0 when nothing in the window has any): the copied
-    values' count where a dry run's one NaN per item stands in for the model's scores."""
+    values' count where a dry run's one NaN per item stands in for the model's scores (a copied row always has
+    its scores: job/reuse.matched_values copies only complete rows)."""
     scored = next((result.scores.shape[1] for result in results or ()), 0)  # [items, num_scores]
-    copied = next((len(values[SCORES]) for values in (reused or {}).values()), 0)
+    copied = next((len(values[SCORES]) for values in (reused or {}).values() if values.get(SCORES)), 0)
     return max(scored, copied)
 
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from score_batch.io_formats.columns import DUPLICATES, REUSED_FLAG
+from score_batch.io_formats.columns import DUPLICATES, REUSE_INCOMPLETE, REUSED_FLAG
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.job import local, ray_run
@@ -33,6 +33,7 @@ def test_written_columns_are_every_column_of_every_file_but_the_kept_ones(ranked
         "item_id",
         "error",
         REUSED_FLAG,  # columns of the Ray actors' batches
+        REUSE_INCOMPLETE,
         DUPLICATES,
     }
     assert set(OutputContract.written_columns(ranked=ranked, pooled=pooled)) == names - {"tag"}

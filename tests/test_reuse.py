@@ -416,9 +416,9 @@ def test_a_pair_whose_key_changed_since_the_join_is_scored_not_copied(tmp_path):
     earlier = EarlierScores(tmp_path, joined, 4)
     rows = [InputRow(i, "q", ["a", "b"], None, [1, 2]) for i in range(3)]
     keys = ["k0", "x", "new", "k1b", "y", "z"]  # row 1 item 0 was rewritten after the key pass
-    found = earlier.take(from_rows(rows, False, ()), keys)
-    assert sorted(found) == [0, 3] and found[3]["scores"] == [pytest.approx(0.3)]
-    later = earlier.take(from_rows([InputRow(3, "q", ["c"], None, [1])], False, ()), ["k3"])
+    found, incomplete = earlier.take(from_rows(rows, False, ()), keys)
+    assert sorted(found) == [0, 3] and incomplete == 0 and found[3]["scores"] == [pytest.approx(0.3)]
+    later, _ = earlier.take(from_rows([InputRow(3, "q", ["c"], None, [1])], False, ()), ["k3"])
     assert list(later) == [0]
     earlier.close()
     assert not tmp_path.exists()
@@ -444,12 +444,12 @@ def test_a_ray_batch_takes_its_joined_rows_as_the_local_run_does():
         InputRow(5, "r", ["a", "b"], None, [1, 2]),
     ]
     keys = ["k7a", "k7b", "k2a", "k5a", "k5b"]  # row 7 item 0 rewritten; row 5 has no item 2
-    found = JoinedScores(joined).take(from_rows(rows, False, ()), keys)
+    found, incomplete = JoinedScores(joined).take(from_rows(rows, False, ()), keys)
     assert found == {
         1: {"score": pytest.approx(0.7), "scores": [pytest.approx(0.7)]},
         2: {"score": pytest.approx(0.2), "scores": [pytest.approx(0.2)]},
     }
-    assert JoinedScores(None).take(from_rows(rows, False, ()), keys) == {}
+    assert incomplete == 0 and JoinedScores(None).take(from_rows(rows, False, ()), keys) == ({}, 0)
 
 
 def test_another_models_pooled_width_reads_as_null_not_an_error():

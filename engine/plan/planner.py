@@ -13,7 +13,13 @@ from score_batch.engine.plan.batching import Batch, make_batches
 from score_batch.engine.plan.packing import ItemRef, Pack, cached_mis_pack, mis_pack, single_pack, split_items
 from score_batch.engine.text.chunking import ChunkedGroup, check_chunk_settings, chunk_group
 from score_batch.engine.text.encode import EncodedTexts
-from score_batch.engine.text.pairs import PairBatch, PairGroup, encode_pairs, make_pair_batches
+from score_batch.engine.text.pairs import (
+    PairBatch,
+    PairGroup,
+    duplicate_pairs,
+    encode_pairs,
+    make_pair_batches,
+)
 from score_batch.engine.text.tokenize import (
     TokenizedGroup,
     encode_groups,
@@ -91,6 +97,12 @@ class PairPlan:
     batches: list[PairBatch]
     stats: PlanStats = field(default_factory=PlanStats)
     chunked: None = None  # encoders are never chunked (engine/text/chunking.check_chunk_settings)
+    # a scored pair → the later ones equal to it (same input and token type ids): those are not batched
+    copies: dict[ItemRef, tuple[ItemRef, ...]] = field(default_factory=dict)
+
+    def item_name(self, ref: ItemRef) -> str:
+        """A pair as error messages name it: "item 3"."""
+        return f"item {ref.item}"
 
 
 @dataclass(frozen=True)
@@ -164,20 +176,24 @@ class PairPlanner:
         return None
 
     def plan(self, groups: list[Group], encoded: None = None) -> PairPlan:
-        """Encode (query, item) pairs and batch them padded."""
+        """Encode (query, item) pairs and batch them padded; a pair repeated in the call is batched once (its
+        repeats copied: plan.copies)."""
         limits = self.limits
         encoded = [encode_pairs(g, self.tokenizer, self.cfg, limits.pair_max_length) for g in groups]
-        batches = make_pair_batches(encoded, limits.max_batch_tokens, limits.pad_token_id)
+        copies = duplicate_pairs(encoded) if limits.dedupe else {}
+        skip = frozenset(ref for refs in copies.values() for ref in refs)
+        batches = make_pair_batches(encoded, limits.max_batch_tokens, limits.pad_token_id, skip)
         stats = PlanStats(
             groups=len(groups),
             items=sum(len(g.item_ids) for g in encoded),
-            sequences=sum(ids is not None for g in encoded for ids in g.item_ids),
+            sequences=sum(ids is not None for g in encoded for ids in g.item_ids) - len(skip),
+            duplicates=len(skip),
             packs=sum(len(b.item_refs) for b in batches),
             batches=len(batches),
             packed_tokens=sum(b.num_tokens for b in batches),
             pairwise_tokens=sum(len(ids) for g in encoded for ids in g.item_ids if ids is not None),
         )
-        return PairPlan(tokenized=encoded, batches=batches, stats=stats)
+        return PairPlan(tokenized=encoded, batches=batches, stats=stats, copies=copies)
 
 
 # Names for callers that hold either kind (the job layer); the engine picks one kind at load.

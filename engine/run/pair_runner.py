@@ -28,7 +28,8 @@ class PairRunner:
         self.compiled: list[str] = []  # encoders are never compiled (refused at setup)
 
     def run(self, plan: PairPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
-        """Run a plan's batches; a non-finite row is scored again alone and fails only if it stays so."""
+        """Run a plan's batches; a non-finite row is scored again alone and fails only if it stays so; a repeated
+        pair gets its first's outputs bit for bit (plan.copies)."""
         cfg = self.planner.cfg
         table = ResultTable(
             [len(g.item_ids) for g in plan.tokenized],
@@ -49,8 +50,9 @@ class PairRunner:
                         table.fail(ref, raw1[0])
                     else:
                         table.put(ref, raw1[0], scores1[0], None if pooled1 is None else pooled1[0])
-                if on_items is not None:
-                    on_items(len(batch.item_refs))
+                if on_items is not None:  # progress counts every item, repeats included
+                    on_items(len(batch.item_refs) + sum(len(plan.copies.get(r, ())) for r in batch.item_refs))
+        table.copy(plan.copies, plan.item_name)  # duplicate (query, item) pairs: scored once
         return table.results([g.errors for g in plan.tokenized], self.setup.activation, cfg.score_index)
 
     def _forward(self, batch: PairBatch) -> Outputs:

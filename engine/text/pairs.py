@@ -97,13 +97,33 @@ def _encode_batch(tokenizer, pairs: list[tuple[str, str]], **kwargs) -> list[dic
     return [{name: encoding[name][row] for name in names} for row in range(len(pairs))]
 
 
-def make_pair_batches(groups: list[PairGroup], max_batch_tokens: int, pad_id: int) -> list[PairBatch]:
-    """Sort valid pairs by length (longest first) and cut padded batches of at most max_batch_tokens."""
+def duplicate_pairs(groups: list[PairGroup]) -> dict[ItemRef, tuple[ItemRef, ...]]:
+    """Each encoded pair that later ones repeat exactly (same input ids and token type ids: the same query and
+    item as the model sees them) → those repeats, across the call's groups: scored once and copied."""
+    first: dict[tuple, ItemRef] = {}  # (ids, type ids) → the pair's first ItemRef
+    copies: dict[ItemRef, list[ItemRef]] = {}
+    for g, group in enumerate(groups):
+        for i, ids in enumerate(group.item_ids):
+            if ids is None:
+                continue
+            types = group.type_ids[i]
+            ref = ItemRef(g, i)
+            original = first.setdefault((tuple(ids), None if types is None else tuple(types)), ref)
+            if original != ref:
+                copies.setdefault(original, []).append(ref)
+    return {original: tuple(refs) for original, refs in copies.items()}
+
+
+def make_pair_batches(
+    groups: list[PairGroup], max_batch_tokens: int, pad_id: int, skip: frozenset[ItemRef] = frozenset()
+) -> list[PairBatch]:
+    """Sort valid pairs by length (longest first) and cut padded batches of at most max_batch_tokens; the pairs
+    in skip (repeats of an earlier one: duplicate_pairs) are left out."""
     pairs = [
         (len(ids), ItemRef(g, i))
         for g, group in enumerate(groups)
         for i, ids in enumerate(group.item_ids)
-        if ids is not None
+        if ids is not None and (not skip or ItemRef(g, i) not in skip)
     ]
     pairs.sort(key=lambda pair: (-pair[0], pair[1]))
     batches: list[PairBatch] = []
