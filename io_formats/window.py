@@ -283,7 +283,9 @@ def text_type(dtype: pa.DataType, nested: bool) -> pa.DataType:
     """How a query or item column's values travel in window_table: as text where the input's column holds text
     (nested: lists of text), else as text or token ids (TEXT_OR_IDS, a sparse union: token ids, a mix, nulls only)."""
     if nested:
-        listed = pa.types.is_list(dtype) or pa.types.is_large_list(dtype)
+        listed = (
+            pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype)
+        )
         dtype = dtype.value_type if listed else pa.null()
     return pa.string() if _plain(dtype) in (pa.string(), pa.large_string()) else TEXT_OR_IDS
 
