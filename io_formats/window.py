@@ -211,9 +211,12 @@ def long_window(
     codes = np.full(n, -1, np.int64)
     codes[held], starts = appearance_codes(indices[held])
     values = queries.dictionary.take(indices[held[starts]])  # [distinct queries of the batch]
-    try:  # Parquet's reader does not check UTF-8: a row with bytes that are not text goes the per-record way
-        values.validate(full=True)
-        items.validate(full=True)
+    # Parquet's reader does not check UTF-8: a row with bytes that are not text, in any column that is read or
+    # written, goes the per-record way (readers._batch_rows: that row's error)
+    written = [batch.column(name) for name in mapping.typed_columns() if name in schema.names]
+    try:
+        for column in (values, items, *written):
+            column.validate(full=True)
     except pa.ArrowInvalid:
         return None
 

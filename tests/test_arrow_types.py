@@ -268,3 +268,81 @@ def test_a_column_reads_as_its_plain_type_with_its_values(name):
     converted.validate(full=True)
     assert converted.type == plain.type
     assert converted.to_pylist() == plain.to_pylist()
+
+
+def not_utf8(values: list[bytes]) -> pa.Array:
+    """A string column holding these bytes, UTF-8 or not (as a writer that does not check leaves them)."""
+    return pa.array(values, pa.binary()).cast(pa.string(), safe=False)
+
+
+def clean_and_bad(rows: int, bad: int) -> list[bytes]:
+    """[rows] UTF-8 texts, row `bad`'s not UTF-8."""
+    return [b"v\xff" if k == bad else f"v{k}".encode() for k in range(rows)]
+
+
+BAD_COLUMNS = {"query_id": 1, "item_id": 2, "note": 3, "meta": 4, "tags": 5}  # column → its row of bad bytes
+
+
+def bad_bytes_input(path) -> None:
+    """Seven rows; rows 1-5 each hold bytes that are not UTF-8 in one written column (BAD_COLUMNS): an id, a
+    kept string, a string inside a kept struct or list (a dictionary's: pyarrow's Parquet reader refuses)."""
+    n = 7
+    tags = pa.ListArray.from_arrays(pa.array(range(n + 1), pa.int32()), not_utf8(clean_and_bad(n, 5)))
+    table = pa.table(
+        {
+            "query_id": not_utf8(clean_and_bad(n, 1)),
+            "query": ["q one", "q two", "q one", "q three", "q two", "q one", "q two"],
+            "item_id": not_utf8(clean_and_bad(n, 2)),
+            "item": [" to", " the", " flag", " of", " Japan", " a", " b"],
+            "note": not_utf8(clean_and_bad(n, 3)),
+            "meta": pa.StructArray.from_arrays([not_utf8(clean_and_bad(n, 4))], ["s"]),
+            "tags": tags,
+        }
+    )
+    pq.write_table(table, path)
+
+
+@pytest.mark.parametrize("mode", ["record", "skip", "fail"])
+def test_bytes_that_are_not_utf8_in_a_written_column_are_that_rows_error(qwen3_causal, tmp_path, mode):
+    bad_bytes_input(tmp_path / "in.parquet")
+    plain = pa.table({"query": ["q one", "q two"], "item": [" to", " b"]})  # rows 0 and 6, clean
+    pq.write_table(plain, tmp_path / "plain.parquet")
+    flags = ["--model", qwen3_causal, *LABEL_FLAGS, "--quiet", "--keep-columns", "note,meta,tags"]
+    out = tmp_path / "out.parquet"
+    result = run_cli(tmp_path / "in.parquet", "-o", out, *flags, "--on-error", mode)
+    if mode == "fail":
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        (line,) = [line for line in result.stderr.splitlines() if line.startswith("score-batch: error:")]
+        assert "row 1: column 'query_id' holds bytes that are not valid UTF-8" in line
+        return
+    assert result.returncode == 0, result.stderr
+    reference = tmp_path / "plain.out.parquet"
+    assert run_cli(tmp_path / "plain.parquet", "-o", reference, *flags[:-2]).returncode == 0
+    table = pq.read_table(out)
+    table.validate(full=True)  # every string column valid UTF-8
+    rows = table.to_pylist()  # pyarrow's reading, as pandas reads it
+    scored = [row for row in rows if row["score"] is not None]
+    assert [row["score"] for row in scored] == pq.read_table(reference).column("score").to_pylist()
+    assert [row["note"] for row in scored] == ["v0", "v6"]
+    if mode == "skip":
+        assert len(rows) == 2
+        failed = [
+            json.loads(line) for line in (tmp_path / "out.parquet.errors.jsonl").read_text().splitlines()
+        ]
+    else:
+        failed = [row for row in rows if row["error"] is not None]
+        assert len(rows) == 7
+    assert [row["error"].split(" (")[0] for row in failed] == [
+        f"row {row}: column {name!r} holds bytes that are not valid UTF-8"
+        for name, row in BAD_COLUMNS.items()
+    ]
+
+
+def test_bytes_that_are_not_utf8_never_reach_a_json_lines_output(qwen3_causal, tmp_path):
+    bad_bytes_input(tmp_path / "in.parquet")
+    out = tmp_path / "out.jsonl"
+    flags = ["--quiet", "--keep-columns", "note,meta,tags", "--on-error", "record"]
+    result = run_cli(tmp_path / "in.parquet", "-o", out, "--model", qwen3_causal, *LABEL_FLAGS, *flags)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_bytes().decode("utf-8").splitlines()]
+    assert [row["error"] is not None for row in rows] == [False, True, True, True, True, True, False]
