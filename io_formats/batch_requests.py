@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from score_batch.io_formats.jsonl import BOM, file_lines, nonblank_lines
+from score_batch.io_formats.jsonl import BOM, file_lines, nonblank_lines, too_deep
 from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import value_kind
 
@@ -86,8 +86,8 @@ def looks_like_openai_batch(file: InputFile) -> bool:
             raw = handle.readline(DETECT_LIMIT).removeprefix(BOM)
             while raw and not raw.strip():
                 raw = handle.readline(DETECT_LIMIT)
-        record = json.loads(raw.decode("utf-8")) if raw else None
-    except (OSError, ValueError):
+        record = json.loads(raw.decode("utf-8")) if raw and too_deep(raw) is None else None
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(record, dict) and all(key in record for key in ENVELOPE)
 
@@ -114,9 +114,13 @@ def parse_request(raw: bytes | str, line: int, index: int) -> BatchRequest:
             "invalid_json", f"line {line}: not valid UTF-8 ({error.reason})", http=False
         )
         return request
+    deep = too_deep(text)
+    if deep is not None:
+        request.error = BatchError("invalid_json", f"line {line}: {deep}", http=False)
+        return request
     try:
         record = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         request.error = BatchError("invalid_json", f"line {line}: not valid JSON ({error})", http=False)
         return request
     if not isinstance(record, dict):

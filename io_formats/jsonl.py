@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -15,14 +16,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
+from score_batch.io_formats.arrow_types import MAX_DEPTH
 from score_batch.io_formats.errors import READ_ERRORS, InputError, unreadable
 from score_batch.io_formats.listing import JSONL, InputFile
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, BadLine, has_surrogate, unify, value_kind
 
 BOM = b"\xef\xbb\xbf"
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, its escapes included
+_BRACKETS = np.zeros(256, np.int8)  # per byte: +1 opens an array or object, -1 closes one
+_BRACKETS[[ord("["), ord("{")]], _BRACKETS[[ord("]"), ord("}")]] = 1, -1
 INFER_CHUNK = 1024  # nested JSONL values per pyarrow type inference
 READ_CHUNK = 1 << 20  # bytes per read from a (possibly remote, possibly compressed) JSONL stream
 
@@ -251,17 +257,34 @@ class StdinReader(JsonlReader):
 
 
 def parse_line(raw: bytes, line: str) -> dict | BadLine:
-    """One line as an object, or a BadLine saying why not."""
+    """One line as an object, or a BadLine saying why not (nested deeper than MAX_DEPTH: too_deep)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         return BadLine(
             line, f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at byte {error.start + 1} of the line)"
         )
+    deep = too_deep(raw)
+    if deep is not None:
+        return BadLine(line, deep)
     try:
         record = json.loads(text)
     except json.JSONDecodeError as error:
         return BadLine(line, f"not valid JSON ({error.msg} at column {error.colno})")
-    except RecursionError:
+    except RecursionError:  # a recursion limit set lower than MAX_DEPTH needs
         return BadLine(line, "not valid JSON (nested too deeply)")
     return record if isinstance(record, dict) else BadLine(line, "not a JSON object")
+
+
+def too_deep(raw: bytes | str) -> str | None:
+    """Why a JSON line is not read (its arrays and objects nest deeper than MAX_DEPTH: Python's json would
+    recurse once a level, to the recursion limit and past it), or None; counted without recursion, brackets
+    inside strings left out."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:  # the common case: two scans in C
+        return None
+    codes = np.frombuffer(_JSON_STRING.sub(b"", data), np.uint8)  # [bytes outside strings]
+    depth = int(np.cumsum(_BRACKETS[codes], dtype=np.int64).max(initial=0))
+    if depth <= MAX_DEPTH:
+        return None
+    return f"nested {depth} levels deep (arrays and objects); score-batch reads at most {MAX_DEPTH} levels"

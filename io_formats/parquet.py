@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from score_batch.io_formats.arrow_types import plain_batch, plain_schema, plain_type
 from score_batch.io_formats.errors import READ_ERRORS, InputError, unreadable
 from score_batch.io_formats.listing import InputFile
 from score_batch.io_formats.rows import unify
@@ -51,9 +52,14 @@ class ParquetReader:
         return list(names)
 
     def column_type(self, name: str) -> pa.DataType:
-        """One column's type unified over the files; InputError when files disagree or lack it."""
+        """One column's plain type (arrow_types.plain_type: as its batches are read) unified over the files;
+        InputError when files disagree or lack it."""
         infos = self.infos()
-        present = [(info.file, info.schema.field(name).type) for info in infos if name in info.schema.names]
+        present = [
+            (info.file, plain_type(info.schema.field(name).type, name))
+            for info in infos
+            if name in info.schema.names
+        ]
         missing = [info.file for info in infos if name not in info.schema.names]
         if not present:
             return pa.null()
@@ -83,8 +89,9 @@ class ParquetReader:
         dictionary: tuple[str, ...] = (),
         rows: int = BATCH_ROWS,
     ) -> Iterator[tuple[InputFile, pa.RecordBatch]]:
-        """(file, batch of at most `rows` rows of the named columns it holds) of every file in order, or of one
-        unit's row group; the dictionary columns read dictionary-encoded (a repeated query is one value)."""
+        """(file, batch of at most `rows` rows of the named columns it holds, their types plain: column_type's)
+        of every file in order, or of one unit's row group; the dictionary columns read dictionary-encoded (a
+        repeated query is one value)."""
         for info in self.infos():
             if unit is not None and info.file != unit[0]:
                 continue
@@ -94,8 +101,11 @@ class ParquetReader:
                 with _open(info.file) as handle:
                     parquet = pq.ParquetFile(handle, read_dictionary=text)
                     names = [name for name in columns if name in parquet.schema_arrow.names]
+                    read, plain = None, None  # a batch's schema as read, and as its plain types
                     for batch in parquet.iter_batches(batch_size=rows, row_groups=groups, columns=names):
-                        yield info.file, batch
+                        if batch.schema != read:
+                            read, plain = batch.schema, plain_schema(batch.schema)
+                        yield info.file, plain_batch(batch, plain)
             except READ_ERRORS as error:
                 raise unreadable(error, f"{info.file}: cannot read this Parquet file: {error}") from None
 

@@ -98,20 +98,31 @@ def value_kind(value: Any) -> str | None:
 
 
 def has_surrogate(value: Any) -> bool:
-    """Whether a value holds a string that UTF-8 cannot encode (a lone surrogate from a JSON escape)."""
+    """Whether a value holds a string that UTF-8 cannot encode (a lone surrogate from a JSON escape), at any
+    depth (walked without recursion: a value may nest as deeply as its reader takes)."""
     if isinstance(value, str):
-        if value.isascii():  # a flag of the string, read without scanning it
-            return False
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, list):
-        return any(has_surrogate(v) for v in value)
-    if isinstance(value, dict):
-        return any(has_surrogate(k) or has_surrogate(v) for k, v in value.items())
+        return not value.isascii() and not _encodes(value)  # isascii: a flag of the string, no scan
+    todo = [value]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, str):
+            if not value.isascii() and not _encodes(value):
+                return True
+        elif isinstance(value, list):
+            todo.extend(value)
+        elif isinstance(value, dict):
+            todo.extend(value)  # the keys
+            todo.extend(value.values())
     return False
+
+
+def _encodes(text: str) -> bool:
+    """Whether UTF-8 can encode a string."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def value_error(value: Any, column: str) -> str | None:

@@ -211,9 +211,12 @@ def long_window(
     codes = np.full(n, -1, np.int64)
     codes[held], starts = appearance_codes(indices[held])
     values = queries.dictionary.take(indices[held[starts]])  # [distinct queries of the batch]
-    try:  # Parquet's reader does not check UTF-8: a row with bytes that are not text goes the per-record way
-        values.validate(full=True)
-        items.validate(full=True)
+    # Parquet's reader does not check UTF-8: a row with bytes that are not text, in any column that is read or
+    # written, goes the per-record way (readers._batch_rows: that row's error)
+    written = [batch.column(name) for name in mapping.typed_columns() if name in schema.names]
+    try:
+        for column in (values, items, *written):
+            column.validate(full=True)
     except pa.ArrowInvalid:
         return None
 
@@ -283,7 +286,9 @@ def text_type(dtype: pa.DataType, nested: bool) -> pa.DataType:
     """How a query or item column's values travel in window_table: as text where the input's column holds text
     (nested: lists of text), else as text or token ids (TEXT_OR_IDS, a sparse union: token ids, a mix, nulls only)."""
     if nested:
-        listed = pa.types.is_list(dtype) or pa.types.is_large_list(dtype)
+        listed = (
+            pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype)
+        )
         dtype = dtype.value_type if listed else pa.null()
     return pa.string() if _plain(dtype) in (pa.string(), pa.large_string()) else TEXT_OR_IDS
 

@@ -77,6 +77,13 @@ def check_partition_by(partition_by: tuple[str, ...], keep: tuple[str, ...]) -> 
             raise InputError(f"--partition-by names {name!r} twice")
 
 
+def _is_bytes(dtype: pa.DataType) -> bool:
+    """Whether a column holds bytes (binary of any width: a UUID's 16 bytes too), which name no directory."""
+    return (
+        pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype)
+    )
+
+
 @dataclass(frozen=True)
 class OutputContract:
     """The column types of one run's output and the on-error mode that decides which rows go where."""
@@ -175,7 +182,7 @@ class OutputContract:
             field = schema.field(name)
             if pa.types.is_dictionary(field.type):
                 field = field.with_type(field.type.value_type)
-            if pa.types.is_nested(field.type) or pa.types.is_binary(field.type):
+            if pa.types.is_nested(field.type) or _is_bytes(field.type):
                 hint = " (keep a column of the composite key with --keep-columns)" if self.query_key else ""
                 raise InputError(
                     f"--partition-by {field.name!r}: a column of type {field.type} cannot name a directory; "
