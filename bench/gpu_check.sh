@@ -16,6 +16,12 @@
 #   bash bench/gpu_check.sh [--dry-run] host [bench/host_path.py arguments]  the host path alone on this machine's
 #                                                 cores (no GPU: read → tokenize → plan → Parquet against the
 #                                                 tokenizer's own batch rate; HOST_BENCH by default)   → host.txt
+#   bash bench/gpu_check.sh [--dry-run] profile [bench/gpu_profile.py arguments]  install (no FA3 build beside
+#                                                 it) → where one forward's milliseconds go at the goal shape, at
+#                                                 most PROFILE_LIMIT s, each step's file written as it ends (FA3
+#                                                 only where JIT_MODULES carries its module) → collect
+#                                         → summary.txt, install.log, warmup.json, profile.json, profile.txt,
+#                                           profile.log, trace-4.json.gz, jit-modules.tar.gz
 #   bash bench/gpu_check.sh [--dry-run] all       install → tests → the short bench (FA3 last, once its background
 #                                                 build finished) → collect, in one device command: each phase
 #                                                 under its own limit plus what earlier phases left unused; later
@@ -59,6 +65,11 @@ INSTALL_LIMIT=${INSTALL_LIMIT:-265}
 TESTS_LIMIT=${TESTS_LIMIT:-95}
 BENCH_LIMIT=${BENCH_LIMIT:-175}
 COLLECT_LIMIT=${COLLECT_LIMIT:-30}
+# The profile call: install, then bench/gpu_profile.py under its own limit (at most 5 minutes after the install),
+# then collect: 265 + 270 + 30 + 3 * KILL_AFTER = 580 s. Its steps' estimates (gpu_profile.py ESTIMATES): model
+# build and load 25, profile 20, attention 5, GEMMs 5, sweep 25, graph 10, CLI 40 → 130, rounded up to 150.
+PROFILE_LIMIT=${PROFILE_LIMIT:-270}
+PROFILE_ESTIMATE=150
 INSTALL_ESTIMATE=185
 TESTS_ESTIMATE=65
 BENCH_ESTIMATE=120
@@ -333,10 +344,12 @@ FLASHINFER_EXTRA_CUDAFLAGS=${FLASHINFER_EXTRA_CUDAFLAGS:-}" >>"$log"
   carried_modules
   # JIT build seconds and dirty steps after it per module, first calls; kept with the caches for later calls.
   # FA3's build starts (in the background, at low priority) as soon as FA2's modules are built.
-  local warm_status=0
-  run "$log" python bench/gpu.py warmup --out "$CACHE/warmup.json" --after-build "bash $SELF fa3-start" \
-    || warm_status=$?
-  [ "$DRY" = 0 ] || fa3_start # what --after-build starts
+  # GPU_CHECK_FA3_BUILD=0 (the profile call): no FA3 build beside the phases (its compiles would share the cores
+  # with the host work the profile measures); FA3 then runs only where its module was carried in.
+  local warm_status=0 after=(--after-build "bash $SELF fa3-start")
+  [ "${GPU_CHECK_FA3_BUILD:-1}" = 1 ] || after=()
+  run "$log" python bench/gpu.py warmup --out "$CACHE/warmup.json" "${after[@]}" || warm_status=$?
+  [ "$DRY" = 0 ] || [ "${#after[@]}" = 0 ] || fa3_start # what --after-build starts
   keep_warmup
   [ "$pip_status" = 0 ] || return "$pip_status"
   return "$warm_status"
@@ -435,6 +448,21 @@ GPU_CHECK_FA3_DEADLINE=<this phase's limit - $FA3_RESERVE s>  # while FA3's buil
   run "$OUT/bench.txt" python bench/gpu.py bench --out "$OUT/gpu.json" "$@"
 }
 
+carried_fa3() {
+  # Whether the carried JIT modules (JIT_MODULES) hold FA3's prefill (its module's name ends in _sm90).
+  [ -f "${JIT_MODULES:-}" ] && tar -tzf "$JIT_MODULES" 2>/dev/null | grep -q '_sm90/'
+}
+
+profile_run() {
+  # bench/gpu_profile.py: where one forward's milliseconds go at the goal shape, each step written under $OUT as
+  # soon as it ends (profile.json, profile.txt, trace-4.json.gz); FA3 only where its module was carried in.
+  installed
+  local fa3=()
+  say "tar -tzf \$JIT_MODULES | grep -q _sm90/ && FA3 too (--fa3)"
+  if [ "$DRY" = 0 ] && carried_fa3; then fa3=(--fa3); fi
+  run "$OUT/profile.log" python bench/gpu_profile.py --out-dir "$OUT" "${fa3[@]}" "$@"
+}
+
 host() {
   installed
   local args=("${HOST_BENCH[@]}")
@@ -527,11 +555,16 @@ phase() {
 }
 
 summary_status() {
-  # 0: every phase ended well; 1: data came back, but a phase failed or was cut; 3: nothing to report.
+  # 0: every phase ended well; 1: data came back, but a phase failed or was cut; 3: nothing to report (none of
+  # the files named, by default all's test results and gpu.json).
   [ "$DRY" = 0 ] || return 0
   grep -qv "exit=0 " "$OUT/summary.txt" || return 0
-  if [ ! -s "$OUT/gpu.json" ] && [ ! -s "$OUT/gpu-tests.xml" ]; then
-    echo "nothing to report: no test results and no gpu.json (see $OUT/summary.txt and install.log)" >&2
+  local name reported=0
+  for name in "${@:-gpu.json gpu-tests.xml}"; do
+    for name in $name; do [ ! -s "$OUT/$name" ] || reported=1; done
+  done
+  if [ "$reported" = 0 ]; then
+    echo "nothing to report: none of ${*:-gpu.json gpu-tests.xml} (see $OUT/summary.txt and install.log)" >&2
     exit 3
   fi
   echo "data came back, but a phase failed or was cut: see $OUT/summary.txt" >&2
@@ -555,6 +588,23 @@ case "${1:-}" in
     shift
     host "$@"
     ;;
+  profile-run)
+    shift
+    profile_run "$@"
+    ;;
+  profile)
+    # install → profile (at most PROFILE_LIMIT s, never more: TOTAL=0 gives each phase its own share alone) →
+    # collect (the built modules for the next call's JIT_MODULES); no FA3 build beside them.
+    shift
+    say ": > $OUT/summary.txt"
+    [ "$DRY" = 1 ] || : >"$OUT/summary.txt"
+    export GPU_CHECK_FA3_BUILD=0
+    TOTAL=0 IN_ALL=1
+    phase install "$INSTALL_LIMIT" "$INSTALL_ESTIMATE" 0 install
+    phase profile "$PROFILE_LIMIT" "$PROFILE_ESTIMATE" 0 profile-run "$@"
+    phase collect "$COLLECT_LIMIT" "$COLLECT_ESTIMATE" 0 collect
+    summary_status profile.json
+    ;;
   all)
     say ": > $OUT/summary.txt"
     [ "$DRY" = 1 ] || : >"$OUT/summary.txt"
@@ -567,7 +617,7 @@ case "${1:-}" in
     summary_status
     ;;
   *)
-    echo "usage: bash bench/gpu_check.sh [--dry-run] probe|install|tests|bench|host|all [the bench's arguments]" >&2
+    echo "usage: bash bench/gpu_check.sh [--dry-run] probe|install|tests|bench|host|profile|all [the bench's arguments]" >&2
     exit 2
     ;;
 esac

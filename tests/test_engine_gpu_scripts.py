@@ -101,3 +101,122 @@ def test_bench_runs_on_cpu_and_matches_hf_and_fp32(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "MFU basis: " in text and "fi-native-fi       refused: " in text
     assert "2 queries; forward alone " in text
+
+
+def _event(name, ts, dur, cat="kernel", tid=1):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+
+
+def test_profile_table_by_hand():
+    import profile_table
+
+    events = [
+        _event("nvjet_tst_gemm", 0, 10),
+        _event("BatchPrefillWithPagedKVCacheKernel", 5, 10),  # overlaps the GEMM: busy 0..15
+        _event("nvjet_tst_gemm", 20, 10),  # a 5 µs gap before it
+        _event("Memcpy HtoD", 30, 5, cat="gpu_memcpy"),
+        _event("aten::linear", 0, 300, cat="cpu_op"),
+        _event("aten::mm", 10, 250, cat="cpu_op"),  # inside aten::linear
+        _event("cudaStreamSynchronize", 400, 201, cat="cuda_runtime"),
+        _event("aten::add", 700, 199, cat="cpu_op"),  # under the threshold
+    ]
+    table = profile_table.kernel_table(events, wall_us=50)
+    assert table["launches"] == 4 and table["kernel_us"] == 35 and table["busy_us"] == 30
+    assert table["span_us"] == 35 and table["idle_share_of_span"] == round(1 - 30 / 35, 4)
+    assert table["busy_share_of_wall"] == 0.6
+    first = table["kernels"][0]
+    assert (first["name"], first["count"], first["total_us"], first["mean_us"]) == (
+        "nvjet_tst_gemm",
+        2,
+        20,
+        10,
+    )
+    assert first["share"] == round(20 / 35, 4) and first["class"] == "gemm"
+    assert list(table["classes"]) == ["gemm", "attention", "copy"]
+    calls = profile_table.host_calls(events)
+    assert [(c["name"], c["top_level"]) for c in calls] == [
+        ("aten::linear", True),
+        ("aten::mm", False),
+        ("cudaStreamSynchronize", True),
+    ]
+    assert profile_table.kernel_class("_qk_norm_rope") == "qk_norm_rope"
+    assert profile_table.kernel_class("RMSNormKernel") == "norm"
+    assert any(
+        "idle share 0.143" in line
+        for line in profile_table.format_table({**table, "host_calls_over_200us": calls})
+    )
+
+
+def test_profile_table_agrees_with_the_profilers_own_counts(tmp_path):
+    """On a CPU trace (torch ops standing in for kernels) the table's counts and totals per name are the
+    profiler's own key_averages."""
+    import profile_table
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.SiLU(), torch.nn.Linear(128, 8))
+    x = torch.randn(256, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("forward"):
+            for _ in range(3):
+                model(x).softmax(-1)
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    table = profile_table.profile_summary(trace, "forward", categories=("cpu_op",))
+    ours = {row["name"]: row for row in table["kernels"]}
+    theirs = {e.key: e for e in prof.key_averages()}
+    assert ours["aten::linear"]["count"] == 6 and ours["aten::softmax"]["count"] == 3
+    for name, row in ours.items():
+        assert row["count"] == theirs[name].count, name
+        assert row["total_us"] == pytest.approx(theirs[name].cpu_time_total, rel=0.01, abs=1.0), name
+    assert table["wall_us"] > 0 and 0 < table["busy_share_of_wall"] <= 1.0
+    top = profile_table.kernel_table(profile_table.trace_events(trace), ("cpu_op",), nested=False)
+    assert "aten::addmm" not in {row["name"] for row in top["kernels"]}  # inside aten::linear
+
+
+def test_profile_parses_its_arguments_and_plans_the_goal_shape(capsys, tmp_path):
+    import gpu_profile
+
+    args = gpu_profile.parse_args(["--out-dir", str(tmp_path)])
+    assert list(args.steps) == ["profile", "attention", "gemm", "sweep", "graph", "cli"]
+    assert (args.query_tokens, args.items, args.item_tokens, args.preset, args.dtype) == (
+        1500,
+        100,
+        40,
+        "qwen3-0.6b",
+        "bfloat16",
+    )
+    assert args.profile_packs == [4, 11] and args.sweep_packs == list(range(1, 17))
+    assert args.window_rows == [2048, 8192] and args.cli_queries == 64 and not args.fa3
+    assert gpu_profile.main(["--out-dir", str(tmp_path), "--dry-run"]) == 0
+    assert "about 130 s on an H200" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_profile_runs_every_step_on_cpu(tmp_path):
+    """Every step of gpu_profile.py on a tiny CPU model (the torch ops as its kernels, sdpa as its attention):
+    each one recorded, none failed, the trace kept."""
+    import gpu_profile
+
+    small = ["--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--query-tokens", "30", "--items", "4",
+             "--item-tokens", "6", "--profile-packs", "2", "--attention-packs", "2", "--gemm-packs", "2",
+             "--sweep-packs", "1", "2", "--graph-packs", "1", "--window-rows", "8", "--cli-queries", "2",
+             "--repeats", "2", "--kernel-repeats", "2"]  # fmt: skip
+    assert gpu_profile.main(["--out-dir", str(tmp_path), *small]) == 0
+    report = json.loads((tmp_path / "profile.json").read_text())
+    steps = report["steps"]
+    assert list(steps) == ["setup", "profile", "attention", "gemm", "sweep", "graph", "cli"]
+    assert all("error" not in step and "seconds" in step for step in steps.values())
+    assert steps["setup"]["resolved"]["backend"] == "split"
+    table = steps["profile"]["2"]
+    assert table["forward"]["packs"] == 2 and table["launches"] > 0 and table["kernels"][0]["share"] > 0
+    assert steps["attention"]["sdpa/2"]["packs"] == 2 and steps["attention"]["sdpa/2"]["ms"] > 0
+    gemm = steps["gemm"]["gemms"]
+    assert list(gemm) == ["qkv", "o", "gate_up", "down"]
+    assert gemm["qkv"]["n"] == (4 + 2 * 2) * 32 and gemm["down"]["k"] == 256  # the tiny preset's widths
+    assert [steps["sweep"][k]["packs"] for k in ("1", "2")] == [1, 2] and "partial" not in steps["sweep"]
+    assert steps["graph"]["1"]["graph_refused"] == "CUDA graphs need a CUDA device"
+    cli = steps["cli"]
+    assert cli["window_rows=8"]["items"] == 8 and cli["window_rows=8"]["of_forward"] > 0
+    assert (tmp_path / "trace-2.json.gz").stat().st_size > 0
+    text = (tmp_path / "profile.txt").read_text()
+    assert all(f"== {name} (" in text for name in steps)

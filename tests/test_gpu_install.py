@@ -166,6 +166,38 @@ def test_host_phase_runs_the_host_bench_after_the_install_and_takes_its_argument
     assert not (tmp_path / "out").exists()
 
 
+def test_profile_installs_then_profiles_under_its_own_limit_then_collects(tmp_path):
+    out = tmp_path / "out"
+    result = _run("--dry-run", "profile", "--steps", "profile", env={**os.environ, "OUT": str(out)})
+    assert result.returncode == 0, result.stderr
+    text = "\n".join(line[2:] for line in result.stdout.splitlines() if line.startswith("+ "))
+    order = [
+        "phase install: estimate 185 s, limit 265 s",
+        f"python bench/gpu.py warmup --out {ROOT / '.cache' / 'gpu' / 'warmup.json'} \n",  # no --after-build
+        "phase profile: estimate 150 s, limit 270 s",
+        f"timeout -s INT --kill-after=5 270 bash {SCRIPT} profile-run --steps profile",
+        "tar -tzf $JIT_MODULES | grep -q _sm90/ && FA3 too (--fa3)",
+        f"python bench/gpu_profile.py --out-dir {out} --steps profile",
+        "phase collect: estimate 10 s, limit 30 s",
+        f"tar -czf {out / 'jit-modules.tar.gz'}",
+    ]
+    positions = [(text + "\n").find(step) for step in order]
+    assert -1 not in positions, [s for s, p in zip(order, positions) if p == -1]
+    assert positions == sorted(positions)
+    assert "setsid nice -n 19" not in text  # no FA3 build beside the profile's host measurements
+    script = SCRIPT.read_text()
+    limits = {k: int(v) for k, v in re.findall(r"^(\w+_LIMIT)=\$\{\w+:-(\d+)\}", script, re.M)}
+    kill_after = int(re.search(r"^KILL_AFTER=(\d+)", script, re.M).group(1))
+    # each phase its own share alone (the profile at most 5 minutes after the install), within the device's 600 s
+    assert limits["PROFILE_LIMIT"] <= 300
+    assert limits["INSTALL_LIMIT"] + limits["PROFILE_LIMIT"] + limits["COLLECT_LIMIT"] + 3 * kill_after <= 585
+    assert int(re.search(r"^PROFILE_ESTIMATE=(\d+)", script, re.M).group(1)) <= 0.7 * limits["PROFILE_LIMIT"]
+    files = {"summary.txt", "install.log", "warmup.json", "profile.json", "profile.txt", "profile.log",
+             "trace-4.json.gz", "jit-modules.tar.gz"}  # fmt: skip
+    assert len(files) <= 8  # what the device returns
+    assert not out.exists()
+
+
 def test_every_gpu_test_module_runs_and_limits_fit_one_device_command():
     script = SCRIPT.read_text()
     in_all = re.findall(r"tests/gpu/(test_\w+\.py)", script.split("ALL_TESTS=(", 1)[1].split(")", 1)[0])
@@ -196,7 +228,8 @@ def test_every_gpu_test_module_runs_and_limits_fit_one_device_command():
     }
     assert all(name in script for name in outputs) and len(outputs) <= 8  # the device returns at most 8 files
     written = {name for name in re.findall(r"\$OUT/([\w.-]+)", script) if not name.endswith(".tmp")}
-    assert written <= outputs | {"host.txt"}, written - outputs  # host.txt: the host phase, a call of its own
+    # host.txt: the host phase, a call of its own; profile.log: the profile call's (its other files as all's)
+    assert written <= outputs | {"host.txt", "profile.log"}, written - outputs
 
 
 def test_cache_folder_is_git_ignored():
