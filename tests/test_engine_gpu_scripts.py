@@ -220,3 +220,36 @@ def test_profile_runs_every_step_on_cpu(tmp_path):
     assert (tmp_path / "trace-2.json.gz").stat().st_size > 0
     text = (tmp_path / "profile.txt").read_text()
     assert all(f"== {name} (" in text for name in steps)
+
+
+def test_the_bf16_judge_passes_a_right_path_and_catches_a_planted_error(tmp_path):
+    """tests/gpu/numerics.py on the CPU: native layers in bf16 score within its bound of plain HF bf16's own error
+    on a trained-scale model (N(0, 0.02)); the same scores shifted by 0.05, or one query's items reversed, fail."""
+    import numpy as np
+    import torch
+
+    from score_batch.engine import EngineConfig, Scorer, ScoringConfig
+    from tests.gpu.common import LABELS, token_groups
+    from tests.gpu.numerics import as_good_as_hf_bf16, hf_scores, judge, spearman, trained_like_model
+    from tests.reference import tokenizer
+
+    shape = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model_dir = trained_like_model(tmp_path, **shape)
+    groups = token_groups(9, groups=2, query=(40, 80), items=6, item=(1, 30))
+    tok = tokenizer(str(model_dir))
+    labels = [tok.encode(t, add_special_tokens=False)[0] for t in LABELS]
+    fp32, bf16 = (
+        hf_scores(model_dir, groups, labels, dtype, "cpu") for dtype in (torch.float32, torch.bfloat16)
+    )
+    scoring = ScoringConfig(label_tokens=LABELS, apply_softmax=True)
+    config = EngineConfig(device="cpu", dtype="bfloat16", backend="split", layers="native", scoring=scoring)
+    got = [r.scores for r in Scorer.from_pretrained(model_dir, config).score(groups)]
+    verdict = judge(got, fp32, bf16)
+    assert as_good_as_hf_bf16(verdict), verdict
+    assert verdict["hf_bf16_error"] < 0.02  # trained-scale weights: plain HF's own bf16 error is small
+    assert not as_good_as_hf_bf16(judge([g + np.array([0.05, -0.05]) for g in got], fp32, bf16))
+    reversed_ = [got[0][::-1].copy(), got[1]]  # one query's items scored in reverse order
+    assert not as_good_as_hf_bf16(judge(reversed_, fp32, bf16))
+    assert (
+        spearman(np.arange(5.0), np.arange(5.0)) == 1.0 and spearman(np.arange(5.0), -np.arange(5.0)) == -1.0
+    )

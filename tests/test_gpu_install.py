@@ -98,8 +98,8 @@ def test_dry_run_prints_every_command_and_runs_none(tmp_path):
     cache = ROOT / ".cache" / "gpu"
     order = [
         f"FLASHINFER_WORKSPACE_BASE={cache}",
-        "phase install: estimate 185 s, limit 265 s",
-        f"timeout -s INT --kill-after=5 265 bash {SCRIPT} install",
+        "phase install: estimate 160 s, limit 235 s",
+        f"timeout -s INT --kill-after=5 235 bash {SCRIPT} install",
         # the link probe before anything else: FlashInfer's own link flags
         "export CUDA_HOME=$(dirname $(dirname $(readlink -f <nvcc --dryrun's _HERE_>/nvcc)))",
         "$CUDA_HOME/bin/nvcc -c -Xcompiler -fPIC probe.cu && c++ probe.o -shared -L$CUDA_HOME/lib64 "
@@ -123,11 +123,11 @@ def test_dry_run_prints_every_command_and_runs_none(tmp_path):
         f"echo $? > {cache / 'fa3-build.status'}' > {cache / 'fa3-build.log'} 2>&1 < /dev/null &",
         f"python bench/install_check.py merge {out / 'warmup.json'} {cache / 'warmup.json'} "
         f"{cache / 'warmup-fa3.json'}",
-        "phase tests: estimate 65 s, limit 95 s",
-        f"timeout -s INT --kill-after=5 95 bash {SCRIPT} tests",
+        "phase tests: estimate 85 s, limit 125 s",
+        f"timeout -s INT --kill-after=5 125 bash {SCRIPT} tests",
         f"source {cache / 'cuda.env'}",  # the probe's CUDA_HOME and link flags in every later phase
         f"python bench/install_check.py fa3 {cache / 'warmup-fa3.json'}",  # FA3 skipped until proven
-        "python -m pytest -q -rA tests/gpu/test_flashinfer.py tests/gpu/test_isolation.py "
+        "python -m pytest -q -rA tests/gpu/test_flashinfer.py tests/gpu/test_bf16_numerics.py tests/gpu/test_isolation.py "
         "tests/gpu/test_flashinfer_split.py tests/gpu/test_native_ops.py --junitxml="
         + str(out / "gpu-tests.xml"),
         "phase bench: estimate 120 s, limit 175 s",
@@ -172,10 +172,10 @@ def test_profile_installs_then_profiles_under_its_own_limit_then_collects(tmp_pa
     assert result.returncode == 0, result.stderr
     text = "\n".join(line[2:] for line in result.stdout.splitlines() if line.startswith("+ "))
     order = [
-        "phase install: estimate 185 s, limit 265 s",
+        "phase install: estimate 160 s, limit 235 s",
         f"python bench/gpu.py warmup --out {ROOT / '.cache' / 'gpu' / 'warmup.json'} \n",  # no --after-build
-        "phase profile: estimate 150 s, limit 270 s",
-        f"timeout -s INT --kill-after=5 270 bash {SCRIPT} profile-run --steps profile",
+        "phase profile: estimate 150 s, limit 300 s",
+        f"timeout -s INT --kill-after=5 300 bash {SCRIPT} profile-run --steps profile",
         "tar -tzf $JIT_MODULES | grep -q _sm90/ && FA3 too (--fa3)",
         f"python bench/gpu_profile.py --out-dir {out} --steps profile",
         "phase collect: estimate 10 s, limit 30 s",
@@ -306,8 +306,8 @@ def test_all_runs_every_phase_and_records_each_status(tmp_path, fail, status, ex
     assert "-m pytest -q -rA tests/gpu/test_flashinfer.py" in calls and "bench/gpu.py bench" in calls
     assert ("bench/gpu.py warmup" in calls) == (fail is None or "-lcuda" not in fail)
     limits = [int(line.split("limit=")[1].split()[0]) for line in summary]
-    # a quick phase leaves its unused seconds to the next: tests get far more than their own 95 s
-    assert limits[0] == 265 and 350 <= limits[1] <= 360 and 525 <= limits[2] <= 535 and limits[3] >= 30
+    # a quick phase leaves its unused seconds to the next: tests get far more than their own 125 s
+    assert limits[0] == 235 and 350 <= limits[1] <= 360 and 525 <= limits[2] <= 535 and limits[3] >= 30
     assert [int(line.split("exit=")[1].split()[0]) for line in summary] == exits
     assert result.returncode == status, result.stdout + result.stderr
     if status == 1:
@@ -531,3 +531,36 @@ def test_the_probe_fails_in_seconds_with_one_line_when_the_link_cannot_succeed(t
         and "set CUDA_HOME or FLASHINFER_EXTRA_LDFLAGS=-L<folder>" in lines[0]
     )
     assert not (tmp_path / "cache" / "cuda.env").exists()
+
+
+@pytest.mark.parametrize("fa3", [False, True], ids=["fa2-only", "fa3-carried"])
+def test_the_profile_call_runs_install_profile_and_collect_and_takes_fa3_only_when_carried(tmp_path, fa3):
+    import tarfile
+
+    modules = tmp_path / "jit-modules.tar.gz"
+    names = ["batch_prefill_x/batch_prefill_x.so"] + (
+        ["batch_prefill_x_sm90/batch_prefill_x_sm90.so"] if fa3 else []
+    )
+    with tarfile.open(modules, "w:gz") as archive:
+        for name in names:
+            (tmp_path / "m").mkdir(exist_ok=True)
+            (tmp_path / "m" / "so").write_bytes(b"\0")
+            archive.add(tmp_path / "m" / "so", arcname=name)
+    env, log, out = _stub_env(tmp_path, JIT_MODULES=str(modules))
+    result = _run("profile", "--steps", "profile", "gemm", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split()[0] for line in summary] == ["install", "profile", "collect"]
+    assert [int(line.split("limit=")[1].split()[0]) for line in summary] == [
+        235,
+        300,
+        30,
+    ]  # each its own share
+    calls = log.read_text().splitlines()
+    profile = [c for c in calls if c.startswith("python bench/gpu_profile.py")]
+    assert profile == [
+        f"python bench/gpu_profile.py --out-dir {out}{' --fa3' if fa3 else ''} --steps profile gemm"
+    ]
+    warmup = next(c for c in calls if c.startswith("python bench/gpu.py warmup"))
+    assert "--after-build" not in warmup  # no FA3 build beside the profile
+    assert calls.index(warmup) < calls.index(profile[0])
