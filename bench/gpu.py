@@ -123,9 +123,10 @@ METHODS: dict[str, Method] = {
     "split": Method("split"),
 }
 PIPELINE = "pipeline"  # the whole CLI after start-up, beside its forward alone (_pipeline_row)
+XLMR = "xlmr"  # an XLM-R-large-shaped classifier on 30 + 300-token pairs, its own workload (encoder_bench.py)
 # `gpu_check.sh all`'s bench: FA3 last (it waits for its background build); the compiled method, whose compile
 # time is the least predictable, in a later call.
-SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE, "fa3"]
+SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE, XLMR, "fa3"]
 DEFAULT_METHODS = [*SHORT_METHODS, "fi-native-compile", "flex", "flex+compile", "sdpa"]
 NO_FA3 = "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh while warmup-fa3.json proves no FA3 build and call (the reason)
 # Set by gpu_check.sh's bench while FA3's background build runs: its status file (written when it ends), its
@@ -427,6 +428,8 @@ def run_workload(model_dir: Path, shape: Shape, args, cfg: dict, on_row=lambda r
                 reference, rows[row_name] = _hf_row(
                     model_dir, tokenizer, groups, items, label_ids, args, cfg, peak
                 )
+            elif name == XLMR:  # its own workload (bench() runs it): not a row of this one
+                continue
             elif name == PIPELINE:
                 rows[row_name] = _pipeline_row(model_dir, tokenizer, shape, args, cfg, peak)
             else:
@@ -731,7 +734,20 @@ def bench(args, argv: list[str]) -> dict:
             shape = _shape(w, args)
             result = run_workload(model_dir, shape, args, preset, on_row=lambda result, w=w: write(w, result))
             write(w, result)
+    if XLMR in args.methods:
+        write(XLMR, _encoder_workload(args, peak))
     return report
+
+
+def _encoder_workload(args, peak) -> dict:
+    """The xlmr workload (encoder_bench.py), or its error as a failed row."""
+    from encoder_bench import encoder_rows
+
+    try:
+        return encoder_rows(args, peak, REPEATS)
+    except Exception as error:  # the report keeps it; bench() exits non-zero at the end
+        failed = {"error": _short(error), "traceback": traceback.format_exc()}
+        return {"shape": {}, "items": 0, "methods": {XLMR: failed}}
 
 
 def failed_methods(report: dict) -> list[str]:
@@ -781,6 +797,10 @@ def summary_lines(report: dict) -> list[str]:
                 f"{_fmt(row.get('mfu_with_attention'), '7.3f')} {_fmt(row.get('max_abs_diff_vs_fp32'), '9.1e')} "
                 f"{_fmt(row.get('max_abs_diff_vs_hf'), '8.1e')}  {json.dumps(row.get('resolved', row.get('what')))}"
             )
+            if "padding_share" in row:  # the encoder rows: padded pairs
+                lines.append(
+                    f"  {'':18} {row['padding_share']:.1%} of the {row['tokens_run']} tokens run are padding"
+                )
             if "forward_items_per_s" in row:  # the pipeline: where its time goes
                 lines.append(
                     f"  {'':18} {row['queries']} queries; forward alone {row['forward_items_per_s']:.1f} items/s "
@@ -819,9 +839,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument(
         "--methods",
         nargs="+",
-        choices=[HF, PIPELINE, *METHODS],
+        choices=[HF, PIPELINE, XLMR, *METHODS],
         default=DEFAULT_METHODS,
         help="hf (plain HF pairs) always runs first when named; pipeline: the whole CLI beside its forward; "
+        "xlmr: an XLM-R-large-shaped classifier on 30 + 300-token pairs against plain HF (workload xlmr); "
         + "; ".join(f"{k}: {m.what}" for k, m in METHODS.items() if m.what),
     )
     run.add_argument("--queries", type=int, default=None, help="override the workload's number of queries")
@@ -830,6 +851,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=64,
         help="queries of the workload's shape the pipeline method runs",
+    )
+    run.add_argument(
+        "--encoder-queries", type=int, default=32, help="queries of 32 documents the xlmr method runs"
     )
     run.add_argument("--device", default="cuda")
     run.add_argument("--dtype", default="bfloat16")

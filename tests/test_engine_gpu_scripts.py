@@ -45,12 +45,15 @@ def test_bench_figures_helpers():
         "fi-native-torch",
         "fi-native-fi",
         "pipeline",
+        "xlmr",  # an encoder cross-encoder, its own workload (while FA3 builds)
         "fa3",  # last: it waits for FA3's background build
     ]
     script = (ROOT / "bench" / "gpu_check.sh").read_text()
     assert f"--methods {' '.join(gpu.SHORT_METHODS)})" in script  # gpu_check.sh all's bench
     methods = gpu.METHODS
-    assert all(methods[m].backend == "flashinfer" for m in gpu.SHORT_METHODS[1:] if m != "pipeline")
+    assert all(
+        methods[m].backend == "flashinfer" for m in gpu.SHORT_METHODS[1:] if m not in ("pipeline", "xlmr")
+    )
     assert "fi-native-compile" not in gpu.SHORT_METHODS and "fi-native-compile" in gpu.DEFAULT_METHODS
     assert (methods["fi-hf-layers"].layers, methods["fi-native-torch"].ops) == ("transformers", "torch")
     assert (methods["fi-native-fi"].layers, methods["fi-native-fi"].ops) == ("native", "flashinfer")
@@ -70,8 +73,8 @@ def test_bench_runs_on_cpu_and_matches_hf_and_fp32(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     argv = ["bench", "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--workloads", "b"]
     # flashinfer methods are refused on the CPU: recorded, not failed, and the others still run.
-    methods = ["hf", "fi-native-fi", "split", "fa3", "pipeline"]
-    queries = ["--queries", "1", "--pipeline-queries", "2"]
+    methods = ["hf", "fi-native-fi", "split", "fa3", "pipeline", "xlmr"]
+    queries = ["--queries", "1", "--pipeline-queries", "2", "--encoder-queries", "1"]
     assert gpu.main([*argv, *queries, "--methods", *methods, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     workload = report["workloads"]["b"]
@@ -98,7 +101,15 @@ def test_bench_runs_on_cpu_and_matches_hf_and_fp32(tmp_path, capsys):
     assert len(pipeline["seconds_after_load_runs"]) == gpu.REPEATS
     assert pipeline["items_per_s"] == pytest.approx(100 / min(pipeline["seconds_after_load_runs"]), rel=0.01)
     assert pipeline["forward_items_per_s"] > 0 and pipeline["planning_items_per_s"] > 0
+    # the encoder row: an XLM-R classifier on 30 + 300-token pairs, its own workload, against plain HF pairs
+    encoder = report["workloads"]["xlmr"]
+    assert encoder["items"] == 32 and encoder["shape"]["item_tokens"] == 300
+    xlmr, hf = encoder["methods"]["xlmr"], encoder["methods"]["hf_pairs"]
+    assert xlmr["resolved"]["runner"] == "PairRunner" and xlmr["max_abs_diff_vs_hf"] <= 1e-4
+    assert 0 <= xlmr["padding_share"] < 0.2 and xlmr["useful_tokens"] == hf["useful_tokens"]
+    assert xlmr["padding_tokens"] == xlmr["tokens_run"] - xlmr["useful_tokens"] and xlmr["pairs_per_s"] > 0
     text = capsys.readouterr().out
+    assert "of the " in text and "tokens run are padding" in text
     assert "MFU basis: " in text and "fi-native-fi       refused: " in text
     assert "2 queries; forward alone " in text
 

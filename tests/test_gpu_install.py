@@ -135,7 +135,7 @@ def test_dry_run_prints_every_command_and_runs_none(tmp_path):
         f"export GPU_CHECK_FA3_STATUS={cache / 'fa3-build.status'}",  # the fa3 method waits for the build
         "python bench/gpu.py bench --out "
         + str(out / "gpu.json")
-        + " --workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline fa3",
+        + " --workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline xlmr fa3",
         "phase collect: estimate 10 s, limit 30 s",
         f"tar -czf {out / 'jit-modules.tar.gz'} -C <the JIT cache's cached_ops> <module>/<module>.so",
     ]
