@@ -12,8 +12,9 @@ rewritten, profile.txt appended), so a call cut at its limit keeps what ran:
   attention  attention alone over 1 and 11 packs: FA2 (and FA3 with --fa3) multi-item, ms and TFLOP/s
   gemm       the four GEMMs of a layer at the 11-pack batch's tokens, bf16 and FP8 (torch._scaled_mm, rowwise)
   sweep      packs per forward 1..16: ms per forward and per pack, items/s, MFU
-  graph      one forward (1 and 11 packs) replayed as a CUDA graph against eager
   cli        the CLI on 64 queries, Parquet in and out, --window-rows 2,048 and 8,192, beside the forward alone
+  graph      one forward (1 and 11 packs) replayed as a CUDA graph against eager (last: a failed capture can
+             leave the device unusable for later work)
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from flops import figures, peak_flops
 from kernel_bench import attention_row, gemms
 from profile_table import DEVICE_CATEGORIES, format_table, profile_summary
 
-STEPS = ("profile", "attention", "gemm", "sweep", "graph", "cli")
+# The graph step last: a capture that fails can leave the device's context unusable for what follows.
+STEPS = ("profile", "attention", "gemm", "sweep", "cli", "graph")
 # Seconds each step takes on an H200 at the goal shape (estimates; the model's build and load come first: ~25 s).
 ESTIMATES = {"setup": 25, "profile": 20, "attention": 5, "gemm": 5, "sweep": 25, "graph": 10, "cli": 40}
 REGION = "forward"  # the record_function around the profiled forward

@@ -61,9 +61,10 @@ def gemm_row(m: int, k: int, n: int, device, repeats: int) -> dict:
     try:
         x8, sx = rowwise_fp8(x)  # [m, k], [m, 1]
         w8, sw = rowwise_fp8(w)  # [n, k], [n, 1]: per output channel
+        scale_b = sw.t().contiguous()  # [1, n]; w8.t() is [k, n] column-major, as _scaled_mm wants mat2
 
         def fp8():
-            return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=sw.t(), out_dtype=torch.bfloat16)
+            return torch._scaled_mm(x8, w8.t(), scale_a=sx, scale_b=scale_b, out_dtype=torch.bfloat16)
 
         ms8 = device_ms(fp8, repeats)
         reference = torch.nn.functional.linear(x, w).float()
@@ -85,6 +86,7 @@ def gemm_row(m: int, k: int, n: int, device, repeats: int) -> dict:
 
 def gemms(cfg: dict, tokens: int, device, repeats: int = 20) -> dict:
     """The four GEMMs of one layer at `tokens` rows, and their sums (ms, TFLOP/s) per layer and per forward."""
+    tokens -= tokens % 16  # torch._scaled_mm wants dimensions divisible by 16
     rows = {name: gemm_row(*shape, device, repeats) for name, shape in layer_gemms(cfg, tokens).items()}
     layers = cfg["num_hidden_layers"]
     total = {"tokens": tokens}

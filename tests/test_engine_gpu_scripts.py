@@ -189,7 +189,7 @@ def test_profile_parses_its_arguments_and_plans_the_goal_shape(capsys, tmp_path)
     import gpu_profile
 
     args = gpu_profile.parse_args(["--out-dir", str(tmp_path)])
-    assert list(args.steps) == ["profile", "attention", "gemm", "sweep", "graph", "cli"]
+    assert list(args.steps) == ["profile", "attention", "gemm", "sweep", "cli", "graph"]
     assert (args.query_tokens, args.items, args.item_tokens, args.preset, args.dtype) == (
         1500,
         100,
@@ -215,7 +215,7 @@ def test_profile_runs_every_step_on_cpu(tmp_path):
     assert gpu_profile.main(["--out-dir", str(tmp_path), *small]) == 0
     report = json.loads((tmp_path / "profile.json").read_text())
     steps = report["steps"]
-    assert list(steps) == ["setup", "profile", "attention", "gemm", "sweep", "graph", "cli"]
+    assert list(steps) == ["setup", "profile", "attention", "gemm", "sweep", "cli", "graph"]
     assert all("error" not in step and "seconds" in step for step in steps.values())
     assert steps["setup"]["resolved"]["backend"] == "split"
     table = steps["profile"]["2"]
