@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu  # noqa: E402  (bench/gpu.py, imported as the script imports its neighbours)
+
+from tests.test_gpu_install import SCRIPT, _run, _stub_env  # noqa: E402
 
 
 @pytest.mark.parametrize("script", ["bench/gpu_check.sh", "scripts/download_gpu_wheels.sh"])
@@ -264,3 +268,71 @@ def test_the_bf16_judge_passes_a_right_path_and_catches_a_planted_error(tmp_path
     assert (
         spearman(np.arange(5.0), np.arange(5.0)) == 1.0 and spearman(np.arange(5.0), -np.arange(5.0)) == -1.0
     )
+
+
+# gpu_check.sh profile, as tests/test_gpu_install.py checks all: its dry run, then its phases against stub commands
+
+
+def test_profile_installs_then_profiles_under_its_own_limit_then_collects(tmp_path):
+    out = tmp_path / "out"
+    result = _run("--dry-run", "profile", "--steps", "profile", env={**os.environ, "OUT": str(out)})
+    assert result.returncode == 0, result.stderr
+    text = "\n".join(line[2:] for line in result.stdout.splitlines() if line.startswith("+ "))
+    order = [
+        "phase install: estimate 160 s, limit 235 s",
+        f"python bench/gpu.py warmup --out {ROOT / '.cache' / 'gpu' / 'warmup.json'} \n",  # no --after-build
+        "phase profile: estimate 150 s, limit 300 s",
+        f"timeout -s INT --kill-after=5 300 bash {SCRIPT} profile-run --steps profile",
+        "tar -tzf $JIT_MODULES | grep -q _sm90/ && FA3 too (--fa3)",
+        f"python bench/gpu_profile.py --out-dir {out} --steps profile",
+        "phase collect: estimate 10 s, limit 30 s",
+        f"tar -czf {out / 'jit-modules.tar.gz'}",
+    ]
+    positions = [(text + "\n").find(step) for step in order]
+    assert -1 not in positions, [s for s, p in zip(order, positions) if p == -1]
+    assert positions == sorted(positions)
+    assert "setsid nice -n 19" not in text  # no FA3 build beside the profile's host measurements
+    script = SCRIPT.read_text()
+    limits = {k: int(v) for k, v in re.findall(r"^(\w+_LIMIT)=\$\{\w+:-(\d+)\}", script, re.M)}
+    kill_after = int(re.search(r"^KILL_AFTER=(\d+)", script, re.M).group(1))
+    # each phase its own share alone (the profile at most 5 minutes after the install), within the device's 600 s
+    assert limits["PROFILE_LIMIT"] <= 300
+    assert limits["INSTALL_LIMIT"] + limits["PROFILE_LIMIT"] + limits["COLLECT_LIMIT"] + 3 * kill_after <= 585
+    assert int(re.search(r"^PROFILE_ESTIMATE=(\d+)", script, re.M).group(1)) <= 0.7 * limits["PROFILE_LIMIT"]
+    files = {"summary.txt", "install.log", "warmup.json", "profile.json", "profile.txt", "profile.log",
+             "trace-4.json.gz", "jit-modules.tar.gz"}  # fmt: skip
+    assert len(files) <= 8  # what the device returns
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("fa3", [False, True], ids=["fa2-only", "fa3-carried"])
+def test_the_profile_call_runs_install_profile_and_collect_and_takes_fa3_only_when_carried(tmp_path, fa3):
+    import tarfile
+
+    modules = tmp_path / "jit-modules.tar.gz"
+    names = ["batch_prefill_x/batch_prefill_x.so"] + (
+        ["batch_prefill_x_sm90/batch_prefill_x_sm90.so"] if fa3 else []
+    )
+    with tarfile.open(modules, "w:gz") as archive:
+        for name in names:
+            (tmp_path / "m").mkdir(exist_ok=True)
+            (tmp_path / "m" / "so").write_bytes(b"\0")
+            archive.add(tmp_path / "m" / "so", arcname=name)
+    env, log, out = _stub_env(tmp_path, JIT_MODULES=str(modules))
+    result = _run("profile", "--steps", "profile", "gemm", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert [line.split()[0] for line in summary] == ["install", "profile", "collect"]
+    assert [int(line.split("limit=")[1].split()[0]) for line in summary] == [
+        235,
+        300,
+        30,
+    ]  # each its own share
+    calls = log.read_text().splitlines()
+    profile = [c for c in calls if c.startswith("python bench/gpu_profile.py")]
+    assert profile == [
+        f"python bench/gpu_profile.py --out-dir {out}{' --fa3' if fa3 else ''} --steps profile gemm"
+    ]
+    warmup = next(c for c in calls if c.startswith("python bench/gpu.py warmup"))
+    assert "--after-build" not in warmup  # no FA3 build beside the profile
+    assert calls.index(warmup) < calls.index(profile[0])
