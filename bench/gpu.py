@@ -10,7 +10,8 @@ The warm-up builds each FlashInfer module with its own JitSpec.build(), all at o
 per module the build seconds and the ninja steps still dirty after it (0: a load compiles nothing), then scores
 once per configuration: "fa2" (torch ops) and "fa2-native-fi" (FlashInfer ops) apart, or "fa3".
 
-The bench model has random weights (speed does not depend on their values). Scores are the softmax over
+The bench model has random weights drawn as transformers initialises a model (N(0, 0.02), bench/common.py: the
+scale of trained weights, under which plain HF's own bf16-vs-fp32 error is small enough to show a kernel's). Scores are the softmax over
 the two label tokens (ScoringConfig.apply_softmax; the probabilities over the whole vocabulary are 1e-10..1e-4
 on random weights and no difference of them could flag an error); every method's scores are compared with
 plain HF in fp32 on a sample of items (`max_abs_diff_vs_fp32`, the observed bf16 error) and with plain HF
@@ -18,7 +19,7 @@ pairs in the bench dtype on all items (`max_abs_diff_vs_hf`).
 
 Timing boundaries, the same for both sides: tokenization, HF's padded pair tensors and score-batch's plan
 (tokenize, pack, batch) are built BEFORE the timer; the timer covers host token ids → device → forward →
-scores back on the host. Every time is the best of 3 runs after a warm-up run that includes FlashInfer's
+scores back on the host. Every time is the best of 3 runs (the median beside it) after a warm-up run that includes FlashInfer's
 JIT and torch.compile. The `pipeline` method times the whole CLI instead (text rows in, Parquet out, planning
 included, start-up excluded) beside the forward alone of the same groups, so a host-bound run shows.
 FLOPs and MFU: bench/flops.py (MFU on the tokens run: delimiters and padding go
@@ -46,7 +47,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import LABELS, Shape, best_of, build_bench_model, hf_prepare, hf_run, max_abs_diff, text_workload
+from common import (
+    LABELS,
+    Shape,
+    best_and_median,
+    best_of,
+    build_bench_model,
+    hf_prepare,
+    hf_run,
+    max_abs_diff,
+    median,
+    text_workload,
+)
 from flops import MFU_BASIS, causal_pairs, dense_flops_per_token, figures, pack_pairs, peak_flops
 
 from score_batch.engine import EngineConfig, Group, Scorer, ScoringConfig
@@ -111,9 +123,10 @@ METHODS: dict[str, Method] = {
     "split": Method("split"),
 }
 PIPELINE = "pipeline"  # the whole CLI after start-up, beside its forward alone (_pipeline_row)
+XLMR = "xlmr"  # an XLM-R-large-shaped classifier on 30 + 300-token pairs, its own workload (encoder_bench.py)
 # `gpu_check.sh all`'s bench: FA3 last (it waits for its background build); the compiled method, whose compile
 # time is the least predictable, in a later call.
-SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE, "fa3"]
+SHORT_METHODS = [HF, "fi-hf-layers", "fi-native-torch", "fi-native-fi", PIPELINE, XLMR, "fa3"]
 DEFAULT_METHODS = [*SHORT_METHODS, "fi-native-compile", "flex", "flex+compile", "sdpa"]
 NO_FA3 = "SCORE_BATCH_NO_FA3"  # set by gpu_check.sh while warmup-fa3.json proves no FA3 build and call (the reason)
 # Set by gpu_check.sh's bench while FA3's background build runs: its status file (written when it ends), its
@@ -415,6 +428,8 @@ def run_workload(model_dir: Path, shape: Shape, args, cfg: dict, on_row=lambda r
                 reference, rows[row_name] = _hf_row(
                     model_dir, tokenizer, groups, items, label_ids, args, cfg, peak
                 )
+            elif name == XLMR:  # its own workload (bench() runs it): not a row of this one
+                continue
             elif name == PIPELINE:
                 rows[row_name] = _pipeline_row(model_dir, tokenizer, shape, args, cfg, peak)
             else:
@@ -473,11 +488,12 @@ def _hf_row(model_dir, tokenizer, groups, items, label_ids, args, cfg, peak):
     batches = hf_prepare(tokenizer, groups, args.hf_batch)  # untimed: tokenization and host tensors
     hf_run(model, batches[:1], groups, "causal", label_ids, label_softmax=True)  # warm-up
     _reset_peak()
-    (reference, tokens_run), seconds = best_of(
+    (reference, tokens_run), seconds, middle = best_and_median(
         REPEATS, _synced, hf_run, model, batches, groups, "causal", label_ids, True, clock=CLOCK
     )
     useful, pairs = hf_attended_pairs(batches)
     row = _figures(items, tokens_run, useful, pairs, seconds, cfg, peak, 0.0)
+    row.update(_medians(items, middle))
     row.update(padding_tokens=int(tokens_run - useful), what="plain HF, padded (query + item) pairs")
     row["scores"] = reference
     del model
@@ -543,11 +559,12 @@ def _engine_row(model_dir, name, groups, items, reference, args, cfg, peak):
     plan = scorer.plan(groups)  # untimed: tokenization and packing
     scorer.run(plan)  # warm-up: JIT, compilation, allocator
     _reset_peak()
-    results, seconds = best_of(REPEATS, _synced, scorer.run, plan, clock=CLOCK)
+    results, seconds, middle = best_and_median(REPEATS, _synced, scorer.run, plan, clock=CLOCK)
     diff = None if reference is None else max_abs_diff(results, reference)
     tokens = plan.stats.packed_tokens
     delimiters = plan_delimiters(plan)
     row = _figures(items, tokens, tokens - delimiters, plan_attended_pairs(plan), seconds, cfg, peak, diff)
+    row.update(_medians(items, middle))
     setup = scorer.setup
     row.update(
         delimiter_tokens=delimiters,
@@ -608,6 +625,7 @@ def _pipeline_row(model_dir, tokenizer, shape: Shape, args, cfg, peak) -> dict:
     row = _figures(
         items, tokens, tokens - delimiters, plan_attended_pairs(plan), min(after_load), cfg, peak, None
     )
+    row.update(_medians(items, median(after_load)))
     row.update(
         what="the CLI end to end after start-up (text rows in, Parquet out), auto settings; beside it the forward "
         "alone (Scorer.run of a ready plan) and the planning alone (Scorer.plan) of the same groups",
@@ -657,6 +675,11 @@ def _synced(fn, *args):
     return result
 
 
+def _medians(items: int, seconds: float) -> dict:
+    """The median run beside the best one: how far the best is from the typical run."""
+    return {"median_seconds": round(seconds, 4), "median_items_per_s": round(items / seconds, 1)}
+
+
 def _figures(items, tokens_run, useful_tokens, pairs, seconds, cfg, peak, diff) -> dict:
     """One method's row: throughput and MFU on the tokens it ran; useful = query and item tokens only."""
     return {
@@ -688,7 +711,7 @@ def bench(args, argv: list[str]) -> dict:
         "scores": "softmax over the two label tokens (ScoringConfig.apply_softmax); max_abs_diff_vs_fp32: "
         f"against plain HF in float32 on the first {REFERENCE_ITEMS} items; max_abs_diff_vs_hf: against "
         "plain HF pairs in the bench dtype on every item",
-        "timing": "best of 3 after a warm-up; tokenization, HF pair tensors and the score-batch plan are "
+        "timing": "best of 3 after a warm-up (the median of the 3 beside it); tokenization, HF pair tensors and the score-batch plan are "
         "built before the timer; timed: host token ids to host scores. pipeline: the CLI in this process, "
         "best of 3 of its report's seconds_total - seconds_load (text rows to the Parquet output, planning "
         "included, start-up excluded), on --pipeline-queries queries",
@@ -711,7 +734,20 @@ def bench(args, argv: list[str]) -> dict:
             shape = _shape(w, args)
             result = run_workload(model_dir, shape, args, preset, on_row=lambda result, w=w: write(w, result))
             write(w, result)
+    if XLMR in args.methods:
+        write(XLMR, _encoder_workload(args, peak))
     return report
+
+
+def _encoder_workload(args, peak) -> dict:
+    """The xlmr workload (encoder_bench.py), or its error as a failed row."""
+    from encoder_bench import encoder_rows
+
+    try:
+        return encoder_rows(args, peak, REPEATS)
+    except Exception as error:  # the report keeps it; bench() exits non-zero at the end
+        failed = {"error": _short(error), "traceback": traceback.format_exc()}
+        return {"shape": {}, "items": 0, "methods": {XLMR: failed}}
 
 
 def failed_methods(report: dict) -> list[str]:
@@ -744,7 +780,7 @@ def summary_lines(report: dict) -> list[str]:
             f"{reference.get('items', 0)} items{' ERROR ' + reference['error'] if 'error' in reference else ''}"
         )
         lines.append(
-            f"  {'method':18} {'items/s':>9} {'tokens/s':>10} {'vs HF':>6} {'MFU':>6} {'MFU+att':>7} "
+            f"  {'method':18} {'items/s':>9} {'median':>9} {'tokens/s':>10} {'vs HF':>6} {'MFU':>6} {'MFU+att':>7} "
             f"{'|d| fp32':>9} {'|d| HF':>8}  resolved / note"
         )
         for method, row in workload["methods"].items():
@@ -755,11 +791,16 @@ def summary_lines(report: dict) -> list[str]:
                 )
                 continue
             lines.append(
-                f"  {method:18} {row['items_per_s']:9.1f} {row['tokens_per_s']:10d} "
+                f"  {method:18} {row['items_per_s']:9.1f} {_fmt(row.get('median_items_per_s'), '9.1f')} "
+                f"{row['tokens_per_s']:10d} "
                 f"{_fmt(row.get('speedup_vs_hf'), '5.2f')}x {_fmt(row.get('mfu_dense'), '6.3f')} "
                 f"{_fmt(row.get('mfu_with_attention'), '7.3f')} {_fmt(row.get('max_abs_diff_vs_fp32'), '9.1e')} "
                 f"{_fmt(row.get('max_abs_diff_vs_hf'), '8.1e')}  {json.dumps(row.get('resolved', row.get('what')))}"
             )
+            if "padding_share" in row:  # the encoder rows: padded pairs
+                lines.append(
+                    f"  {'':18} {row['padding_share']:.1%} of the {row['tokens_run']} tokens run are padding"
+                )
             if "forward_items_per_s" in row:  # the pipeline: where its time goes
                 lines.append(
                     f"  {'':18} {row['queries']} queries; forward alone {row['forward_items_per_s']:.1f} items/s "
@@ -798,9 +839,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     run.add_argument(
         "--methods",
         nargs="+",
-        choices=[HF, PIPELINE, *METHODS],
+        choices=[HF, PIPELINE, XLMR, *METHODS],
         default=DEFAULT_METHODS,
         help="hf (plain HF pairs) always runs first when named; pipeline: the whole CLI beside its forward; "
+        "xlmr: an XLM-R-large-shaped classifier on 30 + 300-token pairs against plain HF (workload xlmr); "
         + "; ".join(f"{k}: {m.what}" for k, m in METHODS.items() if m.what),
     )
     run.add_argument("--queries", type=int, default=None, help="override the workload's number of queries")
@@ -809,6 +851,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=64,
         help="queries of the workload's shape the pipeline method runs",
+    )
+    run.add_argument(
+        "--encoder-queries", type=int, default=32, help="queries of 32 documents the xlmr method runs"
     )
     run.add_argument("--device", default="cuda")
     run.add_argument("--dtype", default="bfloat16")

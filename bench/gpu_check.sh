@@ -16,6 +16,12 @@
 #   bash bench/gpu_check.sh [--dry-run] host [bench/host_path.py arguments]  the host path alone on this machine's
 #                                                 cores (no GPU: read → tokenize → plan → Parquet against the
 #                                                 tokenizer's own batch rate; HOST_BENCH by default)   → host.txt
+#   bash bench/gpu_check.sh [--dry-run] profile [bench/gpu_profile.py arguments]  install (no FA3 build beside
+#                                                 it) → where one forward's milliseconds go at the goal shape, at
+#                                                 most PROFILE_LIMIT s, each step's file written as it ends (FA3
+#                                                 only where JIT_MODULES carries its module) → collect
+#                                         → summary.txt, install.log, warmup.json, profile.json, profile.txt,
+#                                           profile.log, trace-4.json.gz, jit-modules.tar.gz
 #   bash bench/gpu_check.sh [--dry-run] all       install → tests → the short bench (FA3 last, once its background
 #                                                 build finished) → collect, in one device command: each phase
 #                                                 under its own limit plus what earlier phases left unused; later
@@ -48,19 +54,25 @@ SITE="$CACHE/site" # pip install --target here when the image's environment is n
 # phase gets its own share plus what the earlier phases left unused, SIGINT at its limit, SIGKILL KILL_AFTER s
 # later; collect has COLLECT_LIMIT: worst case ALL_LIMIT + COLLECT_LIMIT + 4 * KILL_AFTER = 585 s. Each phase's
 # estimate (the upper end, line by line in bench/README.md, "Phase budgets") is at most 70% of its limit
-# (tests/test_gpu_install.py checks it), from the JIT builds measured on a 2-core machine (per object:
-# silu_and_mul 18 s, norm 59 + 21 s, rope 78 + 43 s, FA2 19-40 s, FA3 91-231 s at 3.6 GB) and estimates of the rest.
-# install: probe 2-5, pip and checks 20-35, FA2 + ops (15 objects at once on 16 cores, rope.cu the longest) 95-125,
-# warm-up calls 15-20 → 132-185 of 265. tests (ALL_TESTS: FA2's exactness, the goal-shape isolation, split, native
-# ops) 50-65 of 95. bench: model 20, fp32 reference 10, plain HF 15, three FA2 methods 25, the CLI pipeline 30-40,
-# FA3 5-10 once built → 105-120 of 175 (waiting for FA3's build is bounded by the phase's deadline).
+# (tests/test_gpu_install.py checks it), from the H200 runs (install 46-73 s with the JIT, tests 67-83 s, bench
+# 62-74 s) and estimates of what they did not run. install: probe, pip and checks, FA2 + ops built at once on 16
+# cores, warm-up calls → 160 of 235. tests (ALL_TESTS: FA2's exactness, bf16 numerics against plain HF bf16, the
+# goal-shape isolation, split, native ops; waiting for FA3's build) → 85 of 125. bench: model 20, fp32 reference
+# 10, plain HF 15, three FA2 methods 25, the CLI pipeline 30-40, the XLM-R encoder 20-30 (beside FA3's build),
+# FA3 5-10 once built → measured 62-74 without the encoder, ≤ 120 of 175 (waiting for FA3's build is bounded by
+# the phase's deadline).
 ALL_LIMIT=${ALL_LIMIT:-535}
-INSTALL_LIMIT=${INSTALL_LIMIT:-265}
-TESTS_LIMIT=${TESTS_LIMIT:-95}
+INSTALL_LIMIT=${INSTALL_LIMIT:-235}
+TESTS_LIMIT=${TESTS_LIMIT:-125}
 BENCH_LIMIT=${BENCH_LIMIT:-175}
 COLLECT_LIMIT=${COLLECT_LIMIT:-30}
-INSTALL_ESTIMATE=185
-TESTS_ESTIMATE=65
+# The profile call: install, then bench/gpu_profile.py under its own limit (at most 5 minutes after the install),
+# then collect: 235 + 300 + 30 + 3 * KILL_AFTER = 580 s. Its steps' estimates (gpu_profile.py ESTIMATES): model
+# build and load 25, profile 20, attention 5, GEMMs 5, sweep 25, graph 10, CLI 40 → 130, rounded up to 150.
+PROFILE_LIMIT=${PROFILE_LIMIT:-300}
+PROFILE_ESTIMATE=150
+INSTALL_ESTIMATE=160
+TESTS_ESTIMATE=85
 BENCH_ESTIMATE=120
 COLLECT_ESTIMATE=10
 # FA3's build: 10 objects at once on 16 cores, the slowest (231 s here) ×1.1-1.3 + link → 255-300 s at nice 19,
@@ -70,15 +82,16 @@ FA3_RESERVE=25 # seconds the bench keeps for its FA3 row after waiting for the b
 KILL_AFTER=5
 # The short bench: workload a, the goal shape (1,500-token query × 100 items of 40: one 5,601-token pack per
 # query), 4 queries; the FA2 methods of bench/gpu.py (HF layers, native + torch ops, native + FlashInfer ops),
-# the whole CLI on 64 queries of that shape beside its forward alone, plain HF pairs, then FA3 (last: it waits
-# for its build). The compiled method, flex, sdpa, split and workload b: `bench --methods ...` in a later call.
-SHORT_BENCH=(--workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline fa3)
+# the whole CLI on 64 queries of that shape beside its forward alone, plain HF pairs, the XLM-R-large-shaped
+# encoder on 30 + 300-token pairs (while FA3 builds), then FA3 (last: it waits for its build). The compiled method, flex, sdpa, split and workload b: `bench --methods ...` in a later call.
+SHORT_BENCH=(--workloads a --queries 4 --methods hf fi-hf-layers fi-native-torch fi-native-fi pipeline xlmr fa3)
 # The host path on the GPU machine's cores (bench/host_path.py; about 2-3 minutes on 16 cores): both shapes, 100k items.
 HOST_BENCH=(--items 100000 --shapes 1000x27 1500x40 --repeats 2 --modes dry zero pooled ceiling jsonl cli)
 # Most valuable first: a phase cut at its limit loses the last module. `all` runs ALL_TESTS (what fits its tests
 # phase with margin); a lone `tests` call runs them all.
 ALL_TESTS=(
   tests/gpu/test_flashinfer.py
+  tests/gpu/test_bf16_numerics.py
   tests/gpu/test_isolation.py
   tests/gpu/test_flashinfer_split.py
   tests/gpu/test_native_ops.py
@@ -333,10 +346,12 @@ FLASHINFER_EXTRA_CUDAFLAGS=${FLASHINFER_EXTRA_CUDAFLAGS:-}" >>"$log"
   carried_modules
   # JIT build seconds and dirty steps after it per module, first calls; kept with the caches for later calls.
   # FA3's build starts (in the background, at low priority) as soon as FA2's modules are built.
-  local warm_status=0
-  run "$log" python bench/gpu.py warmup --out "$CACHE/warmup.json" --after-build "bash $SELF fa3-start" \
-    || warm_status=$?
-  [ "$DRY" = 0 ] || fa3_start # what --after-build starts
+  # GPU_CHECK_FA3_BUILD=0 (the profile call): no FA3 build beside the phases (its compiles would share the cores
+  # with the host work the profile measures); FA3 then runs only where its module was carried in.
+  local warm_status=0 after=(--after-build "bash $SELF fa3-start")
+  [ "${GPU_CHECK_FA3_BUILD:-1}" = 1 ] || after=()
+  run "$log" python bench/gpu.py warmup --out "$CACHE/warmup.json" "${after[@]}" || warm_status=$?
+  [ "$DRY" = 0 ] || [ "${#after[@]}" = 0 ] || fa3_start # what --after-build starts
   keep_warmup
   [ "$pip_status" = 0 ] || return "$pip_status"
   return "$warm_status"
@@ -349,6 +364,7 @@ carried_modules() {
   [ "$DRY" = 0 ] && [ -f "${JIT_MODULES:-}" ] || return 0
   local aot
   aot=$(python -c 'import flashinfer.jit.env as e; print(e.FLASHINFER_AOT_DIR)') || return 0
+  [ -n "$aot" ] || return 0
   mkdir -p "$aot" && tar -xzf "$JIT_MODULES" -C "$aot" && echo "carried modules in $aot: $(ls "$aot" | tr '\n' ' ')"
 }
 keep_warmup() {
@@ -433,6 +449,21 @@ GPU_CHECK_FA3_DEADLINE=<this phase's limit - $FA3_RESERVE s>  # while FA3's buil
     unset SCORE_BATCH_NO_FA3
   fi
   run "$OUT/bench.txt" python bench/gpu.py bench --out "$OUT/gpu.json" "$@"
+}
+
+carried_fa3() {
+  # Whether the carried JIT modules (JIT_MODULES) hold FA3's prefill (its module's name ends in _sm90).
+  [ -f "${JIT_MODULES:-}" ] && tar -tzf "$JIT_MODULES" 2>/dev/null | grep -q '_sm90/'
+}
+
+profile_run() {
+  # bench/gpu_profile.py: where one forward's milliseconds go at the goal shape, each step written under $OUT as
+  # soon as it ends (profile.json, profile.txt, trace-4.json.gz); FA3 only where its module was carried in.
+  installed
+  local fa3=()
+  say "tar -tzf \$JIT_MODULES | grep -q _sm90/ && FA3 too (--fa3)"
+  if [ "$DRY" = 0 ] && carried_fa3; then fa3=(--fa3); fi
+  run "$OUT/profile.log" python bench/gpu_profile.py --out-dir "$OUT" "${fa3[@]}" "$@"
 }
 
 host() {
@@ -527,11 +558,16 @@ phase() {
 }
 
 summary_status() {
-  # 0: every phase ended well; 1: data came back, but a phase failed or was cut; 3: nothing to report.
+  # 0: every phase ended well; 1: data came back, but a phase failed or was cut; 3: nothing to report (none of
+  # the files named, by default all's test results and gpu.json).
   [ "$DRY" = 0 ] || return 0
   grep -qv "exit=0 " "$OUT/summary.txt" || return 0
-  if [ ! -s "$OUT/gpu.json" ] && [ ! -s "$OUT/gpu-tests.xml" ]; then
-    echo "nothing to report: no test results and no gpu.json (see $OUT/summary.txt and install.log)" >&2
+  local name reported=0
+  for name in "${@:-gpu.json gpu-tests.xml}"; do
+    for name in $name; do [ ! -s "$OUT/$name" ] || reported=1; done
+  done
+  if [ "$reported" = 0 ]; then
+    echo "nothing to report: none of ${*:-gpu.json gpu-tests.xml} (see $OUT/summary.txt and install.log)" >&2
     exit 3
   fi
   echo "data came back, but a phase failed or was cut: see $OUT/summary.txt" >&2
@@ -555,6 +591,23 @@ case "${1:-}" in
     shift
     host "$@"
     ;;
+  profile-run)
+    shift
+    profile_run "$@"
+    ;;
+  profile)
+    # install → profile (at most PROFILE_LIMIT s, never more: TOTAL=0 gives each phase its own share alone) →
+    # collect (the built modules for the next call's JIT_MODULES); no FA3 build beside them.
+    shift
+    say ": > $OUT/summary.txt"
+    [ "$DRY" = 1 ] || : >"$OUT/summary.txt"
+    export GPU_CHECK_FA3_BUILD=0
+    TOTAL=0 IN_ALL=1
+    phase install "$INSTALL_LIMIT" "$INSTALL_ESTIMATE" 0 install
+    phase profile "$PROFILE_LIMIT" "$PROFILE_ESTIMATE" 0 profile-run "$@"
+    phase collect "$COLLECT_LIMIT" "$COLLECT_ESTIMATE" 0 collect
+    summary_status profile.json
+    ;;
   all)
     say ": > $OUT/summary.txt"
     [ "$DRY" = 1 ] || : >"$OUT/summary.txt"
@@ -567,7 +620,7 @@ case "${1:-}" in
     summary_status
     ;;
   *)
-    echo "usage: bash bench/gpu_check.sh [--dry-run] probe|install|tests|bench|host|all [the bench's arguments]" >&2
+    echo "usage: bash bench/gpu_check.sh [--dry-run] probe|install|tests|bench|host|profile|all [the bench's arguments]" >&2
     exit 2
     ;;
 esac
