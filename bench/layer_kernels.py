@@ -6,7 +6,8 @@ contracts: 16-bit inputs, K/V strides equal, ...), each counted as one launch. E
 CUDA launches it would make: every top-level aten op that computes or copies (a GEMM, a copy, an add), views
 not at all. A layer's count is a 2-layer model's minus a 1-layer model's, so the embedding, the final norm and
 the plan stay out. With triton installed and TRITON_INTERPRET=1, FlashInferOps runs the fused q/k-norm + RoPE
-kernel (engine/native/fused_qk.py) in Triton's interpreter, counted as one launch.
+kernel (engine/native/fused_qk.py) in Triton's interpreter, counted as one launch; its launch grid is recorded and
+printed beside the goal shape's (a 5,601-token pack, Qwen3-0.6B's 16 + 8 heads) from the same grid rule.
 `[TRITON_INTERPRET=1] python bench/layer_kernels.py [--families qwen3 llama]`
 """
 
@@ -45,6 +46,7 @@ KERNEL = "kernel::"  # the stub's FlashInfer kernels, one launch each
 SHAPE = dict(
     hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128
 )
+GOAL_TOKENS, GOAL_HEADS = 5601, 16 + 8  # the goal shape's pack, Qwen3-0.6B's q + kv heads
 
 
 def _kernel(name: str, function):
@@ -63,6 +65,30 @@ def fused_qk():
     except ImportError:
         return None
     return module if module.INTERPRETED else None
+
+
+class Grids:
+    """The fused kernel with each launch's (programs, tokens, heads) recorded."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.seen = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.append((grid[0], args[5], args[8]))  # the kernel's tokens and q + kv heads arguments
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def programs_line(fused, seen: list) -> str:
+    """The fused kernel's programs per launch, here and at the goal shape, beside one per (token, head)."""
+    programs, tokens, heads = seen[-1]
+    goal = fused.programs(GOAL_TOKENS)
+    return (
+        f"{'':17} fused q/k-norm + RoPE: {programs} programs per launch for {tokens} tokens × {heads} heads "
+        f"({tokens * heads} at one per (token, head)); at the goal shape {goal:,} ({GOAL_TOKENS * GOAL_HEADS:,})"
+    )
 
 
 def launches(events) -> Counter:
@@ -133,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     fused = fused_qk()
     if fused is not None:  # TRITON_INTERPRET=1 with triton: the fused q/k-norm + RoPE kernel, one launch
         patch.setattr(fused, "qk_norm_rope", _kernel("qk_norm_rope", fused.qk_norm_rope))
+        grids = Grids(fused._qk_norm_rope)
+        patch.setattr(fused, "_qk_norm_rope", grids)
     stub.install(patch)
     torch.set_num_threads(1)
     try:
@@ -142,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                     layer = per_layer(family, ops, Path(tmp))
                     names = ", ".join(f"{n.split('::')[1]}×{c}" for n, c in sorted(layer.items()))
                     print(f"{family:6} {ops:10} {sum(layer.values()):3} per layer: {names}")
+                    if fused is not None and ops == "flashinfer" and grids.seen:
+                        print(programs_line(fused, grids.seen))
     finally:
         patch.undo()
     return 0
