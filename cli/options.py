@@ -221,7 +221,8 @@ OPTIONS = (
     Option("device", ENG, choices.Device, "auto", ENGINE, "Where to run."),
     Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU."),
     Option("backend", ENG, choices.Backend, "auto", ENGINE, "Attention: sdpa is the reference; flashinfer "
-           "needs CUDA."),
+           "(the multi-item mask) and flashinfer-two-phase (two ragged prefills merged by LSE) need CUDA; "
+           "auto takes flashinfer there."),
     Option("max_batch_tokens", ENG, int | None, None, ENGINE, "Tokens per forward pass.",
            shown="4096 on CPU, 65536 on CUDA"),
     Option("max_pack_tokens", ENG, int, 8192, ENGINE, "Longest packed sequence; larger groups are split."),

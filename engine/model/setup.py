@@ -366,24 +366,48 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
         cause = _proven(config.ops, proof.prove_ops, device, dtype, info.hidden_size, info.head_dim)
         if cause is not None:
             ops = _fall_back(config, "ops", "torch", cause, device, fallbacks)
-    if backend == "flashinfer":
-        cause = _proven(config.backend, proof.prove_attention, device, dtype, info.head_dim)
+    if backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.module == "flashinfer":
+        cause = _proven(config.backend, proof.prove_attention, device, dtype, info.head_dim, name=backend)
         if cause is not None:
             flex = why_not("flex", workload(info, config, device, dtype), import_failure) is None
             backend = _fall_back(config, "backend", "flex" if flex else "sdpa", cause, device, fallbacks)
+        elif config.backend == "auto" and device.type == "cuda":
+            backend = _raced(backend, setup, config)
     if len(fallbacks) == len(setup.fallbacks):
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
     return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
 
 
-def _proven(asked: str, prove: Callable[..., str | None], *args) -> str | None:
-    """prove("flashinfer", *args): the cause of its failure (the failed builds reset), or None."""
+def _raced(backend: str, setup: ResolvedSetup, config: EngineConfig) -> str:
+    """auto's backend, or a rival of it (registry.AUTO_RIVALS) that fits, is proven and runs faster on the
+    model's widths at load (proof.faster); the figures logged once."""
+    from score_batch.engine.attention.registry import AUTO_RIVALS
+    from score_batch.engine.model import proof
+
+    info, device, dtype = setup.info, setup.device, setup.dtype
+    need = workload(info, config, device, dtype)
+    rivals = [name for name in AUTO_RIVALS.get(backend, ()) if why_not(name, need, import_failure) is None]
+    proven = [
+        name
+        for name in rivals
+        if _proven("auto", proof.prove_attention, device, dtype, info.head_dim, name=name) is None
+    ]
+    if not proven:
+        return backend
+    chosen, seconds = proof.faster([backend, *proven], device, dtype, info.head_dim)
+    figures = ", ".join(f"{name} {1e3 * s:.3f} ms" for name, s in seconds.items())
+    log.info("attention backend %s: the faster at load (one goal-shape pack's layer: %s)", chosen, figures)
+    return chosen
+
+
+def _proven(asked: str, prove: Callable[..., str | None], *args, name: str = "flashinfer") -> str | None:
+    """prove(name, *args): the cause of its failure (the failed builds reset), or None."""
     from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
 
     # auto without a compiler: FlashInfer's prebuilt kernels only, a missing one fails at once (no JIT)
     with jit_disabled_without_compiler(asked == "auto") as no_jit:
-        cause = prove("flashinfer", *args)
+        cause = prove(name, *args)
     if cause is None:
         return None
     _reset_failed_builds()
