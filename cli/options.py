@@ -238,6 +238,10 @@ OPTIONS = (
            "model's config is fully implemented there (else one log line says why not)."),
     Option("ops", ENG, choices.Ops, "auto", ENGINE, "Element-wise kernels of native layers (RMSNorm + "
            "residual, RoPE, SiLU·mul); auto: flashinfer on CUDA when installed, torch elsewhere."),
+    Option("verify", ENG, int | None, None, ENGINE, "Score N items chosen at random across the run again, "
+           "each alone through the reference path (sdpa, torch ops, the run's dtype); the report's verify says "
+           "the largest difference and the bound, and a warning names the items beyond it.", (), "N",
+           shown="16 on a GPU kernel path, 0 on the CPU reference path"),
     Option("threads", RUN, int | None, None, ENGINE, "Torch threads.",
            shown="the CPUs this process may use (affinity, cgroup quota)"),
     Option("window_rows", RUN, int, 2048, JOB, "Input rows held in memory and checkpointed "

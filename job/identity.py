@@ -27,7 +27,8 @@ UNFINGERPRINTED = (
     *("ray", "threads", "progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse"),
     *("reuse_missing_ok", "window_rows", "max_failed_rate"),
 )
-INVARIANT_SETTINGS = (("engine", "max_batch_tokens"),)  # scores stay within the batch-invariance bound
+# scores stay within the batch-invariance bound (max_batch_tokens); verify re-scores a few items, changes none
+INVARIANT_SETTINGS = (("engine", "max_batch_tokens"), ("engine", "verify"))
 # The parts of a record that are digested, in this order (input: a completed output's only)
 RECORD_PARTS = ("settings", "model", "input", "software")
 RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # in a score key as resolved, not as asked

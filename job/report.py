@@ -81,6 +81,9 @@ class RunReport:
     # device_seconds, items_per_second; with --price-per-hour: price_per_hour, cost, cost_per_million_items.
     # A dry run: input_tokens, planned_tokens (what a run would compute) and device only.
     usage: dict = field(default_factory=dict)
+    # --verify: items re-scored alone through the reference path, max_abs_diff, bound, ok, failed_items, path,
+    # seconds (engine/run/verify.py); None when the run verified nothing
+    verify: dict | None = None
 
     def add_setup(self, setup) -> None:
         """The engine settings as resolved for this model and machine (an engine.model.setup.ResolvedSetup)."""
