@@ -219,7 +219,9 @@ OPTIONS = (
            "here and every row, unranked, to OUTPUT, in one run (published just before OUTPUT).", (),
            "PATH"),
     Option("device", ENG, choices.Device, "auto", ENGINE, "Where to run."),
-    Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU."),
+    Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU. fp8: the decoder "
+           "layers' GEMMs in FP8 over bf16 (Hopper or later); fp8-emulated: the same quantization emulated "
+           "anywhere, for benchmarks."),
     Option("backend", ENG, choices.Backend, "auto", ENGINE, "Attention: sdpa is the reference; flashinfer "
            "(the multi-item mask) and flashinfer-two-phase (two ragged prefills merged by LSE) need CUDA; "
            "auto takes flashinfer there."),

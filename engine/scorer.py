@@ -23,11 +23,12 @@ from score_batch.engine.model.loading import ModelInfo, load_model, load_tokeniz
 from score_batch.engine.model.profiles import Profile, resolve_scoring
 from score_batch.engine.model.setup import ResolvedSetup, load_planner
 from score_batch.engine.model.source import hub_id_of, resolve_model_dir
+from score_batch.engine.native.fp8 import quantize_linears
 from score_batch.engine.plan.planner import Planner, WorkPlan
 from score_batch.engine.run.heads import LogitScoreHead
 from score_batch.engine.run.packed_runner import PackedRunner
 from score_batch.engine.run.pair_runner import PairRunner
-from score_batch.engine.run.verify import make_verifier
+from score_batch.engine.run.verify import make_verifier, verify_count
 from score_batch.engine.text.backend_tokenizer import BackendTokenizer
 from score_batch.engine.types import Group, GroupResult
 
@@ -218,6 +219,10 @@ def _load_runner(
     if logit_score is not None and load_info is None:
         load_info = read_model_info(setup.info.path, config.trust_remote_code)
     loaded = load_model(load_info or setup.info, setup, config)
+    if setup.fp8 != "none":  # the layers' projections in FP8, quantized once (the head stays bf16)
+        quantize_linears(
+            loaded.backbone, emulate=setup.fp8 == "emulated", keep=verify_count(config.verify, setup) > 0
+        )
     if logit_score is not None:
         loaded.head = LogitScoreHead(
             loaded.head, logit_score.true_token_id, logit_score.false_token_id, loaded.final_logit_softcap

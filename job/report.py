@@ -89,6 +89,8 @@ class RunReport:
         """The engine settings as resolved for this model and machine (an engine.model.setup.ResolvedSetup)."""
         self.backend, self.device = setup.backend, str(setup.device)
         self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
+        fp8 = getattr(setup, "fp8", "none")  # FP8 GEMMs over bf16 activations (engine/native/fp8.py)
+        self.dtype = {"scaled_mm": "fp8", "emulated": "fp8-emulated"}.get(fp8, self.dtype)
         self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)
 
     @property

@@ -17,6 +17,7 @@ from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model.loading import ModelInfo, load_tokenizer, read_model_info
 from score_batch.engine.model.st_model import LogitScoreSpec, read_cross_encoder
+from score_batch.engine.native.fp8 import Fp8Mode, resolve_dtype
 from score_batch.engine.plan.planner import (
     PackedPlanner,
     PairPlanner,
@@ -54,6 +55,7 @@ class ResolvedSetup:
     # What `auto` fell back from when its FlashInfer kernels failed their check at load, and why
     # (engine/model/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
     fallbacks: tuple[str, ...] = ()
+    fp8: Fp8Mode = "none"  # the decoder layers' GEMMs in FP8 (dtype is then bfloat16): scaled_mm or emulated
 
 
 def resolve_device(name: str) -> torch.device:
@@ -218,8 +220,9 @@ def resolve_setup(
         activation = ResolvedActivation(
             "none", f"the label scores are label_score={cfg.label_score} as asked"
         )
-    auto_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype = auto_dtype if config.dtype == "auto" else getattr(torch, config.dtype)
+    dtype, fp8 = resolve_dtype(
+        config.dtype, device
+    )  # fp8: bf16 activations, FP8 GEMMs (engine/native/fp8.py)
     backend = _backend(info, config, device, dtype)
     limits = _plan_limits(info, config, tokenizer, device, backend)
     runner: RunnerKind = "pairs" if info.encoder else "packed"
@@ -227,7 +230,7 @@ def resolve_setup(
     ops = resolve_ops(config, layers, device, dtype)
     return ResolvedSetup(
         info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner, layers, ops,
-        logit_score=logit_score,
+        logit_score=logit_score, fp8=fp8,
     )  # fmt: skip
 
 

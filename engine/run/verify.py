@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from score_batch.engine.attention.sdpa import SdpaBackend
+from score_batch.engine.native.fp8 import Fp8Linear
 from score_batch.engine.native.ops import TorchOps
 from score_batch.engine.plan.batching import make_batches
 from score_batch.engine.plan.packing import ItemRef, single_pack
@@ -33,6 +34,8 @@ SEED = 0
 # |run − reference| allowed per score, times max(1, |reference|): float32 kernels agree to ~1e-6 on the tiny
 # models; a bf16 model's scores through two kernel arrangements 0.018 (tests/gpu/common.SAME_MODEL_SCORES 3e-2)
 VERIFY_BOUNDS = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+# FP8 GEMMs against the bf16 reference: e4m3 rounds each operand by up to 2^-4 of its value (docs/semantics.md, FP8)
+FP8_BOUND = 1e-1
 # The default's cost cap: the re-scored tokens at most this share of the tokens the run computed, each counted
 # twice (the reference path's torch ops and dense sdpa: ~2x the fast path's time per token at the goal shape),
 # at least one item. An explicit count is kept whole.
@@ -51,6 +54,7 @@ def verify_count(asked: int | None, setup) -> int:
     if asked is not None:
         return asked
     fast = setup.device.type == "cuda" and (setup.backend != "sdpa" or setup.ops == "flashinfer")
+    fast = fast or getattr(setup, "fp8", "none") != "none"
     return DEFAULT_ITEMS if fast and setup.runner == "packed" else 0
 
 
@@ -106,10 +110,11 @@ class Verifier:
         started = time.perf_counter()
         if self._capped:
             self.samples = self._within_budget()
-        dtype = runner.setup.dtype
-        bound = VERIFY_BOUNDS.get(dtype, VERIFY_BOUNDS[torch.bfloat16])
+        dtype, fp8 = runner.setup.dtype, runner.setup.fp8 != "none"
+        bound = FP8_BOUND if fp8 else VERIFY_BOUNDS.get(dtype, VERIFY_BOUNDS[torch.bfloat16])
         result = {"items": len(self.samples), "max_abs_diff": None, "bound": bound, "ok": True}
-        result.update(path=f"sdpa, torch ops, {str(dtype).removeprefix('torch.')}", failed_items=[])
+        weights = " weights and GEMMs" if fp8 else ""
+        result.update(path=f"sdpa, torch ops, {str(dtype).removeprefix('torch.')}{weights}", failed_items=[])
         if self.samples:
             reference = reference_scores(runner, [s.sequence for s in self.samples])  # [samples, num_scores]
             run = np.stack([s.scores for s in self.samples])
@@ -117,6 +122,9 @@ class Verifier:
             beyond = (difference > bound * np.maximum(1.0, np.abs(reference))).any(axis=1)  # [samples]
             failed = [s.name for s, bad in zip(self.samples, beyond) if bad]
             result.update(max_abs_diff=float(difference.max()), ok=not failed, failed_items=failed)
+            if fp8:  # the ranking the FP8 scores keep over the verified items (Spearman ρ of `score`)
+                index = runner.planner.cfg.score_index
+                result["rank_agreement"] = rank_agreement(run[:, index], reference[:, index])
             if failed:
                 log.warning(
                     "verify: %d of %d items scored again through the reference path (%s) differ by up to %.3g, "
@@ -159,15 +167,30 @@ def reference_scores(runner, sequences: list[list[int]]) -> np.ndarray:  # [sequ
     return out
 
 
+def rank_agreement(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman ρ of two score vectors (ranks by argsort; None under 2 items or a constant one)."""
+    if len(a) < 2:
+        return None
+    ra, rb = (np.argsort(np.argsort(x)).astype(np.float64) for x in (a, b))
+    spread = ra.std() * rb.std()
+    return None if spread == 0 else round(float(((ra - ra.mean()) * (rb - rb.mean())).mean() / spread), 6)
+
+
 @contextlib.contextmanager
 def torch_ops(backbone: torch.nn.Module):
-    """The native layers' ops set to TorchOps while the block runs (transformers' layers have none)."""
+    """The reference path while the block runs: the native layers' ops set to TorchOps (transformers' layers
+    have none), FP8 projections on their unquantized weights."""
     swapped = [(module, module.ops) for module in backbone.modules() if hasattr(module, "ops")]
+    fp8 = [module for module in backbone.modules() if isinstance(module, Fp8Linear)]
     reference = TorchOps()
     try:
         for module, _ in swapped:
             module.ops = reference
+        for module in fp8:
+            module.use_reference = True
         yield
     finally:
         for module, ops in swapped:
             module.ops = ops
+        for module in fp8:
+            module.use_reference = False
