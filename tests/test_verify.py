@@ -120,3 +120,11 @@ def test_the_default_count_is_capped_at_one_percent_of_the_run():
         verifier = Verifier(16, capped=True)
         verifier.observe(plan, [SimpleNamespace(failures=[None] * 40, scores=np.zeros((40, 1), np.float32))])
         assert len(verifier._within_budget()) == kept
+
+
+def test_the_python_api_takes_verify_as_an_engine_keyword(qwen3_causal):
+    scorer = Scorer(qwen3_causal, device="cpu", verify=2, label_tokens=(" to", " the"))
+    assert scorer.engine_config.verify == 2
+    scorer.score([Group("I pledge allegiance", [" to", " the flag of", " Japan"])])
+    result = scorer.verify()
+    assert result["items"] == 2 and result["ok"] and result["max_abs_diff"] <= 1e-5
