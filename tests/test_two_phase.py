@@ -116,5 +116,14 @@ def test_auto_keeps_the_mask_path_and_races_only_listed_rivals(stub, qwen3_causa
     times = {"flashinfer": 2e-3, "flashinfer-two-phase": 1e-3}
     monkeypatch.setattr(proof, "faster", lambda names, *a: (min(names, key=times.get), times))
     assert setup._raced("flashinfer", resolved, EngineConfig(device="cpu")) == "flashinfer-two-phase"
+    # the load's proof keeps the faster: a CUDA setup (its kernels' proofs stood in for)
+    on_cuda = dataclasses.replace(resolved, device=torch.device("cuda"))
+    prove_attention = proof.prove_attention
+    monkeypatch.setattr(proof, "prove_attention", lambda *args, **kwargs: None)
+    proven = setup.prove_setup(on_cuda, EngineConfig(device="cpu"))
+    assert (
+        proven.backend == "flashinfer-two-phase" and proven.fallbacks == () and not proven.limits.cache_query
+    )
+    monkeypatch.setattr(proof, "prove_attention", prove_attention)
     stub.wrong.add("ragged")  # a rival that fails its proof is not raced
     assert setup._raced("flashinfer", resolved, EngineConfig(device="cpu")) == "flashinfer"

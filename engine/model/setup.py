@@ -220,9 +220,8 @@ def resolve_setup(
         activation = ResolvedActivation(
             "none", f"the label scores are label_score={cfg.label_score} as asked"
         )
-    dtype, fp8 = resolve_dtype(
-        config.dtype, device
-    )  # fp8: bf16 activations, FP8 GEMMs (engine/native/fp8.py)
+    # fp8: bf16 activations with FP8 GEMMs (engine/native/fp8.py)
+    dtype, fp8 = resolve_dtype(config.dtype, device)
     backend = _backend(info, config, device, dtype)
     limits = _plan_limits(info, config, tokenizer, device, backend)
     runner: RunnerKind = "pairs" if info.encoder else "packed"
@@ -376,7 +375,7 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
             backend = _fall_back(config, "backend", "flex" if flex else "sdpa", cause, device, fallbacks)
         elif config.backend == "auto" and device.type == "cuda":
             backend = _raced(backend, setup, config)
-    if len(fallbacks) == len(setup.fallbacks):
+    if len(fallbacks) == len(setup.fallbacks) and backend == setup.backend:  # proven as resolved
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
     return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
