@@ -130,7 +130,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument(
-        "--dtype", default=None, choices=DTYPES[1:], help="default: float32 on cpu, bfloat16 on cuda"
+        "--dtype",
+        default=None,
+        choices=[d for d in DTYPES[1:] if not d.startswith("fp8")],
+        help="default: float32 on cpu, bfloat16 on cuda",
     )
     parser.add_argument("--head-dim", type=int, default=BENCH_MODEL["head_dim"], help="128 for flashinfer")
     parser.add_argument(

@@ -219,9 +219,12 @@ OPTIONS = (
            "here and every row, unranked, to OUTPUT, in one run (published just before OUTPUT).", (),
            "PATH"),
     Option("device", ENG, choices.Device, "auto", ENGINE, "Where to run."),
-    Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU."),
+    Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU. fp8: the decoder "
+           "layers' GEMMs in FP8 over bf16 (Hopper or later); fp8-emulated: the same quantization emulated "
+           "anywhere, for benchmarks."),
     Option("backend", ENG, choices.Backend, "auto", ENGINE, "Attention: sdpa is the reference; flashinfer "
-           "needs CUDA."),
+           "(the multi-item mask) and flashinfer-two-phase (two ragged prefills merged by LSE) need CUDA; "
+           "auto takes flashinfer there."),
     Option("max_batch_tokens", ENG, int | None, None, ENGINE, "Tokens per forward pass.",
            shown="4096 on CPU, 65536 on CUDA"),
     Option("max_pack_tokens", ENG, int, 8192, ENGINE, "Longest packed sequence; larger groups are split."),
@@ -237,6 +240,10 @@ OPTIONS = (
            "model's config is fully implemented there (else one log line says why not)."),
     Option("ops", ENG, choices.Ops, "auto", ENGINE, "Element-wise kernels of native layers (RMSNorm + "
            "residual, RoPE, SiLU·mul); auto: flashinfer on CUDA when installed, torch elsewhere."),
+    Option("verify", ENG, int | None, None, ENGINE, "Score N items chosen at random across the run again, "
+           "each alone through the reference path (sdpa, torch ops, the run's dtype); the report's verify says "
+           "the largest difference and the bound, and a warning names the items beyond it.", (), "N",
+           shown="16 on a GPU kernel path, 0 on the CPU reference path"),
     Option("threads", RUN, int | None, None, ENGINE, "Torch threads.",
            shown="the CPUs this process may use (affinity, cgroup quota)"),
     Option("window_rows", RUN, int, 2048, JOB, "Input rows held in memory and checkpointed "

@@ -30,7 +30,16 @@ ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torc
 # and has no model cards): accepted, logged when given.
 _IGNORED = ("token", "local_files_only", "model_card_data", "keep_in_fp32_modules")
 # EngineConfig fields a keyword may set without giving an EngineConfig (which would drop CrossEncoder's defaults).
-_ENGINE_FIELDS = ("dtype", "max_batch_tokens", "max_pack_tokens", "allow_pickle", "compile", "layers", "ops")
+_ENGINE_FIELDS = (
+    "dtype",
+    "max_batch_tokens",
+    "max_pack_tokens",
+    "allow_pickle",
+    "compile",
+    "layers",
+    "ops",
+    "verify",
+)
 # Older CrossEncoder names of its arguments, as its own decorator maps them.
 _RENAMED = {
     "model_name": "model_name_or_path",

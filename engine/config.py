@@ -98,6 +98,9 @@ class EngineConfig:
     # Element-wise kernels of the native layers (RMSNorm + residual, RoPE, SiLU·mul); auto: flashinfer on
     # CUDA when it imports (torch under --compile), torch elsewhere.
     ops: choices.Ops = "auto"
+    # Items re-scored alone through the reference path at the end of a run (engine/run/verify.py); None: 16
+    # where the run takes a GPU kernel path, else 0. Changes no score (not in the score identity).
+    verify: int | None = None
     scoring: ScoringConfig = field(default_factory=ScoringConfig)
 
     def __post_init__(self) -> None:
@@ -106,6 +109,8 @@ class EngineConfig:
             raise SettingError("EngineConfig.compile", self.compile, "must be True or False")
         if self.max_pack_tokens < 8:
             raise SettingError("EngineConfig.max_pack_tokens", self.max_pack_tokens, "must be at least 8")
+        if self.verify is not None and (isinstance(self.verify, bool) or self.verify < 0):
+            raise SettingError("EngineConfig.verify", self.verify, "must be a whole number >= 0")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise SettingError("EngineConfig.max_batch_tokens", self.max_batch_tokens, "must be positive")
 

@@ -23,10 +23,12 @@ from score_batch.engine.model.loading import ModelInfo, load_model, load_tokeniz
 from score_batch.engine.model.profiles import Profile, resolve_scoring
 from score_batch.engine.model.setup import ResolvedSetup, load_planner
 from score_batch.engine.model.source import hub_id_of, resolve_model_dir
+from score_batch.engine.native.fp8 import quantize_linears
 from score_batch.engine.plan.planner import Planner, WorkPlan
 from score_batch.engine.run.heads import LogitScoreHead
 from score_batch.engine.run.packed_runner import PackedRunner
 from score_batch.engine.run.pair_runner import PairRunner
+from score_batch.engine.run.verify import make_verifier, verify_count
 from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,7 @@ class Scorer(CrossEncoderAPI):
             logit_score=spec.logit_score if logit_score else None,  # CrossEncoder's LogitScore, decided above
         )  # fmt: skip
         self._runner = _load_runner(config, planned, info)
+        self._verifier = make_verifier(config.verify, self._runner.setup)
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
         self._attach_crossencoder(spec if ce_defaults else None, activation_fn, spec, prompt_template)
@@ -118,6 +121,7 @@ class Scorer(CrossEncoderAPI):
         # a planned setup's directory was resolved by its caller; else this is the entry that resolves it
         planned = planned or load_planner(resolve_model_dir(model), config, prove=True)
         scorer._runner = _load_runner(config, planned)
+        scorer._verifier = make_verifier(config.verify, scorer._runner.setup)
         scorer.engine_config = config
         scorer.profile = None
         scorer._attach_crossencoder(None, None)
@@ -181,8 +185,17 @@ class Scorer(CrossEncoderAPI):
         return self.planner.plan(list(groups))
 
     def run(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
-        """Run a plan's batches and assemble per-group results in input order."""
-        return self._runner.run(plan, on_items)
+        """Run a plan's batches and assemble per-group results in input order (a few kept for verify())."""
+        results = self._runner.run(plan, on_items)
+        self._verifier.observe(plan, results)
+        return results
+
+    def verify(self) -> dict | None:
+        """EngineConfig.verify's check of the items kept from this Scorer's runs (engine/run/verify.py): items,
+        max_abs_diff, bound, ok, failed_items, path, seconds; None when no items are verified."""
+        if self._verifier.count <= 0 or self.setup.runner != "packed":
+            return None
+        return self._verifier.verify(self._runner)
 
     def score(
         self, groups: Sequence[Group], on_items: Callable[[int], None] | None = None
@@ -203,6 +216,10 @@ def _load_runner(
     if logit_score is not None and load_info is None:
         load_info = read_model_info(setup.info.path, config.trust_remote_code)
     loaded = load_model(load_info or setup.info, setup, config)
+    if setup.fp8 != "none":  # the layers' projections in FP8, quantized once (the head stays bf16)
+        quantize_linears(
+            loaded.backbone, emulate=setup.fp8 == "emulated", keep=verify_count(config.verify, setup) > 0
+        )
     if logit_score is not None:
         loaded.head = LogitScoreHead(
             loaded.head, logit_score.true_token_id, logit_score.false_token_id, loaded.final_logit_softcap

@@ -109,6 +109,7 @@ def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> No
             phase.add(ScoredWindow(count, items, failed, stats, requests=count, requests_failed=refused))
             sink.write(lines)  # a dry run's sink writes nowhere
             phase.check()
+        report.verify = scorer.verify() if scorer is not None else None  # --verify, before the publish
         phase.commit()
     if report.requests_failed:
         failed = (report.requests_failed, report.rows_read)

@@ -27,7 +27,8 @@ UNFINGERPRINTED = (
     *("ray", "threads", "progress_seconds", "pipeline", "storage_options", "price_per_hour", "reuse"),
     *("reuse_missing_ok", "window_rows", "max_failed_rate"),
 )
-INVARIANT_SETTINGS = (("engine", "max_batch_tokens"),)  # scores stay within the batch-invariance bound
+# scores stay within the batch-invariance bound (max_batch_tokens); verify re-scores a few items, changes none
+INVARIANT_SETTINGS = (("engine", "max_batch_tokens"), ("engine", "verify"))
 # The parts of a record that are digested, in this order (input: a completed output's only)
 RECORD_PARTS = ("settings", "model", "input", "software")
 RESOLVED_ENGINE = ("device", "dtype", "backend", "layers", "ops")  # in a score key as resolved, not as asked
@@ -87,6 +88,8 @@ class RunIdentity:
         resolved.update(device=setup.device.type, dtype=str(setup.dtype), label_ids=list(setup.label_ids))
         resolved["gpu"] = device_name(str(setup.device)) if setup.device.type == "cuda" else None
         resolved["unscored_tail_id"] = setup.limits.unscored_tail_id  # a classifier's pad id
+        if getattr(setup, "fp8", "none") != "none":  # FP8 GEMMs: never a bf16 score (other keys unchanged)
+            resolved["fp8"] = setup.fp8
         key = {"engine": engine, "resolved": resolved, **{k: self.record[k] for k in ("model", "software")}}
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).digest()
 

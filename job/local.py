@@ -152,6 +152,7 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
         sink.check_read(windows_read)
         digest = content.hexdigest()
         completed = checked.identity.completed(digest).with_failed(report.items_failed, report.items)
+        report.verify = scorer.verify() if scorer is not None else None  # --verify, before the publish
         phase.commit(tools.contract, phase.check, completed)
         if completion is not None:
             completion.published(completed, config.resume)

@@ -83,11 +83,16 @@ class RunReport:
     # device_seconds, items_per_second; with --price-per-hour: price_per_hour, cost, cost_per_million_items.
     # A dry run: input_tokens, planned_tokens (what a run would compute) and device only.
     usage: dict = field(default_factory=dict)
+    # --verify: items re-scored alone through the reference path, max_abs_diff, bound, ok, failed_items, path,
+    # seconds (engine/run/verify.py); None when the run verified nothing
+    verify: dict | None = None
 
     def add_setup(self, setup) -> None:
         """The engine settings as resolved for this model and machine (an engine.model.setup.ResolvedSetup)."""
         self.backend, self.device = setup.backend, str(setup.device)
         self.dtype, self.packing = str(setup.dtype).removeprefix("torch."), setup.packing
+        fp8 = getattr(setup, "fp8", "none")  # FP8 GEMMs over bf16 activations (engine/native/fp8.py)
+        self.dtype = {"scaled_mm": "fp8", "emulated": "fp8-emulated"}.get(fp8, self.dtype)
         self.layers, self.ops, self.fallbacks = setup.layers, setup.ops, list(setup.fallbacks)
 
     @property

@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 ActivationChoice = Literal["auto", "none", "sigmoid", "softmax"]  # the `score` column's; auto as CrossEncoder
-Backend = Literal["auto", "flashinfer", "flex", "split", "sdpa"]  # engine/attention/registry.py checks it
+Backend = Literal[
+    "auto", "flashinfer", "flashinfer-two-phase", "flex", "split", "sdpa"
+]  # engine/attention/registry.py checks it
 ChunkAggregate = Literal["max", "first", "mean"]
 Device = Literal["auto", "cpu", "cuda"]
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16", "fp8", "fp8-emulated"]  # fp8: engine/native/fp8.py
 HiveTypes = Literal["infer", "string"]  # partition values typed (inferred) or kept as strings
 LabelScore = Literal["probability", "logit", "sigmoid"]
 Layers = Literal["auto", "native", "transformers"]

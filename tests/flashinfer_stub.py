@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from score_batch.engine.attention.flashinfer_plan import kernel_mask
+from score_batch.engine.attention.two_phase import merge_lse, ragged_attention
 
 NO_NVCC = (
     "Ninja build failed. Ninja output:\n[1/3] nvcc -c norm.cu\nFAILED: norm.cuda.o\n"
@@ -27,7 +28,8 @@ class FlashInferStub:
     """The fake package's state: the build hook, the kernels made wrong, and each norm call's input layout."""
 
     def __init__(self) -> None:
-        # "rmsnorm" (3-D heads read as if contiguous), "silu_and_mul" (10% off), "prefill" (no multi-item mask)
+        # "rmsnorm" (3-D heads read as if contiguous), "silu_and_mul" (10% off), "prefill" (no multi-item mask),
+        # "ragged" (the ragged prefill never causal)
         self.wrong: set[str] = set()
         self.norm_inputs: list[tuple] = []  # (data_ptr, shape, strides) of every rmsnorm input
         self.built: list[str] = []
@@ -49,7 +51,13 @@ class FlashInferStub:
             def __init__(self, workspace, kv_layout="NHD", backend="fa2"):
                 super().__init__(stub)
 
+        class Ragged(_RaggedPrefill):
+            def __init__(self, workspace, kv_layout="NHD", backend="auto"):
+                super().__init__(stub)
+
         package.BatchPrefillWithPagedKVCacheWrapper = Wrapper
+        package.BatchPrefillWithRaggedKVCacheWrapper = Ragged
+        package.merge_state_in_place = self.merge_state_in_place
         monkeypatch.setitem(sys.modules, "flashinfer", package)
         for name in ("norm", "rope", "activation"):
             monkeypatch.setitem(sys.modules, f"flashinfer.{name}", getattr(package, name))
@@ -90,6 +98,13 @@ class FlashInferStub:
             heads = x.view(x.shape[0], -1, head_size)  # a view: rows may be strided
             first, second = heads[..., :half].float(), heads[..., half:].float()
             heads.copy_(torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1))
+
+    def merge_state_in_place(self, v, s, v_other, s_other, mask=None):
+        self.build("cascade")
+        _check_16bit(v)
+        assert s.dtype == s_other.dtype == torch.float32 and v.is_contiguous() and v_other.is_contiguous()
+        rows = torch.ones(v.shape[0], dtype=torch.bool) if mask is None else mask.bool()
+        merge_lse(v, s, v_other, s_other, rows)
 
     def silu_and_mul(self, input, out=None, enable_pdl=None):
         self.build("activation")
@@ -144,6 +159,38 @@ class _PagedPrefill:
             scores = scores.masked_fill(~torch.from_numpy(mask)[None], float("-inf"))
             out[rows] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(out.dtype)
         return out
+
+
+class _RaggedPrefill:
+    """BatchPrefillWithRaggedKVCacheWrapper: plan() keeps the indptrs (host tensors), run() attends each request's
+    rows over its keys (causal aligned bottom-right; "ragged" in `wrong`: never causal) with the LSE."""
+
+    def __init__(self, stub: FlashInferStub) -> None:
+        self.stub = stub
+
+    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, causal=False,
+             pos_encoding_mode="NONE", sm_scale=None, q_data_type=None, kv_data_type=None):  # fmt: skip
+        self.stub.build("batch_prefill_ragged")
+        assert (
+            qo_indptr.device.type == "cpu" and qo_indptr.dtype == torch.int32 and pos_encoding_mode == "NONE"
+        )
+        self.qo, self.kv = qo_indptr.numpy(), kv_indptr.numpy()
+        self.causal, self.scale = causal and "ragged" not in self.stub.wrong, sm_scale
+        self.heads = (num_qo_heads, num_kv_heads, head_dim_qk)
+
+    def run(self, q, k, v, out=None, lse=None, return_lse=False):
+        self.stub.build("batch_prefill_ragged")
+        _check_16bit(q)
+        assert q.stride(-1) == 1 and k.stride() == v.stride(), "last dim contiguous; equal K/V strides"
+        assert (q.shape[0], k.shape[0]) == (self.qo[-1], self.kv[-1]) and (*q.shape[1:], k.shape[1]) == (
+            self.heads[0],
+            self.heads[2],
+            self.heads[1],
+        ), "q and K/V rows as planned"
+        result, row_lse = ragged_attention(q, k, v, self.qo, self.kv, self.causal, self.scale)
+        out = result if out is None else out.copy_(result)
+        lse = row_lse if lse is None else lse.copy_(row_lse)
+        return (out, lse) if return_lse else out
 
 
 def _check_16bit(x: torch.Tensor) -> None:

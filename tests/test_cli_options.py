@@ -174,6 +174,7 @@ CASES = {
     "compile": (["--compile"], "engine.compile", True),
     "layers": (["--layers", "transformers"], "engine.layers", "transformers"),
     "ops": (["--ops", "torch"], "engine.ops", "torch"),
+    "verify": (["--verify", "4"], "engine.verify", 4),
     "threads": (["--threads", "2"], "threads", 2),
     "window_rows": (["--window-rows", "7"], "window_rows", 7),
     "on_error": (["--on-error", "record"], "on_error", "record"),

@@ -34,7 +34,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "engine"
             "ScoringConfig.label_token_ids=(1,)",
         ),
         (lambda: EngineConfig(backend="fast"), "EngineConfig.backend='fast' is not one of auto, flashinfer"),
-        (lambda: EngineConfig(dtype="fp8"), "EngineConfig.dtype='fp8'"),
+        (lambda: EngineConfig(dtype="fp4"), "EngineConfig.dtype='fp4'"),
         (lambda: EngineConfig(device="tpu"), "EngineConfig.device='tpu'"),
         (lambda: EngineConfig(max_pack_tokens=4), "EngineConfig.max_pack_tokens=4 must be at least 8"),
         (lambda: EngineConfig(max_batch_tokens=0), "EngineConfig.max_batch_tokens=0 must be positive"),

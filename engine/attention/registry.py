@@ -10,6 +10,7 @@ import torch
 
 from score_batch.engine.attention.base import AttentionBackend, Workload
 from score_batch.engine.attention.flashinfer import FlashInferBackend
+from score_batch.engine.attention.flashinfer_two_phase import FlashInferTwoPhaseBackend
 from score_batch.engine.attention.flex import FlexBackend
 from score_batch.engine.attention.sdpa import SdpaBackend
 from score_batch.engine.attention.split import SplitBackend
@@ -18,8 +19,14 @@ from score_batch.engine.errors import SettingError
 log = logging.getLogger(__name__)
 
 BACKEND_CLASSES: dict[str, type[AttentionBackend]] = {
-    cls.name: cls for cls in (FlashInferBackend, FlexBackend, SplitBackend, SdpaBackend)
+    cls.name: cls
+    for cls in (FlashInferBackend, FlashInferTwoPhaseBackend, FlexBackend, SplitBackend, SdpaBackend)
 }
+
+# The backends auto races against the one it picked, at load on CUDA where each fits and is proven
+# (engine/model/setup.py's prove_setup, proof.faster): the faster on the model's widths is kept. Empty until a
+# GPU run measures the two-phase form faster at the goal shape: today auto keeps the multi-item mask path.
+AUTO_RIVALS: dict[str, tuple[str, ...]] = {"flashinfer": ()}
 
 
 def import_failure(module: str) -> str | None:

@@ -17,6 +17,7 @@ from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model.loading import ModelInfo, load_tokenizer, read_model_info
 from score_batch.engine.model.st_model import LogitScoreSpec, read_cross_encoder
+from score_batch.engine.native.fp8 import Fp8Mode, resolve_dtype
 from score_batch.engine.plan.planner import (
     PackedPlanner,
     PairPlanner,
@@ -54,6 +55,7 @@ class ResolvedSetup:
     # What `auto` fell back from when its FlashInfer kernels failed their check at load, and why
     # (engine/model/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
     fallbacks: tuple[str, ...] = ()
+    fp8: Fp8Mode = "none"  # the decoder layers' GEMMs in FP8 (dtype is then bfloat16): scaled_mm or emulated
 
 
 def resolve_device(name: str) -> torch.device:
@@ -218,8 +220,8 @@ def resolve_setup(
         activation = ResolvedActivation(
             "none", f"the label scores are label_score={cfg.label_score} as asked"
         )
-    auto_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype = auto_dtype if config.dtype == "auto" else getattr(torch, config.dtype)
+    # fp8: bf16 activations with FP8 GEMMs (engine/native/fp8.py)
+    dtype, fp8 = resolve_dtype(config.dtype, device)
     backend = _backend(info, config, device, dtype)
     limits = _plan_limits(info, config, tokenizer, device, backend)
     runner: RunnerKind = "pairs" if info.encoder else "packed"
@@ -227,7 +229,7 @@ def resolve_setup(
     ops = resolve_ops(config, layers, device, dtype)
     return ResolvedSetup(
         info, device, dtype, backend, limits, label_ids, num_scores, packing, activation, runner, layers, ops,
-        logit_score=logit_score,
+        logit_score=logit_score, fp8=fp8,
     )  # fmt: skip
 
 
@@ -366,24 +368,48 @@ def prove_setup(setup: ResolvedSetup, config: EngineConfig) -> ResolvedSetup:
         cause = _proven(config.ops, proof.prove_ops, device, dtype, info.hidden_size, info.head_dim)
         if cause is not None:
             ops = _fall_back(config, "ops", "torch", cause, device, fallbacks)
-    if backend == "flashinfer":
-        cause = _proven(config.backend, proof.prove_attention, device, dtype, info.head_dim)
+    if backend in BACKEND_CLASSES and BACKEND_CLASSES[backend].capabilities.module == "flashinfer":
+        cause = _proven(config.backend, proof.prove_attention, device, dtype, info.head_dim, name=backend)
         if cause is not None:
             flex = why_not("flex", workload(info, config, device, dtype), import_failure) is None
             backend = _fall_back(config, "backend", "flex" if flex else "sdpa", cause, device, fallbacks)
-    if len(fallbacks) == len(setup.fallbacks):
+        elif config.backend == "auto" and device.type == "cuda":
+            backend = _raced(backend, setup, config)
+    if len(fallbacks) == len(setup.fallbacks) and backend == setup.backend:  # proven as resolved
         return setup
     limits = replace(setup.limits, cache_query=_caches_query(backend))  # a fallback may not read cached K/V
     return replace(setup, ops=ops, backend=backend, fallbacks=tuple(fallbacks), limits=limits)
 
 
-def _proven(asked: str, prove: Callable[..., str | None], *args) -> str | None:
-    """prove("flashinfer", *args): the cause of its failure (the failed builds reset), or None."""
+def _raced(backend: str, setup: ResolvedSetup, config: EngineConfig) -> str:
+    """auto's backend, or a rival of it (registry.AUTO_RIVALS) that fits, is proven and runs faster on the
+    model's widths at load (proof.faster); the figures logged once."""
+    from score_batch.engine.attention.registry import AUTO_RIVALS
+    from score_batch.engine.model import proof
+
+    info, device, dtype = setup.info, setup.device, setup.dtype
+    need = workload(info, config, device, dtype)
+    rivals = [name for name in AUTO_RIVALS.get(backend, ()) if why_not(name, need, import_failure) is None]
+    proven = [
+        name
+        for name in rivals
+        if _proven("auto", proof.prove_attention, device, dtype, info.head_dim, name=name) is None
+    ]
+    if not proven:
+        return backend
+    chosen, seconds = proof.faster([backend, *proven], device, dtype, info.head_dim)
+    figures = ", ".join(f"{name} {1e3 * s:.3f} ms" for name, s in seconds.items())
+    log.info("attention backend %s: the faster at load (one goal-shape pack's layer: %s)", chosen, figures)
+    return chosen
+
+
+def _proven(asked: str, prove: Callable[..., str | None], *args, name: str = "flashinfer") -> str | None:
+    """prove(name, *args): the cause of its failure (the failed builds reset), or None."""
     from score_batch.engine.attention.flashinfer_jit import jit_disabled_without_compiler
 
     # auto without a compiler: FlashInfer's prebuilt kernels only, a missing one fails at once (no JIT)
     with jit_disabled_without_compiler(asked == "auto") as no_jit:
-        cause = prove("flashinfer", *args)
+        cause = prove(name, *args)
     if cause is None:
         return None
     _reset_failed_builds()
