@@ -1,38 +1,27 @@
-"""The score-batch console entry point: stop signals are handled from its first instruction, then the Typer
-app (cli/app.py, imported here, where a stop is already handled) runs."""
+"""The score-batch console entry point: run() handles stop signals from its first instruction
+(score_batch/signals.py), then runs the Typer app (cli/app.py, imported there). Before it, while Python imports
+this package, a stop ends as Python ends it (SIGTERM the process, SIGINT a KeyboardInterrupt): 143 or 130."""
 
 from __future__ import annotations
 
-import _signal
+import os
+import sys
 
-from score_batch import EARLY_STOPS as _EARLY
-
-# From the first instruction: a stop that lands while the modules below import is remembered, then raised as
-# Stopped once run() can report it (score_batch/__init__.py records one from the command's first line; the
-# window before is the interpreter's own start-up). The C module installs them: signal.py's own import
-# builds its enums in Python, where a stop was a KeyboardInterrupt.
-for _signum in (_signal.SIGINT, _signal.SIGTERM):
-    _signal.signal(_signum, lambda signum, frame: _EARLY.append(signum))
-
-import os  # noqa: E402
-import sys  # noqa: E402
-
-from score_batch.signals import Stopped, StopSignals, exit_on_signals  # noqa: E402
+from score_batch.signals import Stopped, StopSignals, exit_on_signals
 
 
 def run() -> None:
     """Console entry point: the app's exit code, or 130/143 when SIGINT/SIGTERM stop it at any instant.
 
-    From the first instruction, a signal raises Stopped (imports, flag parsing and the model load included),
-    so even a run stopped in its first second ends with its --report and exit code 130/143, never a
-    traceback; around that (a second signal while the stop is reported, the exit) it exits 130/143 at once.
+    From its first instruction a signal raises Stopped (flag parsing and the model load included; one landing
+    inside an import once the import is done), so a run stopped in its first second ends with its --report
+    and exit code 130/143, never a traceback; around that (a second signal while the stop is reported, the
+    exit) it exits 130/143 at once.
     Lines written before the options are read (usage errors, warnings) take --log-format's format already.
     """
     exit_on_signals()  # what StopSignals restores when it ends
     try:
         with StopSignals(immediate=True) as stop:
-            if _EARLY:  # a stop while this module imported
-                raise Stopped(_EARLY[0])
             from score_batch.cli.logs import requested_format, setup_logging
 
             if requested_format(sys.argv[1:], os.environ) == "json":  # lines before the options are read too

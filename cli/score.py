@@ -15,7 +15,7 @@ from score_batch.cli.error_messages import profile_noted
 from score_batch.cli.logs import quiet_libraries, say, setup_logging
 from score_batch.cli.options import ENV_PREFIX, OPTIONS, ScoreOptions
 from score_batch.errors import ConfigError
-from score_batch.signals import Stopped, import_deferring_stops
+from score_batch.signals import Stopped
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,8 @@ def score(options: ScoreOptions) -> None:
     warn_unknown_variables(os.environ)
     profile = None
     try:
-        # Here: --help and --version import no torch. A stop waits for the import: one raised inside it left the
-        # job package half-imported, and the report it writes could not be imported again (no --report); first,
-        # as run_config's own imports (job.run_config) import the package too.
-        job = import_deferring_stops("score_batch.job")
+        from score_batch import job  # here: --help and --version import no torch
+
         config, profile = run_config(options)
         quiet_libraries()
         from score_batch.machine import tune_gc, tune_malloc

@@ -22,7 +22,7 @@ from score_batch.job.policy import enforce_failed_rate, remove_leftovers, warn_f
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.machine import available_cpus
-from score_batch.signals import Stopped, StopSignals, import_deferring_stops
+from score_batch.signals import Stopped, StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ def run(config: RunConfig) -> RunReport:
         # Imports, preflight and the model load stop at once; scoring defers to its safe points.
         with StopSignals(immediate=True) as stop:
             # (importing score_batch.job itself, its config, signals and report, costs no torch)
-            torch = import_deferring_stops("torch")
+            import torch  # a stop landing inside it is raised once it is imported (score_batch/signals.py)
+
             report.seconds_import = round(time.perf_counter() - started, 3)
             torch.set_num_threads(config.threads or available_cpus())
             errors = _run_phases(config, report)

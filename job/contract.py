@@ -3,9 +3,12 @@ file), so a local and a Ray run write the same columns and types; failed rows sp
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -25,9 +28,19 @@ from score_batch.io_formats.columns import (
     TALLY_COLUMNS,
 )
 from score_batch.io_formats.errors import InputError
+from score_batch.io_formats.locations import Location
 from score_batch.io_formats.schema import ColumnMapping
-from score_batch.io_formats.window import key_type
-from score_batch.io_formats.writers import jsonl_unwritable, output_format
+from score_batch.io_formats.window import Window, key_type
+from score_batch.io_formats.writers import (
+    HIVE_NULL,
+    PART_NAME,
+    hive_directory,
+    jsonl_unwritable,
+    output_format,
+)
+
+NAME_MAX = 255  # bytes in a file name where the filesystem does not say (Linux, macOS)
+KEY_MAX = 1024  # bytes in an object key (S3; a GCS object name too)
 
 
 def check_kept_columns(keep: tuple[str, ...], *, ranked: bool, pooled: bool, chunked: bool = False) -> None:
@@ -85,6 +98,94 @@ def _is_bytes(dtype: pa.DataType) -> bool:
 
 
 @dataclass(frozen=True)
+class PartitionNames:
+    """--partition-by's directory names, checked for each window before it is scored: every `col=value` (as
+    io_formats/writers.hive_directory writes it) within the filesystem's limit on a name and, on an object
+    store, every file's key (the staged output's prefix, the directories, the file name) within the store's."""
+
+    columns: tuple[str, ...]
+    name_limit: int  # bytes in one file name (the local filesystem's NAME_MAX: outputs are staged locally)
+    key_limit: int | None = None  # bytes in an object key (object stores), else None
+    key_prefix: int = 0  # bytes of the key around the directories: the staging prefix, "/" and the file name
+
+    def check(self, window: Window) -> None:
+        """Raise InputError naming the first partition value whose directory name (or key) is too long."""
+        rows = window.item_rows()  # [items]: an output row per item
+        columns = [
+            (name, text) for name in self.columns if (text := _as_text(window, name, rows)) is not None
+        ]
+        lengths = [_upper_lengths(name, text) for name, text in columns]  # [columns][items] at most
+        exact = [length > self.name_limit for length in lengths]  # [columns][items] to encode
+        if self.key_limit is not None and lengths:
+            keys = self.key_prefix + sum(length + 1 for length in lengths)  # [items] at most
+            exact = [wanted | (keys > self.key_limit) for wanted in exact]
+        for (name, text), length, wanted in zip(columns, lengths, exact):
+            for k in np.flatnonzero(wanted).tolist():
+                length[k] = len(hive_directory(name, text[k].as_py()).encode())
+            over = np.flatnonzero(length > self.name_limit)
+            if len(over):
+                self._refuse(window, rows, name, text, length, int(over[0]), self.name_limit, "a file name")
+        if self.key_limit is not None and lengths:
+            keys = self.key_prefix + sum(length + 1 for length in lengths)  # [items] bytes of each file's key
+            over = np.flatnonzero(keys > self.key_limit)
+            if len(over):
+                k = int(over[0])
+                name, text = columns[int(np.argmax([length[k] for length in lengths]))]
+                self._refuse(window, rows, name, text, keys, k, self.key_limit, "an object key")
+
+    @staticmethod
+    def _refuse(window, rows, name, text, length, k, limit, what) -> None:
+        value = text[k].as_py()
+        shown = value if len(value) <= 40 else f"{value[:40]}…"
+        raise InputError(
+            f"--partition-by {name!r}: row {int(window.index[rows[k]])}'s value {shown!r} ({len(value)} "
+            f"characters) makes {what} of {int(length[k])} bytes (percent-encoded as hive partitioning writes "
+            f"it), over the limit of {limit}; partition by a shorter column (a code or a hash of this one)"
+        )
+
+
+def partition_names(columns: tuple[str, ...], output: Location | None) -> PartitionNames:
+    """The limits a partitioned output's names meet: the staging directory's filesystem's (beside a local
+    output; in the temp dir for an object store, whose staged keys sit under `.NAME.tmp-<16 hex>/`)."""
+    local = output is None or output.local
+    staging = (
+        os.path.dirname(output.path.rstrip("/")) if output is not None and local else tempfile.gettempdir()
+    )
+    try:
+        name_limit = os.pathconf(staging or ".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not a directory (yet), or no pathconf (Windows)
+        name_limit = NAME_MAX
+    if local:
+        return PartitionNames(columns, name_limit)
+    key = output.path.rstrip("/").partition("/")[2]  # bucket/key
+    staged = len(key.encode()) + len(".") + len(".tmp-") + 16  # the staged sibling's key
+    return PartitionNames(columns, name_limit, KEY_MAX, staged + 1 + len(PART_NAME))
+
+
+def _upper_lengths(name: str, text: pa.Array) -> np.ndarray:
+    """[items] int64 at most the bytes of each value's directory name: percent-encoding triples a byte."""
+    raw = pc.fill_null(pc.binary_length(text), len(HIVE_NULL)).to_numpy(zero_copy_only=False)
+    return len(name.encode()) + 1 + 3 * raw.astype(np.int64)
+
+
+def _as_text(window: Window, name: str, rows: np.ndarray) -> pa.Array | None:
+    """[items] a partition column's values as the text its directories hold (a pa.string cast); None: the ids
+    are generated numbers, or a type the output refuses elsewhere (OutputContract.partition_schema)."""
+    per_item = name == ITEM_ID
+    values = window.item_ids if per_item else window.query_ids if name == QUERY_ID else window.kept.get(name)
+    if values is None:
+        return None
+    try:
+        array = values if isinstance(values, pa.Array) else pa.array(values)
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        array = array.cast(pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    return array if per_item else array.take(pa.array(rows))
+
+
+@dataclass(frozen=True)
 class OutputContract:
     """The column types of one run's output and the on-error mode that decides which rows go where."""
 
@@ -97,6 +198,7 @@ class OutputContract:
     top_k: int | None = None  # keep only the top_k scored items of each query
     chunked: bool = False  # --truncate chunk: add the chunks column (chunks per item)
     query_key: tuple[str, ...] = ()  # a composite query id's columns (query_id is a struct of them)
+    partition_names: PartitionNames | None = None  # --partition-by: its directory names' limits
 
     @classmethod
     def from_types(
@@ -135,6 +237,11 @@ class OutputContract:
             (pa.null(), pa.null()), (), 1 if pooled else None, "record", False, ranked, chunked=chunked
         )
         return (*(probe.ranked_schema() if ranked else probe.part_schema()).names, *TALLY_COLUMNS)
+
+    def check_window(self, window: Window) -> None:
+        """Refuse, before it is scored, a window whose partition values make too long a name (PartitionNames)."""
+        if self.partition_names is not None:
+            self.partition_names.check(window)
 
     @property
     def keep(self) -> tuple[str, ...]:

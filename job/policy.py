@@ -8,6 +8,7 @@ just before)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from score_batch.io_formats.readers import InputSource, column_types, input_mapp
 from score_batch.io_formats.schema import ColumnMapping
 from score_batch.io_formats.writers import OUTPUT_FORMATS, STDOUT, SUCCESS, output_format
 from score_batch.job.completion import Completion
-from score_batch.job.contract import OutputContract, check_jsonl_columns, check_partition_by
+from score_batch.job.contract import OutputContract, check_jsonl_columns, check_partition_by, partition_names
 from score_batch.job.identity import RunIdentity
 from score_batch.job.paths import RunPaths, check_local_container, check_run_paths, parts_dir, written
 from score_batch.job.report import RunReport
@@ -81,8 +82,14 @@ def output_contract(
 
 
 def run_contract(config: RunConfig, checked: Checked, setup) -> OutputContract:
-    """The run's output contract once the model is known (setup: its ResolvedSetup, for the pooled width)."""
-    return output_contract(config, checked.mapping, checked.types, setup.info.hidden_size)
+    """The run's output contract once the model is known (setup: its ResolvedSetup, for the pooled width);
+    with --partition-by, the limits its directory names meet (checked per window before it is scored)."""
+    contract = output_contract(config, checked.mapping, checked.types, setup.info.hidden_size)
+    if not config.partition_by:
+        return contract
+    return dataclasses.replace(
+        contract, partition_names=partition_names(config.partition_by, checked.paths.output)
+    )
 
 
 def check_destination(config: RunConfig, directory: bool, ranked: bool = False) -> Location | None:

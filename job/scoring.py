@@ -55,6 +55,7 @@ class Prepared:
 
 def prepare(number: int, window: Window, tools: WindowTools) -> Prepared:
     """Group and key a window, taking out the pairs copied from --reuse's earlier outputs and from this run."""
+    tools.contract.check_window(window)  # --partition-by: names the output's directories can take
     grouped = group_window(window)
     keys = [None] * window.num_items if tools.score_key is None else pair_keys(window, tools.score_key)
     reused, incomplete = ({}, 0) if tools.earlier is None else tools.earlier.take(window, keys)

@@ -7,18 +7,7 @@ own `engine/` or `job/` folder beside their script cannot shadow them.
 
 from __future__ import annotations
 
-import _signal
-import sys
-
-# SIGINT/SIGTERM that came while the score-batch command started, before cli/main.py could handle them (it raises
-# the first as Stopped). Only the command's own process records them here, from this package's first line:
-# `python -m score_batch.cli.main` and the `score-batch` console script import this package first.
-EARLY_STOPS: list[int] = []
-if sys.orig_argv[1:3] == ["-m", "score_batch.cli.main"] or sys.argv[0].rsplit("/", 1)[-1] == "score-batch":
-    for _signum in (_signal.SIGINT, _signal.SIGTERM):
-        _signal.signal(_signum, lambda signum, frame: EARLY_STOPS.append(signum))
-
-import os  # noqa: E402
+import os
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CHECKOUT = os.path.dirname(_HERE)
@@ -43,7 +32,7 @@ def _version() -> str:
     version = project and re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), re.M)
     if version:
         return version.group(1)
-    from importlib import metadata  # imported here: it costs 50 ms (email, socket) a stop could land in
+    from importlib import metadata  # imported here: it costs 50 ms (email, socket)
 
     try:
         return metadata.version("score-batch")

@@ -1,5 +1,7 @@
 """SIGINT/SIGTERM become a Stopped exception: at once while nothing is written (preflight, model load),
-at the next safe point while a run writes (between batches), so it stops cleanly."""
+at the next safe point while a run writes (between batches), so it stops cleanly; never inside an import (one
+raised there leaves the module half-imported; inside torch's C++ start-up it aborts the process): a stop that
+lands in one is delivered again once the import is done."""
 
 from __future__ import annotations
 
@@ -7,6 +9,11 @@ import os
 import signal
 import sys
 import threading
+
+REDELIVER_SECONDS = 0.02  # a stop that landed inside an import is sent again this much later
+_IMPORTING = (
+    "<frozen importlib._bootstrap"  # the import system's frames (…_bootstrap and …_bootstrap_external)
+)
 
 
 class Stopped(BaseException):
@@ -26,10 +33,12 @@ class StopSignals:
 
     _received: int | None = None  # the signal received since the outermost StopSignals was entered
     _depth = 0  # StopSignals active in the main thread
+    _redelivering = False  # a stop that landed inside an import is to be sent again
 
     def __init__(self, immediate: bool = False) -> None:
         self.immediate = immediate
         self._previous: dict[int, object] = {}
+        self._entered = 0  # id of the frame that entered it: only imports begun inside it hold a stop
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
@@ -39,6 +48,7 @@ class StopSignals:
             self._unraisable = sys.unraisablehook
             sys.unraisablehook = _unraisable_unless_stopped(sys.unraisablehook)
         StopSignals._depth += 1
+        self._entered = id(sys._getframe(1))
         for signum in (signal.SIGINT, signal.SIGTERM):
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
@@ -53,8 +63,15 @@ class StopSignals:
 
     def _handle(self, signum, frame) -> None:
         StopSignals._received = signum
-        if self.immediate:
+        if not self.immediate:
+            return
+        if not _importing(frame, self._entered):
             raise Stopped(signum)
+        if not StopSignals._redelivering:  # once the import is done, raised then (one pending at a time)
+            StopSignals._redelivering = True
+            timer = threading.Timer(REDELIVER_SECONDS, _redeliver, (signum,))
+            timer.daemon = True
+            timer.start()
 
     def check(self) -> None:
         """Raise Stopped when a signal arrived."""
@@ -62,13 +79,20 @@ class StopSignals:
             raise Stopped(StopSignals._received)
 
 
-def import_deferring_stops(name: str):
-    """Import a module, a stop that comes meanwhile raised after it (one raised inside an import leaves the module
-    half-imported; inside torch's C++ start-up it aborts the process)."""
-    with StopSignals() as deferred:
-        __import__(name)  # the import statement's way (importlib's skips -X importtime's log)
-    deferred.check()
-    return sys.modules[name]
+def _importing(frame, entered: int) -> bool:
+    """True while the frame runs inside an import (a module's code, or the import system's own) begun below the
+    frame whose id is entered (a run started by a module's own import is not held for that import)."""
+    while frame is not None and id(frame) != entered:
+        if frame.f_code.co_filename.startswith(_IMPORTING):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: int) -> None:
+    """Send a stop that landed inside an import again: its handler then raises it, or defers it once more."""
+    StopSignals._redelivering = False
+    os.kill(os.getpid(), signum)
 
 
 def _unraisable_unless_stopped(hook):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import process_state
 from tests.tiny_models import ENCODER_PAIR_STYLES, build_model, build_tokenizer
 
 
@@ -31,6 +32,30 @@ class ModelZoo:
             build_model(path, family, kind, vocab_size=len(tokenizer), **overrides)
             self._dirs[key] = path
         return self._dirs[key]
+
+
+@pytest.fixture(autouse=True)
+def process_settings_kept():
+    """Each test leaves the process as it found it: recursion limit, switch interval, the garbage collector,
+    signal handlers, environment, working directory, the score_batch logger (tests/process_state.py). One that
+    changed any is put back and fails, naming them: a later test would otherwise run in another process."""
+    before = process_state.settings()
+    yield
+    after = process_state.settings()
+    process_state.restore(before)
+    said = process_state.changed(before, after)
+    if said:
+        pytest.fail(
+            "the test changed process-wide settings (restore them, e.g. with monkeypatch): " + "; ".join(said)
+        )
+
+
+@pytest.fixture
+def compiling():
+    """For a test that runs torch.compile: what inductor changes for its process (the recursion limit raised to
+    2,000, an environment variable) put back before process_settings_kept checks."""
+    with process_state.kept():
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from score_batch.cli.main import app
+from tests import process_state
 from tests.reference import max_abs_diff, reference_scores, reference_sequence, tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,12 +62,9 @@ def run_cli(
             timeout=300,
         )
         return Ran(done.returncode, done.stdout, done.stderr)
-    previous = os.getcwd()
-    os.chdir(cwd or REPO)
-    try:
+    with process_state.kept():  # the command's process-wide settings (gc, logging, environment, cwd) put back
+        os.chdir(cwd or REPO)
         result = CliRunner().invoke(app, [str(a) for a in args], input=stdin, env=env)
-    finally:
-        os.chdir(previous)
     return Ran(result.exit_code, result.stdout, result.stderr)
 
 

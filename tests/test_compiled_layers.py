@@ -84,6 +84,7 @@ GRAPH_BOUNDS = {"transformers": 5, "native": 11}
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("compiling")
 @pytest.mark.parametrize("layers", ["native", "transformers"])
 def test_compiled_scores_equal_eager_over_many_batch_sizes_with_bounded_compiles(qwen3_causal, layers):
     scoring = ScoringConfig(label_tokens=(" no", " yes"), pooled_hidden_states=True)

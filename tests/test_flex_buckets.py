@@ -34,6 +34,7 @@ def _batch(rng: random.Random, num_tokens: int):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("compiling")
 def test_compiled_flex_over_20_batch_sizes_compiles_per_bucket_at_most():
     rng = random.Random(0)
     torch.manual_seed(0)

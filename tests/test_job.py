@@ -330,19 +330,6 @@ def test_window_digest_sees_every_field_and_the_input_digest_ignores_the_windows
     )
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.9])
-def test_sigterm_in_the_first_second_still_writes_the_report(job, delay):
-    base, _, tmp_path = job
-    report = tmp_path / "early.json"
-    process = start_cli(*base, "-o", tmp_path / "early.parquet", "--report", report)
-    time.sleep(delay)  # imports or model loading, before any window is scored
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 143
-    written = json.loads(report.read_text())
-    assert written["status"] == "stopped" and written["error"] == "Stopped: SIGTERM"
-    assert written["seconds_total"] > 0 and written["versions"]["torch"]
-
-
 def test_a_stopped_run_reports_its_timings_and_a_resume_reports_the_whole_output(job):
     base, reference, tmp_path = job
     out, stopped, resumed, full = (tmp_path / n for n in ("out.parquet", "s.json", "r.json", "f.json"))

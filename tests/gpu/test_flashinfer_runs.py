@@ -51,6 +51,7 @@ def test_a_poisoned_embedding_row_changes_no_other_items_score(model_dir):
         assert np.abs(a.scores[keep] - b.scores[keep]).max() <= COMPILED_VS_EAGER, g
 
 
+@pytest.mark.usefixtures("compiling")
 @pytest.mark.parametrize("layers", ["transformers", "native"])
 def test_compiled_flashinfer_scores_equal_eager_and_plain_hf(model_dir, layers):
     groups = token_groups(2, groups=3, query=(100, 300), items=5, item=(1, 130))

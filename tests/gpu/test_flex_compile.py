@@ -7,7 +7,7 @@ import torch
 
 from tests.gpu.need import need_gpu
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("compiling")]
 need_gpu()
 
 from torch._dynamo.utils import counters  # noqa: E402
