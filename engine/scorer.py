@@ -25,8 +25,9 @@ from score_batch.engine.model.setup import ResolvedSetup, load_planner
 from score_batch.engine.model.source import hub_id_of, resolve_model_dir
 from score_batch.engine.plan.planner import Planner, WorkPlan
 from score_batch.engine.run.heads import LogitScoreHead
-from score_batch.engine.run.packed_runner import PackedRunner
+from score_batch.engine.run.packed_runner import PackedRunner, PlanRun
 from score_batch.engine.run.pair_runner import PairRunner
+from score_batch.engine.run.results import Finished
 from score_batch.engine.text.backend_tokenizer import BackendTokenizer
 from score_batch.engine.types import Group, GroupResult
 
@@ -186,6 +187,13 @@ class Scorer(CrossEncoderAPI):
     def run(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
         """Run a plan's batches and assemble per-group results in input order."""
         return self._runner.run(plan, on_items)
+
+    def start(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> PlanRun | Finished:
+        """Begin running a plan: a packed decoder's first batch launched (its PlanRun launches the rest and gives
+        the results), so a caller can launch the next plan before reading this one; an encoder's runs whole."""
+        if isinstance(self._runner, PackedRunner):
+            return self._runner.start(plan, on_items)
+        return Finished(self._runner.run(plan, on_items))
 
     def score(
         self, groups: Sequence[Group], on_items: Callable[[int], None] | None = None
