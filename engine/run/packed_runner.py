@@ -58,6 +58,13 @@ class PackedRunner:
         """Run a plan's batches and assemble per-group results in input order (start, then its results)."""
         return self.start(plan, on_items).results()
 
+    def run_sequences(
+        self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
+    ) -> list[GroupResult]:
+        """run() before aggregation: one result row per scored sequence (plan.scored's items; under
+        truncate="chunk" every chunk, else every item)."""
+        return self.start(plan, on_items).sequences()
+
     def start(self, plan: PackedPlan, on_items: Callable[[int], None] | None = None) -> PlanRun:
         """Launch a plan's first batch; the PlanRun launches the rest (launch_rest) and gives the results."""
         return PlanRun(self, plan, on_items)
@@ -178,6 +185,15 @@ class PlanRun:
 
     def results(self) -> list[GroupResult]:
         """Every batch launched and read, and the per-group results (chunks aggregated)."""
+        results = self.sequences()
+        plan, cfg = self.plan, self.runner.planner.cfg
+        if plan.chunked is None:
+            return results
+        errors = [g.errors for g in plan.tokenized]
+        return aggregate(results, plan.chunked, errors, cfg.chunk_aggregate)
+
+    def sequences(self) -> list[GroupResult]:
+        """Every batch launched and read, and one result row per scored sequence (plan.scored's items)."""
         self.launch_rest()
         if self._launched is not None:
             with torch.inference_mode():
@@ -189,13 +205,8 @@ class PlanRun:
             )
         plan, setup, cfg = self.plan, self.runner.setup, self.runner.planner.cfg
         self.table.copy(plan.copies, plan.item_name)  # duplicate (query, item) pairs: scored once
-        results = self.table.results(
-            [group.errors for group in plan.scored], setup.activation, cfg.score_index
-        )
-        if plan.chunked is None:
-            return results
-        errors = [g.errors for g in plan.tokenized]
-        return aggregate(results, plan.chunked, errors, cfg.chunk_aggregate)
+        errors = [group.errors for group in plan.scored]
+        return self.table.results(errors, setup.activation, cfg.score_index)
 
 
 class Launched:
