@@ -88,8 +88,9 @@ def score_window(
 
 def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple[pa.Table, ScoredWindow]:
     """Run a planned window (scorer None: a dry run's NaN scores) into its output part and its ScoredWindow."""
-    results = start(prepared, tools, scorer, advance).results()
-    return window_part(prepared, tools, results, prepared.plan.stats)
+    plan, pooled_dim = prepared.plan, tools.contract.pooled_dim
+    results = planned_results(plan, pooled_dim) if scorer is None else scorer.run(plan, advance)
+    return window_part(prepared, tools, results, plan.stats)
 
 
 def start(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> PlanRun | Finished:
