@@ -26,8 +26,9 @@ from score_batch.engine.model.source import hub_id_of, resolve_model_dir
 from score_batch.engine.native.fp8 import quantize_linears
 from score_batch.engine.plan.planner import Planner, WorkPlan
 from score_batch.engine.run.heads import LogitScoreHead
-from score_batch.engine.run.packed_runner import PackedRunner
+from score_batch.engine.run.packed_runner import PackedRunner, PlanRun
 from score_batch.engine.run.pair_runner import PairRunner
+from score_batch.engine.run.results import Finished
 from score_batch.engine.run.verify import make_verifier, verify_count
 from score_batch.engine.types import Group, GroupResult
 
@@ -196,6 +197,13 @@ class Scorer(CrossEncoderAPI):
         if self._verifier.count <= 0 or self.setup.runner != "packed":
             return None
         return self._verifier.verify(self._runner)
+
+    def start(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> PlanRun | Finished:
+        """Begin running a plan: a packed decoder's first batch launched (its PlanRun launches the rest and gives
+        the results), so a caller can launch the next plan before reading this one; an encoder's runs whole."""
+        if isinstance(self._runner, PackedRunner):
+            return self._runner.start(plan, on_items)
+        return Finished(self._runner.run(plan, on_items))
 
     def score(
         self, groups: Sequence[Group], on_items: Callable[[int], None] | None = None

@@ -1,6 +1,7 @@
 """The input's digest (InputDigest): every window a run reads, hashed column by column as bytes, the same
 however the input is cut into windows. The digest of the input up to a window is that window's checkpoint
-part's check on --resume (each byte is hashed once; a part's check thus sees its earlier windows too).
+part's check on --resume (each byte is hashed once; a part's check thus sees its earlier windows too); VERSION
+also names where windows end (between query groups, io_formats/cuts), as a part's check holds for that cut.
 
 Each column is hashed as streams that a window only appends to: a tag byte per value (null, integer, float,
 text, other), the integers as little-endian int64, the floats as float64, the UTF-8 byte lengths (int64) of
@@ -29,7 +30,7 @@ class InputDigest:
     """A digest of everything read, the same however the input is cut into windows (see the module): one hash
     per stream of each column, combined at the end."""
 
-    VERSION = b"score-batch input digest 3"
+    VERSION = b"score-batch input digest 4"
 
     def __init__(self) -> None:
         self._hashes: dict[bytes, Any] = {}

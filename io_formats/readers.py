@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from score_batch.choices import HiveTypes, RequestedFormat
 from score_batch.io_formats.batch_requests import ENVELOPE, STDIN, BatchFileReader, looks_like_openai_batch
+from score_batch.io_formats.cuts import compact, cuts
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.jsonl import JsonlReader, StdinReader, parse_line
 from score_batch.io_formats.listing import FileFormat, InputFile, check_one_format, expand, type_partitions
@@ -140,8 +141,9 @@ def open_source(
 def read_windows(
     source: InputSource, overrides: ColumnOverrides, window_rows: int
 ) -> tuple[ColumnMapping, Iterator[Window]]:
-    """The column mapping and windows of at most window_rows rows; the column types are checked first (an input
-    that cannot take one type per column fails before scoring)."""
+    """The column mapping and windows of at most window_rows rows, cut between query groups (io_formats/cuts: a
+    group longer than a window is a window of its own); the column types are checked first (an input that
+    cannot take one type per column fails before scoring)."""
     mapping = input_mapping(source, overrides)
     types = column_types(source, mapping)
 
@@ -152,19 +154,22 @@ def read_windows(
         for piece in _window_batches(reader(source), mapping, types, rows=max(window_rows, BATCH_ROWS)):
             pieces.append(piece)
             held += piece.num_rows
-            if held < window_rows:
-                continue
-            window = concat(pieces)
-            start = 0
-            while window.num_rows - start >= window_rows:
-                yield window.slice(start, start + window_rows)
-                start += window_rows
-            pieces = [window.slice(start, window.num_rows)] if start < window.num_rows else []
-            held = window.num_rows - start
+            if held > window_rows:  # the row after a window's rows tells whether a group goes on
+                pieces = yield from _cut(concat(pieces), window_rows, final=False)
+                held = sum(piece.num_rows for piece in pieces)
         if held:
-            yield concat(pieces)
+            yield from _cut(concat(pieces), window_rows, final=True)
 
     return mapping, windows()
+
+
+def _cut(window: Window, window_rows: int, final: bool) -> Iterator[Window]:
+    """The windows cut from the front of these rows (io_formats/cuts); returns the rows left, as pieces."""
+    start = 0
+    for end in cuts(window, window_rows, final):
+        yield window.slice(start, end)
+        start = end
+    return [compact(window.slice(start, window.num_rows))] if start < window.num_rows else []
 
 
 def _window_batches(

@@ -9,20 +9,20 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 
 from score_batch.engine.plan.planner import Planner
-from score_batch.errors import UserError
 from score_batch.io_formats.columns import SCORE
 from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import Window
 from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
-from score_batch.job.policy import KEEP_GOING, Checked, enforce_fail, run_contract
+from score_batch.job.policy import KEEP_GOING, Checked, run_contract
 from score_batch.job.prefetch import Prefetch
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RunConfig
-from score_batch.job.scoring import Prepared, WindowTools, prepare, score_window
+from score_batch.job.scoring import Prepared, WindowTools, prepare
 from score_batch.job.sinks import open_sink
+from score_batch.job.window_runs import WindowRuns
 from score_batch.job.windows import group_sizes
 
 
@@ -116,39 +116,33 @@ def _stages(ready: Future[WindowTools], listed: frozenset[int], content: InputDi
 
 
 def _score_windows(config, checked, report, sink, engine, mapping, prepared_windows, content, ready) -> None:
-    """Score the prefetched windows into the sink and publish (see run_local)."""
+    """Score the prefetched windows into the sink and publish (see run_local): one behind another on the device
+    and the writer thread (job/window_runs; in turn under --no-pipeline)."""
     source, completion = checked.source, checked.paths.completion
     scorer, tools = engine[0], ready.result()
     sink.start(checked.identity)
+    listed = sink.listed()
     total = source.total_rows() if mapping.layout == "long" else None
     windows_read = 0
-    with ScoringPhase(config, report, sink, total) as phase:
+    with (
+        ScoringPhase(config, report, sink, total) as phase,
+        WindowRuns(tools, scorer, phase, sink, source.label, config.pipeline, config.dry_run) as runs,
+    ):
         for prepared in prepared_windows:
             number, window = prepared.number, prepared.window
             windows_read = number + 1
-            if sink.done(number, prepared.digest):
-                phase.advance(window.num_items)
-                part = sink.scored(number)
-                tools.pairs.add(part)
-                sizes = group_sizes(window, prepared.grouped, tools.contract.query_ids_given)
-                phase.add(
-                    ScoredWindow(window.num_rows, 0, 0, scores=part[SCORE], query_items=sizes, resumed=True)
-                )
-                continue
-            if config.on_error == "fail":
+            if number in listed:
+                runs.drain()  # the windows before it counted first, in order
+                if sink.done(number, prepared.digest):
+                    _resumed(prepared, sink, tools, phase)
+                    continue
+            if config.on_error == "fail" and any(error is not None for error in window.errors):
+                runs.drain()  # the windows before it written, as they would be when it stops the run
                 _fail_on_unreadable_row(window, source)
-            part, scored = score_window(prepared, tools, scorer, phase.advance)
-            try:
-                enforce_fail(tools.contract, part, source.label)  # a dry run stops where the real run would
-            except UserError:
-                phase.add(dataclasses.replace(scored, written=False))
-                raise
-            phase.add(scored)
-            if not config.dry_run:
-                sink.write(number, part, tools.contract, prepared.digest)
-            # the window and its plan's encodings freed now, not after the next arrives
-            del prepared, part, scored
+            runs.score(prepared)
+            del prepared  # the window and its plan's encodings freed once written, not after the next arrives
             phase.check()
+        runs.drain()
         sink.check_read(windows_read)
         digest = content.hexdigest()
         completed = checked.identity.completed(digest).with_failed(report.items_failed, report.items)
@@ -156,6 +150,16 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
         phase.commit(tools.contract, phase.check, completed)
         if completion is not None:
             completion.published(completed, config.resume)
+
+
+def _resumed(prepared: Prepared, sink, tools: WindowTools, phase: ScoringPhase) -> None:
+    """A window --resume found checkpointed: its part read back, its pairs remembered, its counts added."""
+    window = prepared.window
+    phase.advance(window.num_items)
+    part = sink.scored(prepared.number)
+    tools.pairs.add(part)
+    sizes = group_sizes(window, prepared.grouped, tools.contract.query_ids_given)
+    phase.add(ScoredWindow(window.num_rows, 0, 0, scores=part[SCORE], query_items=sizes, resumed=True))
 
 
 def _fail_on_unreadable_row(window: Window, source: InputSource) -> None:

@@ -1,9 +1,12 @@
-"""Overlap: the next window is prepared on a worker thread while this one runs (job/local.py chains three)."""
+"""Overlap: the next window is prepared on a worker thread while this one runs (job/local.py chains three);
+finished windows are written on another (Writer)."""
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
 In = TypeVar("In")
@@ -56,3 +59,54 @@ class Prefetch(Generic[In, Out]):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Writer(Generic[Out]):
+    """Jobs run in order on one worker thread (inline when not enabled), at most `waiting` queued behind the one
+    running (submit waits past that); their futures taken back in order (finished). Once a job has raised, the
+    later ones do not run (their futures hold Skipped)."""
+
+    def __init__(self, enabled: bool, waiting: int = 1) -> None:
+        self._pool = ThreadPoolExecutor(1, "score-batch-writer") if enabled else None
+        self._waiting = waiting
+        self._futures: deque[Future] = deque()
+        self._failed = threading.Event()
+
+    def submit(self, job: Callable[[], Out]) -> None:
+        """Queue a job (run it, when not enabled); first wait while `waiting` jobs are queued and one runs."""
+        if self._pool is None:
+            future: Future = Future()
+            try:
+                future.set_result(self._run(job))
+            except BaseException as error:  # taken back by finished(), as a worker's would be
+                future.set_exception(error)
+            self._futures.append(future)
+            return
+        while sum(not future.done() for future in self._futures) > self._waiting:
+            wait([next(future for future in self._futures if not future.done())])
+        self._futures.append(self._pool.submit(self._run, job))
+
+    def _run(self, job: Callable[[], Out]) -> Out:
+        if self._failed.is_set():
+            raise Skipped("an earlier job failed")
+        try:
+            return job()
+        except BaseException:
+            self._failed.set()
+            raise
+
+    def finished(self, block: bool = False) -> Iterator[Future]:
+        """The futures of the jobs done, in order, each taken back once (block: every job's, waiting for them)."""
+        while self._futures and (block or self._futures[0].done()):
+            future = self._futures.popleft()
+            wait([future])
+            yield future
+
+    def close(self) -> None:
+        """Wait for the jobs queued and stop the worker."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+class Skipped(Exception):
+    """A Writer's job that did not run: an earlier one failed."""

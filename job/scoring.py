@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from score_batch.engine.plan.planner import Planner, WorkPlan
-from score_batch.engine.run.results import planned_results
+from score_batch.engine.plan.planner import Planner, PlanStats, WorkPlan
+from score_batch.engine.run.packed_runner import PlanRun
+from score_batch.engine.run.results import Finished, planned_results
 from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.window import Window
 from score_batch.job.contract import OutputContract
@@ -90,8 +91,24 @@ def score_window(
 
 def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple[pa.Table, ScoredWindow]:
     """Run a planned window (scorer None: a dry run's NaN scores) into its output part and its ScoredWindow."""
-    contract, plan, window = tools.contract, prepared.plan, prepared.window
-    results = planned_results(plan, contract.pooled_dim) if scorer is None else scorer.run(plan, advance)
+    plan, pooled_dim = prepared.plan, tools.contract.pooled_dim
+    results = planned_results(plan, pooled_dim) if scorer is None else scorer.run(plan, advance)
+    return window_part(prepared, tools, results, plan.stats)
+
+
+def start(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> PlanRun | Finished:
+    """A planned window's plan started on the device (Scorer.start: its first batch launched; launch_rest and
+    results go on); a dry run's (scorer None) NaN scores, finished at once."""
+    if scorer is None:
+        return Finished(planned_results(prepared.plan, tools.contract.pooled_dim))
+    return scorer.start(prepared.plan, advance)
+
+
+def window_part(
+    prepared: Prepared, tools: WindowTools, results: list, stats: PlanStats
+) -> tuple[pa.Table, ScoredWindow]:
+    """A window's results (its plan's stats beside them) as its output part and its ScoredWindow."""
+    contract, window = tools.contract, prepared.window
     copied = prepared.reused | prepared.copies
     part = contract.part_table(
         output_columns(window, prepared.todo, results, contract, prepared.keys, copied)
@@ -101,7 +118,7 @@ def score(prepared: Prepared, tools: WindowTools, scorer, advance=None) -> tuple
         window.num_rows,
         part.num_rows,
         part.num_rows - part[ERROR].null_count,
-        plan.stats,
+        stats,
         part[SCORE],
         group_sizes(window, prepared.grouped, contract.query_ids_given),
         reused=len(prepared.reused),

@@ -79,8 +79,31 @@ def as_rows(window: Window) -> list[InputRow]:
 def window_rows(source, overrides, window_rows):
     _, windows = read_windows(source, overrides, window_rows)
     windows = list(windows)
-    assert all(w.num_rows == window_rows for w in windows[:-1])
+    assert_cut_at_groups(windows, window_rows)
     return [row for window in windows for row in as_rows(window)]
+
+
+def assert_cut_at_groups(windows: list[Window], window_rows: int) -> None:
+    """Windows as io_formats/cuts cuts them, checked on their rows' Python values: no query group (consecutive
+    readable rows of one query id and query) is split; a window holds at most window_rows rows unless it is one
+    group; each takes as many whole groups as fit (the next window's first group would not)."""
+    keyed = [
+        [(repr(r.query_id), repr(r.query)) if r.error is None else None for r in as_rows(w)] for w in windows
+    ]
+    for earlier, later in zip(keyed, keyed[1:]):
+        last = next((key for key in reversed(earlier) if key is not None), None)
+        first = next((key for key in later if key is not None), None)
+        assert last is None or last != first, "a query group is split between two windows"
+    for k, keys in enumerate(keyed):
+        if len(keys) > window_rows:
+            assert len({key for key in keys if key is not None}) == 1, "an over-long window of several groups"
+        elif k + 1 < len(keyed):
+            following = keyed[k + 1]
+            first = next((key for key in following if key is not None), None)
+            group = next(
+                (n for n, key in enumerate(following) if key is not None and key != first), len(following)
+            )
+            assert len(keys) + group > window_rows, "the next window's first group fits in this one"
 
 
 def hostile_lines(rng: random.Random, count: int) -> list[str]:

@@ -152,7 +152,7 @@ def test_resume_checks_the_input_by_content_and_refuses_older_parts_by_version(j
     del digest_2["input_digest"]  # parts checked with input digest 2 (its manifest named none)
     manifest.write_text(json.dumps(digest_2))
     refused = run_cli(*base, "-o", out, "--resume")
-    assert refused.returncode == 2 and "(this score-batch: score-batch input digest 3)" in refused.stderr
+    assert refused.returncode == 2 and "(this score-batch: score-batch input digest 4)" in refused.stderr
     manifest.write_text(written)
     stat = base[0].stat()
     os.utime(base[0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, its content kept

@@ -375,7 +375,7 @@ def test_a_completed_output_of_an_older_input_digest_is_named_so_on_a_rerun(qwen
     assert "already complete" in run_cli(*base).stderr  # the same input, this digest: nothing to do
     table = pq.read_table(out)
     record = json.loads(table.schema.metadata[RECORD_KEY])
-    assert record["input"][1] == "score-batch input digest 3"
+    assert record["input"][1] == "score-batch input digest 4"
     record["input"] = record["input"][:1]  # as an older record holds it
     older = RunIdentity._of(record)  # its fingerprint as the older run wrote it
     metadata = {
@@ -387,5 +387,5 @@ def test_a_completed_output_of_an_older_input_digest_is_named_so_on_a_rerun(qwen
     pq.write_table(table.replace_schema_metadata(metadata), out)
     refused = run_cli(*base)
     assert refused.returncode == 2, refused.stderr
-    assert "the input was digested another way then (now: score-batch input digest 3)" in refused.stderr
+    assert "the input was digested another way then (now: score-batch input digest 4)" in refused.stderr
     assert "the input changed" not in refused.stderr

@@ -25,7 +25,7 @@ from score_batch.io_formats.readers import (
     reader,
 )
 from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
-from tests.test_columnar_reader import as_rows
+from tests.test_columnar_reader import as_rows, assert_cut_at_groups
 
 ROWS = [
     {"query": "q1", "item": "a", "n": 1},
@@ -130,7 +130,7 @@ def test_parquet_rows_read_column_by_column_equal_the_record_path(tmp_path, wind
     expected = [to_row(i, record, mapping, types) for i, record in enumerate(records)]
     _, windows = read_windows(source, ColumnOverrides(keep_columns=("price", "tags", "day")), window_rows)
     windows = list(windows)
-    assert all(w.num_rows == window_rows for w in windows[:-1]) and 0 < windows[-1].num_rows <= window_rows
+    assert_cut_at_groups(windows, window_rows)
     assert [row for window in windows for row in as_rows(window)] == expected
     errors = [None, "column 'query' is null", "column 'item' is null", None, None, None, None]
     assert [row.error for row in expected] == errors

@@ -55,51 +55,19 @@ class PackedRunner:
             )
 
     def run(self, plan: PackedPlan, on_items: Callable[[int], None] | None = None) -> list[GroupResult]:
-        """Run a plan's batches and assemble per-group results in input order. A pack with a non-finite output
-        has each of its items scored again alone (its own reference sequence, its own batch), so a NaN that
-        leaked through masked attention cannot cost a neighbour its score; only items non-finite on their own
-        become item errors. Under truncate="chunk" each item's chunks are aggregated into its one result
-        (engine/text/chunking.py), with their count in `chunks`."""
-        results = self.run_sequences(plan, on_items)
-        if plan.chunked is None:
-            return results
-        errors = [g.errors for g in plan.tokenized]
-        return aggregate(results, plan.chunked, errors, self.planner.cfg.chunk_aggregate)
+        """Run a plan's batches and assemble per-group results in input order (start, then its results)."""
+        return self.start(plan, on_items).results()
 
     def run_sequences(
         self, plan: PackedPlan, on_items: Callable[[int], None] | None = None
     ) -> list[GroupResult]:
         """run() before aggregation: one result row per scored sequence (plan.scored's items; under
-        truncate="chunk" every chunk, else every item). on_items counts finished input items. The device never
-        waits for the host between batches: each batch is launched before the previous one's outputs are read
-        (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU the launch is
-        the forward itself), so the next batch's host work (its attention plan, its inputs) overlaps the
-        device's work on the previous one."""
-        cfg = self.planner.cfg
-        table = ResultTable(
-            [len(group.item_ids) for group in plan.scored],
-            self.setup.num_scores,
-            self.setup.info.hidden_size if cfg.pooled_hidden_states else None,
-        )
-        countdown = ItemCountdown(plan.chunked)
-        rescored = 0
-        cache = QueryCache(plan.batches)  # the queries of groups whose later packs run without them
-        with torch.inference_mode():
-            launched = None
-            for batch in plan.batches:
-                previous, launched = launched, self._launch(batch, cache)
-                cache.release(batch)  # stream-ordered: what the launched batch reads stays until it ran
-                if previous is not None:
-                    rescored += self._store(plan, previous, table, countdown, on_items)
-            if launched is not None:
-                rescored += self._store(plan, launched, table, countdown, on_items)
-        if rescored:
-            log.warning(
-                "%d items shared a pack with a non-finite output and were scored again alone", rescored
-            )
-        table.copy(plan.copies, plan.item_name)  # duplicate (query, item) pairs: scored once
-        errors = [group.errors for group in plan.scored]
-        return table.results(errors, self.setup.activation, cfg.score_index)
+        truncate="chunk" every chunk, else every item)."""
+        return self.start(plan, on_items).sequences()
+
+    def start(self, plan: PackedPlan, on_items: Callable[[int], None] | None = None) -> PlanRun:
+        """Launch a plan's first batch; the PlanRun launches the rest (launch_rest) and gives the results."""
+        return PlanRun(self, plan, on_items)
 
     def _store(
         self,
@@ -162,6 +130,83 @@ class PackedRunner:
             self.model.final_logit_softcap,
         )  # [num_items, num_scores] ×2, [num_items, hidden] or None
         return Launched.of(batch, raw, scores, pooled)
+
+
+class PlanRun:
+    """One plan on the device (PackedRunner.start): its first batch launched when made, the rest by launch_rest,
+    its per-group results in input order by results. A pack with a non-finite output has each of its items
+    scored again alone (its own reference sequence, its own batch), so a NaN that leaked through masked
+    attention cannot cost a neighbour its score; only items non-finite on their own become item errors. Under
+    truncate="chunk" each item's chunks are aggregated into its one result (engine/text/chunking.py), with
+    their count in `chunks`. on_items counts finished input items.
+
+    The device never waits for the host between batches: each batch is launched before the previous one's
+    outputs are read (on CUDA they come back through pinned buffers, copied behind the forward; on the CPU the
+    launch is the forward itself), so the next batch's host work (its attention plan, its inputs) overlaps the
+    device's work on the previous one; between plans, the next plan's first batch can be launched (its start)
+    before this one's last outputs are read (results)."""
+
+    def __init__(
+        self, runner: PackedRunner, plan: PackedPlan, on_items: Callable[[int], None] | None
+    ) -> None:
+        self.runner, self.plan, self.on_items = runner, plan, on_items
+        self.table = ResultTable(
+            [len(group.item_ids) for group in plan.scored],
+            runner.setup.num_scores,
+            runner.setup.info.hidden_size if runner.planner.cfg.pooled_hidden_states else None,
+        )
+        self.countdown = ItemCountdown(plan.chunked)
+        self.rescored = 0
+        self.cache = QueryCache(plan.batches)  # the queries of groups whose later packs run without them
+        self._batches = iter(plan.batches)
+        self._launched: Launched | None = None
+        with torch.inference_mode():
+            self._launch_next()
+
+    def _launch_next(self) -> bool:
+        """Launch the next batch, then read the one before it; False when every batch is launched."""
+        batch = next(self._batches, None)
+        if batch is None:
+            return False
+        previous, self._launched = self._launched, self.runner._launch(batch, self.cache)
+        self.cache.release(batch)  # stream-ordered: what the launched batch reads stays until it ran
+        if previous is not None:
+            self._store(previous)
+        return True
+
+    def _store(self, launched: Launched) -> None:
+        self.rescored += self.runner._store(self.plan, launched, self.table, self.countdown, self.on_items)
+
+    def launch_rest(self) -> None:
+        """Launch every batch not launched yet (reading each one's predecessor); the last stays unread."""
+        with torch.inference_mode():
+            while self._launch_next():
+                pass
+
+    def results(self) -> list[GroupResult]:
+        """Every batch launched and read, and the per-group results (chunks aggregated)."""
+        results = self.sequences()
+        plan, cfg = self.plan, self.runner.planner.cfg
+        if plan.chunked is None:
+            return results
+        errors = [g.errors for g in plan.tokenized]
+        return aggregate(results, plan.chunked, errors, cfg.chunk_aggregate)
+
+    def sequences(self) -> list[GroupResult]:
+        """Every batch launched and read, and one result row per scored sequence (plan.scored's items)."""
+        self.launch_rest()
+        if self._launched is not None:
+            with torch.inference_mode():
+                self._store(self._launched)
+            self._launched = None
+        if self.rescored:
+            log.warning(
+                "%d items shared a pack with a non-finite output and were scored again alone", self.rescored
+            )
+        plan, setup, cfg = self.plan, self.runner.setup, self.runner.planner.cfg
+        self.table.copy(plan.copies, plan.item_name)  # duplicate (query, item) pairs: scored once
+        errors = [group.errors for group in plan.scored]
+        return self.table.results(errors, setup.activation, cfg.score_index)
 
 
 class Launched:

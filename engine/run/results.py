@@ -101,3 +101,16 @@ def planned_results(plan, pooled_dim: int | None) -> list[GroupResult]:
         chunks = None if plan.chunked is None else np.asarray(plan.chunked[index].counts, np.int32)
         results.append(GroupResult(scores, scores[:, 0], pooled, list(group.errors), chunks=chunks))
     return results
+
+
+class Finished:
+    """A plan run whole when started (an encoder's plan, a dry run's planned results): the PlanRun interface
+    (engine/run/packed_runner.py) with nothing left to launch."""
+
+    def __init__(self, results: list[GroupResult]) -> None:
+        self._results = results
+
+    def launch_rest(self) -> None: ...
+
+    def results(self) -> list[GroupResult]:
+        return self._results
