@@ -198,18 +198,33 @@ class Scorer(CrossEncoderAPI):
             return None
         return self._verifier.verify(self._runner)
 
-    def start(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> PlanRun | Finished:
+    def start(self, plan: WorkPlan, on_items: Callable[[int], None] | None = None) -> _Observed:
         """Begin running a plan: a packed decoder's first batch launched (its PlanRun launches the rest and gives
         the results), so a caller can launch the next plan before reading this one; an encoder's runs whole."""
         if isinstance(self._runner, PackedRunner):
-            return self._runner.start(plan, on_items)
-        return Finished(self._runner.run(plan, on_items))
+            return _Observed(self._runner.start(plan, on_items), plan, self._verifier)
+        return _Observed(Finished(self._runner.run(plan, on_items)), plan, self._verifier)
 
     def score(
         self, groups: Sequence[Group], on_items: Callable[[int], None] | None = None
     ) -> list[GroupResult]:
         """Score every item of every group; failed items carry NaN scores and an error."""
         return self.run(self.plan(groups), on_items)
+
+
+class _Observed:
+    """A started plan whose results the Scorer's verifier keeps a few of when they are read, as run() does."""
+
+    def __init__(self, started: PlanRun | Finished, plan: WorkPlan, verifier) -> None:
+        self._started, self._plan, self._verifier = started, plan, verifier
+
+    def launch_rest(self) -> None:
+        self._started.launch_rest()
+
+    def results(self) -> list[GroupResult]:
+        results = self._started.results()
+        self._verifier.observe(self._plan, results)
+        return results
 
 
 def _load_runner(
