@@ -118,13 +118,11 @@ class PartsSink:
             )
         self.parts = PartStore(paths.parts)
         self._previous = self.parts.load() if self.parts.exists() else None
-        if self.parts.exists() and not config.resume:
-            if not config.overwrite:
-                raise InputError(
-                    f"a previous run left checkpointed parts in {self.parts.dir.uri!r}; pass --resume to "
-                    "continue it or --overwrite to start over"
-                )
-            self.parts.clear()
+        if self.parts.exists() and not config.resume and not config.overwrite:
+            raise InputError(
+                f"a previous run left checkpointed parts in {self.parts.dir.uri!r}; pass --resume to "
+                "continue it or --overwrite to start over"
+            )
 
     def start(self, fingerprint: RunIdentity) -> None:
         """Refuse to resume parts of another run (naming what differs); record this run's identity."""
@@ -138,7 +136,10 @@ class PartsSink:
             )
         if self.config.resume and previous is None:
             log.info("nothing to resume in %s; starting from the beginning", self.parts.dir)
-            self.parts.clear()  # parts without a valid manifest are never trusted
+        if not (self.config.resume and previous is not None):
+            # --overwrite's earlier parts, or parts without a valid manifest (never trusted): deleted only
+            # now, once nothing before scoring refused the run
+            self.parts.clear()
         self.parts.start(
             fingerprint.digest, keep=self.config.resume and previous is not None, record=fingerprint.record
         )
@@ -245,9 +246,10 @@ class PartsSink:
             raise
 
     def abort(self, keep_checkpoints: bool) -> None:
-        """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""
+        """Stopped runs keep their parts for --resume; a refused run (bad input, a refused --resume) leaves the
+        checkpoint as it found it: the parts it wrote itself go, those it resumed stay, unchanged."""
         if not keep_checkpoints:
-            self.parts.clear()
+            self.parts.undo()
 
 
 def _output_rows(
