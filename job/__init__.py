@@ -1,6 +1,6 @@
 """The batch job around the engine: `run(config)`, the one entry point and run loop (never imports the CLI).
 
---report checked → the runner resolved (local, Ray, batch file) → preflight (no weights: paths, inputs,
+--report checked and replaced by a "running" report → the runner resolved (local, Ray, batch file) → preflight (no weights: paths, inputs,
 columns) → the run's identity and OUTPUT.lock (a --resume on an output completed with the same identity and
 input ends here) → leftovers removed → score and publish → the report, written however the run ends.
 """
@@ -39,6 +39,8 @@ def run(config: RunConfig) -> RunReport:
     """Run one job (locally, on Ray, or an OpenAI-style batch file); the report is written however it ends."""
     check_report_path(config)  # before the report can be written, so it never replaces a file it must not
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
+    if config.report and config.report != "-":  # replaced whole: a kill -9 leaves "running", never a verdict
+        report.write(config.report)
     started = time.perf_counter()
     errors, ended = None, None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ class RunReport:
     """What one run did; written as JSON with --report (on success and on failure) and summarized on stderr."""
 
     report_version: int = REPORT_VERSION
-    status: str = "running"  # succeeded | failed | stopped
+    status: str = "running"  # succeeded | failed | stopped; running: written at the start (a killed run's)
+    pid: int = field(default_factory=os.getpid)  # the process that runs (or ran) it
     exit_code: int | None = None
     error: str | None = None
     started_at: str = field(default_factory=lambda: _now())
