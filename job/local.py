@@ -10,7 +10,6 @@ from contextlib import contextmanager
 
 from score_batch.engine.plan.planner import Planner
 from score_batch.errors import UserError
-from score_batch.io_formats.columns import SCORE
 from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
@@ -131,9 +130,7 @@ def _score_windows(config, checked, report, sink, engine, mapping, prepared_wind
                 part = sink.scored(number)
                 tools.pairs.add(part)
                 sizes = group_sizes(window, prepared.grouped, tools.contract.query_ids_given)
-                phase.add(
-                    ScoredWindow(window.num_rows, 0, 0, scores=part[SCORE], query_items=sizes, resumed=True)
-                )
+                phase.add(ScoredWindow.resumed_part(window.num_rows, part, sizes))
                 continue
             if config.on_error == "fail":
                 _fail_on_unreadable_row(window, source)

@@ -202,8 +202,6 @@ def warn_failed_items(report: RunReport, config: RunConfig, errors: Location | N
         logged = "the log above, one line each (pass --errors-file to keep them in a file)"
         where = logged if errors is None else errors.uri
         message = f"{count} failed and were left out of the output; they are listed in {where}"
-        if report.items_skipped > report.items_failed:  # a resumed run's file lists its checkpoints' too
-            message += f" ({report.items_skipped} in all, with those of the windows resumed from checkpoints)"
     else:
         output = "the output" if config.output == STDOUT else config.output
         message = f"{count} failed; their rows in {output} carry the error"

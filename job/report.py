@@ -37,12 +37,13 @@ class RunReport:
     started_at: str = field(default_factory=lambda: _now())
     ended_at: str | None = None
     rows_read: int = 0
-    items: int = 0  # items of the windows this run read (a resumed run: of the windows it did not resume)
-    # items = items_scored + items_failed + reused + duplicates (under --truncate chunk duplicates counts
-    # repeated chunks, which leave their items scored)
+    items: int = 0  # the output's items, failed ones included (a resumed run: its resumed windows' too)
+    # items = items_scored + items_failed + reused + duplicates + items_resumed (under --truncate chunk
+    # duplicates counts repeated chunks, which leave their items scored)
     items_scored: int = 0  # items this run ran through the model: not failed, reused or copied
-    items_failed: int = 0
+    items_failed: int = 0  # the output's failed items (a resumed run: its resumed windows' too)
     items_skipped: int = 0  # failed items listed in the errors file (--on-error skip)
+    items_resumed: int = 0  # items with scores read back from checkpoint parts (--resume), not scored now
     rows_written: int = 0  # output rows (a batch file's: response lines); under --top-k the kept ones
     rows_ranked: int | None = None  # --ranked-output: the ranked view's rows (None: no view written)
     rows_skipped_by_resume: int = 0
@@ -92,8 +93,9 @@ class RunReport:
 
     @property
     def items_with_scores(self) -> int:
-        """Items this run gave a score: scored, reused or copied (the throughput and cost count them)."""
-        return 0 if self.dry_run else self.items - self.items_failed
+        """Items this run gave a score: scored, reused or copied, not resumed (the throughput and cost count
+        them)."""
+        return 0 if self.dry_run else self.items - self.items_failed - self.items_resumed
 
     def add_usage(self, price_per_hour: float | None) -> None:
         """The usage object (its field's comment lists it); a dry run computes nothing: planned tokens only."""
