@@ -42,7 +42,7 @@ class PartStore:
             manifest = json.loads(found or b"")
         except ValueError:
             return None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
+        if not _well_formed(manifest):
             return None
         self._manifest, self._found, self._found_parts = manifest, found, frozenset(manifest["parts"])
         return manifest.get("fingerprint")
@@ -145,6 +145,21 @@ class PartStore:
     def _save(self) -> None:
         """Replace the manifest in one step."""
         self.dir.child(MANIFEST).write_bytes(json.dumps(self._manifest).encode())
+
+
+def _well_formed(manifest: object) -> bool:
+    """A manifest as _save writes it: its fingerprint and digest version strings, its record an object, each
+    listed part a window number with its checksums (anything else: no valid manifest, nothing is resumed)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
+        return False
+    strings = all(isinstance(manifest.get(k), (str, type(None))) for k in ("fingerprint", "input_digest"))
+    parts = all(
+        window.isdigit()
+        and isinstance(entry, dict)
+        and all(isinstance(entry.get(k), str) for k in ("sha256", "input_sha256"))
+        for window, entry in manifest["parts"].items()
+    )
+    return strings and parts and isinstance(manifest.get("record"), (dict, type(None)))
 
 
 def as_stored(table: pa.Table) -> pa.Table:

@@ -124,7 +124,7 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
             "there (removed, or another path); pass --overwrite to score both again"
         )
     report.already_complete = True
-    report.items_failed, report.items = record.get("failed", (0, 0))
+    report.items_failed, report.items = record.get("failed", (0, 0))  # its shape: job/record_check
     enforce_failed_rate(report, config)  # a retry of a run over --max-failed-rate fails again
     log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True

@@ -29,6 +29,7 @@ from score_batch.job.contract import OutputContract
 from score_batch.job.identity import FINGERPRINTED, RunIdentity
 from score_batch.job.paths import RunPaths, normalized
 from score_batch.job.query_ranking import rank_parts
+from score_batch.job.record_check import DIGESTED, check_record
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class PartsSink:
         """Refuse to resume parts of another run (naming what differs); record this run's identity."""
         previous = self._previous
         if self.config.resume and previous is not None and previous != fingerprint.digest:
-            what = fingerprint.difference(self.parts.record())
+            what = fingerprint.difference(_shaped(self.parts.record()))
             raise InputError(
                 f"cannot --resume: the parts in {self.parts.dir.uri!r} were written "
                 + (f"differently: {what}" if what else f"with a different {FINGERPRINTED}")
@@ -250,6 +251,14 @@ class PartsSink:
         checkpoint as it found it: the parts it wrote itself go, those it resumed stay, unchanged."""
         if not keep_checkpoints:
             self.parts.undo()
+
+
+def _shaped(record: dict | None) -> dict | None:
+    """A manifest's identity record when it has a record's shape (job/record_check), else None (unnamed)."""
+    try:
+        return check_record(record, "of the checkpoint manifest", required=DIGESTED[:-1])  # no input
+    except InputError:
+        return None
 
 
 def _output_rows(
