@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
@@ -82,9 +81,7 @@ def _run_phases(config: RunConfig, report: RunReport):
         # The run's identity (job/identity): the model's content is read here, where a stop ends it at once.
         if kind != "batch-file":
             checked = dataclasses.replace(checked, identity=RunIdentity.of(config))
-        with contextlib.ExitStack() as held:
-            for lock in checked.paths.locks:  # OUTPUT's, then the ranked view's
-                held.enter_context(OutputLock(lock))
+        with OutputLock(checked.paths.lock) if checked.paths.lock is not None else contextlib.nullcontext():
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
                     remove_leftovers(*checked.paths.leftovers)
@@ -116,13 +113,6 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     if not config.resume or completion is None or not completion.exists():
         return False
     record = completion.check_rerun(config, checked.source, checked.identity)
-    if checked.paths.ranked is not None and not checked.paths.ranked.exists():  # OUTPUT never without it
-        if config.overwrite:
-            return False  # score both again
-        raise InputError(
-            f"output {config.output!r} is complete but its --ranked-output {config.ranked_output!r} is not "
-            "there (removed, or another path); pass --overwrite to score both again"
-        )
     report.already_complete = True
     report.items_failed, report.items = record.get("failed", (0, 0))  # its shape: job/record_check
     enforce_failed_rate(report, config)  # a retry of a run over --max-failed-rate fails again

@@ -124,7 +124,6 @@ class ScoringPhase:
         report.items_skipped = self.sink.commit(*args, **kwargs) or 0
         written = getattr(self.sink, "rows_written", None)  # None: a sink that does not count (unranked Ray)
         report.rows_written = report.items - report.items_skipped if written is None else written
-        report.rows_ranked = getattr(self.sink, "rows_ranked", None)
         warn_empty(report)
 
     def _close_timing(self) -> None:

@@ -45,7 +45,6 @@ class RunReport:
     items_skipped: int = 0  # failed items listed in the errors file (--on-error skip)
     items_resumed: int = 0  # items with scores read back from checkpoint parts (--resume), not scored now
     rows_written: int = 0  # output rows (a batch file's: response lines); under --top-k the kept ones
-    rows_ranked: int | None = None  # --ranked-output: the ranked view's rows (None: no view written)
     rows_skipped_by_resume: int = 0
     requests: int = 0  # OpenAI batch file: request lines (0 for table input)
     requests_failed: int = 0  # OpenAI batch file: request lines answered with an error line
@@ -161,13 +160,12 @@ class RunReport:
 
     def _written(self) -> str:
         """The rows written, for the summary line, where not one per item (--top-k, --on-error skip), else ''."""
-        top_k, view = self.settings.get("top_k"), self.rows_ranked is not None
-        if self.dry_run or self.requests or not (top_k or self.items_skipped or view):
+        top_k = self.settings.get("top_k")
+        if self.dry_run or self.requests or not (top_k or self.items_skipped):
             return ""
-        kept = f", the best {top_k} of each query" if top_k and not view else ""  # a view: OUTPUT holds all
+        kept = f", the best {top_k} of each query" if top_k else ""
         skipped = f", {self.items_skipped} failed left out" if self.items_skipped else ""
-        ranked = f", {self.rows_ranked} to the ranked view" if view else ""
-        return f"; wrote {self.rows_written} rows{kept}{skipped}{ranked}"
+        return f"; wrote {self.rows_written} rows{kept}{skipped}"
 
     def _saved(self) -> str:
         """What reuse and dedup saved, for the summary line ('' when nothing)."""

@@ -4,7 +4,6 @@ directory; skipped rows' errors file."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import sys
@@ -106,17 +105,12 @@ class PartsSink:
         self.config = config
         self.paths = paths
         self.rows_written = 0
-        self.rows_ranked: int | None = None  # --ranked-output: the view's rows, once published
         self.destination = paths.output
         self.format = "parquet" if config.partition_by else output_format(config.output)
         if not self.destination.publishes_in_steps and self.destination.exists() and not config.overwrite:
             # Checked again under the lock: a run that finished after this one's preflight published it
             # (object stores: a publish cut off midway may be there, replaced under --resume).
             raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-        if paths.ranked is not None and paths.ranked.exists() and not (config.overwrite or config.resume):
-            raise InputError(
-                f"--ranked-output {config.ranked_output!r} already exists; pass --overwrite to replace it"
-            )
         self.parts = PartStore(paths.parts)
         self._previous = self.parts.load() if self.parts.exists() else None
         if self.parts.exists() and not config.resume and not config.overwrite:
@@ -176,14 +170,9 @@ class PartsSink:
             )
 
     def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
-        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts.
-        With --ranked-output the ranked view is derived from the same parts and published first, OUTPUT (every
-        row, unranked) last: OUTPUT, with its completion record, never appears without the view."""
+        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts."""
         errors = ErrorsSink(self.paths.errors)
         try:
-            if self.paths.ranked is not None:
-                self._publish_ranked(contract, check, fingerprint)
-                contract = dataclasses.replace(contract, ranked=False, top_k=None)
             tables = self._final_tables(contract, check, errors)
             # The errors file is published before the output: an output never appears without its list.
             self._publish(tables, contract, errors.commit, fingerprint, check, self.destination, self.format)
@@ -195,19 +184,6 @@ class PartsSink:
             stale.delete()
         self.parts.clear()
         return errors.count
-
-    def _publish_ranked(self, contract: OutputContract, check: Check, fingerprint) -> None:
-        """--ranked-output: the whole run ranked (as a --rank/--top-k run writes OUTPUT), stamped as the output
-        of such a run (its record without ranked_output: --reuse sees a --top-k output)."""
-        ranked, _ = rank_parts([self.parts.read(window) for window in self.parts.windows()], contract)
-        check()
-        if fingerprint is not None:
-            fingerprint = fingerprint.with_settings(ranked_output=None)
-        form = "parquet" if self.config.partition_by else output_format(self.config.ranked_output)
-        view = iter([contract.final_view(ranked)])
-        self._publish(view, contract, lambda: None, fingerprint, check, self.paths.ranked, form)
-        self.rows_ranked = ranked.num_rows
-        log.info("the ranked view (%d rows) is in %s", ranked.num_rows, self.config.ranked_output)
 
     def _final_tables(self, contract: OutputContract, check: Check, errors: ErrorsSink) -> Iterator[pa.Table]:
         """The output rows in output order, window by window (ranked: all at once); failed rows to errors."""
