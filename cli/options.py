@@ -215,9 +215,8 @@ OPTIONS = (
            "rank column.", (), "N"),
     Option("rank", RUN, bool, False, OUTPUT, "Add a rank column (1 = best); each query's items come out "
            "best first.", ("--rank",)),
-    Option("ranked_output", RUN, str | None, None, OUTPUT, "With --rank or --top-k: write that ranked view "
-           "here and every row, unranked, to OUTPUT, in one run (published just before OUTPUT).", (),
-           "PATH"),
+    Option("ranked_output", None, str | None, None, OUTPUT, "Removed (refused): pass --rank and filter "
+           "rank <= k for the ranked view (docs/ranking.md).", (), "PATH"),
     Option("device", ENG, choices.Device, "auto", ENGINE, "Where to run."),
     Option("dtype", ENG, choices.Dtype, "auto", ENGINE, "auto: bf16 on CUDA, fp32 on CPU. fp8: the decoder "
            "layers' GEMMs in FP8 over bf16 (Hopper or later); fp8-emulated: the same quantization emulated "
@@ -291,6 +290,10 @@ OPTIONS = (
 )  # fmt: skip
 OPTION = {option.name: option for option in OPTIONS}
 BY_SETTING = {option.setting: option for option in OPTIONS if option.sets}  # config field → its option
+RANKED_OUTPUT_REMOVED = (  # what --ranked-output says: the ranked view is one filter of a --rank output
+    "--ranked-output is removed: pass --rank, which gives every row its rank, and filter rank <= k for the "
+    "ranked view (docs/ranking.md: one line of DuckDB or polars)"
+)
 # Config fields no option sets: the nested configs (built from their fields' options) and the Python API's own.
 FLAGLESS = (f"{RUN}.columns", f"{RUN}.engine", f"{ENG}.scoring", f"{RAYS}.groups_per_batch")
 

@@ -13,8 +13,8 @@ import os
 from score_batch.cli.command import write_failure_report
 from score_batch.cli.error_messages import profile_noted
 from score_batch.cli.logs import quiet_libraries, say, setup_logging
-from score_batch.cli.options import ENV_PREFIX, OPTIONS, ScoreOptions
-from score_batch.errors import ConfigError
+from score_batch.cli.options import ENV_PREFIX, OPTIONS, RANKED_OUTPUT_REMOVED, ScoreOptions
+from score_batch.errors import ConfigError, UserError
 from score_batch.signals import Stopped
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ def run_config(options: ScoreOptions):
     from score_batch.io_formats.schema import ColumnOverrides
     from score_batch.job.run_config import RayOptions, RunConfig
 
+    if options.ranked_output is not None:
+        raise UserError(RANKED_OUTPUT_REMOVED)
     model_dir = resolve_model_dir(options.model or demo_model_path())  # resolved once: the run loads this
     name = hub_id_of(model_dir) or options.model or ""  # an HF-cache snapshot directory: its hub id
     profile = choose_profile(options.profile, name, model_dir)

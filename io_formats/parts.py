@@ -26,6 +26,10 @@ class PartStore:
     def __init__(self, directory: Location) -> None:
         self.dir = directory
         self._manifest: dict = {"fingerprint": None, "parts": {}}
+        self._found: bytes | None = None  # the manifest as load() found it (undo restores it)
+        self._created: set[int] = set()  # windows whose part this run wrote where none was listed
+        self._found_parts: frozenset[str] = frozenset()  # the windows it lists
+        self._swept = False  # staging files a killed run left: removed at this run's first write
 
     def exists(self) -> bool:
         """True when a previous run left parts (or a manifest) here."""
@@ -33,13 +37,14 @@ class PartStore:
 
     def load(self) -> str | None:
         """Read the manifest of an earlier run; its fingerprint, or None when there is no valid manifest."""
+        found = self.dir.child(MANIFEST).read_bytes()
         try:
-            manifest = json.loads(self.dir.child(MANIFEST).read_bytes() or b"")
+            manifest = json.loads(found or b"")
         except ValueError:
             return None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
+        if not _well_formed(manifest):
             return None
-        self._manifest = manifest
+        self._manifest, self._found, self._found_parts = manifest, found, frozenset(manifest["parts"])
         return manifest.get("fingerprint")
 
     def record(self) -> dict | None:
@@ -56,13 +61,14 @@ class PartStore:
                 f"{earlier or 'an older input digest'} (this score-batch: {digest}); pass --overwrite "
                 "(without --resume) to start over"
             )
-        for name in self.dir.list_names():
-            if name.startswith(".") and ".tmp-" in name:  # a part cut off while written
-                self.dir.child(name).delete()
         self.dir.make_dirs()
         parts = self._manifest["parts"] if keep else {}
-        self._manifest = dict(fingerprint=fingerprint, record=record, input_digest=digest, parts=parts)
-        self._save()
+        if not keep:
+            self._found = None  # nothing found is kept: undo removes the directory
+        manifest = dict(fingerprint=fingerprint, record=record, input_digest=digest, parts=parts)
+        if manifest != self._manifest or self._found is None:
+            self._manifest = manifest
+            self._save()
 
     def part(self, window: int) -> Location:
         """Where window k's part lives."""
@@ -90,6 +96,13 @@ class PartStore:
     def write(self, window: int, table: pa.Table, input_hash: str) -> None:
         """Write window k's results: a staging file, listed in the manifest with its checksum, then published (a
         kill leaves an unlisted staging file, removed next run, or a listed part missing or whole)."""
+        if not self._swept:
+            for name in self.dir.list_names():
+                if name.startswith(".") and ".tmp-" in name:  # a part cut off while written
+                    self.dir.child(name).delete()
+            self._swept = True
+        if self._found is None or str(window) not in self._found_parts:
+            self._created.add(window)
         part = self.part(window)
         tmp = part.staging_file()
         try:
@@ -116,10 +129,37 @@ class PartStore:
         """Delete every part and the manifest."""
         self.dir.delete_tree()
         self._manifest = {"fingerprint": None, "parts": {}}
+        self._found, self._created = None, set()
+
+    def undo(self) -> None:
+        """Leave the directory as this run found it (a refused run): the parts it wrote where none was listed
+        removed, the manifest it found restored; with none found (nothing resumed), the whole directory."""
+        if self._found is None:
+            self.clear()
+            return
+        for window in sorted(self._created):
+            self.part(window).delete()
+        self.dir.child(MANIFEST).write_bytes(self._found)
+        self._manifest, self._created = json.loads(self._found), set()
 
     def _save(self) -> None:
         """Replace the manifest in one step."""
         self.dir.child(MANIFEST).write_bytes(json.dumps(self._manifest).encode())
+
+
+def _well_formed(manifest: object) -> bool:
+    """A manifest as _save writes it: its fingerprint and digest version strings, its record an object, each
+    listed part a window number with its checksums (anything else: no valid manifest, nothing is resumed)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("parts"), dict):
+        return False
+    strings = all(isinstance(manifest.get(k), (str, type(None))) for k in ("fingerprint", "input_digest"))
+    parts = all(
+        window.isdigit()
+        and isinstance(entry, dict)
+        and all(isinstance(entry.get(k), str) for k in ("sha256", "input_sha256"))
+        for window, entry in manifest["parts"].items()
+    )
+    return strings and parts and isinstance(manifest.get("record"), (dict, type(None)))
 
 
 def as_stored(table: pa.Table) -> pa.Table:

@@ -1,6 +1,6 @@
 """The batch job around the engine: `run(config)`, the one entry point and run loop (never imports the CLI).
 
---report checked → the runner resolved (local, Ray, batch file) → preflight (no weights: paths, inputs,
+--report checked and replaced by a "running" report → the runner resolved (local, Ray, batch file) → preflight (no weights: paths, inputs,
 columns) → the run's identity and OUTPUT.lock (a --resume on an output completed with the same identity and
 input ends here) → leftovers removed → score and publish → the report, written however the run ends.
 """
@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
 from score_batch.job.contract import check_kept_columns
@@ -39,6 +38,8 @@ def run(config: RunConfig) -> RunReport:
     """Run one job (locally, on Ray, or an OpenAI-style batch file); the report is written however it ends."""
     check_report_path(config)  # before the report can be written, so it never replaces a file it must not
     report = RunReport(dry_run=config.dry_run, settings=settings_of(config), versions=versions())
+    if config.report and config.report != "-":  # replaced whole: a kill -9 leaves "running", never a verdict
+        report.write(config.report)
     started = time.perf_counter()
     errors, ended = None, None
     try:
@@ -81,9 +82,7 @@ def _run_phases(config: RunConfig, report: RunReport):
         # The run's identity (job/identity): the model's content is read here, where a stop ends it at once.
         if kind != "batch-file":
             checked = dataclasses.replace(checked, identity=RunIdentity.of(config))
-        with contextlib.ExitStack() as held:
-            for lock in checked.paths.locks:  # OUTPUT's, then the ranked view's
-                held.enter_context(OutputLock(lock))
+        with OutputLock(checked.paths.lock) if checked.paths.lock is not None else contextlib.nullcontext():
             if not _already_complete(config, checked, report):
                 if checked.paths.lock is not None:  # only the lock's holder may delete temporary files
                     remove_leftovers(*checked.paths.leftovers)
@@ -115,15 +114,8 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
     if not config.resume or completion is None or not completion.exists():
         return False
     record = completion.check_rerun(config, checked.source, checked.identity)
-    if checked.paths.ranked is not None and not checked.paths.ranked.exists():  # OUTPUT never without it
-        if config.overwrite:
-            return False  # score both again
-        raise InputError(
-            f"output {config.output!r} is complete but its --ranked-output {config.ranked_output!r} is not "
-            "there (removed, or another path); pass --overwrite to score both again"
-        )
     report.already_complete = True
-    report.items_failed, report.items = record.get("failed", (0, 0))
+    report.items_failed, report.items = record.get("failed", (0, 0))  # its shape: job/record_check
     enforce_failed_rate(report, config)  # a retry of a run over --max-failed-rate fails again
     log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True

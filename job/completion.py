@@ -22,6 +22,7 @@ from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.writers import ROWS_KEY, SUCCESS, output_format
 from score_batch.job.identity import FINGERPRINTED, RunIdentity
+from score_batch.job.record_check import check_fingerprint, check_record, check_sidecar, parsed
 from score_batch.job.run_config import RunConfig
 
 METADATA_KEY = b"score_batch.completion"
@@ -68,9 +69,9 @@ class Completion:
 
     def _stamp(self) -> Stamp:
         """The existing output's fingerprint, its record, and how it changed since it was published."""
+        if self.sidecar:
+            return self._sidecar_stamp()
         try:
-            if self.sidecar:
-                return self._sidecar_stamp()
             with self.output.fs.open_input_file(self.output.path) as handle:  # the footer
                 metadata = pq.read_metadata(handle)
             changed = _file_changed(metadata)
@@ -78,24 +79,29 @@ class Completion:
             return Stamp()
         keys = metadata.schema.to_arrow_schema().metadata or {}
         value, record = keys.get(METADATA_KEY), keys.get(RECORD_KEY)
-        try:
-            record = json.loads(record) if record else None
-        except ValueError:
-            record = None
-        return Stamp(value.decode() if value else None, record, changed)
+        if value is None:  # not a completed output (or another tool's rewrite)
+            return Stamp()
+        where = f"in {self.output.uri!r} (its Parquet metadata)"
+        fingerprint = check_fingerprint(value.decode(errors="replace"), where)
+        record = None if record is None else check_record(parsed(record, where), where)
+        return Stamp(fingerprint, record, changed)
 
     def _sidecar_stamp(self) -> Stamp:
-        """The output's OUTPUT.done (none when the output is gone: nothing completed is here)."""
-        record = json.loads(self.record.read_bytes() or b"")
-        now = self._published()
-        if not isinstance(record, dict) or now is None:
+        """The output's OUTPUT.done (none when it or the output is gone: nothing completed is here)."""
+        try:
+            text, now = self.record.read_bytes(), self._published()
+        except (OSError, ValueError):
             return Stamp()
+        if text is None or now is None:
+            return Stamp()
+        where = repr(self.record.uri)
+        record = check_sidecar(parsed(text, where), where, self.dataset)
         changed = None
         if self.dataset:
-            changed = _files_changed(record.get("files"), now)
-        elif record.get("output") != now:
+            changed = _files_changed(record["files"], now)
+        elif record["output"] != now:
             changed = f"its size or modification time is not the one {self.record.name} records"
-        return Stamp(record.get("fingerprint"), record.get("record"), changed)
+        return Stamp(record["fingerprint"], record["record"], changed)
 
     def exists(self) -> bool:
         """True when an earlier run completed this output."""
@@ -153,10 +159,8 @@ class Completion:
         return files
 
 
-def _files_changed(published, now: dict[str, list]) -> str | None:
+def _files_changed(published: dict[str, list], now: dict[str, list]) -> str | None:
     """How a dataset's files differ from the ones its record lists (None: they do not)."""
-    if not isinstance(published, dict):
-        return f"its {SIDECAR} lists no published files"
     gone = sorted(set(published) - set(now))
     added = sorted(set(now) - set(published))
     common = sorted(set(now) & set(published))

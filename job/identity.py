@@ -51,7 +51,6 @@ class RunIdentity:
         settings["engine"]["scoring"] = dataclasses.asdict(config.engine.scoring.deciding())
         for name in UNFINGERPRINTED:
             settings.pop(name)
-        settings["ranked_output"] = True if config.ranked_output else None  # a view is written; not where
         for owner, name in INVARIANT_SETTINGS:
             settings[owner].pop(name)
         record = {"settings": settings, "model": model_identity(config.model_dir), "software": software()}
@@ -62,10 +61,6 @@ class RunIdentity:
         """The identity with a record's digest."""
         payload = json.dumps([record[k] for k in RECORD_PARTS if k in record], sort_keys=True, default=str)
         return cls(hashlib.sha256(payload.encode()).hexdigest(), record)
-
-    def with_settings(self, **settings) -> RunIdentity:
-        """This identity with some settings replaced (a ranked view records the --top-k run it equals)."""
-        return self._of({**self.record, "settings": {**self.record["settings"], **settings}})
 
     def laid_out(self, window_rows: int) -> RunIdentity:
         """This identity with the window rows its parts are written with beside it (not digested)."""

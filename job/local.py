@@ -9,7 +9,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 
 from score_batch.engine.plan.planner import Planner
-from score_batch.io_formats.columns import SCORE
 from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
@@ -159,7 +158,7 @@ def _resumed(prepared: Prepared, sink, tools: WindowTools, phase: ScoringPhase) 
     part = sink.scored(prepared.number)
     tools.pairs.add(part)
     sizes = group_sizes(window, prepared.grouped, tools.contract.query_ids_given)
-    phase.add(ScoredWindow(window.num_rows, 0, 0, scores=part[SCORE], query_items=sizes, resumed=True))
+    phase.add(ScoredWindow.resumed_part(window.num_rows, part, sizes))
 
 
 def _fail_on_unreadable_row(window: Window, source: InputSource) -> None:

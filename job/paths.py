@@ -85,13 +85,11 @@ class RunPaths:
     default_errors: Location | None  # OUTPUT.errors.jsonl: an earlier run's list, removed when stale
     report: Location | None  # --report FILE (None: none, or stderr)
     completion: Completion | None = None  # the output's completion record (None: stdout or a dry run)
-    ranked: Location | None = None  # --ranked-output (None: not asked for, or a dry run)
 
     @classmethod
     def resolve(cls, config: RunConfig, destination: Location | None) -> RunPaths:
         """The paths of a run whose output was checked by check_destination (destination None: stdout)."""
         writes = destination is not None and not config.dry_run
-        ranked = written(config, config.ranked_output) if config.ranked_output else None
         # --on-error skip lists skipped rows in --errors-file, else OUTPUT.errors.jsonl (or the log: None)
         errors = None
         if config.on_error == "skip" and not config.dry_run and config.errors_file != STDOUT:  # -: the log
@@ -108,18 +106,12 @@ class RunPaths:
             default_errors_path(destination) if writes else None,
             report,
             Completion(destination, bool(config.partition_by)) if writes else None,
-            ranked if writes else None,
         )
 
     @property
     def leftovers(self) -> tuple[Location, ...]:
         """Paths beside which an interrupted run may have left temporary files (the output's lock held)."""
-        return tuple(p for p in (self.output, self.default_errors, self.errors, self.ranked) if p is not None)
-
-    @property
-    def locks(self) -> tuple[Location, ...]:
-        """The lock files a run holds while it writes: OUTPUT.lock, and the ranked view's."""
-        return tuple(p for p in (self.lock, self.ranked and lock_path(self.ranked)) if p is not None)
+        return tuple(p for p in (self.output, self.default_errors, self.errors) if p is not None)
 
     def writes(self) -> dict[str, Location]:
         """Every written path by what it is, for the collision checks."""
@@ -129,8 +121,6 @@ class RunPaths:
             "lock file": self.lock,
             "errors file": self.errors,
             "report": self.report,
-            "--ranked-output": self.ranked,
-            "--ranked-output's lock file": self.ranked and lock_path(self.ranked),
         }
         return {name: path for name, path in named.items() if path is not None}
 
@@ -147,8 +137,6 @@ def check_run_paths(
     writes = paths.writes()
     if destination is not None and config.dry_run:  # a dry run writes nothing, but checks as the run would
         writes["checkpoint directory"], writes["lock file"] = parts_dir(destination), lock_path(destination)
-        if config.ranked_output:
-            writes["--ranked-output"] = written(config, config.ranked_output)
     check_collisions(writes, reads)
     # --resume may replace the errors file too: a run cut off after publishing it, before its output.
     if paths.errors is not None:
@@ -184,13 +172,10 @@ def _named_paths(config: RunConfig) -> dict[str, object]:
     try:
         output = None if config.output == STDOUT else written(config, config.output)
         errors = written(config, config.errors_file) if config.errors_file not in (None, STDOUT) else None
-        ranked = written(config, config.ranked_output) if config.ranked_output else None
     except InputError:  # preflight names the bad path, with the report written
         return named
     if output is not None:
         named |= {"output": output, "checkpoint directory": parts_dir(output), "lock file": lock_path(output)}
-        if ranked is not None:
-            named["--ranked-output"] = ranked
         named["errors file"] = errors or default_errors_path(output)
     elif errors is not None:
         named["errors file"] = errors

@@ -16,6 +16,7 @@ from score_batch.engine.model.setup import ResolvedSetup, load_planner
 from score_batch.engine.plan.planner import Planner
 from score_batch.engine.scorer import Scorer
 from score_batch.errors import UserError
+from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.job.policy import enforce_failed_rate
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
@@ -54,6 +55,13 @@ class ScoredWindow:
     # about (job/windows.empty_counts)
     empty_queries: int = 0
     empty_items: int = 0
+
+    @classmethod
+    def resumed_part(cls, rows: int, part, query_items: Iterable[tuple[Hashable, int]]) -> ScoredWindow:
+        """A window --resume read back from its checkpoint part: its items and failed items (the output's
+        counts, as an uninterrupted run's), none scored now."""
+        failed = part.num_rows - part[ERROR].null_count
+        return cls(rows, part.num_rows, failed, scores=part[SCORE], query_items=query_items, resumed=True)
 
 
 @dataclass
@@ -94,6 +102,7 @@ class ScoringPhase:
             setattr(report, name, getattr(report, name) + getattr(window, name))
         if window.resumed:
             report.rows_skipped_by_resume += window.rows
+            report.items_resumed += window.items - window.failed
         elif window.written and not self.config.dry_run:
             report.items_scored += window.items - window.failed - window.reused - self._copies(window)
         if window.plan is not None:
@@ -119,7 +128,6 @@ class ScoringPhase:
         report.items_skipped = self.sink.commit(*args, **kwargs) or 0
         written = getattr(self.sink, "rows_written", None)  # None: a sink that does not count (unranked Ray)
         report.rows_written = report.items - report.items_skipped if written is None else written
-        report.rows_ranked = getattr(self.sink, "rows_ranked", None)
         warn_empty(report)
 
     def _close_timing(self) -> None:

@@ -59,8 +59,6 @@ def preflight(config: RunConfig, source: InputSource, directory: bool = False) -
             "--errors-file %s is written only under --on-error skip; under --on-error %s %s",
             config.errors_file, config.on_error, instead,
         )  # fmt: skip
-    if config.ranked_output:
-        check_destination(config, directory=directory, ranked=True)
     paths = check_run_paths(config, source.files, destination, source.directories)
     mapping = input_mapping(source, config.columns)
     types = column_types(source, mapping)
@@ -92,12 +90,10 @@ def run_contract(config: RunConfig, checked: Checked, setup) -> OutputContract:
     )
 
 
-def check_destination(config: RunConfig, directory: bool, ranked: bool = False) -> Location | None:
+def check_destination(config: RunConfig, directory: bool) -> Location | None:
     """Refuse an output we may not create or replace; None for stdout. directory: a Ray run's output (with
-    --partition-by the output is a directory too, and the partition columns must be ids or kept columns).
-    ranked: check --ranked-output instead, which --resume may replace too (a run cut off between its
-    publish and OUTPUT's derives it again)."""
-    text, name = (config.ranked_output, "--ranked-output") if ranked else (config.output, "output")
+    --partition-by the output is a directory too, and the partition columns must be ids or kept columns)."""
+    text, name = config.output, "output"
     partitioned = bool(config.partition_by)
     if partitioned:
         check_partition_by(config.partition_by, config.columns.keep_columns)
@@ -121,14 +117,7 @@ def check_destination(config: RunConfig, directory: bool, ranked: bool = False) 
     if kind == FileType.Directory and not dataset:
         raise InputError(f"{name} {text!r} is a directory; give a .parquet or .jsonl file path")
     if not dataset:
-        try:
-            output_format(text)  # a .csv output fails here, in a dry run too
-        except InputError:
-            if not ranked:
-                raise
-            raise InputError(
-                f"{name} {text!r}: give a .parquet or .jsonl (or .jsonl.gz, .jsonl.zst) path"
-            ) from None
+        output_format(text)  # a .csv output fails here, in a dry run too
     if kind == FileType.File and dataset:
         raise InputError(f"{name} {text!r} is a file; {writer} writes a directory of Parquet files")
     if (
@@ -140,7 +129,7 @@ def check_destination(config: RunConfig, directory: bool, ranked: bool = False) 
         return destination
     if kind != FileType.NotFound and not config.overwrite:
         # an output --resume finds recorded as complete goes on (job.run checks it against the input)
-        if not (config.resume and (ranked or Completion(destination, partitioned).exists())):
+        if not (config.resume and Completion(destination, partitioned).exists()):
             raise InputError(f"{name} {text!r} already exists; pass --overwrite to replace it")
     if kind == FileType.Directory and dataset and config.overwrite:  # only an empty or finished dataset
         names = destination.list_names() + destination.list_directories()
@@ -209,8 +198,6 @@ def warn_failed_items(report: RunReport, config: RunConfig, errors: Location | N
         logged = "the log above, one line each (pass --errors-file to keep them in a file)"
         where = logged if errors is None else errors.uri
         message = f"{count} failed and were left out of the output; they are listed in {where}"
-        if report.items_skipped > report.items_failed:  # a resumed run's file lists its checkpoints' too
-            message += f" ({report.items_skipped} in all, with those of the windows resumed from checkpoints)"
     else:
         output = "the output" if config.output == STDOUT else config.output
         message = f"{count} failed; their rows in {output} carry the error"

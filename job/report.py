@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import resource
 import sys
 from dataclasses import dataclass, field
@@ -29,20 +30,21 @@ class RunReport:
     """What one run did; written as JSON with --report (on success and on failure) and summarized on stderr."""
 
     report_version: int = REPORT_VERSION
-    status: str = "running"  # succeeded | failed | stopped
+    status: str = "running"  # succeeded | failed | stopped; running: written at the start (a killed run's)
+    pid: int = field(default_factory=os.getpid)  # the process that runs (or ran) it
     exit_code: int | None = None
     error: str | None = None
     started_at: str = field(default_factory=lambda: _now())
     ended_at: str | None = None
     rows_read: int = 0
-    items: int = 0  # items of the windows this run read (a resumed run: of the windows it did not resume)
-    # items = items_scored + items_failed + reused + duplicates (under --truncate chunk duplicates counts
-    # repeated chunks, which leave their items scored)
+    items: int = 0  # the output's items, failed ones included (a resumed run: its resumed windows' too)
+    # items = items_scored + items_failed + reused + duplicates + items_resumed (under --truncate chunk
+    # duplicates counts repeated chunks, which leave their items scored)
     items_scored: int = 0  # items this run ran through the model: not failed, reused or copied
-    items_failed: int = 0
+    items_failed: int = 0  # the output's failed items (a resumed run: its resumed windows' too)
     items_skipped: int = 0  # failed items listed in the errors file (--on-error skip)
+    items_resumed: int = 0  # items with scores read back from checkpoint parts (--resume), not scored now
     rows_written: int = 0  # output rows (a batch file's: response lines); under --top-k the kept ones
-    rows_ranked: int | None = None  # --ranked-output: the ranked view's rows (None: no view written)
     rows_skipped_by_resume: int = 0
     requests: int = 0  # OpenAI batch file: request lines (0 for table input)
     requests_failed: int = 0  # OpenAI batch file: request lines answered with an error line
@@ -97,8 +99,9 @@ class RunReport:
 
     @property
     def items_with_scores(self) -> int:
-        """Items this run gave a score: scored, reused or copied (the throughput and cost count them)."""
-        return 0 if self.dry_run else self.items - self.items_failed
+        """Items this run gave a score: scored, reused or copied, not resumed (the throughput and cost count
+        them)."""
+        return 0 if self.dry_run else self.items - self.items_failed - self.items_resumed
 
     def add_usage(self, price_per_hour: float | None) -> None:
         """The usage object (its field's comment lists it); a dry run computes nothing: planned tokens only."""
@@ -164,13 +167,12 @@ class RunReport:
 
     def _written(self) -> str:
         """The rows written, for the summary line, where not one per item (--top-k, --on-error skip), else ''."""
-        top_k, view = self.settings.get("top_k"), self.rows_ranked is not None
-        if self.dry_run or self.requests or not (top_k or self.items_skipped or view):
+        top_k = self.settings.get("top_k")
+        if self.dry_run or self.requests or not (top_k or self.items_skipped):
             return ""
-        kept = f", the best {top_k} of each query" if top_k and not view else ""  # a view: OUTPUT holds all
+        kept = f", the best {top_k} of each query" if top_k else ""
         skipped = f", {self.items_skipped} failed left out" if self.items_skipped else ""
-        ranked = f", {self.rows_ranked} to the ranked view" if view else ""
-        return f"; wrote {self.rows_written} rows{kept}{skipped}{ranked}"
+        return f"; wrote {self.rows_written} rows{kept}{skipped}"
 
     def _saved(self) -> str:
         """What reuse and dedup saved, for the summary line ('' when nothing)."""

@@ -64,7 +64,6 @@ class RunConfig:
     input_format: RequestedFormat = "auto"  # auto: openai-batch when the lines are batch requests, else table
     top_k: int | None = None  # keep the best top_k items per query (adds rank)
     rank: bool = False  # add a rank column (1 = best) to every row
-    ranked_output: str | None = None  # the ranked view; OUTPUT then holds every row, unranked
     threads: int | None = None  # torch intra-op threads; None: the CPUs this process may use
     progress_seconds: float = 30.0  # non-terminal stderr: one progress log line per this many seconds
     # read, tokenize and pack the next windows on worker threads while this one is scored
@@ -81,8 +80,7 @@ class RunConfig:
     max_failed_rate: float | None = None
 
     def __post_init__(self) -> None:
-        stdout, view = self.output == STDOUT, self.ranked_output  # view: --ranked-output
-        rate, ranks = self.max_failed_rate, self.rank or self.top_k is not None  # ranks: --rank or --top-k
+        stdout, rate = self.output == STDOUT, self.max_failed_rate
         refuse(  # in order: the first refused field is named (later checks may assume earlier ones held)
             self,
             ("on_error", lambda: self.on_error not in ON_ERROR_MODES, _one_of(ON_ERROR_MODES)),
@@ -96,9 +94,6 @@ class RunConfig:
             ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),
             ("partition_by", lambda: self.partition_by and stdout, "needs an output directory, not stdout"),
             ("resume", lambda: self.resume and stdout, "needs an output file (stdout cannot be resumed)"),
-            ("ranked_output", lambda: view and not ranks, "needs --rank or --top-k (the ranking it writes)"),
-            ("ranked_output", lambda: view and stdout, "needs an output file for every row, not -"),
-            ("ranked_output", lambda: view and self.ray is not None, "is not supported with --ray"),
         )
 
     @property

@@ -4,7 +4,6 @@ directory; skipped rows' errors file."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import sys
@@ -29,6 +28,7 @@ from score_batch.job.contract import OutputContract
 from score_batch.job.identity import FINGERPRINTED, RunIdentity
 from score_batch.job.paths import RunPaths, normalized
 from score_batch.job.query_ranking import rank_parts
+from score_batch.job.record_check import DIGESTED, check_record
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -105,32 +105,25 @@ class PartsSink:
         self.config = config
         self.paths = paths
         self.rows_written = 0
-        self.rows_ranked: int | None = None  # --ranked-output: the view's rows, once published
         self.destination = paths.output
         self.format = "parquet" if config.partition_by else output_format(config.output)
         if not self.destination.publishes_in_steps and self.destination.exists() and not config.overwrite:
             # Checked again under the lock: a run that finished after this one's preflight published it
             # (object stores: a publish cut off midway may be there, replaced under --resume).
             raise InputError(f"output {config.output!r} already exists; pass --overwrite to replace it")
-        if paths.ranked is not None and paths.ranked.exists() and not (config.overwrite or config.resume):
-            raise InputError(
-                f"--ranked-output {config.ranked_output!r} already exists; pass --overwrite to replace it"
-            )
         self.parts = PartStore(paths.parts)
         self._previous = self.parts.load() if self.parts.exists() else None
-        if self.parts.exists() and not config.resume:
-            if not config.overwrite:
-                raise InputError(
-                    f"a previous run left checkpointed parts in {self.parts.dir.uri!r}; pass --resume to "
-                    "continue it or --overwrite to start over"
-                )
-            self.parts.clear()
+        if self.parts.exists() and not config.resume and not config.overwrite:
+            raise InputError(
+                f"a previous run left checkpointed parts in {self.parts.dir.uri!r}; pass --resume to "
+                "continue it or --overwrite to start over"
+            )
 
     def start(self, fingerprint: RunIdentity) -> None:
         """Refuse to resume parts of another run (naming what differs); record this run's identity."""
         previous = self._previous
         if self.config.resume and previous is not None and previous != fingerprint.digest:
-            what = fingerprint.difference(self.parts.record())
+            what = fingerprint.difference(_shaped(self.parts.record()))
             raise InputError(
                 f"cannot --resume: the parts in {self.parts.dir.uri!r} were written "
                 + (f"differently: {what}" if what else f"with a different {FINGERPRINTED}")
@@ -138,7 +131,10 @@ class PartsSink:
             )
         if self.config.resume and previous is None:
             log.info("nothing to resume in %s; starting from the beginning", self.parts.dir)
-            self.parts.clear()  # parts without a valid manifest are never trusted
+        if not (self.config.resume and previous is not None):
+            # --overwrite's earlier parts, or parts without a valid manifest (never trusted): deleted only
+            # now, once nothing before scoring refused the run
+            self.parts.clear()
         self.parts.start(
             fingerprint.digest, keep=self.config.resume and previous is not None, record=fingerprint.record
         )
@@ -174,14 +170,9 @@ class PartsSink:
             )
 
     def commit(self, contract: OutputContract, check: Check, fingerprint: RunIdentity | None = None) -> int:
-        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts.
-        With --ranked-output the ranked view is derived from the same parts and published first, OUTPUT (every
-        row, unranked) last: OUTPUT, with its completion record, never appears without the view."""
+        """Merge the parts in window order into OUTPUT (published in one step), list skipped rows, drop parts."""
         errors = ErrorsSink(self.paths.errors)
         try:
-            if self.paths.ranked is not None:
-                self._publish_ranked(contract, check, fingerprint)
-                contract = dataclasses.replace(contract, ranked=False, top_k=None)
             tables = self._final_tables(contract, check, errors)
             # The errors file is published before the output: an output never appears without its list.
             self._publish(tables, contract, errors.commit, fingerprint, check, self.destination, self.format)
@@ -193,19 +184,6 @@ class PartsSink:
             stale.delete()
         self.parts.clear()
         return errors.count
-
-    def _publish_ranked(self, contract: OutputContract, check: Check, fingerprint) -> None:
-        """--ranked-output: the whole run ranked (as a --rank/--top-k run writes OUTPUT), stamped as the output
-        of such a run (its record without ranked_output: --reuse sees a --top-k output)."""
-        ranked, _ = rank_parts([self.parts.read(window) for window in self.parts.windows()], contract)
-        check()
-        if fingerprint is not None:
-            fingerprint = fingerprint.with_settings(ranked_output=None)
-        form = "parquet" if self.config.partition_by else output_format(self.config.ranked_output)
-        view = iter([contract.final_view(ranked)])
-        self._publish(view, contract, lambda: None, fingerprint, check, self.paths.ranked, form)
-        self.rows_ranked = ranked.num_rows
-        log.info("the ranked view (%d rows) is in %s", ranked.num_rows, self.config.ranked_output)
 
     def _final_tables(self, contract: OutputContract, check: Check, errors: ErrorsSink) -> Iterator[pa.Table]:
         """The output rows in output order, window by window (ranked: all at once); failed rows to errors."""
@@ -245,9 +223,18 @@ class PartsSink:
             raise
 
     def abort(self, keep_checkpoints: bool) -> None:
-        """Stopped runs keep their parts for --resume; bad input clears them (the input must change)."""
+        """Stopped runs keep their parts for --resume; a refused run (bad input, a refused --resume) leaves the
+        checkpoint as it found it: the parts it wrote itself go, those it resumed stay, unchanged."""
         if not keep_checkpoints:
-            self.parts.clear()
+            self.parts.undo()
+
+
+def _shaped(record: dict | None) -> dict | None:
+    """A manifest's identity record when it has a record's shape (job/record_check), else None (unnamed)."""
+    try:
+        return check_record(record, "of the checkpoint manifest", required=DIGESTED[:-1])  # no input
+    except InputError:
+        return None
 
 
 def _output_rows(
