@@ -52,29 +52,38 @@ def _take(lists: pa.Array, positions: np.ndarray, absent: np.ndarray) -> pa.Arra
     return lists.values.take(pa.array(positions, pa.int64(), mask=absent))
 
 
-def typed_as_read(schema: pa.Schema, mapping: ColumnMapping, types) -> bool:
-    """Whether a batch's query and items are text (nested: lists of text, with lists of item ids) and its id
-    and kept columns of the input's types (else to_row converts or fails them: an integer id in a float column,
-    a number where text goes)."""
+def typed_batch(batch: pa.RecordBatch, mapping: ColumnMapping, types) -> pa.RecordBatch | None:
+    """The batch with its id and kept columns as the input's types (to_row's values: an integer id in a float
+    column as a float, an int32 column of an int64 input widened), or None where its query and items are not
+    text (nested: lists of text, with lists of item ids) or a cast would change a value (to_row's record path
+    then converts or fails them: a number where text goes, an id float64 cannot hold exactly)."""
+    schema = batch.schema
     if mapping.query not in schema.names or mapping.items not in schema.names:
-        return False
+        return None
     nested, item_type = mapping.layout == "nested", schema.field(mapping.items).type
     if nested and not _listed(item_type):
-        return False
+        return None
     if plain(schema.field(mapping.query).type) not in TEXT or plain(_element(item_type, nested)) not in TEXT:
-        return False
-    if (
-        nested
-        and mapping.item_id
-        and not (mapping.item_id in schema.names and _listed(schema.field(mapping.item_id).type))
-    ):
-        return False  # to_row: each row's error (ids not a list), or a partition's value
-    return all(
-        plain(_element(schema.field(name).type, nested and name == mapping.item_id))
-        == plain(types.get(name) or pa.null())
-        for name in (*mapping.id_columns, mapping.item_id, *mapping.keep)
-        if name is not None and name in schema.names
-    )
+        return None
+    ids = schema.field(mapping.item_id).type if mapping.item_id in schema.names else None
+    if nested and mapping.item_id and not (ids is not None and _listed(ids)):
+        return None  # to_row: each row's error (ids not a list), or a partition's value
+    for name in [name for name in mapping.typed_columns() if name in schema.names]:
+        dtype, listed = schema.field(name).type, nested and name == mapping.item_id
+        want = plain(types.get(name) or pa.null())
+        if plain(_element(dtype, listed)) == want:
+            continue
+        if listed:  # the nested layout's item ids: the same kind of list of the input's type
+            want = pa.large_list(want) if pa.types.is_large_list(dtype) else pa.list_(want)
+        try:
+            column = batch.column(name).cast(want)  # safe: a cast that would change a value fails
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        batch = pa.record_batch(
+            [column if n == name else c for n, c in zip(batch.schema.names, batch.columns)],
+            names=batch.schema.names,
+        )
+    return batch
 
 
 def _listed(dtype: pa.DataType) -> bool:

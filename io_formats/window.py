@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from score_batch.io_formats.columnar import nested_items, plain, typed_as_read
+from score_batch.io_formats.columnar import nested_items, plain, typed_batch
 from score_batch.io_formats.jsonl import BOM  # pyarrow skips one starting a block, Python's json refuses it
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, InputRow, convert, has_surrogate, value_error
 from score_batch.io_formats.schema import ColumnMapping
@@ -222,10 +222,11 @@ def columnar_window(
 ) -> Window | None:
     """A batch column by column, as from_rows(to_row(...)) would give it (first: the first row's index, or
     [rows] each row's; partitions: the file's hive values), or None when it needs to_row's checks (not valid
-    text, a type not the input's)."""
-    schema = batch.schema
-    if not typed_as_read(schema, mapping, types):
+    text, a type no cast gives as the input's)."""
+    batch = typed_batch(batch, mapping, types)  # ids and kept columns as the input's types
+    if batch is None:
         return None
+    schema = batch.schema
     n = batch.num_rows
     queries, items = batch.column(mapping.query), batch.column(mapping.items)
     if not pa.types.is_dictionary(queries.type):
