@@ -6,8 +6,9 @@ other sub-directories and names starting with `.` or `_` (`_SUCCESS`, `.part.tmp
 glob (`*`, `?`, `[…]` in any segment; `**` for any depth) means the data files it matches, hidden and
 `_` names left out. Order: the INPUTs as given, each one's files sorted by path; rows follow in file
 order, and row_index counts rows over all of them. Every `key=value` directory in a file's path becomes
-a column `key` (a column the file itself holds wins), typed over all the files' values as DuckDB's
-hive_types_autocast and polars type them (type_partitions).
+a column `key` (a column the file itself holds wins), typed over all the files' values by rules close to those DuckDB's
+hive_types_autocast and polars share (type_partitions; neither library types a list of values: DuckDB only
+while reading the files, pyarrow.dataset only as int32 or text; the differences: docs/formats.md).
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ def _integer(text: str) -> int:
     return value
 
 
-# Partition value types tried in DuckDB's order (DATE, TIMESTAMP, BIGINT): (pattern, parser, Arrow type).
+# Partition value types tried in DuckDB's order (DATE, TIMESTAMP, BIGINT): (pattern, parser, Arrow type); the
+# patterns are disjoint, so "every value parses as T" is DuckDB's "every value's first type is T".
 _HIVE_TYPES: tuple[tuple[re.Pattern, Callable[[str], Any], pa.DataType], ...] = (
     (_DATE, datetime.date.fromisoformat, pa.date32()),
     (_TIMESTAMP, datetime.datetime.fromisoformat, pa.timestamp("us")),

@@ -25,10 +25,10 @@ from score_batch.io_formats.window import (
     ITEM_ID_COLUMN,
     ROW_COLUMN,
     Window,
+    columnar_window,
     concat,
     from_rows,
     json_window,
-    long_window,
     python,
 )
 
@@ -188,7 +188,7 @@ def _window_batches(
             index += window.num_rows
             yield window
         return
-    blocks = long and (table.all_objects() if unit is None else unit.lines_read)  # else line by line
+    blocks = table.all_objects() if unit is None else unit.lines_read  # else line by line
     for file, lines in table.line_blocks(BATCH_ROWS, where):
         partitions = dict(file.partitions)
         window = json_window(index, [raw for _, raw in lines], partitions, mapping, types) if blocks else None
@@ -204,8 +204,8 @@ def batch_window(
     first: int | np.ndarray, batch: pa.RecordBatch, partitions: dict, mapping: ColumnMapping, types
 ) -> Window:
     """A batch of the input's columns as a window (first: the first row's index, or [rows] each row's;
-    partitions: its file's hive values): column by column where it can (long_window), else record by record."""
-    window = long_window(first, batch, partitions, mapping, types) if mapping.layout == "long" else None
+    partitions: its file's hive values): column by column where it can (columnar_window), else record by record."""
+    window = columnar_window(first, batch, partitions, mapping, types)
     if window is None:
         index = np.arange(first, first + batch.num_rows) if isinstance(first, int) else first
         rows = _batch_rows(index, batch, partitions, mapping, types)

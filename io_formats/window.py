@@ -1,6 +1,7 @@
 """A window of input rows as columns: distinct queries by code, items back to back (the tokenizer's input), ids
-and kept columns as read (Arrow), a row's error or None. Records the columnar readers cannot take (JSONL lines,
-mixed types, the nested layout) come in as rows.InputRow (`from_rows`)."""
+and kept columns as read (Arrow), a row's error or None. Batches come in column by column (columnar_window,
+either layout); records the columnar readers cannot take (lines that are not JSON objects, mixed types, bytes
+that are not text) as rows.InputRow (`from_rows`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from score_batch.io_formats.columnar import nested_items, plain, typed_batch
 from score_batch.io_formats.jsonl import BOM  # pyarrow skips one starting a block, Python's json refuses it
 from score_batch.io_formats.rows import INT64_MAX, INT64_MIN, InputRow, convert, has_surrogate, value_error
 from score_batch.io_formats.schema import ColumnMapping
@@ -192,15 +194,39 @@ def from_rows(rows: list[InputRow], query_ids: bool, keep: tuple[str, ...]) -> W
     )
 
 
-def long_window(
+def key_type(key: tuple[str, ...], types: dict[str, pa.DataType]) -> pa.DataType:
+    """The query_id type of a composite key: a struct of its columns (a dictionary column by its values)."""
+    return pa.struct([pa.field(name, plain(types.get(name) or pa.null())) for name in key])
+
+
+def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa.StructArray:
+    """A composite key's columns as one struct column (never null itself; its fields may be)."""
+    fields = key_type(key, types)
+    children = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, fields)]
+    return pa.StructArray.from_arrays(children, fields=list(fields))
+
+
+def text_type(dtype: pa.DataType, nested: bool) -> pa.DataType:
+    """How a query or item column's values travel in window_table: as text where the input's column holds text
+    (nested: lists of text), else as text or token ids (TEXT_OR_IDS, a sparse union: token ids, a mix, nulls only)."""
+    if nested:
+        listed = (
+            pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype)
+        )
+        dtype = dtype.value_type if listed else pa.null()
+    return pa.string() if plain(dtype) in (pa.string(), pa.large_string()) else TEXT_OR_IDS
+
+
+def columnar_window(
     first: int | np.ndarray, batch: pa.RecordBatch, partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
-    """A long-layout Parquet batch column by column, as from_rows(to_row(...)) would give it (first: the first
-    row's index, or [rows] each row's; partitions: the file's hive values), or None when it needs to_row's
-    checks (not valid text, a type not the input's)."""
-    schema = batch.schema
-    if not _typed_as_read(schema, mapping, types):
+    """A batch column by column, as from_rows(to_row(...)) would give it (first: the first row's index, or
+    [rows] each row's; partitions: the file's hive values), or None when it needs to_row's checks (not valid
+    text, a type no cast gives as the input's)."""
+    batch = typed_batch(batch, mapping, types)  # ids and kept columns as the input's types
+    if batch is None:
         return None
+    schema = batch.schema
     n = batch.num_rows
     queries, items = batch.column(mapping.query), batch.column(mapping.items)
     if not pa.types.is_dictionary(queries.type):
@@ -225,21 +251,24 @@ def long_window(
             return batch.column(name)
         return pa.array([convert(partitions.get(name), types.get(name))] * n, type=types.get(name))
 
-    missing_query, missing_item = value_error(None, mapping.query), value_error(None, mapping.items)
-    errors: list = [None] * n
-    if queries.null_count or items.null_count:
-        for k in np.flatnonzero(codes < 0).tolist():
-            errors[k] = missing_query
-        for k in np.flatnonzero(items.is_null().to_numpy(zero_copy_only=False)).tolist():
-            errors[k] = errors[k] or missing_item
     index = np.arange(first, first + n, dtype=np.int64) if isinstance(first, int) else first
-    item_ids = column(mapping.item_id) if mapping.item_id else pa.array(index)
+    if mapping.layout == "long":
+        texts, offsets, errors = items.to_pylist(), np.arange(n + 1, dtype=np.int64), [None] * n
+        item_ids = column(mapping.item_id) if mapping.item_id else pa.array(index)
+        unscored = items.is_null().to_numpy(zero_copy_only=False) if items.null_count else None
+    else:
+        ids = batch.column(mapping.item_id) if mapping.item_id else None
+        texts, offsets, item_ids, errors, unscored = nested_items(items, ids, mapping)
+    for k in np.flatnonzero(codes < 0).tolist():  # a row's own error first, then a missing query, then item
+        errors[k] = errors[k] or value_error(None, mapping.query)
+    for k in [] if unscored is None else np.flatnonzero(unscored).tolist():
+        errors[k] = errors[k] or value_error(None, mapping.items)
     return Window(
         index,
         codes,
         values.to_pylist(),
-        items.to_pylist(),
-        np.arange(n + 1, dtype=np.int64),
+        texts,
+        offsets,
         key_struct([column(name) for name in mapping.query_key], mapping.query_key, types)
         if mapping.query_key
         else column(mapping.query_id)
@@ -249,48 +278,6 @@ def long_window(
         item_ids,
         errors,
     )
-
-
-def _typed_as_read(schema: pa.Schema, mapping: ColumnMapping, types) -> bool:
-    """Whether a batch's query and items are text and its id and kept columns of the input's types (else
-    to_row converts or fails them: an integer id in a float column, a number where text goes)."""
-    text = (pa.string(), pa.large_string())
-    for name in (mapping.query, mapping.items):
-        if name not in schema.names or _plain(schema.field(name).type) not in text:
-            return False
-    return all(
-        _plain(schema.field(name).type) == _plain(types.get(name) or pa.null())
-        for name in (*mapping.id_columns, mapping.item_id, *mapping.keep)
-        if name is not None and name in schema.names
-    )
-
-
-def _plain(dtype: pa.DataType) -> pa.DataType:
-    """A dictionary (pandas categorical) type as its values' type; any other as is."""
-    return dtype.value_type if pa.types.is_dictionary(dtype) else dtype
-
-
-def key_type(key: tuple[str, ...], types: dict[str, pa.DataType]) -> pa.DataType:
-    """The query_id type of a composite key: a struct of its columns (a dictionary column by its values)."""
-    return pa.struct([pa.field(name, _plain(types.get(name) or pa.null())) for name in key])
-
-
-def key_struct(columns: list[pa.Array], key: tuple[str, ...], types: dict) -> pa.StructArray:
-    """A composite key's columns as one struct column (never null itself; its fields may be)."""
-    fields = key_type(key, types)
-    children = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, fields)]
-    return pa.StructArray.from_arrays(children, fields=list(fields))
-
-
-def text_type(dtype: pa.DataType, nested: bool) -> pa.DataType:
-    """How a query or item column's values travel in window_table: as text where the input's column holds text
-    (nested: lists of text), else as text or token ids (TEXT_OR_IDS, a sparse union: token ids, a mix, nulls only)."""
-    if nested:
-        listed = (
-            pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype)
-        )
-        dtype = dtype.value_type if listed else pa.null()
-    return pa.string() if _plain(dtype) in (pa.string(), pa.large_string()) else TEXT_OR_IDS
 
 
 def window_table(
@@ -328,7 +315,7 @@ def window_table(
 
 def _typed(values: Values, dtype: pa.DataType) -> pa.Array:
     """A column's values as its input type (a dictionary one as its values' type)."""
-    dtype = _plain(dtype)
+    dtype = plain(dtype)
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values if values.type == dtype else values.cast(dtype)
     return pa.array(values, dtype)
@@ -362,15 +349,15 @@ def _is_ids(value: Any) -> bool:
 def json_window(
     first: int, lines: list[bytes], partitions: dict[str, Any], mapping: ColumnMapping, types
 ) -> Window | None:
-    """A long-layout JSONL block parsed by pyarrow into the input's types, as the per-line path would give it,
-    or None when a line needs that path (another type, a repeated key, a lone surrogate escape, bad UTF-8
-    anywhere in it, a byte order mark, a column partition values fill, a negative zero in a float column).
-    Only for an input whose first pass read every line as one JSON object (JsonlReader.all_objects): else a
-    line Python's json refuses may be one pyarrow reads (Inf, deep nesting), and an object over two lines
-    beside two objects on one line would shift the rows by one."""
+    """A JSONL block parsed by pyarrow into the input's types, as the per-line path would give it, or None when
+    a line needs that path (another type, a repeated key, a lone surrogate escape, bad UTF-8 anywhere in it, a
+    byte order mark, a column partition values fill, a negative zero in a float column or item id). Only for an
+    input whose first pass read every line as one JSON object (JsonlReader.all_objects): else a line Python's
+    json refuses may be one pyarrow reads (Inf, deep nesting), and an object over two lines beside two objects
+    on one line would shift the rows by one."""
     import pyarrow.json as pj  # imported here: only JSONL inputs need it
 
-    typed = mapping.typed_columns()
+    typed, nested = mapping.typed_columns(), mapping.layout == "nested"
     if any(name in partitions for name in (mapping.query, mapping.items, *typed)):
         return None
     raw = b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines)
@@ -383,7 +370,12 @@ def json_window(
             raw.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    fields = [(mapping.query, pa.string()), (mapping.items, pa.string()), *((n, types[n]) for n in typed)]
+
+    def listed(dtype: pa.DataType) -> pa.DataType:  # the nested layout's items and item ids: lists
+        return pa.list_(dtype) if nested else dtype
+
+    fields = [(mapping.query, pa.string()), (mapping.items, listed(pa.string()))]
+    fields += [(n, listed(types[n]) if n == mapping.item_id else types[n]) for n in typed]
     options = pj.ParseOptions(explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore")
     try:
         table = pj.read_json(
@@ -391,16 +383,20 @@ def json_window(
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    if table.num_rows != len(lines) or any(map(_negative_zero, table.columns)):
+    table = table.combine_chunks()
+    floats = list(table.columns)  # and the nested layout's item ids, typed as the lists' elements
+    floats += [table[mapping.item_id].combine_chunks().flatten()] if nested and mapping.item_id else []
+    if table.num_rows != len(lines) or any(map(_negative_zero, floats)):
         return None
-    return long_window(first, table.combine_chunks().to_batches()[0], {}, mapping, types)
+    return columnar_window(first, table.to_batches()[0], {}, mapping, types)
 
 
-def _negative_zero(column: pa.ChunkedArray) -> bool:
+def _negative_zero(column: pa.Array | pa.ChunkedArray) -> bool:
     """Whether a float column holds -0.0: pyarrow's for an integer -0, which Python's json reads as 0."""
     if not pa.types.is_floating(column.type) or not len(column):
         return False
-    values = column.combine_chunks().fill_null(1.0).to_numpy(zero_copy_only=False)
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values = column.fill_null(1.0).to_numpy(zero_copy_only=False)
     return bool(np.any(np.signbit(values) & (values == 0)))
 
 
