@@ -14,10 +14,10 @@ from score_batch.io_formats.window import Window, appearance_codes, first_appear
 LONGEST_WINDOW = 8  # a window holds at most this many times --window-rows rows (a longer group is cut there)
 
 
-def group_starts(window: Window) -> np.ndarray:
+def group_starts(window: Window, final: bool = True) -> np.ndarray:
     """[starts] the rows (from 1 on, ascending) where a window may begin: the readable rows around it differ in
     query id or query (rows that cannot be read belong to no group: the readable rows before and after them
-    decide)."""
+    decide; without final, a row with no readable row from it on is no start: the next one is not read yet)."""
     n = window.num_rows
     if n < 2:
         return np.zeros(0, np.int64)
@@ -30,7 +30,8 @@ def group_starts(window: Window) -> np.ndarray:
     after = np.minimum.accumulate(np.where(readable, rows, n)[::-1])[::-1]
     left = np.where(before >= 0, keys[np.maximum(before, 0)], -2)[:-1]  # [rows - 1] before each boundary
     right = np.where(after < n, keys[np.minimum(after, n - 1)], -3)[1:]  # [rows - 1] after it
-    return np.flatnonzero(left != right) + 1
+    starts = np.flatnonzero(left != right) + 1
+    return starts if final else starts[after[starts] < n]
 
 
 def _id_codes(window: Window) -> np.ndarray:
@@ -56,7 +57,7 @@ def cuts(window: Window, window_rows: int, final: bool) -> list[int]:
     """The ends of the windows that can be cut from the front of these rows (the next rows unknown unless
     final): each at most window_rows rows of whole groups, or one group longer than that (up to LONGEST_WINDOW
     windows' rows). A cut needs the row after it: without final, the last window_rows rows are left."""
-    starts, n = group_starts(window), window.num_rows
+    starts, n = group_starts(window, final), window.num_rows
     longest = LONGEST_WINDOW * window_rows
     ends: list[int] = []
     start = 0

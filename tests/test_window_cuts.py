@@ -84,3 +84,20 @@ def test_nested_rows_of_one_query_stay_together(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), path)
     _, windows = read_windows(open_source(str(path)), ColumnOverrides(), 2)
     assert [[int(i) for i in w.index] for w in windows] == [[0, 1, 2], [3], [4, 5]]
+
+
+@pytest.mark.parametrize("batch_rows", [2, 3, 5])
+def test_unreadable_rows_at_a_read_s_end_do_not_cut_their_group(tmp_path, monkeypatch, batch_rows):
+    """Rows that cannot be read between two rows of one query belong to that group: a read that ends on them
+    (the next readable row not read yet) is no place to cut, whatever the reads' sizes."""
+    from score_batch.io_formats import readers
+
+    monkeypatch.setattr(readers, "BATCH_ROWS", batch_rows)
+    rows = [{"query": "q1", "item": f"a{k}"} for k in range(3)] + [{"query": "q1", "item": None}] * 3
+    rows += [{"query": "q1", "item": "b"}, {"query": "q2", "item": "c"}, {"query": "q2", "item": "d"}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    _, windows = read_windows(open_source(str(path)), ColumnOverrides(), 3)
+    windows = list(windows)
+    assert_cut_at_groups(windows, 3)
+    assert [w.num_rows for w in windows] == [7, 2]  # q1's seven rows (three unreadable) whole, then q2
