@@ -240,10 +240,7 @@ def pair_tokens(
         # The prompt goes before the query.
         encoding = tokenizer([[prompt + query, document] for query, document in pairs], **kwargs)
         return [list(ids) for ids in encoding["input_ids"]]
-    conversations = [pair_messages(pair, spec.chat.message_format) for pair in pairs]
-    if prompt:  # a system message first, as CrossEncoder adds a prompt to messages
-        system = {"role": "system", "content": _content(prompt, spec.chat.message_format != "flat")}
-        conversations = [[system, *messages] for messages in conversations]
+    conversations = [chat_conversation(pair, spec.chat.message_format, prompt) for pair in pairs]
     text_kwargs = dict(spec.text_kwargs)
     top_level = {key: text_kwargs.pop(key) for key in CHAT_SIZE_KEYS if key in text_kwargs}
     top_level["truncation"] = top_level.get("truncation", truncation) if truncate else False
@@ -273,6 +270,14 @@ def pair_messages(pair: tuple[str, str], message_format: str) -> list[dict]:
     """A (query, document) pair as CrossEncoder's query/document messages."""
     structured = message_format != "flat"
     return [{"role": role, "content": _content(text, structured)} for role, text in zip(PAIR_ROLES, pair)]
+
+
+def chat_conversation(pair: tuple[str, str], message_format: str, prompt: str | None) -> list[dict]:
+    """A pair's messages as CrossEncoder renders them: a prompt first as a system message, then the pair's."""
+    messages = pair_messages(pair, message_format)
+    if not prompt:
+        return messages
+    return [{"role": "system", "content": _content(prompt, message_format != "flat")}, *messages]
 
 
 def _content(text: str, structured: bool) -> str | list[dict]:
