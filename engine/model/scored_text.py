@@ -19,8 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from itertools import product
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from score_batch.engine.activation import json_object
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.model.st_model import (
     CrossEncoderSpec,
@@ -50,7 +52,10 @@ PROBE_QUERIES = (
     "42",
 )
 PROBE_ITEMS = ("bravo", " Sacramento", "San Jose is a city.", "", "line\n", "7 items", "\nnext")
-MAX_SEAMS = 96  # split points of the text between query and document tried at most
+MAX_SEAMS = 96
+CE_CONFIG = (
+    "config_sentence_transformers.json"  # split points of the text between query and document tried at most
+)
 
 
 # given: the caller's templates; item-first: the caller's order; chat, prompt: the model's CrossEncoder text
@@ -130,11 +135,27 @@ def resolve_scored_text(
     config: EngineConfig, info: ModelInfo, tokenizer, spec: CrossEncoderSpec | None = None
 ) -> tuple[EngineConfig, ScoredText]:
     """The config with the text it scores resolved into its templates (scored_text's order), and that text;
-    spec: the directory read as CrossEncoder reads it (read here when not given)."""
-    if spec is None:
+    spec: the directory read as CrossEncoder reads it (read here when not given). A directory without a chat
+    template or a sentence-transformers config is not read (its text is query + item, and the run's
+    tokenizer stays the tokenizers library's alone: engine/text/backend_tokenizer.py)."""
+    cfg = config.scoring
+    given = cfg.query_template is not None or cfg.item_template is not None or cfg.item_first
+    if spec is None and not given and has_crossencoder_text(Path(info.path)):
         spec = read_cross_encoder(info.path, tokenizer, info.architecture, info.model_type)
-    text = resolve_text(config.scoring, spec, tokenizer, info.encoder)
+    text = resolve_text(cfg, spec, tokenizer, info.encoder)
     return replace(config, scoring=scored_config(config.scoring, text)), text
+
+
+def has_crossencoder_text(model_dir: Path) -> bool:
+    """Whether a model directory may hold text of its own for CrossEncoder: a chat template (a file, or in
+    tokenizer_config.json) or a sentence-transformers config (prompts, a modality)."""
+    files = ("chat_template.jinja", "chat_template.json", CE_CONFIG, "modules.json")
+    if (
+        any((model_dir / name).is_file() for name in files)
+        or (model_dir / "additional_chat_templates").is_dir()
+    ):
+        return True
+    return "chat_template" in json_object(model_dir / "tokenizer_config.json")
 
 
 def log_scored_text(text: ScoredText) -> None:
