@@ -153,3 +153,22 @@ def test_a_template_that_puts_the_document_first_is_not_split_and_says_so(zoo, t
     text = resolve_text(ScoringConfig(), spec, tok)
     assert text.source == "plain" and text.query_template is None
     assert "chat template is not applied to packed groups" in caplog.text
+
+
+def test_a_legacy_saved_max_seq_length_cuts_pairs_on_the_cli_as_in_python(zoo, tmp_path_factory, tmp_path):
+    """A sibling: a CrossEncoder saved with max_seq_length in sentence_bert_config.json only (older saves):
+    CrossEncoder and Scorer cut pairs there; the command line did not read it."""
+    model_dir = saved(zoo.get("bert", "classifier", num_labels=1), tmp_path_factory, max_length=12)
+    tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    del tokenizer_config["model_max_length"]
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    module_config = json.loads((model_dir / "sentence_bert_config.json").read_text())
+    (model_dir / "sentence_bert_config.json").write_text(json.dumps({**module_config, "max_seq_length": 12}))
+    theirs = st.CrossEncoder(str(model_dir), device="cpu")
+    assert theirs.max_length == 12
+    lengths = [len(ids) for ids in tokenizer(str(model_dir))([list(p) for p in PAIRS])["input_ids"]]
+    assert max(lengths) > 12  # some are cut by both
+    cli, _ = cli_run(tmp_path, model_dir, "--truncate", "longest-first")
+    api = Scorer(model_dir, device="cpu").predict(PAIRS)
+    assert max_abs_diff(api, theirs.predict(PAIRS)) <= TOL
+    assert max_abs_diff(cli, api) <= TOL

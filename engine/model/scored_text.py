@@ -30,6 +30,7 @@ from score_batch.engine.model.st_model import (
     pair_roles_failure,
     pair_tokens,
     read_cross_encoder,
+    saved_max_length,
 )
 from score_batch.engine.text.encode import encode_texts
 
@@ -135,13 +136,17 @@ def resolve_scored_text(
     config: EngineConfig, info: ModelInfo, tokenizer, spec: CrossEncoderSpec | None = None
 ) -> tuple[EngineConfig, ScoredText]:
     """The config with the text it scores resolved into its templates (scored_text's order), and that text;
-    spec: the directory read as CrossEncoder reads it (read here when not given). A directory without a chat
-    template or a sentence-transformers config is not read (its text is query + item, and the run's
-    tokenizer stays the tokenizers library's alone: engine/text/backend_tokenizer.py)."""
+    spec: the directory read as CrossEncoder reads it (read here when not given; the maximum length a saved
+    CrossEncoder config gives is then set on the tokenizer, as CrossEncoder's holds it). A directory
+    without a chat template or a sentence-transformers config is not read (its text is query + item, and the
+    run's tokenizer stays the tokenizers library's alone: engine/text/backend_tokenizer.py)."""
     cfg = config.scoring
     given = cfg.query_template is not None or cfg.item_template is not None or cfg.item_first
-    if spec is None and not given and has_crossencoder_text(Path(info.path)):
-        spec = read_cross_encoder(info.path, tokenizer, info.architecture, info.model_type)
+    if spec is None:
+        if (length := saved_max_length(info.path)) is not None:
+            tokenizer.model_max_length = length  # as CrossEncoder's tokenizer holds it (Scorer: ce_spec)
+        if not given and has_crossencoder_text(Path(info.path)):
+            spec = read_cross_encoder(info.path, tokenizer, info.architecture, info.model_type)
     text = resolve_text(cfg, spec, tokenizer, info.encoder)
     return replace(config, scoring=scored_config(config.scoring, text)), text
 

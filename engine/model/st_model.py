@@ -145,6 +145,21 @@ def read_cross_encoder(
     )
 
 
+def saved_max_length(model_dir: str | Path) -> int | None:
+    """The maximum length a saved CrossEncoder's Transformer config gives its tokenizer (processor kwargs'
+    model_max_length, a legacy max_seq_length), read without the tokenizer; None where it gives none."""
+    path = Path(model_dir)
+    try:
+        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    st_config = json_object(path / "config_sentence_transformers.json")
+    if not isinstance(modules, list) or st_config.get("model_type", "SentenceTransformer") != "CrossEncoder":
+        return None
+    value = _given_max_length(_saved_modules(path, modules, [])[0], None, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _given_max_length(transformer_config: dict, tokenizer_kwargs: dict | None, max_length: int | None):
     """The model_max_length CrossEncoder's tokenizer is given: max_length, else its processor kwargs' (the
     caller's tokenizer_kwargs over the saved ones), else the saved max_seq_length."""
