@@ -33,7 +33,7 @@ from score_batch.engine.ce_arguments import (
 )
 from score_batch.engine.errors import ScoringInputError
 from score_batch.engine.model.scored_text import native_text, scored_config
-from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
+from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens, saved_modules
 from score_batch.engine.plan.planner import Planner
 from score_batch.engine.types import Group, GroupResult
 
@@ -275,7 +275,12 @@ class CrossEncoderAPI:
             return torch.nn.Sigmoid()
         if requested == "softmax":
             return torch.nn.Softmax(dim=-1)
-        found = self._spec.activation if self._spec is not None else model_activation_fn(self.setup.info.path)
+        path = self.setup.info.path
+        found = (
+            self._spec.activation
+            if self._spec
+            else model_activation_fn(path, saved_modules(path) is not None)
+        )
         if found is not None and (self.engine_config.trust_remote_code or found[0].startswith("torch.")):
             module, _, name = found[0].rpartition(".")
             try:

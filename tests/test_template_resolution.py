@@ -86,6 +86,7 @@ def test_the_cli_scorer_predict_and_cross_encoder_score_the_same_text(models, na
     api = Scorer(model_dir, device="cpu").predict(PAIRS)
     cli, log = cli_run(tmp_path, model_dir)
     assert line in log
+    assert "--query-template and --item-template override" in log  # the settings spelled as the CLI's flags
     assert max_abs_diff(api, expected) <= TOL
     assert max_abs_diff(cli, api) <= TOL
     assert max_abs_diff(cli, expected) <= TOL
@@ -172,3 +173,20 @@ def test_a_legacy_saved_max_seq_length_cuts_pairs_on_the_cli_as_in_python(zoo, t
     api = Scorer(model_dir, device="cpu").predict(PAIRS)
     assert max_abs_diff(api, theirs.predict(PAIRS)) <= TOL
     assert max_abs_diff(cli, api) <= TOL
+
+
+def test_an_activation_fn_crossencoder_does_not_read_is_not_applied_by_the_cli_either(zoo, tmp_path):
+    """A sibling: config_sentence_transformers.json without modules.json (not a saved CrossEncoder, which 6.2
+    alone reads it for): CrossEncoder and predict apply their default sigmoid; the CLI applied its Identity."""
+    import shutil
+
+    model_dir = tmp_path / "unsaved"
+    shutil.copytree(zoo.get("qwen3", "classifier", num_labels=1), model_dir)
+    identity = {"activation_fn": "torch.nn.modules.linear.Identity", "model_type": "CrossEncoder"}
+    (model_dir / "config_sentence_transformers.json").write_text(json.dumps(identity))
+    expected = st.CrossEncoder(str(model_dir), device="cpu").predict(PAIRS)
+    assert ((expected > 0) & (expected < 1)).all()  # a sigmoid
+    cli, log = cli_run(tmp_path, model_dir)
+    assert "score activation: sigmoid" in log
+    assert max_abs_diff(cli, expected) <= TOL
+    assert max_abs_diff(Scorer(model_dir, device="cpu").predict(PAIRS), expected) <= TOL

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OVERRIDE = "ScoringConfig.query_template/item_template (--query-template/--item-template) override"
+# (the command line spells the settings as its flags: cli/score.py)
+OVERRIDE = "ScoringConfig.query_template and ScoringConfig.item_template override"
 # Stand-in contents that locate the query and the document in a rendered chat template (two pairs: the
 # template must render both the same way around them).
 STAND_INS = (("sbqueryalpha", "sbdocumentalpha"), ("sbquerybravo", "sbdocumentbravo"))
@@ -53,10 +54,8 @@ PROBE_QUERIES = (
     "42",
 )
 PROBE_ITEMS = ("bravo", " Sacramento", "San Jose is a city.", "", "line\n", "7 items", "\nnext")
-MAX_SEAMS = 96
-CE_CONFIG = (
-    "config_sentence_transformers.json"  # split points of the text between query and document tried at most
-)
+MAX_SEAMS = 96  # split points of the text between query and document tried at most
+CE_CONFIG = "config_sentence_transformers.json"
 
 
 # given: the caller's templates; item-first: the caller's order; chat, prompt: the model's CrossEncoder text
@@ -70,11 +69,14 @@ class ScoredText:
     query_template: str | None
     item_template: str | None
     source: Source = "plain"
-    # The model's own CrossEncoder text (chat template or default prompt), not the caller's
-    native: bool = False
     # The templated tokens equal CrossEncoder's own token sequences on every probe pair (None: not checked)
     exact: bool | None = None
     mismatch: str | None = None  # the first probe pair whose tokens differ, in words
+
+    @property
+    def native(self) -> bool:
+        """The model's own CrossEncoder text (its chat template or default prompt), not the caller's."""
+        return self.source in ("chat", "prompt")
 
     def describe(self) -> str:
         """The run's log line: which text is scored."""
@@ -119,7 +121,7 @@ def native_text(spec: CrossEncoderSpec, tokenizer, encoder: bool = False) -> Sco
             why,
         )
     if spec.default_prompt:
-        text = ScoredText(spec.default_prompt + "{query}", None, "prompt", native=True)
+        text = ScoredText(spec.default_prompt + "{query}", None, "prompt")
     else:
         text = ScoredText(None, None, "plain")
     if encoder:  # the pair runner encodes pairs as CrossEncoder does
@@ -170,7 +172,7 @@ def log_scored_text(text: ScoredText) -> None:
         log.warning(
             "the model's CrossEncoder text applied as templates does not tokenize as CrossEncoder does (%s): "
             "scores here can differ from CrossEncoder.predict's and Scorer.predict's; give the templates "
-            "(ScoringConfig.query_template/item_template) to choose the text",
+            "(ScoringConfig.query_template and ScoringConfig.item_template) to choose the text",
             text.mismatch,
         )
     elif text.exact is False and text.source == "plain":
@@ -206,9 +208,7 @@ def _split_chat(spec: CrossEncoderSpec, tokenizer, head: str, middle: str, tail:
     reference = pair_tokens(spec, tokenizer, list(product(PROBE_QUERIES, PROBE_ITEMS)), truncate=False)
     first = None
     for start, seam in product(heads, _seams(middle, tokenizer)):
-        text = ScoredText(
-            start + "{query}" + middle[:seam], middle[seam:] + "{item}" + tail, "chat", native=True
-        )
+        text = ScoredText(start + "{query}" + middle[:seam], middle[seam:] + "{item}" + tail, "chat")
         checked = _checked(text, spec, tokenizer, reference)
         if checked.exact:
             return checked

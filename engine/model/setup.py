@@ -17,7 +17,7 @@ from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model.loading import ModelInfo, load_tokenizer, read_model_info
 from score_batch.engine.model.scored_text import ScoredText, log_scored_text, resolve_scored_text
-from score_batch.engine.model.st_model import LogitScoreSpec, read_cross_encoder
+from score_batch.engine.model.st_model import LogitScoreSpec, read_cross_encoder, saved_modules
 from score_batch.engine.plan.planner import (
     PackedPlanner,
     PairPlanner,
@@ -216,7 +216,9 @@ def resolve_setup(
     _check_classifier_labels(info, cfg, logit_score is not None)
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
     _check_scores(info, cfg, num_scores, logit_score is not None)
-    activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
+    # the model's activation_fn where CrossEncoder reads it (config_sentence_transformers.json of a saved one)
+    found = model_activation_fn(info.path, saved=saved_modules(info.path) is not None)
+    activation = resolve_activation(cfg.activation, info.kind, num_scores, found)
     if info.kind == "causal" and cfg.label_score != "probability":  # the raw label logit, or its sigmoid
         activation = ResolvedActivation(
             "none", f"the label scores are label_score={cfg.label_score} as asked"

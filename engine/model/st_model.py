@@ -103,11 +103,8 @@ def read_cross_encoder(
     tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's."""
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
-    try:
-        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        modules = None
-    saved = isinstance(modules, list) and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
+    modules = saved_modules(path)
+    saved = modules is not None
     unsupported: list[str] = []
     if saved:
         transformer_config, logit_score, refusal = _saved_modules(path, modules, unsupported)
@@ -145,9 +142,9 @@ def read_cross_encoder(
     )
 
 
-def saved_max_length(model_dir: str | Path) -> int | None:
-    """The maximum length a saved CrossEncoder's Transformer config gives its tokenizer (processor kwargs'
-    model_max_length, a legacy max_seq_length), read without the tokenizer; None where it gives none."""
+def saved_modules(model_dir: str | Path) -> list | None:
+    """A saved CrossEncoder's modules.json (config_sentence_transformers.json says model_type CrossEncoder),
+    or None: only then does CrossEncoder 6.2 read its modules and its config_sentence_transformers.json."""
     path = Path(model_dir)
     try:
         modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
@@ -156,7 +153,16 @@ def saved_max_length(model_dir: str | Path) -> int | None:
     st_config = json_object(path / "config_sentence_transformers.json")
     if not isinstance(modules, list) or st_config.get("model_type", "SentenceTransformer") != "CrossEncoder":
         return None
-    value = _given_max_length(_saved_modules(path, modules, [])[0], None, None)
+    return modules
+
+
+def saved_max_length(model_dir: str | Path) -> int | None:
+    """The maximum length a saved CrossEncoder's Transformer config gives its tokenizer (processor kwargs'
+    model_max_length, a legacy max_seq_length), read without the tokenizer; None where it gives none."""
+    modules = saved_modules(model_dir)
+    if modules is None:
+        return None
+    value = _given_max_length(_saved_modules(Path(model_dir), modules, [])[0], None, None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
