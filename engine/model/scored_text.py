@@ -114,8 +114,12 @@ def native_text(spec: CrossEncoderSpec, tokenizer, encoder: bool = False) -> Sco
         parts = None if failure else _chat_parts(tokenizer, spec)
         if parts is not None:
             return _split_chat(spec, tokenizer, *parts)
+        # a chat model's template (no query/document roles: CrossEncoder refuses it) is said, not warned of;
+        # a reranker template that cannot be split is warned of
+        level = logging.INFO if failure else logging.WARNING
         why = failure or "it does not render each text once, the query before the document"
-        log.warning(
+        log.log(
+            level,
             "the tokenizer's chat template is not applied to packed groups (the command line, Scorer.score): "
             "%s; they score query + item",
             why,
