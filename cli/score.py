@@ -11,8 +11,8 @@ import logging
 import os
 
 from score_batch.cli.command import write_failure_report
-from score_batch.cli.error_messages import profile_noted
-from score_batch.cli.logs import quiet_libraries, say, setup_logging
+from score_batch.cli.error_messages import profile_noted, spell_settings
+from score_batch.cli.logs import ROOT_LOGGER, quiet_libraries, say, setup_logging
 from score_batch.cli.options import ENV_PREFIX, OPTIONS, RANKED_OUTPUT_REMOVED, ScoreOptions
 from score_batch.errors import ConfigError, UserError
 from score_batch.signals import Stopped
@@ -58,9 +58,23 @@ def warn_unknown_variables(environ) -> list[str]:
     return unknown
 
 
+# Loggers whose lines name settings the command line spells as its flags (the scored text's line)
+SPELLED_LOGGERS = ("score_batch.engine.model.scored_text",)
+
+
+def spelled_as_flags(record: logging.LogRecord) -> bool:
+    """A logging filter: the settings a SPELLED_LOGGERS line names, as the flags that give them
+    (ScoringConfig.query_template → --query-template)."""
+    if record.name in SPELLED_LOGGERS:
+        record.msg, record.args = spell_settings(record.getMessage()), ()
+    return True
+
+
 def score(options: ScoreOptions) -> None:
     """Run one job from the command's options; under --quiet, no summary."""
     setup_logging(options.quiet, options.log_format)
+    for handler in logging.getLogger(ROOT_LOGGER).handlers:
+        handler.addFilter(spelled_as_flags)
     warn_unknown_variables(os.environ)
     profile = None
     try:

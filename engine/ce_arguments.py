@@ -16,6 +16,7 @@ from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import ScoringInputError, SettingError
 from score_batch.engine.model.loading import ModelInfo
 from score_batch.engine.model.profiles import Profile
+from score_batch.engine.model.scored_text import ScoredText, resolve_scored_text
 from score_batch.engine.model.setup import label_free_scoring
 from score_batch.engine.model.st_model import CrossEncoderSpec, read_cross_encoder
 from score_batch.engine.types import Group
@@ -161,11 +162,11 @@ def ce_scoring(
 def ce_spec(
     config: EngineConfig, info: ModelInfo, tokenizer, tokenizer_kwargs, logit_score: bool, ce_defaults: bool,
     *, warn: bool, **read,
-) -> tuple[CrossEncoderSpec, EngineConfig, bool]:  # fmt: skip
+) -> tuple[CrossEncoderSpec, EngineConfig, ScoredText]:  # fmt: skip
     """The model directory read as CrossEncoder reads it (read: read_cross_encoder's keywords; what it does
     not apply is warned of with warn), its tokenizer set as CrossEncoder's (a CausalLM without the LogitScore
-    it needs is refused); the config with a label-free CausalLM's and an encoder's default prompt applied,
-    and whether that prompt went in as the query_template."""
+    it needs is refused); the config with the text it scores resolved into its templates (the command line's
+    order: engine/model/scored_text.py), and that text."""
     kwargs = apply_tokenizer_kwargs(tokenizer, tokenizer_kwargs)
     spec = read_cross_encoder(
         info.path, tokenizer, info.architecture, info.model_type, tokenizer_kwargs=kwargs, **read
@@ -183,13 +184,10 @@ def ce_spec(
             f"{info.architecture} needs label tokens to score: {spec.refusal} (CrossEncoder refuses it too); "
             "give label_tokens=(' no', ' yes') or a profile (score-batch models lists them)"
         )
-    scoring = config.scoring
-    if logit_score and not ce_defaults:  # groups' text, query + item: checked as the command line's
-        scoring = label_free_scoring(info, config, tokenizer)[0].scoring
-    prompt_template = ce_defaults and info.encoder and scoring.query_template is None
-    if prompt_template and spec.default_prompt:
-        scoring = replace(scoring, query_template=spec.default_prompt + "{query}")
-    return spec, replace(config, scoring=scoring), prompt_template
+    config, text = resolve_scored_text(config, info, tokenizer, spec)
+    if logit_score and not ce_defaults:  # groups' text: checked as the command line's
+        config = label_free_scoring(info, config, tokenizer)[0]
+    return spec, config, text
 
 
 def is_singular_input(inputs) -> bool:

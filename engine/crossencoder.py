@@ -32,7 +32,8 @@ from score_batch.engine.ce_arguments import (
     whole,
 )
 from score_batch.engine.errors import ScoringInputError
-from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens
+from score_batch.engine.model.scored_text import native_text, scored_config
+from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens, saved_modules
 from score_batch.engine.plan.planner import Planner
 from score_batch.engine.types import Group, GroupResult
 
@@ -45,20 +46,18 @@ _ITEM_NUMBER = re.compile(r"\bitem \d+\b")
 class CrossEncoderAPI:
     """CrossEncoder's predict, rank and rank_many on the Scorer that inherits them (engine/scorer.py)."""
 
-    def _attach_crossencoder(
-        self, spec: CrossEncoderSpec | None, fn: Callable | None, prompted=None, prompt_template: bool = False
-    ) -> None:
+    def _attach_crossencoder(self, spec: CrossEncoderSpec | None, fn: Callable | None, prompted=None) -> None:
         """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation
         (fn, else the default); CrossEncoder's prompts and default_prompt_name from prompted, a CrossEncoderSpec
-        (an encoder's prompt goes in as its query_template: prompt_template)."""
+        (the default prompt is in the scored text already: setup.text, engine/model/scored_text.py)."""
         self._spec = spec
+        self._prompted_spec = prompted
         # The activation predict and rank apply by default (CrossEncoder's activation_fn); None for a CausalLM
         # label scorer (labels from a profile or keyword arguments): its `score` needs none.
         self.activation_fn = fn if fn is not None else self._default_activation_fn()
         self._ce_tokens = self._uses_ce_tokens()
         self.prompts: dict[str, str] = dict(prompted.prompts) if prompted else {}
         self.default_prompt_name: str | None = prompted.default_prompt_name if prompted else None
-        self._prompt_template = prompt_template
         if prompted and prompted.default_prompt and (failure := self._prompt_failure()):
             log.warning("the default prompt %r is not applied: %s", prompted.default_prompt, failure)
 
@@ -217,12 +216,16 @@ class CrossEncoderAPI:
 
     def _uses_ce_tokens(self) -> bool:
         """Whether predict/rank encode text pairs as CrossEncoder does (st_model.pair_tokens): for decoders
-        without labels, templates or item_first, under truncate longest-first or error (encoders' pair runner
-        encodes as CrossEncoder anyway)."""
+        without labels scoring the model's own CrossEncoder text (no templates given, no item_first: its chat
+        template or default prompt, which the packed groups then hold as templates), under truncate
+        longest-first or error (encoders' pair runner encodes as CrossEncoder anyway)."""
         spec, cfg = self._spec, self.scoring
         if spec is None or self.setup.info.encoder or self._label_scorer or cfg.item_first:
             return False
-        if cfg.query_template or cfg.item_template or cfg.truncate not in ("longest-first", "error"):
+        if self.setup.text.source in ("given", "item-first") or cfg.truncate not in (
+            "longest-first",
+            "error",
+        ):
             return False
         if spec.chat is None:
             return True
@@ -272,7 +275,12 @@ class CrossEncoderAPI:
             return torch.nn.Sigmoid()
         if requested == "softmax":
             return torch.nn.Softmax(dim=-1)
-        found = self._spec.activation if self._spec is not None else model_activation_fn(self.setup.info.path)
+        path = self.setup.info.path
+        found = (
+            self._spec.activation
+            if self._spec
+            else model_activation_fn(path, saved_modules(path) is not None)
+        )
         if found is not None and (self.engine_config.trust_remote_code or found[0].startswith("torch.")):
             module, _, name = found[0].rpartition(".")
             try:
@@ -301,27 +309,26 @@ class CrossEncoderAPI:
 
     def _prompt_failure(self) -> str | None:
         """Why a prompt cannot go before each query as CrossEncoder puts it, or None."""
-        if self._spec is None:
-            return "an EngineConfig was given, so pairs are not CrossEncoder's text; use ScoringConfig.query_template"
-        if self.setup.info.encoder:
-            return None if self._prompt_template else "a query_template is set; put the prompt in it"
-        if self._ce_tokens:
-            return None
-        return "pairs are not CrossEncoder's text here (labels, templates or item_first apply); use query_template"
+        if self._prompted_spec is None:
+            return "the model was loaded with Scorer.load; use ScoringConfig.query_template"
+        if self.setup.text.source in ("given", "item-first"):
+            return "pairs are not CrossEncoder's text here (templates or item_first are given); use query_template"
+        return None
 
     def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner | None]:
         """The CrossEncoder spec and the planner (None: the runner's) that put `prompt` before each query."""
         spec = self._spec
         applies = self._prompt_failure() is None
-        if (prompt or None) == (spec.default_prompt if applies else None):
+        if (prompt or None) == (self._prompted_spec.default_prompt if applies else None):
             return spec, None  # the prompt applied at load
         if not applies:
             raise ScoringInputError(f"prompt {prompt!r} cannot be applied: {self._prompt_failure()}")
         if self._ce_tokens:
             return replace(spec, default_prompt=prompt or None), None
-        template = prompt + "{query}" if prompt else None
+        prompted = replace(self._prompted_spec, default_prompt=prompt or None)
+        text = native_text(prompted, self.tokenizer, self.setup.info.encoder)  # as the groups' text at load
         planner = self._runner.planner
-        return spec, replace(planner, cfg=replace(planner.cfg, query_template=template))
+        return spec, replace(planner, cfg=scored_config(planner.cfg, text))
 
     def _score_pairs(
         self,

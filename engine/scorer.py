@@ -21,6 +21,7 @@ from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import CrossEncoderAPI
 from score_batch.engine.model.loading import ModelInfo, load_model, load_tokenizer, read_model_info
 from score_batch.engine.model.profiles import Profile, resolve_scoring
+from score_batch.engine.model.scored_text import scored_config
 from score_batch.engine.model.setup import ResolvedSetup, load_planner
 from score_batch.engine.model.source import hub_id_of, resolve_model_dir
 from score_batch.engine.native.fp8 import quantize_linears
@@ -81,7 +82,7 @@ class Scorer(CrossEncoderAPI):
             log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
         scoring, logit_score = ce_scoring(scoring, chosen, overrides, ce_defaults, info, activation_fn)
         tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
-        spec, config, prompt_template = ce_spec(
+        spec, config, text = ce_spec(
             replace(config, scoring=scoring), info, tokenizer, tokenizer_kwargs, logit_score, ce_defaults,
             warn=ce_defaults and chosen is None, max_length=max_length, prompts=prompts,
             default_prompt_name=default_prompt_name,
@@ -90,12 +91,13 @@ class Scorer(CrossEncoderAPI):
         planned = load_planner(
             model_dir, config, prove=True, info=info, tokenizer=tokenizer,
             logit_score=spec.logit_score if logit_score else None,  # CrossEncoder's LogitScore, decided above
+            text=text,  # the scored text, resolved above into config
         )  # fmt: skip
         self._runner = _load_runner(config, planned, info)
         self._verifier = make_verifier(config.verify, self._runner.setup)
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
-        self._attach_crossencoder(spec if ce_defaults else None, activation_fn, spec, prompt_template)
+        self._attach_crossencoder(spec if ce_defaults else None, activation_fn, spec)
 
     @classmethod
     def from_pretrained(
@@ -123,7 +125,8 @@ class Scorer(CrossEncoderAPI):
         planned = planned or load_planner(resolve_model_dir(model), config, prove=True)
         scorer._runner = _load_runner(config, planned)
         scorer._verifier = make_verifier(config.verify, scorer._runner.setup)
-        scorer.engine_config = config
+        # the templates load_planner resolved (scored_text), as the planner scores them
+        scorer.engine_config = replace(config, scoring=scored_config(config.scoring, planned[1].text))
         scorer.profile = None
         scorer._attach_crossencoder(None, None)
         return scorer

@@ -362,11 +362,16 @@ def test_constructor_prompts_are_applied_as_cross_encoder_applies_them(causal_di
         Scorer(sources[0], device="cpu", prompts={"query": "Q: "}, default_prompt_name="x")
     with pytest.raises(ScoringInputError, match="prompt_name 'x' is not one of"):
         no_default.predict(pairs, prompt_name="x")
+    # A label scorer's text is the model's too: the prompt before each query, as a query template would put it
     labelled = Scorer(sources[0], device="cpu", label_tokens=("no", "yes"), **given)
+    templated = Scorer(sources[0], device="cpu", label_tokens=("no", "yes"), query_template="Other: {query}")
+    same(labelled.predict(pairs, prompt_name="other"), templated.predict(pairs))
+    assert max_abs_diff(labelled.predict(pairs), templated.predict(pairs)) > 1e-3  # "Relevant? " by default
+    given_templates = Scorer(sources[0], device="cpu", query_template="Q: {query}", **given)
     with pytest.raises(
         ScoringInputError, match="prompt 'Other: ' cannot be applied: pairs are not CrossEncoder"
     ):
-        labelled.predict(pairs, prompt_name="other")
+        given_templates.predict(pairs, prompt_name="other")
 
 
 def test_score_groups_of_a_logit_score_model_are_one_label(causal_dirs):
@@ -381,8 +386,8 @@ def test_score_groups_of_a_logit_score_model_are_one_label(causal_dirs):
 def test_the_cli_scores_a_causal_lm_without_labels_by_its_logit_score_as_cross_encoder(
     causal_dirs, tmp_path_factory, tmp_path
 ):
-    """No label flags: `score` is CrossEncoder.predict (sigmoid(logit yes - logit no)); refused, naming
-    --label-tokens, where CrossEncoder's text is not query + item."""
+    """No label flags: `score` is CrossEncoder.predict (sigmoid(logit yes - logit no)), over its chat template
+    where it has one; refused, naming --label-tokens, where CrossEncoder's text cannot be scored here."""
     pairs = [pair for pair in PAIRS if pair[0]]  # the CLI's empty query is a row error
     prompted = saved(
         causal_dirs["pair-encoding"], tmp_path_factory, prompts={"q": "Judge: "}, default_prompt_name="q"
@@ -395,8 +400,13 @@ def test_the_cli_scores_a_causal_lm_without_labels_by_its_logit_score_as_cross_e
     ):
         expected = st.CrossEncoder(str(model_dir), device="cpu").predict(pairs)
         assert max_abs_diff(cli_scores(tmp_path, model_dir, pairs), expected) <= TOL, model_dir
+    # A reranker chat template is applied as CrossEncoder applies it (engine/model/scored_text.py); one without
+    # the query/document roles, which CrossEncoder refuses too, is refused
+    expected = st.CrossEncoder(str(causal_dirs["chat-flat"]), device="cpu").predict(pairs)
+    assert max_abs_diff(cli_scores(tmp_path, causal_dirs["chat-flat"], pairs), expected) <= TOL
+    user_only = with_template(causal_dirs["pair-encoding"], tmp_path_factory, USER_ONLY_TEMPLATE)
     data = write_jsonl(tmp_path / "in.jsonl", [{"query": q, "item": d} for q, d in pairs])
-    refused = run_cli(data, "-o", tmp_path / "o.jsonl", "--model", causal_dirs["chat-flat"])
+    refused = run_cli(data, "-o", tmp_path / "o.jsonl", "--model", user_only)
     assert refused.returncode == 2
     assert "error: --label-tokens is empty" in refused.stderr and "chat template" in refused.stderr
     templated = cli_scores(tmp_path, causal_dirs["chat-flat"], pairs, "--query-template", "Q: {query}")

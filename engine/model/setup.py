@@ -16,7 +16,8 @@ from score_batch.engine.attention.registry import BACKEND_CLASSES, import_failur
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import SettingError
 from score_batch.engine.model.loading import ModelInfo, load_tokenizer, read_model_info
-from score_batch.engine.model.st_model import LogitScoreSpec, read_cross_encoder
+from score_batch.engine.model.scored_text import ScoredText, log_scored_text, resolve_scored_text
+from score_batch.engine.model.st_model import LogitScoreSpec, read_cross_encoder, saved_modules
 from score_batch.engine.native.fp8 import Fp8Mode, resolve_dtype
 from score_batch.engine.plan.planner import (
     PackedPlanner,
@@ -56,6 +57,8 @@ class ResolvedSetup:
     # (engine/model/proof.py): "ops flashinfer → torch: <cause>", "backend flashinfer → flex: <cause>"
     fallbacks: tuple[str, ...] = ()
     fp8: Fp8Mode = "none"  # the decoder layers' GEMMs in FP8 (dtype is then bfloat16): scaled_mm or emulated
+    # Which text is scored and where its templates came from (engine/model/scored_text.py)
+    text: ScoredText = ScoredText(None, None)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -215,7 +218,9 @@ def resolve_setup(
     _check_classifier_labels(info, cfg, logit_score is not None)
     num_scores = len(label_ids) if info.kind == "causal" else info.num_labels
     _check_scores(info, cfg, num_scores, logit_score is not None)
-    activation = resolve_activation(cfg.activation, info.kind, num_scores, model_activation_fn(info.path))
+    # the model's activation_fn where CrossEncoder reads it (config_sentence_transformers.json of a saved one)
+    found = model_activation_fn(info.path, saved=saved_modules(info.path) is not None)
+    activation = resolve_activation(cfg.activation, info.kind, num_scores, found)
     if info.kind == "causal" and cfg.label_score != "probability":  # the raw label logit, or its sigmoid
         activation = ResolvedActivation(
             "none", f"the label scores are label_score={cfg.label_score} as asked"
@@ -271,11 +276,11 @@ def label_free_scoring(
     info: ModelInfo, config: EngineConfig, tokenizer
 ) -> tuple[EngineConfig, LogitScoreSpec | None]:
     """A CausalLM given no label tokens is scored as CrossEncoder 6.2 scores it: by its LogitScore,
-    logit["yes"] − logit["no"] at the last token of query + item (a saved LogitScore's tokens; a saved default
-    prompt as the query template). (config, None) for labels and classifiers. Refused, naming the label
-    tokens, where CrossEncoder's text is not query + item (a chat template, a pair encoding that adds tokens
-    between the texts) and no templates or item_first say what to score, and where CrossEncoder refuses the
-    model too (no "yes"/"no" tokens)."""
+    logit["yes"] − logit["no"] at the last token of the templated query + item (a saved LogitScore's tokens;
+    config: its templates resolved, scored_text.resolve_text). (config, None) for labels and classifiers.
+    Refused, naming the label tokens, where CrossEncoder's text is not query + item (a chat template that
+    could not be applied, a pair encoding that adds tokens between the texts) and no templates or item_first
+    say what to score, and where CrossEncoder refuses the model too (no "yes"/"no" tokens)."""
     cfg = config.scoring
     if info.kind != "causal" or cfg.label_tokens or cfg.label_token_ids:
         return config, None
@@ -300,8 +305,6 @@ def label_free_scoring(
             "(score-batch models lists them)"
         )
         raise SettingError("ScoringConfig.label_tokens", cfg.label_tokens, problem)
-    if spec.default_prompt and cfg.query_template is None:
-        config = replace(config, scoring=replace(cfg, query_template=spec.default_prompt + "{query}"))
     return config, spec.logit_score
 
 
@@ -327,23 +330,28 @@ def load_planner(
     info: ModelInfo | None = None,
     tokenizer=None,
     logit_score: LogitScoreSpec | None | Literal["read"] = "read",
+    text: ScoredText | None = None,
 ) -> tuple[Planner, ResolvedSetup]:
     """Tokenizer and resolved settings of a model directory its caller resolved, without its weights: the one
     way an engine is built (the job, the Ray driver and Scorer call it). info, tokenizer: when the caller read
-    them already (else transformers' tokenizer of the directory); logit_score: "read" decides it here
-    (label_free_scoring), else it is taken as decided (Scorer); prove: the setup's FlashInfer kernels run once
-    first, so an auto fallback is settled before the planner is built."""
+    them already (else transformers' tokenizer of the directory); text: the scored text when the caller
+    resolved it into config already (Scorer), else resolved here (scored_text.resolve_text); logit_score:
+    "read" decides it here (label_free_scoring), else it is taken as decided (Scorer); prove: the setup's
+    FlashInfer kernels run once first, so an auto fallback is settled before the planner is built."""
     if info is None:
         info = read_model_info(model_dir, config.trust_remote_code)
     if tokenizer is None:
         tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
+    if text is None:
+        config, text = resolve_scored_text(config, info, tokenizer)
+    log_scored_text(text)
     if logit_score == "read":
         config, logit_score = label_free_scoring(info, config, tokenizer)
         if logit_score is not None:
             true, false = logit_score.true_token_id, logit_score.false_token_id
             how = f"(logit[{true}] - logit[{false}] at the last token), as CrossEncoder scores it"
             log.info("no label tokens: %s is scored by its LogitScore %s", info.architecture, how)
-    setup = resolve_setup(info, config, tokenizer, logit_score)
+    setup = replace(resolve_setup(info, config, tokenizer, logit_score), text=text)
     if prove:
         setup = prove_setup(setup, config)
     log.info("score activation: %s (%s)", setup.activation.name, setup.activation.reason)

@@ -103,11 +103,8 @@ def read_cross_encoder(
     tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's."""
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
-    try:
-        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        modules = None
-    saved = isinstance(modules, list) and st_config.get("model_type", "SentenceTransformer") == "CrossEncoder"
+    modules = saved_modules(path)
+    saved = modules is not None
     unsupported: list[str] = []
     if saved:
         transformer_config, logit_score, refusal = _saved_modules(path, modules, unsupported)
@@ -143,6 +140,30 @@ def read_cross_encoder(
         unsupported=tuple(unsupported),
         refusal=refusal,
     )
+
+
+def saved_modules(model_dir: str | Path) -> list | None:
+    """A saved CrossEncoder's modules.json (config_sentence_transformers.json says model_type CrossEncoder),
+    or None: only then does CrossEncoder 6.2 read its modules and its config_sentence_transformers.json."""
+    path = Path(model_dir)
+    try:
+        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    st_config = json_object(path / "config_sentence_transformers.json")
+    if not isinstance(modules, list) or st_config.get("model_type", "SentenceTransformer") != "CrossEncoder":
+        return None
+    return modules
+
+
+def saved_max_length(model_dir: str | Path) -> int | None:
+    """The maximum length a saved CrossEncoder's Transformer config gives its tokenizer (processor kwargs'
+    model_max_length, a legacy max_seq_length), read without the tokenizer; None where it gives none."""
+    modules = saved_modules(model_dir)
+    if modules is None:
+        return None
+    value = _given_max_length(_saved_modules(Path(model_dir), modules, [])[0], None, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _given_max_length(transformer_config: dict, tokenizer_kwargs: dict | None, max_length: int | None):
@@ -240,10 +261,7 @@ def pair_tokens(
         # The prompt goes before the query.
         encoding = tokenizer([[prompt + query, document] for query, document in pairs], **kwargs)
         return [list(ids) for ids in encoding["input_ids"]]
-    conversations = [pair_messages(pair, spec.chat.message_format) for pair in pairs]
-    if prompt:  # a system message first, as CrossEncoder adds a prompt to messages
-        system = {"role": "system", "content": _content(prompt, spec.chat.message_format != "flat")}
-        conversations = [[system, *messages] for messages in conversations]
+    conversations = [chat_conversation(pair, spec.chat.message_format, prompt) for pair in pairs]
     text_kwargs = dict(spec.text_kwargs)
     top_level = {key: text_kwargs.pop(key) for key in CHAT_SIZE_KEYS if key in text_kwargs}
     top_level["truncation"] = top_level.get("truncation", truncation) if truncate else False
@@ -273,6 +291,14 @@ def pair_messages(pair: tuple[str, str], message_format: str) -> list[dict]:
     """A (query, document) pair as CrossEncoder's query/document messages."""
     structured = message_format != "flat"
     return [{"role": role, "content": _content(text, structured)} for role, text in zip(PAIR_ROLES, pair)]
+
+
+def chat_conversation(pair: tuple[str, str], message_format: str, prompt: str | None) -> list[dict]:
+    """A pair's messages as CrossEncoder renders them: a prompt first as a system message, then the pair's."""
+    messages = pair_messages(pair, message_format)
+    if not prompt:
+        return messages
+    return [{"role": "system", "content": _content(prompt, message_format != "flat")}, *messages]
 
 
 def _content(text: str, structured: bool) -> str | list[dict]:

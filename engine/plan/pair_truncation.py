@@ -155,7 +155,8 @@ def tei_truncated_pairs(
     refusal = None
     if cfg.query_template is not None or cfg.item_template is not None:
         refusal = (
-            "TEI's truncate cuts the raw (query, text) pair; this run wraps them in templates (a profile)"
+            "TEI's truncate cuts the raw (query, text) pair; this run wraps them in templates (given, a "
+            "profile's or the model's chat template: docs/semantics.md, Which text is scored)"
         )
     elif cfg.item_first:
         refusal = "TEI's truncate cuts the (query, text) pair; this run puts the item first"
