@@ -83,6 +83,8 @@ class RunIdentity:
         resolved.update(device=setup.device.type, dtype=str(setup.dtype), label_ids=list(setup.label_ids))
         resolved["gpu"] = device_name(str(setup.device)) if setup.device.type == "cuda" else None
         resolved["unscored_tail_id"] = setup.limits.unscored_tail_id  # a classifier's pad id
+        # the scored text's templates, as engine/model/scored_text.py resolved them for this model directory
+        resolved["text"] = [setup.text.query_template, setup.text.item_template]
         if getattr(setup, "fp8", "none") != "none":  # FP8 GEMMs: never a bf16 score (other keys unchanged)
             resolved["fp8"] = setup.fp8
         key = {"engine": engine, "resolved": resolved, **{k: self.record[k] for k in ("model", "software")}}

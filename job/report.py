@@ -20,9 +20,7 @@ from score_batch.machine import device_name, seconds_since_start
 
 log = logging.getLogger(__name__)
 PLAN_COUNTS = ("groups", "packs", "batches", "packed_tokens", "pairwise_tokens", "sequences", "duplicates")
-# 2: items_scored counts only the items scored by this run (not reused or copied), rows_written added,
-# windows (sequences' earlier name) removed. docs/operations.md lists the fields.
-REPORT_VERSION = 2
+REPORT_VERSION = 3  # docs/operations.md lists the fields
 
 
 @dataclass

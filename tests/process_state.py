@@ -12,7 +12,8 @@ import sys
 from collections.abc import Iterator
 
 # pytest's own: it names the test and phase (setup, call, teardown) running
-UNCHECKED_ENVIRONMENT = ("PYTEST_CURRENT_TEST",)
+# pytest names the running test; ray.init sets RAY_CLIENT_MODE for the process (its later inits read it)
+UNCHECKED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "RAY_CLIENT_MODE")
 
 
 def _handlers() -> dict[int, object]:

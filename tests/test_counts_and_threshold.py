@@ -67,7 +67,7 @@ def test_items_scored_counts_only_what_ran_and_rows_written_what_top_k_kept(qwen
     rows.append(dict(rows[0], item_id="copy"))  # a repeat of a pair: copied, not scored
     code, stderr, report, out = scored(tmp_path, qwen3_causal, rows, "--top-k", "2")
     assert code == 0, stderr
-    assert report["report_version"] == REPORT_VERSION == 2 and "windows" not in report
+    assert report["report_version"] == REPORT_VERSION == 3 and "windows" not in report
     assert (report["items"], report["items_scored"], report["duplicates"]) == (13, 12, 1)
     assert report["items"] == report["items_scored"] + report["items_failed"] + report["duplicates"]
     assert report["rows_written"] == pq.read_table(out).num_rows == 6
