@@ -11,8 +11,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
-# pytest's own: it names the test and phase (setup, call, teardown) running
-# pytest names the running test; ray.init sets RAY_CLIENT_MODE for the process (its later inits read it)
+# pytest names the test and phase running; ray.init sets RAY_CLIENT_MODE for the process (later inits read it)
 UNCHECKED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "RAY_CLIENT_MODE")
 
 
