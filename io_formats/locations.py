@@ -361,6 +361,14 @@ def has_glob(text: str) -> bool:
 
 def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: bool = False) -> Location:
     """An INPUT or OUTPUT (write: refused for a read-only scheme) as a Location; InputError when refused."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a name's bytes that are not UTF-8, as Python's argv holds them
+            shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise InputError(
+                f"'{shown}': the name is not valid UTF-8 (its bytes as \\x..); rename it"
+            ) from None
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) is None:  # no scheme: a local path
         return Location.on_disk(text)
     split = urllib.parse.urlsplit(text)
