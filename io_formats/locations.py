@@ -147,10 +147,13 @@ class Location:
         return [info.base_name for info in self._listing() if info.type == pafs.FileType.Directory]
 
     def _listing(self) -> list[pafs.FileInfo]:
+        """The entries directly in this directory whose names are UTF-8 (those score-batch writes: another's,
+        a Latin-1 file name beside an output, pyarrow cannot decode)."""
         try:
-            return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+            listed = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
         except (FileNotFoundError, NotADirectoryError):
             return []
+        return [info for info in listed if _decodable(info)]
 
     def read_bytes(self) -> bytes | None:
         """Its bytes, or None when it does not exist."""
@@ -357,6 +360,14 @@ class Location:
 
 def has_glob(text: str) -> bool:
     return _GLOB.search(text) is not None
+
+
+def _decodable(info: pafs.FileInfo) -> bool:
+    """Whether pyarrow can read a listed entry's name (it decodes names as UTF-8 when asked)."""
+    try:
+        return isinstance(info.path, str)
+    except UnicodeDecodeError:
+        return False
 
 
 def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: bool = False) -> Location:

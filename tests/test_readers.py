@@ -182,3 +182,19 @@ def test_a_path_argument_that_is_not_utf8_exits_2_naming_it(qwen3_causal, tmp_pa
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("score-batch: error:")]
     assert "caf\\xe9.parquet" in line and "not valid UTF-8" in line
+
+
+def test_a_file_name_that_is_not_utf8_beside_the_output_is_left_alone(qwen3_causal, tmp_path):
+    """The output's directory is listed for leftovers of an interrupted run: another's file there whose name
+    is not UTF-8 is not one of them (before, every run there exited 1 with UnicodeDecodeError)."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"query": ["q one"], "item": [" to"]}), source)
+    stranger = os.fsencode(tmp_path) + b"/caf\xe9.txt"
+    with open(stranger, "wb") as handle:
+        handle.write(b"not ours")
+    leftover = tmp_path / ".out.parquet.tmp-0123"  # an interrupted run's: still removed
+    leftover.write_bytes(b"")
+    result = run_cli(source, "-o", tmp_path / "out.parquet", "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 0, result.stderr
+    assert pq.read_table(tmp_path / "out.parquet").num_rows == 1
+    assert os.path.exists(stranger) and not leftover.exists()
