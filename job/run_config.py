@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from score_batch.io_formats.writers import STDOUT
 DEFAULT_WINDOW_ROWS = 2048
 MAX_WINDOW_ROWS = 2**31 - 1  # a window is held in memory: past this no machine holds one (nor Arrow's int64)
 MAX_THREADS = 1024  # torch starts an OS thread each: 100,000 crashed the process, 2**32 overflowed
-PRICE = "must be a price >= 0"
+PRICE = "must be a finite price >= 0"  # the report is JSON: no Infinity in it
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,11 @@ class RunConfig:
             ("threads", lambda: self.threads is not None and self.threads < 1, "must be at least 1"),
             ("threads", lambda: (self.threads or 0) > MAX_THREADS, f"must be at most {MAX_THREADS}"),
             ("progress_seconds", lambda: self.progress_seconds <= 0, "must be positive"),
-            ("price_per_hour", lambda: not (self.price_per_hour is None or self.price_per_hour >= 0), PRICE),
+            (
+                "price_per_hour",
+                lambda: not (self.price_per_hour is None or 0 <= self.price_per_hour < math.inf),
+                PRICE,
+            ),
             ("top_k", lambda: self.top_k is not None and self.top_k < 1, "must be at least 1"),
             ("max_failed_rate", lambda: not _fraction(rate), "must be a fraction from 0 to 1"),
             ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),
