@@ -283,7 +283,9 @@ def too_deep(raw: bytes | str) -> str | None:
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:  # the common case: two scans in C
         return None
-    codes = np.frombuffer(_JSON_STRING.sub(b"", data), np.uint8)  # [bytes outside strings]
+    outside = _JSON_STRING.sub(b"", data)
+    stray = outside.find(b'"')  # an unterminated string: what follows is its text (json.loads refuses it)
+    codes = np.frombuffer(outside if stray < 0 else outside[:stray], np.uint8)  # [bytes outside strings]
     depth = int(np.cumsum(_BRACKETS[codes], dtype=np.int64).max(initial=0))
     if depth <= MAX_DEPTH:
         return None

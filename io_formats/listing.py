@@ -231,16 +231,29 @@ def _files_below(
     root = base.path.rstrip("/")
     files = []
     for entry in base.fs.get_file_info(pafs.FileSelector(root or "/", recursive=True)):
-        relative = entry.path[len(root) :].lstrip("/")
+        path = _entry_path(entry, base)
+        relative = path[len(root) :].lstrip("/")
         segments = relative.split("/")
         if entry.type != pafs.FileType.File or any(s.startswith((".", "_")) for s in segments):
             continue
         known = file_format(segments[-1])
         if known is not None and wanted(relative):
-            files.append(InputFile(base.child(relative), *known, partitions_of(entry.path)))
+            files.append(InputFile(base.child(relative), *known, partitions_of(path)))
         elif known is not None and skipped is not None:
             skipped.append(relative)
     return sorted(files, key=lambda f: f.location.path)
+
+
+def _entry_path(entry: pafs.FileInfo, base: Location) -> str:
+    """A listed entry's path; InputError naming it (its bytes escaped) where the name is not UTF-8, which
+    pyarrow cannot decode (a Latin-1 partition value of an old export)."""
+    try:
+        return entry.path
+    except UnicodeDecodeError as error:
+        name = error.object.decode("utf-8", "backslashreplace") if isinstance(error.object, bytes) else "?"
+        raise InputError(
+            f"input {base.uri!r}: the name '{name}' below it is not valid UTF-8 (its bytes as \\x..); rename it"
+        ) from None
 
 
 def _glob_part(token: str) -> str:

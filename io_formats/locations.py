@@ -147,10 +147,13 @@ class Location:
         return [info.base_name for info in self._listing() if info.type == pafs.FileType.Directory]
 
     def _listing(self) -> list[pafs.FileInfo]:
+        """The entries directly in this directory whose names are UTF-8 (those score-batch writes: another's,
+        a Latin-1 file name beside an output, pyarrow cannot decode)."""
         try:
-            return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+            listed = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
         except (FileNotFoundError, NotADirectoryError):
             return []
+        return [info for info in listed if _decodable(info)]
 
     def read_bytes(self) -> bytes | None:
         """Its bytes, or None when it does not exist."""
@@ -359,8 +362,24 @@ def has_glob(text: str) -> bool:
     return _GLOB.search(text) is not None
 
 
+def _decodable(info: pafs.FileInfo) -> bool:
+    """Whether pyarrow can read a listed entry's name (it decodes names as UTF-8 when asked)."""
+    try:
+        return isinstance(info.path, str)
+    except UnicodeDecodeError:
+        return False
+
+
 def parse_location(text: str, options: tuple[tuple[str, str], ...] = (), write: bool = False) -> Location:
     """An INPUT or OUTPUT (write: refused for a read-only scheme) as a Location; InputError when refused."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a name's bytes that are not UTF-8, as Python's argv holds them
+            shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise InputError(
+                f"'{shown}': the name is not valid UTF-8 (its bytes as \\x..); rename it"
+            ) from None
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text) is None:  # no scheme: a local path
         return Location.on_disk(text)
     split = urllib.parse.urlsplit(text)

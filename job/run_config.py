@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,9 @@ from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.writers import STDOUT
 
 DEFAULT_WINDOW_ROWS = 2048
-PRICE = "must be a price >= 0"
+MAX_WINDOW_ROWS = 2**31 - 1  # a window is held in memory: past this no machine holds one (nor Arrow's int64)
+MAX_THREADS = 1024  # torch starts an OS thread each: 100,000 crashed the process, 2**32 overflowed
+PRICE = "must be a finite price >= 0"  # the report is JSON: no Infinity in it
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,16 @@ class RunConfig:
             self,
             ("on_error", lambda: self.on_error not in ON_ERROR_MODES, _one_of(ON_ERROR_MODES)),
             ("window_rows", lambda: self.window_rows < 1, "must be at least 1"),
+            ("window_rows", lambda: self.window_rows > MAX_WINDOW_ROWS, f"must be at most {MAX_WINDOW_ROWS}"),
             ("input_format", lambda: self.input_format not in INPUT_FORMATS, _one_of(INPUT_FORMATS)),
             ("threads", lambda: self.threads is not None and self.threads < 1, "must be at least 1"),
+            ("threads", lambda: (self.threads or 0) > MAX_THREADS, f"must be at most {MAX_THREADS}"),
             ("progress_seconds", lambda: self.progress_seconds <= 0, "must be positive"),
-            ("price_per_hour", lambda: not (self.price_per_hour is None or self.price_per_hour >= 0), PRICE),
+            (
+                "price_per_hour",
+                lambda: not (self.price_per_hour is None or 0 <= self.price_per_hour < math.inf),
+                PRICE,
+            ),
             ("top_k", lambda: self.top_k is not None and self.top_k < 1, "must be at least 1"),
             ("max_failed_rate", lambda: not _fraction(rate), "must be a fraction from 0 to 1"),
             ("input", lambda: not isinstance(self.input, str) and not self.input, "names no input"),

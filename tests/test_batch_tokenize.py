@@ -8,7 +8,9 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
+from score_batch import demo_model_path
 from score_batch.engine.config import ScoringConfig
+from score_batch.engine.model.loading import load_tokenizer
 from score_batch.engine.plan.planner import PackedPlanner, PlanLimits
 from score_batch.engine.text import encode, truncation
 from score_batch.engine.types import Group
@@ -100,6 +102,16 @@ def test_backend_batch_equals_transformers_call(tokenizer, policy, templates, it
             per_group = [plan_fields(PackedPlanner(tokenizer, cfg, limits).plan([g])) for g in groups]
         assert fast == slow
         assert fast[0] == [fields for one in per_group for fields in one[0]]
+
+
+def test_the_tokenizers_a_run_loads_take_the_backends_batch_call(tokenizer):
+    """The comparison above holds only where backend_encode runs: the test tokenizers and the demo model's,
+    as load_tokenizer gives them, are encoded by the Rust backend's encode_batch (not their __call__)."""
+    texts = ["Tokyo is a city", "é 日本 <|im_end|>"]
+    for loaded in (tokenizer, load_tokenizer(demo_model_path())):
+        encodings = encode.backend_encode(loaded, texts, True)
+        assert encodings is not None, type(loaded)
+        assert [e.ids for e in encodings] == loaded(texts)["input_ids"]
 
 
 def test_content_tokens_agree_with_transformers_offsets(tokenizer):

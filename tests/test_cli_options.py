@@ -280,6 +280,10 @@ def test_settings_are_spelled_as_the_flags_that_give_them(setting, value, spelle
     "args, message",
     [
         (["--window-rows", "0"], "error: --window-rows 0 must be at least 1"),
+        (["--window-rows", "9" * 23], f"error: --window-rows {'9' * 23} must be at most 2147483647"),
+        (["--threads", "100000"], "error: --threads 100000 must be at most 1024"),
+        (["--price-per-hour", "inf"], "error: --price-per-hour inf must be a finite price >= 0"),
+        (["--price-per-hour", "nan"], "error: --price-per-hour nan must be a finite price >= 0"),
         (
             ["-o", "-", "--partition-by", "query_id"],
             "error: --partition-by query_id needs an output directory",

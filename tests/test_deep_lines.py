@@ -90,6 +90,13 @@ def test_the_reader_takes_a_line_of_max_depth_and_refuses_one_level_more():
     assert parse_line(escaped, "1") == json.loads(escaped)
 
 
+def test_brackets_after_an_unterminated_string_are_its_text_not_nesting():
+    unterminated = parse_line(b'{"query": "q one", "item": "x' + b"[" * 300, "1")
+    assert unterminated.message.startswith("not valid JSON (Unterminated string"), unterminated
+    deep_first = b'{"junk": ' + b"[" * 300 + b'"x'  # nested too deeply before the string
+    assert parse_line(deep_first, "1").message.startswith("nested 301 levels deep")
+
+
 def test_a_batch_request_nested_too_deeply_is_that_requests_error():
     request = parse_request(b'{"custom_id": "a", "junk": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 3, 0)
     assert request.error is not None and request.error.message.startswith("line 3: nested 100001 levels deep")

@@ -180,6 +180,28 @@ def test_no_tokenizer_files(qwen3_causal, copy_model):
         Scorer.from_pretrained(model_dir, CONFIG)
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"num_attention_heads": "x"},  # transformers' strict config: a field of the wrong type
+        {"num_hidden_layers": 2.5},
+        {"layer_types": ["no-such-layer"]},  # a class validator's refusal
+        {"id2label": ["no", "yes"]},  # a list where transformers takes a dict: AttributeError inside it
+    ],
+    ids=["heads-str", "layers-float", "layer-types", "id2label-list"],
+)
+def test_a_config_transformers_refuses_is_named(qwen3_causal, copy_model, setting):
+    model_dir = copy_model(qwen3_causal)
+    raw = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**raw, **setting}))
+    with pytest.raises(ScoringInputError, match="cannot read the config of") as raised:
+        Scorer.from_pretrained(model_dir, CONFIG)
+    assert "\n" not in str(raised.value)  # the CLI's one error line
+    data = write_jsonl(model_dir.parent / "in.jsonl", [{"query": "I pledge allegiance", "item": " to"}])
+    result = run_cli(data, "-o", model_dir.parent / "out.jsonl", "--model", model_dir, *LABEL_FLAGS)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+
+
 # --- the same through the CLI: exit 2, the file named, no traceback ------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import pickle
 import sys
 
@@ -25,6 +26,7 @@ from score_batch.io_formats.readers import (
     reader,
 )
 from score_batch.io_formats.schema import ColumnOverrides, resolve_columns
+from tests.test_cli import LABEL_FLAGS, run_cli
 from tests.test_columnar_reader import as_rows, assert_cut_at_groups
 
 ROWS = [
@@ -147,3 +149,52 @@ def test_token_id_parquet_rows_take_the_record_path(tmp_path):
     rows = as_rows(next(windows))
     assert rows[0].query == [1, 2] and rows[0].error is None
     assert rows[1].error == "column 'query' holds a token id outside 0..2^63-1"
+
+
+@pytest.mark.parametrize("given", ["directory", "glob"])
+def test_a_file_name_that_is_not_utf8_exits_2_naming_it(qwen3_causal, tmp_path, given):
+    """A directory listing with a name that is not UTF-8 (a Latin-1 partition value of an old export):
+    one error line naming the path as its bytes read, not pyarrow's UnicodeDecodeError."""
+    root = tmp_path / "in"
+    bad = os.fsencode(root) + b"/split=caf\xe9"
+    os.makedirs(bad)
+    with open(bad + b"/a.parquet", "wb") as handle:
+        pq.write_table(pa.table({"query": ["q one"], "item": [" to"]}), handle)
+    source = root if given == "directory" else f"{root}/**/*.parquet"
+    result = run_cli(source, "-o", tmp_path / "out.parquet", "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("score-batch: error:")]
+    assert "split=caf\\xe9" in line and "not valid UTF-8" in line
+
+
+@pytest.mark.parametrize("role", ["input", "output"])
+def test_a_path_argument_that_is_not_utf8_exits_2_naming_it(qwen3_causal, tmp_path, role):
+    """A path given with bytes that are not UTF-8 (Python's argv holds them as lone surrogates, which pyarrow
+    cannot encode): one error line, the bytes escaped, no traceback."""
+    good = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"query": ["q one"], "item": [" to"]}), good)
+    bad = os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9.parquet")
+    if role == "input":
+        with open(os.fsencode(bad), "wb") as handle:
+            handle.write(good.read_bytes())
+    source, out = (bad, tmp_path / "out.parquet") if role == "input" else (good, bad)
+    result = run_cli(source, "-o", out, "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("score-batch: error:")]
+    assert "caf\\xe9.parquet" in line and "not valid UTF-8" in line
+
+
+def test_a_file_name_that_is_not_utf8_beside_the_output_is_left_alone(qwen3_causal, tmp_path):
+    """The output's directory is listed for leftovers of an interrupted run: another's file there whose name
+    is not UTF-8 is not one of them (before, every run there exited 1 with UnicodeDecodeError)."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"query": ["q one"], "item": [" to"]}), source)
+    stranger = os.fsencode(tmp_path) + b"/caf\xe9.txt"
+    with open(stranger, "wb") as handle:
+        handle.write(b"not ours")
+    leftover = tmp_path / ".out.parquet.tmp-0123"  # an interrupted run's: still removed
+    leftover.write_bytes(b"")
+    result = run_cli(source, "-o", tmp_path / "out.parquet", "--model", qwen3_causal, *LABEL_FLAGS)
+    assert result.returncode == 0, result.stderr
+    assert pq.read_table(tmp_path / "out.parquet").num_rows == 1
+    assert os.path.exists(stranger) and not leftover.exists()
