@@ -100,6 +100,8 @@ GPU_TESTS=(
   "${ALL_TESTS[@]}"
   tests/gpu/test_flashinfer_runs.py
   tests/gpu/test_flex_compile.py
+  tests/gpu/test_two_phase.py
+  tests/gpu/test_fp8.py
 )
 
 # The image's python3 holds torch; `python` and FlashInfer's `ninja` are looked up on PATH: python3's bin folder

@@ -17,7 +17,7 @@ LONGEST_WINDOW = 8  # a window holds at most this many times --window-rows rows 
 def group_starts(window: Window, final: bool = True) -> np.ndarray:
     """[starts] the rows (from 1 on, ascending) where a window may begin: the readable rows around it differ in
     query id or query (rows that cannot be read belong to no group: the readable rows before and after them
-    decide; without final, a row with no readable row from it on is no start: the next one is not read yet)."""
+    decide; without final, a row after readable ones with none readable from it on is no start yet)."""
     n = window.num_rows
     if n < 2:
         return np.zeros(0, np.int64)
@@ -31,7 +31,8 @@ def group_starts(window: Window, final: bool = True) -> np.ndarray:
     left = np.where(before >= 0, keys[np.maximum(before, 0)], -2)[:-1]  # [rows - 1] before each boundary
     right = np.where(after < n, keys[np.minimum(after, n - 1)], -3)[1:]  # [rows - 1] after it
     starts = np.flatnonzero(left != right) + 1
-    return starts if final else starts[after[starts] < n]
+    # without final, a cut needs the group on either side known: no readable row before it, or one after it
+    return starts if final else starts[(before[starts - 1] < 0) | (after[starts] < n)]
 
 
 def _id_codes(window: Window) -> np.ndarray:

@@ -270,8 +270,13 @@ class OutputLock:
         started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}).encode()
         for _ in range(3):
-            if self.path.create_exclusive(record):
-                self.held = True
+            try:
+                self.held = self.path.create_exclusive(record)  # held as soon as made: __exit__ removes it
+            except BaseException:  # a stop while creating it: the file, if made, is this run's to remove
+                if self.path.read_bytes() == record:
+                    self.path.delete()
+                raise
+            if self.held:
                 return
             holder = self._holder()
             if holder is None:

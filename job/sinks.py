@@ -230,9 +230,12 @@ class PartsSink:
 
 
 def _shaped(record: dict | None) -> dict | None:
-    """A manifest's identity record when it has a record's shape (job/record_check), else None (unnamed)."""
+    """A manifest's identity record when it has a record's shape (job/record_check), else None (unnamed); its
+    input left out (parts records hold none; an older version's held the files' sizes and times)."""
+    if isinstance(record, dict):
+        record = {key: value for key, value in record.items() if key != "input"}
     try:
-        return check_record(record, "of the checkpoint manifest", required=DIGESTED[:-1])  # no input
+        return check_record(record, "of the checkpoint manifest", required=DIGESTED[:-1])
     except InputError:
         return None
 

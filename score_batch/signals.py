@@ -34,6 +34,7 @@ class StopSignals:
     _received: int | None = None  # the signal received since the outermost StopSignals was entered
     _depth = 0  # StopSignals active in the main thread
     _redelivering = False  # a stop that landed inside an import is to be sent again
+    _delivered = False  # a Stopped was raised for the received signal (a redelivery then sends nothing)
 
     def __init__(self, immediate: bool = False) -> None:
         self.immediate = immediate
@@ -44,7 +45,7 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self  # handlers can only be set from the main thread; signals then act as before
         if StopSignals._depth == 0:
-            StopSignals._received = None
+            StopSignals._received, StopSignals._delivered = None, False
             self._unraisable = sys.unraisablehook
             sys.unraisablehook = _unraisable_unless_stopped(sys.unraisablehook)
         StopSignals._depth += 1
@@ -66,6 +67,7 @@ class StopSignals:
         if not self.immediate:
             return
         if not _importing(frame, self._entered):
+            StopSignals._delivered = True
             raise Stopped(signum)
         if not StopSignals._redelivering:  # once the import is done, raised then (one pending at a time)
             StopSignals._redelivering = True
@@ -76,6 +78,7 @@ class StopSignals:
     def check(self) -> None:
         """Raise Stopped when a signal arrived."""
         if StopSignals._received is not None:
+            StopSignals._delivered = True
             raise Stopped(StopSignals._received)
 
 
@@ -90,9 +93,11 @@ def _importing(frame, entered: int) -> bool:
 
 
 def _redeliver(signum: int) -> None:
-    """Send a stop that landed inside an import again: its handler then raises it, or defers it once more."""
+    """Send a stop that landed inside an import again: its handler then raises it, or defers it once more;
+    nothing once it was raised (check() took it) or every StopSignals has ended (its handlers are gone)."""
     StopSignals._redelivering = False
-    os.kill(os.getpid(), signum)
+    if StopSignals._depth > 0 and not StopSignals._delivered:
+        os.kill(os.getpid(), signum)
 
 
 def _unraisable_unless_stopped(hook):

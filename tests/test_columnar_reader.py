@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats import jsonl, readers
+from score_batch.io_formats.cuts import LONGEST_WINDOW
 from score_batch.io_formats.jsonl import BOM, parse_line
 from score_batch.io_formats.readers import (
     column_types,
@@ -91,6 +92,8 @@ def assert_cut_at_groups(windows: list[Window], window_rows: int) -> None:
         [(repr(r.query_id), repr(r.query)) if r.error is None else None for r in as_rows(w)] for w in windows
     ]
     for earlier, later in zip(keyed, keyed[1:]):
+        if len(earlier) >= LONGEST_WINDOW * window_rows:  # a group that long is cut there (io_formats/cuts)
+            continue
         last = next((key for key in reversed(earlier) if key is not None), None)
         first = next((key for key in later if key is not None), None)
         assert last is None or last != first, "a query group is split between two windows"

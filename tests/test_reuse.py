@@ -554,6 +554,7 @@ def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
     setup = SimpleNamespace(
         device=torch.device("cpu"), dtype=torch.float32, backend="sdpa", packing="mis", layers="native",
         ops="torch", label_ids=(1, 2), limits=SimpleNamespace(unscored_tail_id=None),
+        text=SimpleNamespace(query_template=None, item_template=None),
     )  # fmt: skip
 
     def config(**scoring) -> RunConfig:
