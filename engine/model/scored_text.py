@@ -144,8 +144,7 @@ def resolve_scored_text(
     """The config with the text it scores resolved into its templates (scored_text's order), and that text;
     spec: the directory read as CrossEncoder reads it (read here when not given; the maximum length a saved
     CrossEncoder config gives is then set on the tokenizer, as CrossEncoder's holds it). A directory
-    without a chat template or a sentence-transformers config is not read (its text is query + item, and the
-    run's tokenizer stays the tokenizers library's alone: engine/text/backend_tokenizer.py)."""
+    without a chat template or a sentence-transformers config is not read (its text is query + item)."""
     cfg = config.scoring
     given = cfg.query_template is not None or cfg.item_template is not None or cfg.item_first
     if spec is None:
