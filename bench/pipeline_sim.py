@@ -37,7 +37,7 @@ from score_batch.engine.run import packed_runner  # noqa: E402
 from score_batch.io_formats.schema import ColumnOverrides  # noqa: E402
 from score_batch.job import RunConfig, local, run  # noqa: E402
 from score_batch.job.phase import ScoringPhase  # noqa: E402
-from score_batch.machine import pyarrow_without_pandas, tune_gc, tune_malloc  # noqa: E402
+from score_batch.machine import tune_gc, tune_malloc  # noqa: E402
 from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
 
 SECONDS_PER_TOKEN = 16.6e-3 / 5601  # the H200's forward at the goal shape
@@ -174,9 +174,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["overlap", "in-turn"])
     parser.add_argument("--pooled", nargs="+", default=["off", "on"])
     args = parser.parse_args()
-    tune_malloc(os.environ)  # this process as the CLI's (malloc, GC, pyarrow without pandas)
+    tune_malloc(os.environ)  # this process as the CLI's (malloc and GC)
     tune_gc()
-    pyarrow_without_pandas()
     print(machine(), f"; device {SECONDS_PER_TOKEN * 5601 * 1e3:.1f} ms per 5,601 tokens × {args.scale:g}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
