@@ -11,8 +11,9 @@ import signal
 import sys
 from collections.abc import Iterator
 
-# pytest names the test and phase running; ray.init sets RAY_CLIENT_MODE for the process (later inits read it)
-UNCHECKED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "RAY_CLIENT_MODE")
+# pytest names the test and phase running; ray.init sets RAY_CLIENT_MODE for the process (later inits read it);
+# torch's inductor sets its cache directory on first use, once per process
+UNCHECKED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "RAY_CLIENT_MODE", "TORCHINDUCTOR_CACHE_DIR")
 
 
 def _handlers() -> dict[int, object]:
