@@ -4,7 +4,6 @@ resolves; each time the report's seconds_total - seconds_load - seconds_import, 
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -30,15 +29,7 @@ def cli_rows(model_dir: Path, args) -> dict:
             command = [str(data), "-o", str(out), "--report", str(report), "--model", str(model_dir), *labels,
                        "--device", args.device, "--dtype", args.dtype, "--overwrite", "--quiet",
                        "--window-rows", str(window)]  # fmt: skip
-            runs = []
-            for _ in range(max(1, args.repeats - 1)):
-                code = gpu._cli(command)
-                figures = json.loads(report.read_text())
-                if code != 0:
-                    raise RuntimeError(f"score-batch exited {code}: {figures.get('error')}")
-                runs.append(figures)
-            after = [r["seconds_total"] - r["seconds_load"] - r["seconds_import"] for r in runs]
-            best = runs[after.index(min(after))]
+            after, best = gpu.cli_runs(command, report, max(1, args.repeats - 1))
             resolved = {k: best.get(k) for k in ("backend", "layers", "ops", "dtype")}
             result[f"window_rows={window}"] = {
                 "items": items,

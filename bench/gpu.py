@@ -596,20 +596,12 @@ def _pipeline_row(model_dir, tokenizer, shape: Shape, args, cfg, peak) -> dict:
     groups = text_workload(tokenizer, Shape(args.pipeline_queries, *astuple(shape)[1:]), seed=1)
     items = sum(len(g.items) for g in groups)
     labels = [flag for label in LABELS for flag in ("--label-tokens", label)]
-    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         data, out, report = (Path(tmp) / name for name in ("in.parquet", "out.parquet", "report.json"))
         write_workload(groups, data)
         command = [str(data), "-o", str(out), "--report", str(report), "--model", str(model_dir), *labels,
                    "--device", args.device, "--dtype", args.dtype, "--overwrite", "--quiet"]  # fmt: skip
-        for _ in range(REPEATS):
-            code = _cli(command)
-            figures = json.loads(report.read_text())
-            if code != 0:
-                raise RuntimeError(f"score-batch exited {code}: {figures.get('error')}")
-            runs.append(figures)
-    after_load = [r["seconds_total"] - r["seconds_load"] - r["seconds_import"] for r in runs]
-    best = runs[after_load.index(min(after_load))]
+        after_load, best = cli_runs(command, report, REPEATS)
     method = Method(
         best["backend"], layers=best["layers"], ops=best["ops"] if best["ops"] != "none" else "auto"
     )
@@ -642,6 +634,20 @@ def _pipeline_row(model_dir, tokenizer, shape: Shape, args, cfg, peak) -> dict:
         },
     )
     return row
+
+
+def cli_runs(command: list[str], report: Path, repeats: int) -> tuple[list[float], dict]:
+    """The CLI run repeats times in this process: each run's seconds after start-up (the report's total less its
+    import and model load), and the best run's report; a non-zero exit raises with the report's error."""
+    runs = []
+    for _ in range(repeats):
+        code = _cli(command)
+        figures = json.loads(report.read_text())
+        if code != 0:
+            raise RuntimeError(f"score-batch exited {code}: {figures.get('error')}")
+        runs.append(figures)
+    after_load = [r["seconds_total"] - r["seconds_load"] - r["seconds_import"] for r in runs]
+    return after_load, runs[after_load.index(min(after_load))]
 
 
 def _cli(argv: list[str]) -> int:

@@ -64,9 +64,7 @@ class WindowRuns:
         self._running = None
         results = running.results()
         stats = prepared.plan.stats
-        prepared = dataclasses.replace(
-            prepared, plan=None
-        )  # the plan's encodings are not kept for the writer
+        prepared = dataclasses.replace(prepared, plan=None)  # the plan's encodings not kept for the writer
         self._writer.submit(partial(self._write, prepared, results, stats))
 
     def _write(self, prepared: Prepared, results: list, stats) -> tuple[int, ScoredWindow]:
