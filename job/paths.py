@@ -305,7 +305,11 @@ class OutputLock:
     def release(self) -> None:
         """Remove the lock file if this run holds it."""
         if self.held:
-            self.path.delete()
+            try:
+                self.path.delete()
+            except BaseException:  # a stop while removing it: removed all the same, then the stop goes on
+                self.path.delete()
+                raise
             self.held = False
 
     def _holder(self) -> dict | None:
