@@ -21,6 +21,7 @@ from score_batch.io_formats.locations import Location, has_glob, parse_location
 from score_batch.io_formats.writers import STDOUT
 from score_batch.job.completion import Completion
 from score_batch.job.run_config import RunConfig
+from score_batch.signals import StopSignals
 
 log = logging.getLogger(__name__)
 lock_log = logging.getLogger("score_batch.job.lock")  # the name its lines had before the merge
@@ -259,7 +260,11 @@ class OutputLock:
         self.held = False
 
     def __enter__(self) -> OutputLock:
-        self.acquire()
+        try:
+            self.acquire()
+        except BaseException:  # a stop as acquire returns: __exit__ is not called for a failed __enter__
+            self.release()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -271,10 +276,11 @@ class OutputLock:
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}).encode()
         for _ in range(3):
             try:
-                self.held = self.path.create_exclusive(record)  # held as soon as made: __exit__ removes it
-            except BaseException:  # a stop while creating it: the file, if made, is this run's to remove
-                if self.path.read_bytes() == record:
-                    self.path.delete()
+                with StopSignals() as stops:  # a stop while it is made waits until `held` says whose it is
+                    self.held = self.path.create_exclusive(record)
+                stops.check()
+            except BaseException:  # a stop once it is made: the file is this run's to remove
+                self.release()
                 raise
             if self.held:
                 return

@@ -57,6 +57,39 @@ def test_a_stop_passes_except_exception_and_one_python_cannot_raise_is_raised_at
         fresh.check()
 
 
+@pytest.mark.parametrize("where", ["as-the-file-is-made", "as-acquire-returns"])
+def test_a_stop_while_the_output_lock_is_taken_leaves_no_lock(tmp_path, monkeypatch, where):
+    """A stop right after O_EXCL made the lock file (still empty), or as acquire returns into __enter__: the
+    run's own lock file is removed, Stopped goes on, and the next run takes the lock."""
+    from score_batch.io_formats.locations import Location, parse_location
+    from score_batch.job.paths import OutputLock
+
+    made, acquired = Location.create_exclusive, OutputLock.acquire
+
+    def made_then_stopped(self, data):
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.kill(os.getpid(), signal.SIGTERM)  # lands before the record is written
+        os.unlink(self.path)
+        return made(self, data)
+
+    def acquired_then_stopped(self):
+        acquired(self)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if where == "as-the-file-is-made":
+        monkeypatch.setattr(Location, "create_exclusive", made_then_stopped)
+    else:
+        monkeypatch.setattr(OutputLock, "acquire", acquired_then_stopped)
+    lock = tmp_path / "out.parquet.lock"
+    with pytest.raises(Stopped), StopSignals(immediate=True), OutputLock(parse_location(str(lock))):
+        pass
+    assert not lock.exists()
+    monkeypatch.undo()
+    with OutputLock(parse_location(str(lock))):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert not lock.exists()
+
+
 def test_a_stop_inside_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch):
     """The module's code runs whole (the signal lands in its first line), then Stopped is raised; a scope
     entered by a module's own code is not held for the import that runs it."""
