@@ -4,8 +4,11 @@ name whole: a panel is a two-column table whose first column is as wide as its l
 metavar that would not fit beside its flag goes on the line below it.
 
 Typer's own panels give each of the flag, short flag, --no- flag and type its own column and cut them to fit
-(at 80 columns --delimiter-token-id, --max-query-tokens, --no-apply-softmax and --trust-remote-code end in …),
-so these panels are drawn here. Imported only when help is shown (rich stays out of a run's start-up).
+(at 80 columns --delimiter-token-id, --max-query-tokens, --no-apply-softmax and --trust-remote-code end in …):
+rich narrows the widest columns first, so once help and type are down to the flag's width the flags go too.
+In Model & scoring and Engine the flag columns and their gaps take 45 and 39 of the panel's 76 columns, which
+leaves room for no metavar over 9 (16) characters, so no setting of Typer's keeps their choices and whole
+flags; these panels are drawn here. Imported only when help is shown (rich stays out of a run's start-up).
 """
 
 from __future__ import annotations
