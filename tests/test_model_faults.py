@@ -162,6 +162,20 @@ def test_truncated_json_file_is_named(qwen3_causal, copy_model, name):
         Scorer.from_pretrained(model_dir, CONFIG)
 
 
+def test_a_rope_type_transformers_cannot_build_is_named_by_the_cli(qwen3_causal, copy_model, tmp_path):
+    model_dir = copy_model(qwen3_causal)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "bogus", "rope_theta": 10000.0, "factor": 2.0}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ScoringInputError, match="RoPE type 'bogus' is not one transformers knows"):
+        Scorer.from_pretrained(model_dir, CONFIG)
+    data = write_jsonl(tmp_path / "in.jsonl", [{"query": "a b", "item": "c d"}])
+    ran = run_cli(str(data), "-o", str(tmp_path / "out.parquet"), "--model", str(model_dir), *LABEL_FLAGS)
+    assert ran.returncode == 2 and "RoPE type 'bogus'" in ran.stderr and "Traceback" not in ran.stderr, (
+        ran.stderr
+    )
+
+
 def test_tokenizer_json_of_the_wrong_shape(qwen3_causal, copy_model):
     model_dir = copy_model(qwen3_causal)
     raw = json.loads((model_dir / "tokenizer.json").read_text())

@@ -51,6 +51,7 @@ def read_model_info(path: str | Path, trust_remote_code: bool = False) -> ModelI
     read_config_json(path, trust_remote_code)  # a damaged or remote-code config named first
     config = model_config(path, trust_remote_code)
     text_config = config.get_text_config()
+    _check_rope_type(text_config, path)
     layer_types = set(getattr(text_config, "layer_types", None) or [])
     architecture = (config.architectures or ["?"])[0]
     encoder_decoder = getattr(config, "is_encoder_decoder", False)
@@ -96,6 +97,19 @@ def _native_refusal(config, path: Path, architecture: str, trust_remote_code: bo
     ):
         refusal = "its weights are not safetensors (pickle weights load through transformers)"
     return refusal
+
+
+def _check_rope_type(text_config, path: Path) -> None:
+    """A RoPE type transformers cannot build is the model directory's mistake, named before any weights load."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None)
+    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+    if kind not in (None, "default", *ROPE_INIT_FUNCTIONS):
+        known = ", ".join(sorted({"default", *ROPE_INIT_FUNCTIONS}))
+        raise ScoringInputError(
+            f"{path / 'config.json'}: RoPE type {kind!r} is not one transformers knows ({known})"
+        )
 
 
 # RoPE scalings that extend a model's context past the max_position_embeddings it was trained with.
