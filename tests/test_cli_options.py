@@ -544,9 +544,10 @@ def test_a_file_named_like_the_command_is_still_an_input(tmp_path):
 
 @pytest.mark.parametrize("columns", [80, 119, 120, 200])
 @pytest.mark.parametrize("name", ["score", "run-batch"])
-def test_help_shows_every_flag_and_variable_name_whole_at_any_width(name, columns):
-    """Rich's own option table cut names short below 120 columns (--pooled-hidden-…, SCORE_BATCH_LABE…);
-    cli/help.py's panels keep every flag whole at any width, with rich's markup rendered."""
+def test_help_shows_every_flag_whole_at_any_width(name, columns):
+    """Rich's own option table cuts flags short at 80 columns (--delimiter-token-id, --trust-remote-code, …);
+    cli/help.py's panels keep every flag whole at any width, with rich's markup rendered (the environment
+    variables are one SCORE_BATCH_<OPTION> sentence above the panels, not one per flag)."""
     import os
     import subprocess
     import sys
@@ -563,8 +564,6 @@ def test_help_shows_every_flag_and_variable_name_whole_at_any_width(name, column
     for param in command.params:
         for flag in (*param.opts, *param.secondary_opts):
             assert flag in words or not flag.startswith("-"), (flag, columns)
-        if isinstance(param.envvar, str):
-            assert param.envvar in words, (param.envvar, columns)
     assert "[bold]" not in shown and "\\[" not in shown
 
 
