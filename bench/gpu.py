@@ -197,9 +197,9 @@ def jit_specs(names, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128) -
 
 
 def jit_getters(names) -> dict:
-    """FlashInfer's own module getters (engine/attention/flashinfer_jit.py): each builds and loads the module the
+    """FlashInfer's own module getters (bench/jit_getters.py): each builds and loads the module the
     engine's calls load, the prefill with the arguments the installed plan() derives."""
-    from score_batch.engine.attention.flashinfer_jit import module_getters
+    from jit_getters import module_getters
 
     return module_getters(names, device="cuda" if torch.cuda.is_available() else "cpu")
 

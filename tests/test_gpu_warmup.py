@@ -281,9 +281,8 @@ def test_flashinfers_own_build_whose_link_failed_succeeds_on_retry(tmp_path, res
 def test_the_warm_up_asks_the_installed_plan_for_its_module_arguments(monkeypatch, kernel):
     """plan_module_args runs score-batch's own plan path with FlashInfer's getter replaced by a recorder: on the
     CPU (host memory pinned without CUDA: the pin dropped) 0.6.6's plan() asks for exactly PLAN_ARGS_066's."""
+    import jit_getters  # bench/jit_getters.py
     import torch
-
-    from score_batch.engine.attention import flashinfer_jit
 
     empty = torch.empty
 
@@ -291,17 +290,17 @@ def test_the_warm_up_asks_the_installed_plan_for_its_module_arguments(monkeypatc
         return empty(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", unpinned)
-    args = flashinfer_jit.plan_module_args(kernel, torch.bfloat16, (16, 8), 128, "cpu")
+    args = jit_getters.plan_module_args(kernel, torch.bfloat16, (16, 8), 128, "cpu")
     bf16 = torch.bfloat16
     assert args == (
         kernel,
         bf16,
         bf16,
         bf16,
-        *flashinfer_jit.PLAN_ARGS_066[:1],
+        *jit_getters.PLAN_ARGS_066[:1],
         128,
         128,
-        *flashinfer_jit.PLAN_ARGS_066[1:],
+        *jit_getters.PLAN_ARGS_066[1:],
     )
 
 
