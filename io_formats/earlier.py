@@ -191,10 +191,8 @@ def join_earlier(
     """DuckDB: keys (Parquet: row_index, item_pos, score_key) ⋈ the earlier outputs' rows → joined, in input order
     with values in this run's types and their COMPLETE flag (a key held twice: a complete row first, then the
     first output's, lowest score); (the pairs matched complete, those matched only incomplete)."""
-    try:
-        import duckdb
-    except ImportError:
-        raise InputError("--reuse needs DuckDB, which is not installed: pip install duckdb") from None
+    import duckdb  # a dependency: imported only by --reuse runs
+
     schema = pa.schema([pa.field(SCORE_KEY, pa.string()), *values])
     failed: list[Exception] = []  # an output that cannot be read: its own message, not DuckDB's traceback
     stream = pa.RecordBatchReader.from_batches(
