@@ -87,3 +87,9 @@ class AttentionBackend(Protocol):
         """Build the per-batch plan from CPU metadata (the only host work per batch). query_cache: the run's
         QueryCache; needed when the batch has a cached pack (Pack.query_cached)."""
         ...
+
+
+def to_device(array, device: torch.device) -> torch.Tensor:
+    """A host array on the device; to CUDA from pinned memory, so the copy does not wait for the host."""
+    host = torch.from_numpy(array)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)

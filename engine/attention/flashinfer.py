@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from score_batch.engine.attention.base import Capabilities
+from score_batch.engine.attention.base import Capabilities, to_device
 from score_batch.engine.attention.flashinfer_plan import MAX_ITEM_TOKENS, MultiItemMetadata, build_metadata
 from score_batch.engine.errors import SettingError
 from score_batch.engine.plan.batching import Batch
@@ -47,12 +47,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     if x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:
         return x
     return x.contiguous()
-
-
-def _to_device(array, device: torch.device) -> torch.Tensor:
-    """A host array on the device, copied from pinned memory without blocking the host."""
-    host = torch.from_numpy(array)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 class PlanCopies:
@@ -116,17 +110,17 @@ class FlashInferPlan:
         multi_item = {}
         if meta.token_pos_in_items_len > 0:
             multi_item = dict(
-                prefix_len_ptr=_to_device(meta.prefix_len, self._device),
-                token_pos_in_items_ptr=_to_device(meta.token_pos_in_items, self._device),
+                prefix_len_ptr=to_device(meta.prefix_len, self._device),
+                token_pos_in_items_ptr=to_device(meta.token_pos_in_items, self._device),
                 token_pos_in_items_len=meta.token_pos_in_items_len,
-                max_item_len_ptr=_to_device(meta.max_item_len, self._device),
+                max_item_len_ptr=to_device(meta.max_item_len, self._device),
             )
         # the previous batch's plan must have reached the device first: see PlanCopies
         with self._plan_copies or contextlib.nullcontext():
             self._wrapper.plan(
                 torch.from_numpy(meta.qo_indptr),
                 torch.from_numpy(meta.kv_indptr),
-                _to_device(meta.kv_indices, self._device),
+                to_device(meta.kv_indices, self._device),
                 torch.from_numpy(meta.kv_last_page_len),
                 query.shape[1],
                 key.shape[1],

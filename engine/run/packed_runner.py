@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from score_batch.engine.attention.base import to_device
 from score_batch.engine.attention.query_cache import QueryCache
 from score_batch.engine.attention.registry import make_backend
 from score_batch.engine.errors import SettingError
@@ -112,9 +113,9 @@ class PackedRunner:
         """One prefill-only forward over a ragged batch, queued on the device with its outputs' copy back to the
         host; heads run on the score rows only. Nothing here waits for the device."""
         device = self.setup.device
-        input_ids = _to_device(batch.token_ids, device)  # [num_tokens]
-        positions = _to_device(batch.positions, device)  # [num_tokens]
-        score_rows = _to_device(batch.score_rows, device)  # [num_items]
+        input_ids = to_device(batch.token_ids, device)  # [num_tokens]
+        positions = to_device(batch.positions, device)  # [num_tokens]
+        score_rows = to_device(batch.score_rows, device)  # [num_items]
         plan = self.backend.plan(batch, device, cache)
         if self.compiled:
             plan = OpaquePlan(plan)  # compiled attention modules break their graph at attend, untraced
@@ -238,9 +239,3 @@ class Launched:
 def _pinned_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A pinned host tensor that a copy queued behind the device's work fills."""
     return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor, non_blocking=True)
-
-
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on the device; to CUDA from pinned memory, so the copy does not wait for the host."""
-    host = torch.from_numpy(array)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
