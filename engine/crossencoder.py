@@ -159,7 +159,8 @@ class CrossEncoderAPI:
                 if not np.isnan(values[start + i])
             ]
             rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
-            start, numbers = start + len(group.items), numbers + [number] * len(group.items)
+            numbers += [number] * len(group.items)
+            start += len(group.items)
         ce.warn_failed(
             [None if e is None else f"queries_and_documents[{n}]: {e}" for n, e in zip(numbers, errors)]
         )
