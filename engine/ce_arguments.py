@@ -1,17 +1,16 @@
-"""sentence-transformers' CrossEncoder constructor arguments as the Scorer's settings (Scorer.__init__), and
-CrossEncoder 6.2's predict/rank inputs checked and outputs shaped as there (pure)."""
+"""The CrossEncoder constructor arguments the Scorer takes (Scorer.__init__), and CrossEncoder 6.2's
+predict/rank inputs checked and outputs shaped as there (pure)."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import torch
 
-from score_batch.choices import BACKENDS
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.errors import ScoringInputError, SettingError
 from score_batch.engine.model.loading import ModelInfo
@@ -27,62 +26,45 @@ Text = str | list[int]  # a query or an item: text, or token ids used as given
 
 # torch.nn activations CrossEncoder may be given, as the `score` column's ScoringConfig.activation.
 ACTIVATION_NAMES = {torch.nn.Sigmoid: "sigmoid", torch.nn.Identity: "none", torch.nn.Softmax: "softmax"}
-# CrossEncoder constructor arguments that change nothing here (score-batch reads local files only, runs torch,
-# and has no model cards): accepted, logged when given.
-_IGNORED = ("token", "local_files_only", "model_card_data", "keep_in_fp32_modules")
 # EngineConfig fields a keyword may set without giving an EngineConfig (which would drop CrossEncoder's defaults).
-_ENGINE_FIELDS = (
-    "dtype",
-    "max_batch_tokens",
-    "max_pack_tokens",
-    "allow_pickle",
-    "compile",
-    "layers",
-    "ops",
-    "verify",
+ENGINE_FIELDS = tuple(
+    f.name for f in fields(EngineConfig) if f.name not in ("scoring", "device", "trust_remote_code")
 )
-# Older CrossEncoder names of its arguments, as its own decorator maps them.
-_RENAMED = {
-    "model_name": "model_name_or_path",
-    "automodel_args": "model_kwargs",
-    "tokenizer_args": "tokenizer_kwargs",
-    "processor_kwargs": "tokenizer_kwargs",
-    "config_args": "config_kwargs",
-    "cache_dir": "cache_folder",
-    "default_activation_function": "activation_fn",
+_TOKENIZER = (
+    "use Scorer(..., max_length=…) for the length and truncate=… (ScoringConfig.truncate) for the cut"
+)
+_CONFIG = "the model's config.json is used as saved (Scorer(..., score_index=…) picks the scored label)"
+# CrossEncoder's constructor arguments (6.2's and older names) the Scorer does not take, and what to use.
+REFUSED = {
+    "num_labels": "the model's own head is scored (Scorer(..., score_index=…) picks the `score` label)",
+    "config_kwargs": _CONFIG,
+    "config_args": _CONFIG,
+    "processor_kwargs": _TOKENIZER,
+    "tokenizer_kwargs": _TOKENIZER,
+    "tokenizer_args": _TOKENIZER,
+    "modules": "give a model directory or a cached hub id as model_name_or_path",
+    "model_name": "give the model as model_name_or_path",
+    "token": "score-batch reads a directory or the local Hugging Face cache only (Scorer(..., cache_folder=…))",
+    "automodel_args": "use Scorer(..., model_kwargs={'dtype': …}) or dtype=… (EngineConfig.dtype)",
+    "keep_in_fp32_modules": "use Scorer(..., dtype='float32') (EngineConfig.dtype) for the whole model",
+    "cache_dir": "use Scorer(..., cache_folder=…)",
+    "default_activation_function": "use Scorer(..., activation_fn=…)",
+    "model_card_data": "score-batch writes no model card",
+    "classifier_dropout": "score-batch only scores: dropout is off",
 }
-# The constructor arguments ce_arguments takes and returns, in order.
-_ARGUMENTS = ("model_kwargs", "tokenizer_kwargs", "config_kwargs", "cache_folder", "activation_fn")
 
 
-def ce_arguments(overrides: dict, *values, num_labels: int | None = None, modules=None) -> tuple:
-    """CrossEncoder's constructor arguments as `_ARGUMENTS` + num_labels: older names mapped, and no-ops taken
-    out of overrides (the constructor's other keywords)."""
-    if modules is not None:
-        raise ScoringInputError(
-            "modules= (a CrossEncoder built from module objects) is not supported: give a model directory"
-        )
-    named = dict(zip(_ARGUMENTS, values))
-    for old, new in _RENAMED.items():
-        if old in overrides:
-            value = overrides.pop(old)
-            if new == "tokenizer_kwargs":
-                named[new] = {**(value or {}), **(named[new] or {})}
-            elif new in named:
-                named[new] = named[new] or value
-    overrides.pop("classifier_dropout", None)  # training only
-    ignored = {name: overrides.pop(name) for name in _IGNORED if name in overrides}
-    given = {name: value for name, value in ignored.items() if value not in (None, False, {}, [])}
-    if given:
-        log.info("ignored CrossEncoder arguments (no effect in score-batch): %s", ", ".join(given))
-    config_kwargs = named["config_kwargs"] = dict(named["config_kwargs"] or {})
-    if config_kwargs.get("num_labels") is not None and num_labels is None:
-        num_labels = config_kwargs.pop("num_labels")
-    if config_kwargs:
-        log.info(
-            "config_kwargs ignored (the model's config.json is used as saved): %s", sorted(config_kwargs)
-        )
-    return (*named.values(), num_labels)
+def refuse_arguments(overrides: dict, model_kwargs: dict | None) -> None:
+    """Refuse, in one line naming what to use instead, a CrossEncoder argument the Scorer does not take."""
+    for name in overrides:
+        if name in REFUSED:
+            raise ScoringInputError(f"{name} is not taken: {REFUSED[name]}")
+    for key in model_kwargs or {}:
+        if key != "dtype":
+            raise ScoringInputError(
+                f"model_kwargs[{key!r}] is not taken: only its dtype is (EngineConfig.dtype); score-batch loads "
+                "and places the model itself (Scorer(..., backend=…, layers=…) choose how it runs)"
+            )
 
 
 def ce_engine_config(
@@ -90,12 +72,10 @@ def ce_engine_config(
     overrides: dict,
     device,
     trust_remote_code: bool | None,
-    backend: str | None,
     model_kwargs: dict | None,
 ) -> EngineConfig:
-    """The EngineConfig of CrossEncoder-style constructor arguments (device, trust_remote_code, backend,
-    dtype) and of EngineConfig's fields among the constructor's keywords (overrides: taken out of it)."""
-    engine = {name: overrides.pop(name) for name in _ENGINE_FIELDS if name in overrides}
+    """The EngineConfig of the CrossEncoder arguments and of EngineConfig's fields among overrides (taken out)."""
+    engine = {name: overrides.pop(name) for name in ENGINE_FIELDS if name in overrides}
     config = replace(config or EngineConfig(), **{k: v for k, v in engine.items() if v is not None})
     if device is not None:  # CrossEncoder-style: auto, cpu, cuda or cuda:0
         if str(device) not in ("auto", "cpu", "cuda", "cuda:0"):
@@ -103,44 +83,12 @@ def ce_engine_config(
         config = replace(config, device=str(device).removesuffix(":0"))
     if trust_remote_code is not None:
         config = replace(config, trust_remote_code=bool(trust_remote_code))
-    if backend in BACKENDS:
-        config = replace(config, backend=backend)
-    elif backend in ("onnx", "openvino"):
-        log.warning("backend=%r is ignored: score-batch runs the model with torch", backend)
-    elif backend not in (None, "torch"):
-        problem = f"is neither CrossEncoder's (torch, onnx, openvino) nor one of {', '.join(BACKENDS)}"
-        raise SettingError("backend", backend, problem)
-    kwargs = dict(model_kwargs or {})
-    dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
-    if dtype is not None:
+    if (dtype := (model_kwargs or {}).get("dtype")) is not None:
         name = str(dtype).removeprefix("torch.")
         if name not in ("auto", "float32", "bfloat16", "float16"):
             raise SettingError("model_kwargs dtype", dtype, "is not one of float32, bfloat16, float16, auto")
         config = replace(config, dtype=name)
-    if kwargs:
-        log.info("model_kwargs ignored (score-batch loads and places the model itself): %s", sorted(kwargs))
     return config
-
-
-def apply_tokenizer_kwargs(tokenizer, kwargs: dict | None) -> dict:
-    """Set the tokenizer attributes CrossEncoder's tokenizer kwargs set (truncation_side, padding_side)."""
-    kwargs = dict(kwargs or {})
-    for name in ("truncation_side", "padding_side"):
-        if name in kwargs:
-            setattr(tokenizer, name, kwargs[name])
-    unused = sorted(set(kwargs) - {"truncation_side", "padding_side", "model_max_length"})
-    if unused:
-        log.info("tokenizer_kwargs ignored (the tokenizer loads from its files): %s", unused)
-    return kwargs
-
-
-def check_num_labels(num_labels: int | None, info) -> None:
-    """Refuse a num_labels that differs from the model's head (CrossEncoder would build a new, untrained head)."""
-    # A CausalLM scorer has one score whatever num_labels says, as CrossEncoder's LogitScore.
-    if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
-        problem = f"differs from the model's head ({info.num_labels} labels): CrossEncoder would attach a "
-        problem += "new, untrained head; score-batch scores with the trained one only"
-        raise SettingError("num_labels", num_labels, problem)
 
 
 def ce_scoring(
@@ -160,17 +108,17 @@ def ce_scoring(
 
 
 def ce_spec(
-    config: EngineConfig, info: ModelInfo, tokenizer, tokenizer_kwargs, logit_score: bool, ce_defaults: bool,
-    *, warn: bool, **read,
-) -> tuple[CrossEncoderSpec, EngineConfig, ScoredText]:  # fmt: skip
-    """The model directory read as CrossEncoder reads it (read: read_cross_encoder's keywords; what it does
-    not apply is warned of with warn), its tokenizer set as CrossEncoder's (a CausalLM without the LogitScore
-    it needs is refused); the config with the text it scores resolved into its templates (the command line's
-    order: engine/model/scored_text.py), and that text."""
-    kwargs = apply_tokenizer_kwargs(tokenizer, tokenizer_kwargs)
-    spec = read_cross_encoder(
-        info.path, tokenizer, info.architecture, info.model_type, tokenizer_kwargs=kwargs, **read
-    )
+    config: EngineConfig,
+    info: ModelInfo,
+    tokenizer,
+    logit_score: bool,
+    ce_defaults: bool,
+    *,
+    warn: bool,
+    **read,
+) -> tuple[CrossEncoderSpec, EngineConfig, ScoredText]:
+    """The directory read as CrossEncoder reads it (read: its keywords), and the config with its scored text."""
+    spec = read_cross_encoder(info.path, tokenizer, info.architecture, info.model_type, **read)
     if spec.max_length is not None:
         tokenizer.model_max_length = spec.max_length  # as CrossEncoder's tokenizer holds it
     for unsupported in spec.unsupported if warn else ():
@@ -202,10 +150,9 @@ def is_singular_input(inputs) -> bool:
 def prefix_groups(
     sequences: list[tuple[int, list[int]]],
 ) -> list[tuple[list[int], list[tuple[int, list[int]]]]]:
-    """Token sequences of one query as engine groups: (shared query ids, [(position, item ids)]). The query is
-    the sequences' longest common prefix, so query + item is each sequence exactly (an empty item's score row
-    is the query's last token). Sequences are grouped by their first token; an empty sequence stays alone (it
-    fails as an empty query)."""
+    """One query's token sequences as (shared query ids, [(position, item ids)]) groups by first token."""
+    # The query is the sequences' longest common prefix, so query + item is each sequence exactly (an empty
+    # item's score row is the query's last token); an empty sequence stays alone (it fails as an empty query).
     by_first: dict[int | None, list[tuple[int, list[int]]]] = {}
     for position, ids in sequences:
         by_first.setdefault(ids[0] if ids else None, []).append((position, ids))
@@ -295,13 +242,6 @@ def check_batch_size(batch_size) -> None:
     """CrossEncoder refuses a batch_size below 1; ours plans by tokens and otherwise ignores it."""
     if not whole(batch_size, 1):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
-
-
-def progress(total: int, shown: bool):
-    """A tqdm bar over scored items (not shown: one that draws nothing)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="Scoring", unit="item", disable=not shown)
 
 
 def warn_failed(errors: list[str | None]) -> None:

@@ -1,4 +1,4 @@
-"""sentence-transformers 6.2's CrossEncoder predict, rank and rank_many over a Scorer's `score`/`run`.
+"""sentence-transformers 6.2's CrossEncoder predict and rank (and rank_many) over a Scorer's `score`/`run`.
 
 Where no profile, label tokens or templates say otherwise, pairs are the token sequences CrossEncoder itself
 builds (engine/model/st_model.py), scored in shared-prefix groups; a CausalLM scores by its LogitScore.
@@ -16,21 +16,8 @@ from importlib import import_module
 import numpy as np
 import torch
 
+from score_batch.engine import ce_arguments as ce
 from score_batch.engine.activation import model_activation_fn
-from score_batch.engine.ce_arguments import (
-    Text,
-    ce_outputs,
-    check_batch_size,
-    ignore_kwargs,
-    is_singular_input,
-    label_logit,
-    pair_of,
-    prefix_groups,
-    progress,
-    ranking_group,
-    warn_failed,
-    whole,
-)
 from score_batch.engine.errors import ScoringInputError
 from score_batch.engine.model.scored_text import native_text, scored_config
 from score_batch.engine.model.st_model import CrossEncoderSpec, pair_roles_failure, pair_tokens, saved_modules
@@ -39,21 +26,18 @@ from score_batch.engine.types import Group, GroupResult
 
 log = logging.getLogger(__name__)
 
-# The item's index inside an internal group means nothing to the caller.
-_ITEM_NUMBER = re.compile(r"\bitem \d+\b")
+_ITEM_NUMBER = re.compile(r"\bitem \d+\b")  # the item's index inside an internal group means nothing outside
+# ScoringConfig.activation set explicitly → the activation predict and rank apply by default.
+_REQUESTED = {"none": torch.nn.Identity, "sigmoid": torch.nn.Sigmoid, "softmax": lambda: torch.nn.Softmax(-1)}
 
 
 class CrossEncoderAPI:
     """CrossEncoder's predict, rank and rank_many on the Scorer that inherits them (engine/scorer.py)."""
 
     def _attach_crossencoder(self, spec: CrossEncoderSpec | None, fn: Callable | None, prompted=None) -> None:
-        """Decide how predict/rank encode text pairs (spec None: as the engine's groups) and their activation
-        (fn, else the default); CrossEncoder's prompts and default_prompt_name from prompted, a CrossEncoderSpec
-        (the default prompt is in the scored text already: setup.text, engine/model/scored_text.py)."""
-        self._spec = spec
-        self._prompted_spec = prompted
-        # The activation predict and rank apply by default (CrossEncoder's activation_fn); None for a CausalLM
-        # label scorer (labels from a profile or keyword arguments): its `score` needs none.
+        """Set how pairs are encoded (spec None: as the engine's groups), their activation and the prompts."""
+        self._spec, self._prompted_spec = spec, prompted
+        # CrossEncoder's activation_fn; None for a CausalLM label scorer, whose `score` needs none.
         self.activation_fn = fn if fn is not None else self._default_activation_fn()
         self._ce_tokens = self._uses_ce_tokens()
         self.prompts: dict[str, str] = dict(prompted.prompts) if prompted else {}
@@ -63,7 +47,7 @@ class CrossEncoderAPI:
 
     @property
     def num_labels(self) -> int:
-        """Scores per pair that predict returns: 1 for one-label heads and every CausalLM scorer, as CrossEncoder."""
+        """Scores per pair that predict returns: 1 for one-label heads and CausalLM scorers, as CrossEncoder."""
         return 1 if self._label_scorer else self.setup.info.num_labels  # a LogitScore runs as one label
 
     @property
@@ -80,10 +64,8 @@ class CrossEncoderAPI:
         if config is None:  # native decoder layers: no transformers module is built
             from transformers import AutoConfig
 
-            trust = self.engine_config.trust_remote_code
-            config = AutoConfig.from_pretrained(
-                self.setup.info.path, trust_remote_code=trust, local_files_only=True
-            )
+            path, trust = self.setup.info.path, self.engine_config.trust_remote_code
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust, local_files_only=True)
         return config
 
     def predict(
@@ -105,39 +87,28 @@ class CrossEncoderAPI:
         return_errors: bool = False,
         **kwargs,
     ):
-        """CrossEncoder.predict: the score of each (query, item) pair, in input order.
-
-        Returns float32 of shape (n,) for one-label models and every CausalLM scorer, (n, labels) for
-        multi-label heads; a scalar (or a (labels,) row) for a single (query, item); a tensor with
-        convert_to_tensor; a list of tensors with convert_to_numpy=False. activation_fn (a callable on the
-        logits tensor) defaults to `self.activation_fn`. A CausalLM with a LogitScore (no labels) scores
-        logit["yes"] - logit["no"], as CrossEncoder; a label scorer (labels from a profile) returns its
-        `score`, or with activation_fn, that function of the labels' log-odds (two labels, or one raw logit).
-        Pairs with the same query are scored as one group. prompt / prompt_name: as CrossEncoder's (neither:
-        the default prompt, if any). batch_size, device, pool and chunk_size tune CrossEncoder's own batching
-        and are ignored (ours plans by tokens); batch_size_hint: at most about this many pairs planned at a
-        time. Failed pairs are NaN (return_errors=True also returns the reason per pair).
-        """
+        """CrossEncoder.predict: the score of each (query, item) pair, in input order (docs/python-api.md)."""
         prompt = self._resolve_prompt(prompt, prompt_name)
-        check_batch_size(batch_size)
-        ignore_kwargs("predict", kwargs)
-        singular = is_singular_input(inputs)
+        ce.check_batch_size(batch_size)
+        ce.ignore_kwargs("predict", kwargs)
+        singular = ce.is_singular_input(inputs)
         pairs = (
             [inputs] if singular else (inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs))
         )
         raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
         errors = [None if e is None else f"pairs[{i}]: {e}" for i, e in enumerate(errors)]
-        warn_failed(errors)
+        ce.warn_failed(errors)
         values, fn = self._ce_logits(raw, score, activation_fn)
-        result = ce_outputs(
-            values, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, self.setup.device, singular
+        device = self.setup.device
+        result = ce.ce_outputs(
+            values, fn, bool(apply_softmax), convert_to_numpy, convert_to_tensor, device, singular
         )
         return (result, errors) if return_errors else result
 
     def rank(
         self,
-        query: Text,
-        documents: Sequence[Text],
+        query: ce.Text,
+        documents: Sequence[ce.Text],
         top_k: int | None = None,
         return_documents: bool = False,
         prompt_name: str | None = None,
@@ -153,27 +124,16 @@ class CrossEncoderAPI:
         chunk_size: int | None = None,
         **kwargs,
     ) -> list[dict]:
-        """CrossEncoder.rank: documents sorted best first as {"corpus_id", "score"} (+ "text" with return_documents).
-
-        Scores are predict's for one-label models and CausalLM scorers; a multi-label head (which CrossEncoder
-        refuses) ranks by the `score` column (the activated score_index class), or by activation_fn's
-        score_index column when given. Equal scores keep input order; failed documents are left out.
-        apply_softmax, convert_to_numpy and convert_to_tensor have no effect, as in CrossEncoder.
-        """
-        ignore_kwargs("rank", kwargs)
+        """CrossEncoder.rank: documents best first as {"corpus_id", "score"} (+ "text"), docs/python-api.md."""
+        ce.ignore_kwargs("rank", kwargs)
         return self.rank_many(
-            [(query, documents)],
-            top_k=top_k,
-            return_documents=return_documents,
-            activation_fn=activation_fn,
-            show_progress_bar=show_progress_bar,
-            _prompts=(prompt_name, prompt),
-            _batch_size=batch_size,
-        )[0]
+            [(query, documents)], top_k, return_documents, None, activation_fn, show_progress_bar,
+            _prompts=(prompt_name, prompt), _batch_size=batch_size,
+        )[0]  # fmt: skip
 
     def rank_many(
         self,
-        queries_and_documents: Sequence[tuple[Text, Sequence[Text]]],
+        queries_and_documents: Sequence[tuple[ce.Text, Sequence[ce.Text]]],
         top_k: int | None = None,
         return_documents: bool = False,
         batch_size_hint: int | None = None,
@@ -184,26 +144,25 @@ class CrossEncoderAPI:
     ) -> list[list[dict]]:
         """`rank` for many queries at once (scored together): one sorted list of records per (query, documents)."""
         prompt = self._resolve_prompt(_prompts[1], _prompts[0])
-        check_batch_size(_batch_size)
-        if top_k is not None and not whole(top_k, 0):
+        ce.check_batch_size(_batch_size)
+        if top_k is not None and not ce.whole(top_k, 0):
             raise ScoringInputError(f"top_k must be a non-negative integer or None, got {top_k!r}")
-        groups = [ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
+        groups = [ce.ranking_group(entry, index) for index, entry in enumerate(queries_and_documents)]
         pairs = [(group.query, item) for group in groups for item in group.items]
-        raw, score, pair_errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
+        raw, score, errors = self._score_pairs(pairs, batch_size_hint, show_progress_bar, prompt)
         values = self._ranking_values(raw, score, activation_fn)
-        rankings = []
-        start = 0
-        for group in groups:
+        rankings, numbers, start = [], [], 0
+        for number, group in enumerate(groups):
             records = [
                 {"corpus_id": i, "score": values[start + i]} | ({"text": item} if return_documents else {})
                 for i, item in enumerate(group.items)
                 if not np.isnan(values[start + i])
             ]
             rankings.append(sorted(records, key=lambda record: record["score"], reverse=True)[:top_k])
+            numbers += [number] * len(group.items)
             start += len(group.items)
-        numbers = [number for number, group in enumerate(groups) for _ in group.items]
-        warn_failed(
-            [None if e is None else f"queries_and_documents[{n}]: {e}" for n, e in zip(numbers, pair_errors)]
+        ce.warn_failed(
+            [None if e is None else f"queries_and_documents[{n}]: {e}" for n, e in zip(numbers, errors)]
         )
         return rankings
 
@@ -215,17 +174,11 @@ class CrossEncoderAPI:
         return self.setup.info.kind == "causal"
 
     def _uses_ce_tokens(self) -> bool:
-        """Whether predict/rank encode text pairs as CrossEncoder does (st_model.pair_tokens): for decoders
-        without labels scoring the model's own CrossEncoder text (no templates given, no item_first: its chat
-        template or default prompt, which the packed groups then hold as templates), under truncate
-        longest-first or error (encoders' pair runner encodes as CrossEncoder anyway)."""
-        spec, cfg = self._spec, self.scoring
+        """Whether pairs are CrossEncoder's token sequences (st_model.pair_tokens), as docs/python-api.md says."""
+        spec, cfg, text = self._spec, self.scoring, self.setup.text
         if spec is None or self.setup.info.encoder or self._label_scorer or cfg.item_first:
-            return False
-        if self.setup.text.source in ("given", "item-first") or cfg.truncate not in (
-            "longest-first",
-            "error",
-        ):
+            return False  # (an encoder's pair runner encodes as CrossEncoder anyway)
+        if text.source in ("given", "item-first") or cfg.truncate not in ("longest-first", "error"):
             return False
         if spec.chat is None:
             return True
@@ -246,7 +199,7 @@ class CrossEncoderAPI:
             return raw, activation_fn if activation_fn is not None else self.activation_fn
         if activation_fn is None:
             return score[:, None], torch.nn.Identity()  # [n, 1] the `score` column, as the CLI's
-        return label_logit(raw, self.scoring.label_score, self.scoring.score_index)[:, None], activation_fn
+        return ce.label_logit(raw, self.scoring.label_score, self.scoring.score_index)[:, None], activation_fn
 
     def _ranking_values(
         self, raw: np.ndarray, score: np.ndarray, activation_fn: Callable | None
@@ -259,22 +212,14 @@ class CrossEncoderAPI:
             return []
         activated = fn(torch.from_numpy(np.ascontiguousarray(values, np.float32)))  # [n, labels]
         one = activated.ndim == 1 or activated.shape[1] == 1
-        column = activated.reshape(-1) if one else activated[:, self.scoring.score_index]
-        return column.float().tolist()
+        return (activated.reshape(-1) if one else activated[:, self.scoring.score_index]).float().tolist()
 
     def _default_activation_fn(self) -> Callable | None:
-        """The activation CrossEncoder applies to this model's logits by default (ScoringConfig.activation
-        wins when set): the model's own activation_fn when its path starts with "torch." (any path with
-        trust_remote_code), else Sigmoid for one label and Identity otherwise; None for a label scorer."""
-        requested = self.scoring.activation
+        """CrossEncoder's default activation for this model (ScoringConfig.activation wins when set)."""
         if self._label_scorer:
             return None
-        if requested == "none":
-            return torch.nn.Identity()
-        if requested == "sigmoid":
-            return torch.nn.Sigmoid()
-        if requested == "softmax":
-            return torch.nn.Softmax(dim=-1)
+        if self.scoring.activation in _REQUESTED:
+            return _REQUESTED[self.scoring.activation]()
         path = self.setup.info.path
         found = (
             self._spec.activation
@@ -317,8 +262,7 @@ class CrossEncoderAPI:
 
     def _prompted(self, prompt: str | None) -> tuple[CrossEncoderSpec | None, Planner | None]:
         """The CrossEncoder spec and the planner (None: the runner's) that put `prompt` before each query."""
-        spec = self._spec
-        applies = self._prompt_failure() is None
+        spec, applies = self._spec, self._prompt_failure() is None
         if (prompt or None) == (self._prompted_spec.default_prompt if applies else None):
             return spec, None  # the prompt applied at load
         if not applies:
@@ -337,10 +281,11 @@ class CrossEncoderAPI:
         show_progress_bar: bool | None,
         prompt: str | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, grouped by query; prompt
-        (resolved) goes before each query as CrossEncoder puts it."""
+        """Raw outputs [n, labels], scores [n] and errors of (query, item) pairs, the prompt before each query."""
+        from tqdm.auto import tqdm
+
         spec, planner = self._prompted(prompt)
-        checked = [pair_of(pair, index) for index, pair in enumerate(pairs)]
+        checked = [ce.pair_of(pair, index) for index, pair in enumerate(pairs)]
         raw = np.full((len(pairs), self.setup.num_scores), np.nan, np.float32)
         score = np.full(len(pairs), np.nan, np.float32)
         errors: list[str | None] = [None] * len(pairs)
@@ -348,22 +293,19 @@ class CrossEncoderAPI:
         text = [i for i, (q, d) in enumerate(checked) if isinstance(q, str) and isinstance(d, str)]
         planned = set(text) if self._ce_tokens else set()
         groups = self._ce_token_groups(spec, checked, text, errors) if planned else []
-        by_query: dict[object, tuple[Text, list[Text], list[int]]] = {}
+        by_query: dict[object, tuple[ce.Text, list[ce.Text], list[int]]] = {}
         for index, (query, item) in enumerate(checked):
-            if index in planned:
-                continue
-            key = query if isinstance(query, str) else ("ids", tuple(query))
-            _, items, positions = by_query.setdefault(key, (query, [], []))
-            items.append(item)
-            positions.append(index)
+            if index not in planned:
+                key = query if isinstance(query, str) else ("ids", tuple(query))
+                by_query.setdefault(key, (query, [], []))[1].append(item)
+                by_query[key][2].append(index)
         others = list(by_query.values())
         # CrossEncoder's token sequences are cut already: planned with truncate="error", never cut again.
         as_given = replace(self._runner.planner, cfg=replace(self._runner.planner.cfg, truncate="error"))
-        with progress(len(pairs), shown=bool(show_progress_bar)) as bar:
+        with tqdm(total=len(pairs), desc="Scoring", unit="item", disable=not show_progress_bar) as bar:
             results = self._score_chunked(groups, batch_size_hint, bar.update, as_given)
             results += self._score_chunked(others, batch_size_hint, bar.update, planner)
-        groups += others
-        for (_, _, positions), result in zip(groups, results):
+        for (_, _, positions), result in zip(groups + others, results):
             raw[positions] = result.raw if result.raw is not None else result.scores
             score[positions] = result.score
             for position, error in zip(positions, result.failures):
@@ -372,27 +314,21 @@ class CrossEncoderAPI:
         return raw, score, errors
 
     def _ce_token_groups(
-        self,
-        spec: CrossEncoderSpec,
-        checked: list[tuple[Text, Text]],
-        text: list[int],
-        errors: list[str | None],
+        self, spec: CrossEncoderSpec, checked: list[tuple[ce.Text, ce.Text]], text: list[int], errors: list
     ) -> list[tuple[list[int], list[list[int]], list[int]]]:
-        """Text pairs as CrossEncoder's token sequences, grouped by their longest common prefix; a sequence
-        that cannot run (empty, over the limit under truncate="error", or longer than a pack) gets an error."""
+        """Text pairs as CrossEncoder's token sequences in common-prefix groups; one that cannot run: an error."""
         truncate = self.scoring.truncate == "longest-first"
         sequences = pair_tokens(spec, self.tokenizer, [checked[i] for i in text], truncate)
-        limits = self.setup.limits
+        limits, limit = self.setup.limits, self.max_length
         fits = limits.max_pack_tokens - (0 if self.setup.packing == "single" else 2)  # MIS: two delimiters
-        if limits.max_positions is not None:
-            fits = min(fits, limits.max_positions)
+        fits = fits if limits.max_positions is None else min(fits, limits.max_positions)
         by_query: dict[str, list[tuple[int, list[int]]]] = {}
         for index, ids in zip(text, sequences):
             if not ids:
                 errors[index] = "pair is empty after tokenization"
-            elif not truncate and self.max_length is not None and len(ids) > self.max_length:
+            elif not truncate and limit is not None and len(ids) > limit:
                 errors[index] = (
-                    f"pair has {len(ids)} tokens, over the model's limit of {self.max_length} (set truncate to "
+                    f"pair has {len(ids)} tokens, over the model's limit of {limit} (set truncate to "
                     "longest-first to cut it as CrossEncoder does)"
                 )
             elif len(ids) > fits:
@@ -402,22 +338,17 @@ class CrossEncoderAPI:
                 )
             else:
                 by_query.setdefault(checked[index][0], []).append((index, ids))
-        groups = []
-        for sequences_of_query in by_query.values():
-            for query_ids, items in prefix_groups(sequences_of_query):
-                groups.append((query_ids, [ids for _, ids in items], [position for position, _ in items]))
-        return groups
+        return [
+            (query_ids, [ids for _, ids in items], [position for position, _ in items])
+            for sequences_of_query in by_query.values()
+            for query_ids, items in ce.prefix_groups(sequences_of_query)
+        ]
 
     def _score_chunked(
-        self,
-        groups: list[tuple[Text, list[Text], list[int]]],
-        batch_size_hint: int | None,
-        on_items: Callable[[int], None] | None,
-        planner: Planner | None,
+        self, groups: list[tuple], batch_size_hint: int | None, on_items: Callable, planner: Planner | None
     ) -> list[GroupResult]:
-        """(query, items, positions) groups planned by planner (None: by score()) and run in runs of whole
-        groups of about batch_size_hint items each (None: all at once)."""
-        if batch_size_hint is not None and not whole(batch_size_hint, 1):
+        """(query, items, positions) groups planned (planner None: by score()), about batch_size_hint at a time."""
+        if batch_size_hint is not None and not ce.whole(batch_size_hint, 1):
             raise ScoringInputError(
                 f"batch_size_hint must be a positive integer or None, got {batch_size_hint!r}"
             )

@@ -10,13 +10,7 @@ from pathlib import Path
 import torch
 
 from score_batch.engine.activation import ResolvedActivation
-from score_batch.engine.ce_arguments import (
-    ce_arguments,
-    ce_engine_config,
-    ce_scoring,
-    ce_spec,
-    check_num_labels,
-)
+from score_batch.engine.ce_arguments import ce_engine_config, ce_scoring, ce_spec, refuse_arguments
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import CrossEncoderAPI
 from score_batch.engine.model.loading import ModelInfo, load_model, load_tokenizer, read_model_info
@@ -41,7 +35,8 @@ class Scorer(CrossEncoderAPI):
 
     Scorer("org/model" or a directory, device="cpu") loads it with its scoring profile applied as the CLI does
     (from_pretrained); keywords named like ScoringConfig's fields override the profile, those named like
-    EngineConfig's (max_pack_tokens, dtype, …) set the engine; CrossEncoder's arguments are accepted too.
+    EngineConfig's (max_pack_tokens, dtype, backend, …) set the engine; the CrossEncoder arguments a scoring
+    user passes are taken (docs/python-api.md), its others refused naming the setting to use.
     """
 
     def __init__(
@@ -53,27 +48,20 @@ class Scorer(CrossEncoderAPI):
         profile: str | None = None,
         max_length: int | None = None,
         activation_fn: Callable | None = None,
-        num_labels: int | None = None,
         trust_remote_code: bool | None = None,
-        model_kwargs: dict | None = None,
-        tokenizer_kwargs: dict | None = None,
-        config_kwargs: dict | None = None,
+        local_files_only: bool | None = None,  # score-batch never downloads
         cache_folder: str | None = None,
         revision: str | None = None,
-        backend: str | None = None,
-        modules=None,
+        model_kwargs: dict | None = None,
         prompts: dict[str, str] | None = None,
         default_prompt_name: str | None = None,
         **overrides,
     ) -> None:
-        model_kwargs, tokenizer_kwargs, _, cache_folder, activation_fn, num_labels = ce_arguments(
-            overrides, model_kwargs, tokenizer_kwargs, config_kwargs, cache_folder, activation_fn,
-            num_labels=num_labels, modules=modules,
-        )  # fmt: skip
+        refuse_arguments(overrides, model_kwargs)
         # CrossEncoder's defaults (longest-first, a LogitScore, its pair tokens) unless an EngineConfig is given:
         # its ScoringConfig then holds the defaults (truncate "error", label tokens for a CausalLM).
         ce_defaults = config is None
-        config = ce_engine_config(config, overrides, device, trust_remote_code, backend, model_kwargs)
+        config = ce_engine_config(config, overrides, device, trust_remote_code, model_kwargs)
         model_dir = resolve_model_dir(model_name_or_path, cache_dir=cache_folder, revision=revision)
         name = hub_id_of(model_dir) or str(model_name_or_path)  # an HF-cache snapshot: its hub id
         info = read_model_info(model_dir, config.trust_remote_code)
@@ -83,11 +71,10 @@ class Scorer(CrossEncoderAPI):
         scoring, logit_score = ce_scoring(scoring, chosen, overrides, ce_defaults, info, activation_fn)
         tokenizer = load_tokenizer(model_dir, config.trust_remote_code)
         spec, config, text = ce_spec(
-            replace(config, scoring=scoring), info, tokenizer, tokenizer_kwargs, logit_score, ce_defaults,
+            replace(config, scoring=scoring), info, tokenizer, logit_score, ce_defaults,
             warn=ce_defaults and chosen is None, max_length=max_length, prompts=prompts,
             default_prompt_name=default_prompt_name,
         )  # fmt: skip
-        check_num_labels(num_labels, info)
         planned = load_planner(
             model_dir, config, prove=True, info=info, tokenizer=tokenizer,
             logit_score=spec.logit_score if logit_score else None,  # CrossEncoder's LogitScore, decided above
@@ -108,7 +95,7 @@ class Scorer(CrossEncoderAPI):
         The profile is the first that applies: `profile` (a built-in name or a JSON file); score_batch.json in
         the model directory; a built-in profile whose `models` name the hub id (an HF-cache snapshot's too) or
         the directory. Keywords named like ScoringConfig's fields (apply_softmax=False, …) override the
-        profile's values, as flags do; None leaves a value to the profile. CrossEncoder's arguments work as in
+        profile's values, as flags do; None leaves a value to the profile. CrossEncoder's arguments are as in
         Scorer(). A config whose `scoring` is not the default ScoringConfig() is taken as given: no profile is
         looked up (overrides apply; `profile` with it is an error). Scorer.load never uses a profile.
         """

@@ -479,31 +479,21 @@ def test_cross_encoder_constructor_arguments_are_accepted(zoo, tmp_path_factory)
         device="cpu",
         max_length=24,
         activation_fn=torch.nn.Identity(),
-        num_labels=1,
         trust_remote_code=False,
         local_files_only=True,
-        token=None,
         revision=None,
         cache_folder=None,
-        backend="torch",
-        model_kwargs={"dtype": torch.float32, "attn_implementation": "eager"},
-        tokenizer_kwargs={"truncation_side": "right"},
-        config_kwargs={"num_labels": 1},
+        model_kwargs={"dtype": torch.float32},
         prompts={},
         default_prompt_name=None,
-        model_card_data=None,
-        keep_in_fp32_modules=None,
     )
     theirs = st.CrossEncoder(
         str(model_dir),
         device="cpu",
         max_length=24,
         activation_fn=torch.nn.Identity(),
-        num_labels=1,
         local_files_only=True,
-        backend="torch",
-        model_kwargs={"dtype": torch.float32, "attn_implementation": "eager"},
-        processor_kwargs={"truncation_side": "right"},
+        model_kwargs={"dtype": torch.float32},
     )
     assert ours.num_labels == theirs.num_labels == 1
     assert ours.max_length == theirs.max_seq_length == 24
@@ -514,12 +504,56 @@ def test_cross_encoder_constructor_arguments_are_accepted(zoo, tmp_path_factory)
     assert ours.tokenizer.model_max_length == theirs.tokenizer.model_max_length
     assert ours.engine_config.dtype == "float32"
     same(ours.predict(LONG_PAIRS), theirs.predict(LONG_PAIRS))
-    old_names = Scorer(str(model_dir), device="cpu", tokenizer_args={}, automodel_args={}, cache_dir=None)
-    assert old_names.max_length == 4096
-    with pytest.raises(SettingError, match="differs from the model's head"):
-        Scorer(str(model_dir), device="cpu", num_labels=3)
     attention = Scorer(str(zoo.get("qwen3", "causal")), device="cpu", backend="sdpa")
     assert attention.setup.backend == "sdpa"  # our attention backends are taken by name
+
+
+@pytest.mark.parametrize(
+    ("given", "use"),
+    [
+        (
+            {"num_labels": 1},
+            "num_labels is not taken: the model's own head is scored (Scorer(..., score_index=",
+        ),
+        ({"config_kwargs": {}}, "config_kwargs is not taken: the model's config.json is used as saved"),
+        ({"processor_kwargs": {}}, "processor_kwargs is not taken: use Scorer(..., max_length=…)"),
+        ({"tokenizer_kwargs": {}}, "tokenizer_kwargs is not taken: use Scorer(..., max_length=…)"),
+        (
+            {"token": None},
+            "token is not taken: score-batch reads a directory or the local Hugging Face cache",
+        ),
+        ({"modules": []}, "modules is not taken: give a model directory"),
+        ({"cache_dir": None}, "cache_dir is not taken: use Scorer(..., cache_folder=…)"),
+        ({"automodel_args": {}}, "automodel_args is not taken: use Scorer(..., model_kwargs={'dtype': …})"),
+        (
+            {"default_activation_function": None},
+            "default_activation_function is not taken: use Scorer(..., activ",
+        ),
+        (
+            {"keep_in_fp32_modules": None},
+            "keep_in_fp32_modules is not taken: use Scorer(..., dtype='float32')",
+        ),
+        ({"model_card_data": None}, "model_card_data is not taken: score-batch writes no model card"),
+        (
+            {"model_kwargs": {"attn_implementation": "eager"}},
+            "model_kwargs['attn_implementation'] is not taken",
+        ),
+        (
+            {"model_kwargs": {"torch_dtype": "float32"}},
+            "model_kwargs['torch_dtype'] is not taken: only its dtype",
+        ),
+    ],
+    ids=str,
+)
+def test_other_cross_encoder_arguments_are_refused_naming_the_setting_to_use(zoo, given, use):
+    with pytest.raises(ScoringInputError) as caught:
+        Scorer(str(zoo.get("bert", "classifier", num_labels=1)), device="cpu", **given)
+    assert str(caught.value).startswith(use) and "\n" not in str(caught.value)
+
+
+def test_cross_encoders_backend_names_are_refused_naming_the_attention_backends(zoo):
+    with pytest.raises(SettingError, match=r"EngineConfig.backend='torch' is not one of auto, "):
+        Scorer(str(zoo.get("bert", "classifier", num_labels=1)), device="cpu", backend="torch")
 
 
 def test_engine_settings_as_keywords_keep_cross_encoders_defaults(causal_dirs):

@@ -6,8 +6,8 @@ CrossEncoder takes its modules from modules.json when config_sentence_transforme
 `read_cross_encoder` says what CrossEncoder would build (CrossEncoderSpec); `pair_tokens` encodes (query,
 document) pairs to the exact token ids CrossEncoder's batch would feed its model:
 
-- the maximum length: the constructor's `max_length` (or `model_max_length` in the tokenizer kwargs or the
-  saved Transformer config), else the tokenizer's `model_max_length` capped at `max_position_embeddings`;
+- the maximum length: the constructor's `max_length` (or `model_max_length` in the saved Transformer
+  config), else the tokenizer's `model_max_length` capped at `max_position_embeddings`;
 - the text: with a `message` modality (a saved modality_config, or the tokenizer's chat template), the
   messages `[{"role": "query", …}, {"role": "document", …}]` rendered by the chat template, cut from the
   right at the maximum length with the template's suffix written back over the last tokens; otherwise the
@@ -95,12 +95,10 @@ def read_cross_encoder(
     model_type: str,
     *,
     max_length: int | None = None,
-    tokenizer_kwargs: dict | None = None,
     prompts: dict | None = None,
     default_prompt_name: str | None = None,
 ) -> CrossEncoderSpec:
-    """Read a model directory as CrossEncoder(model_dir, max_length=…, tokenizer_kwargs=…, prompts=…) would.
-    tokenizer: the directory's tokenizer (read, never changed); architecture, model_type: config.json's."""
+    """Read a model directory as CrossEncoder(model_dir, max_length=…, prompts=…) would (tokenizer: read only)."""
     path = Path(model_dir)
     st_config = json_object(path / "config_sentence_transformers.json")
     modules = saved_modules(path)
@@ -128,9 +126,7 @@ def read_cross_encoder(
     prompts, prompt_name = ce_prompts(st_config if saved else {}, prompts, default_prompt_name)
     return CrossEncoderSpec(
         logit_score=logit_score,
-        max_length=ce_max_length(
-            tokenizer, path, _given_max_length(transformer_config, tokenizer_kwargs, max_length)
-        ),
+        max_length=ce_max_length(tokenizer, path, _given_max_length(transformer_config, max_length)),
         activation=model_activation_fn(path, saved=saved),
         chat=chat,
         text_kwargs=text_kwargs,
@@ -162,18 +158,16 @@ def saved_max_length(model_dir: str | Path) -> int | None:
     modules = saved_modules(model_dir)
     if modules is None:
         return None
-    value = _given_max_length(_saved_modules(Path(model_dir), modules, [])[0], None, None)
+    value = _given_max_length(_saved_modules(Path(model_dir), modules, [])[0], None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _given_max_length(transformer_config: dict, tokenizer_kwargs: dict | None, max_length: int | None):
-    """The model_max_length CrossEncoder's tokenizer is given: max_length, else its processor kwargs' (the
-    caller's tokenizer_kwargs over the saved ones), else the saved max_seq_length."""
+def _given_max_length(transformer_config: dict, max_length: int | None):
+    """The model_max_length CrossEncoder gives its tokenizer: max_length, else the saved processor kwargs'."""
     if max_length is not None:
         return max_length
     saved = transformer_config.get("processor_kwargs") or transformer_config.get("tokenizer_args") or {}
-    kwargs = {**saved, **(tokenizer_kwargs or {})}
-    return kwargs.get("model_max_length", transformer_config.get("max_seq_length"))
+    return saved.get("model_max_length", transformer_config.get("max_seq_length"))
 
 
 def _saved_modules(
