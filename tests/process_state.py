@@ -12,8 +12,16 @@ import sys
 from collections.abc import Iterator
 
 # pytest names the test and phase running; ray.init sets RAY_CLIENT_MODE for the process (later inits read it);
-# torch's inductor sets its cache directory on first use, once per process
-UNCHECKED_ENVIRONMENT = ("PYTEST_CURRENT_TEST", "RAY_CLIENT_MODE", "TORCHINDUCTOR_CACHE_DIR")
+# torch's inductor sets its cache directory on first use, once per process; so do polars (its allocator's
+# _RJEM_MALLOC_CONF) and sentence-transformers (Intel OpenMP's KMP_*) at their first import
+UNCHECKED_ENVIRONMENT = (
+    "PYTEST_CURRENT_TEST",
+    "RAY_CLIENT_MODE",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "_RJEM_MALLOC_CONF",
+    "KMP_INIT_AT_FORK",
+    "KMP_DUPLICATE_LIB_OK",
+)
 
 
 def _handlers() -> dict[int, object]:
