@@ -3,8 +3,9 @@
     python bench/startup.py [--runs 5]
 
 Each figure is the median wall time of --runs fresh processes (min and max beside it): `--version`,
-`--help`, `models`, a one-row run of the bundled demo model (`-o -`), and three floors: a Python that only
-imports torch (the start-up target is measured against it: a one-row run at most 0.5 s above), one that
+`--help`, `score --help` (target: each at most 0.5 s), `models`, a one-row run of the bundled demo model (`-o -`),
+and three floors: a Python that only imports torch (the start-up target is measured against it: a one-row run
+at most 1.0 s above), one that
 imports torch, tokenizers, safetensors and pyarrow (what any scoring run imports), and one that also
 imports transformers' model loading and the demo's model class (what a run through transformers'
 modeling code imports; the demo's Qwen3 runs on the native layers and imports neither). The one-row
@@ -66,6 +67,7 @@ def main() -> None:
         cases = {
             "--version": cli + ["--version"],
             "--help": cli + ["--help"],
+            "score --help": cli + ["score", "--help"],
             "models": cli + ["models"],
             TORCH: [sys.executable, "-c", "import torch"],
             "floor: import torch, tokenizers, pyarrow": [sys.executable, "-c", FLOOR],
@@ -87,7 +89,7 @@ def main() -> None:
     )
     print(
         f"{'one-row run above import torch':42s} {run[0] - torch_only[0]:6.2f} s  (CPU {run[3] - torch_only[3]:.2f} s;"
-        " target: at most 0.5 s)"
+        " target: at most 1.0 s)"
     )
 
 
