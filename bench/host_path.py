@@ -219,8 +219,11 @@ def stage_timers(totals: dict[str, float]):
     """Wrap the job's host steps with timers that add (wall seconds, the calling thread's CPU seconds) into totals
     (all threads): a step's CPU is its own work, its wall time also its waits for the GIL and the cores."""
     from score_batch.engine.plan import planner as planner_module
-    from score_batch.io_formats import digest, jsonl, readers
-    from score_batch.job import contract, local, scoring, sinks
+    from score_batch.io_formats import jsonl, readers
+    from score_batch.job.checkpoint import input_digest as digest
+    from score_batch.job.outputs import sinks
+    from score_batch.job.preflight import contract
+    from score_batch.job.runners import local, scoring
 
     patched = []
 

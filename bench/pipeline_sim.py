@@ -7,11 +7,12 @@ does, so a 2-core machine shows whether the host keeps the device busy.
 The goal shape: 1,500-token queries with 100 items of 40 tokens (one ~5,601-token pack per query), 64 queries,
 Parquet in and out, pooled vectors off and on (a 1,024-wide model). The device takes 16.6 ms per 5,601 tokens
 (the H200's forward at the goal shape) times --scale, each batch after the one before it; a launch returns at
-once and reading a batch's outputs waits for it. Printed per run: the CLI's items/s (score_batch.job.run in this
-process: items / seconds_scoring, the publish included) against the stand-in's forward alone on the same plan
-(the batches the run launched, replayed back to back), for this code ("overlap") and with the windows scored in
-turn ("in turn": job/window_runs without overlap, the prefetch workers still on, as before the overlap); the
-ratio's median and range over the repeats, with the load average beside them. Target: overlap ≥ 0.95.
+once and reading a batch's outputs waits for it. Printed per run: the CLI's items/s (score_batch.job.run in
+this process: items / seconds_scoring, the publish included) against the stand-in's forward alone on the same
+plan (the batches the run launched, replayed back to back), for this code ("overlap") and with the windows
+scored in turn ("in turn": job/runners/window_runs without overlap, the prefetch workers still on, as before
+the overlap); the ratio's median and range over the repeats, with the load average beside them. Target:
+overlap ≥ 0.95.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from bench.host_path import one_layer_classifier, write_input  # noqa: E402
 from score_batch.engine import EngineConfig, ScoringConfig  # noqa: E402
 from score_batch.engine.run import packed_runner  # noqa: E402
 from score_batch.io_formats.schema import ColumnOverrides  # noqa: E402
-from score_batch.job import RunConfig, local, run  # noqa: E402
-from score_batch.job.phase import ScoringPhase  # noqa: E402
+from score_batch.job import RunConfig, run  # noqa: E402
+from score_batch.job.runners import local  # noqa: E402
+from score_batch.job.runners.phase import ScoringPhase  # noqa: E402
 from score_batch.machine import tune_gc, tune_malloc  # noqa: E402
 from tests.tiny_models import build_model, build_tokenizer  # noqa: E402
 
@@ -140,7 +142,7 @@ def phase_start(times: dict[str, float]):
 
 @contextlib.contextmanager
 def in_turn():
-    """job/window_runs without overlap (each window scored and written before the next starts; bench only)."""
+    """job/runners/window_runs without overlap (each window scored and written before the next; bench only)."""
     original = local.WindowRuns
 
     class InTurn(original):

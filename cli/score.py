@@ -43,7 +43,7 @@ RUN_BATCH_HELP = (
     "      --model BAAI/bge-reranker-base"
 )
 # SCORE_BATCH_* names that are no option but are read by the GPU check's tests and bench (bench/gpu_check.sh),
-# and the model file digests' cache (engine/model/digest.CACHE_VARIABLE).
+# and the model file digests' cache (job/checkpoint/model_digest.CACHE_VARIABLE).
 TOOLING_VARIABLES = ("SCORE_BATCH_NO_FA3", "SCORE_BATCH_REQUIRE_GPU", "SCORE_BATCH_CACHE_DIR")
 
 

@@ -2,7 +2,7 @@
 
 Request lines in (`custom_id`, `method`, `url`, `body`), response lines out (`id`, `custom_id`,
 `response`, `error`). This module only parses requests into queries and items and builds response
-records from scores; it never imports engine/ (job/batch_file_run.py runs the scoring). The mapping
+records from scores; it never imports engine/ (job/runners/batch_file_run.py runs the scoring). The mapping
 and what is not supported are in docs/openai-batch.md.
 """
 

@@ -1,4 +1,5 @@
-"""The names of the columns score-batch writes, declared once (job/contract.py owns their types and order)."""
+"""The names of the columns score-batch writes, declared once (job/preflight/contract.py owns their types and
+order)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 SCAN_BATCH_ROWS = 65_536
 JOIN_MEMORY = "1GB"  # DuckDB's memory limit for the join; past it, it spills to disk
 JSON_BLOCK_BYTES = 1 << 22  # the streaming JSON reader's block: a few MB of lines at a time
-# A Parquet output's record of what wrote it (job/completion).
+# A Parquet output's record of what wrote it (job/checkpoint/completion).
 COMPLETION_RECORD = b"score_batch.completion_record"
 COMPLETE = "complete"  # the joined stream's flag: the earlier row holds every value this run writes
 

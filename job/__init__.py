@@ -14,10 +14,10 @@ from typing import Literal, NamedTuple
 
 from score_batch.io_formats.listing import FileFormat
 from score_batch.io_formats.readers import input_format, open_source
-from score_batch.job.contract import check_kept_columns
-from score_batch.job.identity import RunIdentity
-from score_batch.job.paths import OutputLock, check_report_path
+from score_batch.job.checkpoint.identity import RunIdentity
 from score_batch.job.policy import enforce_failed_rate, remove_leftovers, warn_failed_items
+from score_batch.job.preflight.contract import check_kept_columns
+from score_batch.job.preflight.paths import OutputLock, check_report_path
 from score_batch.job.report import RunReport, report_failure, settings_of, versions
 from score_batch.job.run_config import RayOptions, RunConfig
 from score_batch.machine import available_cpus
@@ -79,7 +79,8 @@ def _run_phases(config: RunConfig, report: RunReport):
     try:
         kind, preflight, score = _resolve(config, source)
         checked = preflight(config, source)
-        # The run's identity (job/identity): the model's content is read here, where a stop ends it at once.
+        # The run's identity (job/checkpoint/identity): the model's content is read here, where a stop ends it
+        # at once.
         if kind != "batch-file":
             checked = dataclasses.replace(checked, identity=RunIdentity.of(config))
         with OutputLock(checked.paths.lock) if checked.paths.lock is not None else contextlib.nullcontext():
@@ -95,15 +96,16 @@ def _run_phases(config: RunConfig, report: RunReport):
 def _resolve(config: RunConfig, source) -> Runner:
     """The runner the config and the input name: an OpenAI-style batch file, Ray, or a local table run."""
     if input_format(source, config.input_format) == FileFormat.OPENAI_BATCH:  # stdin: sniffed on its spool
-        from score_batch.job.batch_file_run import batch_preflight, run_batch_file  # that command's only
+        # that command's only
+        from score_batch.job.runners.batch_file_run import batch_preflight, run_batch_file
 
         return Runner("batch-file", batch_preflight, run_batch_file)
     if config.ray is not None:
-        from score_batch.job.ray_run import check_ray_preflight, run_ray
+        from score_batch.job.runners.ray_run import check_ray_preflight, run_ray
 
         return Runner("ray", check_ray_preflight, run_ray)
-    from score_batch.job.local import run_local
-    from score_batch.job.policy import preflight
+    from score_batch.job.preflight.checks import preflight
+    from score_batch.job.runners.local import run_local
 
     return Runner("local", preflight, run_local)
 
@@ -115,7 +117,7 @@ def _already_complete(config: RunConfig, checked, report: RunReport) -> bool:
         return False
     record = completion.check_rerun(config, checked.source, checked.identity)
     report.already_complete = True
-    report.items_failed, report.items = record.get("failed", (0, 0))  # its shape: job/record_check
+    report.items_failed, report.items = record.get("failed", (0, 0))  # its shape: job/checkpoint/record_check
     enforce_failed_rate(report, config)  # a retry of a run over --max-failed-rate fails again
     log.info("%s is already complete (same model, settings and input); nothing to do", config.output)
     return True

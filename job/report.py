@@ -15,7 +15,7 @@ from pathlib import Path
 from score_batch import __version__
 from score_batch.errors import exit_code
 from score_batch.io_formats.writers import durable_replace, exclusive_temp
-from score_batch.job.identity import package_versions
+from score_batch.job.checkpoint.identity import package_versions
 from score_batch.machine import device_name, seconds_since_start
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ def report_failure(
     alone (with a warning), so the original error stands."""
     if not report:
         return
-    from score_batch.job.paths import check_report_file
+    from score_batch.job.preflight.paths import check_report_file
 
     try:
         check_report_file(report, replaceable=overwrite or resume)

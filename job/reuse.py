@@ -1,9 +1,9 @@
 """--reuse: the score key every output row carries, and earlier outputs' scores joined to this run's pairs.
 
 A pair's score key is a 128-bit BLAKE2b digest of its query and item (text or token ids, as read), keyed with
-the run identity's score key (job/identity.RunIdentity.score_key: the model's content, every engine setting
-that can change a score, the engine as resolved on the scoring machine, the versions of score-batch, torch,
-transformers, tokenizers and flashinfer). Equal keys mean the same pair scored the same way.
+the run identity's score key (job/checkpoint/identity.RunIdentity.score_key: the model's content, every engine
+setting that can change a score, the engine as resolved on the scoring machine, the versions of score-batch,
+torch, transformers, tokenizers and flashinfer). Equal keys mean the same pair scored the same way.
 
 The join is streamed and bounded in memory: this run's keys go to a temporary Parquet file in one pass over
 the input, and DuckDB joins them to the earlier outputs, scanned in record batches (io_formats/earlier,
@@ -34,7 +34,7 @@ from score_batch.io_formats.columns import CHUNKS, ERROR, POOLED, ROW_INDEX, SCO
 from score_batch.io_formats.earlier import complete_rows, join_earlier, missing_columns, open_earlier
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import Window
-from score_batch.job.paths import process_gone
+from score_batch.job.preflight.paths import process_gone
 from score_batch.job.run_config import RunConfig
 from score_batch.job.windows import pair_keys
 from score_batch.machine import available_cpus

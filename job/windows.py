@@ -24,7 +24,6 @@ from score_batch.io_formats.columns import (
     SCORE_KEY,
     SCORES,
 )
-from score_batch.io_formats.digest import query_digest
 from score_batch.io_formats.window import (
     Window,
     appearance_codes,
@@ -33,7 +32,8 @@ from score_batch.io_formats.window import (
     python,
     token_key,
 )
-from score_batch.job.contract import OutputContract
+from score_batch.job.checkpoint.input_digest import query_digest
+from score_batch.job.preflight.contract import OutputContract
 
 
 @dataclass
@@ -218,8 +218,8 @@ def output_columns(
 
 def generated_ids(window: Window) -> pa.Array:
     """[rows] int64 the query_id of an input without id columns: the first 63 bits (big-endian) of the query's
-    SHA-256 (io_formats/digest.query_digest), the same for the same query in any run and any input order;
-    null for a row without a query."""
+    SHA-256 (job/checkpoint/input_digest.query_digest), the same for the same query in any run and any input
+    order; null for a row without a query."""
     codes = window.query_codes  # [rows]
     used = np.unique(codes[codes >= 0])  # [distinct queries of the window]
     digests = [int.from_bytes(query_digest(window.query_values[c])[:8], "big") >> 1 for c in used.tolist()]
@@ -249,9 +249,9 @@ def _ids(query_id: Any, item_id: Any) -> str:
 
 def pair_keys(window: Window, score_key: bytes) -> list[str | None]:
     """[items] each pair's score key (hex), None for an item of a row that cannot be read: the 128-bit BLAKE2b,
-    keyed with score_key (the run identity's, job/identity), of the query's digest (io_formats/digest's
-    query_digest, once per distinct query) then the item (text as UTF-8 behind a tag byte, token ids as
-    JSON)."""
+    keyed with score_key (the run identity's, job/checkpoint/identity), of the query's digest
+    (job/checkpoint/input_digest's query_digest, once per distinct query) then the item (text as UTF-8 behind
+    a tag byte, token ids as JSON)."""
     states: dict[int, Any] = {}
     codes = np.where(readable_rows(window), window.query_codes, -1)  # [rows]
     keys: list[str | None] = []

@@ -60,8 +60,8 @@ def compiling():
 
 @pytest.fixture(scope="session", autouse=True)
 def digest_cache(tmp_path_factory) -> Path:
-    """Model file digests (engine/model/digest) are cached in the session's temp dir, not the user's home;
-    the commands the tests start inherit it."""
+    """Model file digests (job/checkpoint/model_digest) are cached in the session's temp dir, not the user's
+    home; the commands the tests start inherit it."""
     path = tmp_path_factory.mktemp("digest-cache")
     os.environ["SCORE_BATCH_CACHE_DIR"] = str(path)
     return path

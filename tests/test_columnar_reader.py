@@ -344,7 +344,7 @@ def test_windows_concatenate_and_slice_back_to_the_same_rows():
 def test_window_digest_hashes_the_rows_own_queries(tmp_path, monkeypatch):
     """A row group's batch holds all its queries and its windows are slices of it: each window's digest hashes
     the queries of its own rows only (once each), and equals the record path's window of the same rows."""
-    from score_batch.io_formats import digest as digest_module
+    from score_batch.job.checkpoint import input_digest as digest_module
 
     rng = random.Random(5)
     queries = [rng.choice([f"query {k}" for k in range(40)] + [None]) for _ in range(3000)]

@@ -10,7 +10,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from score_batch.job.completion import METADATA_KEY, RECORD_KEY
+from score_batch.job.checkpoint.completion import METADATA_KEY, RECORD_KEY
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows
 

@@ -102,7 +102,7 @@ def test_leftover_temporary_files_are_removed_by_the_next_run(job):
 def test_sigterm_during_the_merge_exits_143_and_resume_finishes(job, monkeypatch):
     base, reference, tmp_path = job
     out = tmp_path / "out.parquet"
-    from score_batch.io_formats.parts import PartStore
+    from score_batch.job.checkpoint.parts import PartStore
 
     original = PartStore.read
     calls = []
@@ -127,7 +127,7 @@ def test_sigterm_during_the_merge_exits_143_and_resume_finishes(job, monkeypatch
 def test_disk_full_exits_3_with_one_line_and_resume_works_after(job, monkeypatch):
     base, reference, tmp_path = job
     out = tmp_path / "out.parquet"
-    from score_batch.io_formats import parts as parts_module
+    from score_batch.job.checkpoint import parts as parts_module
 
     original = parts_module.pq.write_table
     written = []
@@ -231,7 +231,7 @@ def test_pipeline_off_gives_the_same_output_and_errors(job, qwen3_causal, tmp_pa
 
 
 def test_resume_refuses_checkpoints_beyond_a_shorter_input(qwen3_causal, tmp_path, monkeypatch):
-    from score_batch.io_formats.parts import PartStore
+    from score_batch.job.checkpoint.parts import PartStore
 
     rows = "".join(json.dumps(row) + "\n" for row in many_rows(10, 6))
     out = tmp_path / "out.parquet"
@@ -287,7 +287,7 @@ def test_abandoned_empty_lock_is_taken_over_and_outputs_are_world_readable(qwen3
 def test_ray_style_overwrite_never_deletes_a_directory_it_did_not_write(tmp_path):
     from score_batch.engine import EngineConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.policy import check_destination
+    from score_batch.job.preflight.checks import check_destination
     from score_batch.job.run_config import RayOptions, RunConfig
 
     precious = tmp_path / "projects"

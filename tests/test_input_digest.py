@@ -1,6 +1,6 @@
-"""The input digest (io_formats/digest): columns hashed as bytes where they allow (numbers, text), JSON
-otherwise; Arrow-backed and Python-backed columns of the same values digest alike, however the input is cut
-into windows, and no two different inputs share a digest through the encoding."""
+"""The input digest (job/checkpoint/input_digest): columns hashed as bytes where they allow (numbers, text),
+JSON otherwise; Arrow-backed and Python-backed columns of the same values digest alike, however the input is
+cut into windows, and no two different inputs share a digest through the encoding."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import decimal
 import pyarrow as pa
 import pytest
 
-from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.rows import InputRow
 from score_batch.io_formats.window import from_rows
+from score_batch.job.checkpoint.input_digest import InputDigest
 
 KEPT = {  # a kept column's Python values and an Arrow type that holds them
     "i32": (pa.int32(), [1, None, -7, 2**31 - 1, 0, 5]),

@@ -275,9 +275,9 @@ def test_window_digest_sees_every_field_and_the_input_digest_ignores_the_windows
     import datetime
     import decimal
 
-    from score_batch.io_formats.digest import InputDigest
     from score_batch.io_formats.rows import InputRow
     from score_batch.io_formats.window import from_rows
+    from score_batch.job.checkpoint.input_digest import InputDigest
     from tests.test_columnar_reader import as_rows
 
     long_query = "q" * 5000

@@ -85,7 +85,7 @@ def test_a_column_json_lines_cannot_hold_is_refused_before_scoring():
     """Checked in preflight, naming the column (Parquet inputs cannot hold one; an Arrow type can)."""
     from score_batch.io_formats.errors import InputError
     from score_batch.io_formats.schema import ColumnMapping
-    from score_batch.job.contract import check_jsonl_columns
+    from score_batch.job.preflight.contract import check_jsonl_columns
 
     mapping = ColumnMapping("long", "q", "i", None, None, ("span",))
     types = {"q": pa.string(), "i": pa.string(), "span": pa.month_day_nano_interval()}

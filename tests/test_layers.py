@@ -149,6 +149,38 @@ def test_engine_rooms_import_only_rooms_below():
     assert engine_climbs(edges) == []
 
 
+# job/'s rooms, bottom first: each imports only rooms below it (and itself); the top is run(config), job/__init__.py.
+JOB_ROOMS = (
+    *("run_config", "score_stats", "checkpoint", "preflight", "report", "windows", "outputs", "policy"),
+    *("reuse", "runners", ""),
+)
+
+
+def job_room(module: str) -> str | None:
+    """The room of a job module (score_batch.job.checkpoint.identity → checkpoint); None outside job/."""
+    if not (module == "score_batch.job" or module.startswith("score_batch.job.")):
+        return None
+    return module.removeprefix("score_batch.job").lstrip(".").split(".")[0]
+
+
+def job_climbs(edges: dict[str, set[str]]) -> list[str]:
+    """Imports from a job room to a room above it, as 'importer → imported'."""
+    wrong = []
+    for importer, targets in edges.items():
+        room = job_room(importer)
+        for target in targets:
+            other = job_room(target)
+            if room is not None and other is not None and JOB_ROOMS.index(other) > JOB_ROOMS.index(room):
+                wrong.append(f"{importer} → {target}")
+    return sorted(wrong)
+
+
+def test_job_rooms_import_only_rooms_below():
+    edges = graph()
+    assert {job_room(m) for m in edges} - {None} == set(JOB_ROOMS)  # every module is in a named room
+    assert job_climbs(edges) == []
+
+
 def test_no_layer_imports_upward():
     assert upward_imports(graph()) == []
 
@@ -160,5 +192,5 @@ def test_no_import_cycles():
 def test_the_graph_sees_the_layers():
     edges = graph()
     assert "score_batch.engine.model.setup" in edges["score_batch.engine.scorer"]
-    assert "score_batch.engine.scorer" in edges["score_batch.job.phase"]
+    assert "score_batch.engine.scorer" in edges["score_batch.job.runners.phase"]
     assert "score_batch.choices" in edges["score_batch.cli.options"]

@@ -10,8 +10,8 @@ import pytest
 
 from score_batch.io_formats.readers import open_source, read_windows
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.report import RunReport
+from score_batch.job.runners.phase import ScoredWindow, ScoringPhase
 from score_batch.job.windows import empty_counts
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_phase import RecordingSink, config
@@ -84,7 +84,7 @@ def test_empty_queries_and_items_are_counted_from_the_rows_read(tmp_path):
 
 def test_empty_queries_and_items_are_scored_and_warned_about_with_their_count(caplog):
     report = RunReport()
-    with caplog.at_level(logging.WARNING, logger="score_batch.job.phase"):
+    with caplog.at_level(logging.WARNING, logger="score_batch.job.runners.phase"):
         with ScoringPhase(config(), report, RecordingSink()) as phase:
             phase.add(ScoredWindow(4, 4, 0, empty_queries=1, empty_items=2))
             phase.add(ScoredWindow(3, 3, 0, empty_items=1))

@@ -1,4 +1,4 @@
-"""A model's identity by content (engine/model/digest, engine/model/source.model_identity): cached by each
+"""A model's identity by content (job/checkpoint/model_digest.model_identity): cached by each
 file's device, inode, size, mtime and ctime, so a file rewritten with its size and time restored is read again."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from score_batch.engine.model import digest as model_digest
-from score_batch.engine.model.source import model_identity
+from score_batch.job.checkpoint import model_digest
+from score_batch.job.checkpoint.model_digest import model_identity
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def test_the_version_in_every_identity_is_the_checkouts_and_an_older_ones_parts_
     import score_batch
     from score_batch.engine.config import EngineConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.identity import RunIdentity, software
+    from score_batch.job.checkpoint.identity import RunIdentity, software
     from score_batch.job.run_config import RunConfig
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()

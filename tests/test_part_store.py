@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats.locations import Location
-from score_batch.io_formats.parts import PartStore
+from score_batch.job.checkpoint.parts import PartStore
 
 
 def pooled_table(rows: int, dim: int, dtype, nulls: bool) -> pa.Table:

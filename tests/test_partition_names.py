@@ -1,6 +1,6 @@
-"""--partition-by values too long for a directory name (job/contract.PartitionNames): exit 2 naming the column,
-the value's start, its encoded length and the limit, before the window is scored (--dry-run the same); a value
-at the limit writes, as the filesystem itself takes it."""
+"""--partition-by values too long for a directory name (job/preflight/contract.PartitionNames): exit 2 naming
+the column, the value's start, its encoded length and the limit, before the window is scored (--dry-run the
+same); a value at the limit writes, as the filesystem itself takes it."""
 
 from __future__ import annotations
 

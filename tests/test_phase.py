@@ -1,4 +1,5 @@
-"""The scoring phase every runner shares (job/phase.py): the report from scored windows, signals, the sink."""
+"""The scoring phase every runner shares (job/runners/phase.py): the report from scored windows, signals, the
+sink."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 
 from score_batch.engine import EngineConfig
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.report import RunReport
 from score_batch.job.run_config import RunConfig
+from score_batch.job.runners.phase import ScoredWindow, ScoringPhase
 from score_batch.signals import Stopped
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 from tests.test_job import many_rows

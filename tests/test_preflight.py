@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def no_model_load(monkeypatch):
     """Any model or tokenizer load fails the test: preflight must refuse before one."""
     import score_batch.engine.scorer as scorer
-    import score_batch.job.phase as phase
+    import score_batch.job.runners.phase as phase
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before preflight refused the run")
@@ -176,7 +176,7 @@ def test_report_failure_writes_the_report_of_a_run_that_never_started(tmp_path):
 
 
 def test_sigterm_during_model_load_exits_143_with_the_report(qwen3_causal, tmp_path, monkeypatch):
-    import score_batch.job.phase as phase
+    import score_batch.job.runners.phase as phase
 
     loaded = phase.Scorer.load
 
@@ -211,7 +211,7 @@ def test_resume_on_a_completed_output_exits_0_and_changes_nothing(qwen3_causal, 
     }
     listing = sorted(p.name for p in tmp_path.iterdir())
 
-    import score_batch.job.local as local
+    import score_batch.job.runners.local as local
 
     monkeypatch.setattr(local, "load_engine", lambda *a: pytest.fail("a complete output loads no model"))
     # Window rows, the batch budget and prefetch leave scores within the invariance bound: still complete.
@@ -319,7 +319,7 @@ def test_non_finite_item_scores_from_the_engine_are_row_errors():
     from score_batch.io_formats.readers import InputRow
     from score_batch.io_formats.schema import ColumnMapping
     from score_batch.io_formats.window import from_rows
-    from score_batch.job.contract import OutputContract
+    from score_batch.job.preflight.contract import OutputContract
     from score_batch.job.windows import group_window, output_columns
 
     rows = from_rows([InputRow(0, "query", ["a", "b"], "q1", ["i1", "i2"])], True, ())
@@ -365,8 +365,8 @@ def test_a_completed_output_of_an_older_input_digest_is_named_so_on_a_rerun(qwen
     import pyarrow.parquet as pq
 
     from score_batch.io_formats.writers import ROWS_KEY
-    from score_batch.job.completion import METADATA_KEY, RECORD_KEY
-    from score_batch.job.identity import RunIdentity
+    from score_batch.job.checkpoint.completion import METADATA_KEY, RECORD_KEY
+    from score_batch.job.checkpoint.identity import RunIdentity
 
     data = write_jsonl(tmp_path / "in.jsonl", many_rows(4, 3))
     out = tmp_path / "o.parquet"

@@ -13,8 +13,8 @@ import pytest
 
 from score_batch.io_formats.readers import InputRow
 from score_batch.io_formats.window import from_rows
-from score_batch.job.contract import ERROR, QUERY_KEY, OutputContract
-from score_batch.job.query_ranking import rank_parts
+from score_batch.job.outputs.query_ranking import rank_parts
+from score_batch.job.preflight.contract import ERROR, QUERY_KEY, OutputContract
 from score_batch.job.windows import row_query_keys
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 

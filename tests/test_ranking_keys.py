@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats.columns import ERROR, QUERY_KEY
-from score_batch.job.contract import OutputContract
-from score_batch.job.query_ranking import rank_parts
+from score_batch.job.outputs.query_ranking import rank_parts
+from score_batch.job.preflight.contract import OutputContract
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 ITEMS = [" to", " the flag of", " Japan", " the", " a city", " over there", " here"]

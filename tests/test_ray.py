@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 # workers by value (cloudpickle).
 FAULT_ONCE = """
 import os, sys
-import score_batch.job.ray_run as ray_run
+import score_batch.job.runners.ray_run as ray_run
 from score_batch.cli.main import run
 
 
@@ -318,7 +318,7 @@ def test_ray_actor_copies_pairs_it_wrote_in_earlier_batches(qwen3_causal, tmp_pa
 # A score-batch command whose Ray actors note the schema of every batch they get (in the directory argv[1]).
 SCHEMAS = """
 import os, sys, uuid
-import score_batch.job.ray_run as ray_run
+import score_batch.job.runners.ray_run as ray_run
 from score_batch.cli.main import run
 
 
@@ -425,7 +425,7 @@ def test_a_window_as_the_inputs_arrow_columns_reads_back_as_the_same_window(tmp_
         table_window,
     )
     from score_batch.io_formats.window import python, window_table
-    from score_batch.job.ray_run import _text_type
+    from score_batch.job.runners.ray_run import _text_type
 
     for path, overrides in _hostile_inputs(tmp_path):
         source = open_source(str(path))

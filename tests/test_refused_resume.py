@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def stopped_after(parts: int, monkeypatch, *args) -> None:
     """Run the command in-process and stop it (SIGTERM) once it has checkpointed `parts` parts (--no-pipeline:
     parts written in turn on the main thread, so none is written after the stop; not in the run's identity)."""
-    from score_batch.io_formats.parts import PartStore
+    from score_batch.job.checkpoint.parts import PartStore
 
     original, written = PartStore.write, []
 
@@ -103,13 +103,13 @@ def test_a_changed_model_is_refused_and_the_parts_stay(stopped):
 
 def test_another_version_is_refused_and_the_parts_stay(stopped, monkeypatch):
     base, out, *_ = stopped
-    monkeypatch.setattr(sys.modules["score_batch.job.identity"], "__version__", "0.0.0+other")
+    monkeypatch.setattr(sys.modules["score_batch.job.checkpoint.identity"], "__version__", "0.0.0+other")
     refused = run_cli(*base, "-o", out, "--resume")
     refused_then_resumed(stopped, refused, "score-batch", monkeypatch)
 
 
 def test_another_input_digest_version_is_refused_and_the_parts_stay(stopped, monkeypatch):
-    from score_batch.io_formats.digest import InputDigest
+    from score_batch.job.checkpoint.input_digest import InputDigest
 
     base, out, *_ = stopped
     monkeypatch.setattr(InputDigest, "VERSION", b"input-digest-0")

@@ -10,8 +10,8 @@ import pytest
 from score_batch.io_formats.columns import DUPLICATES, REUSE_INCOMPLETE, REUSED_FLAG
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.schema import ColumnMapping
-from score_batch.job import local, ray_run
-from score_batch.job.contract import OutputContract, check_kept_columns
+from score_batch.job.preflight.contract import OutputContract, check_kept_columns
+from score_batch.job.runners import local, ray_run
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 ALL_WRITTEN = OutputContract.written_columns(ranked=True, pooled=True)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats.columns import ERROR
-from score_batch.job.completion import RECORD_KEY
+from score_batch.job.checkpoint.completion import RECORD_KEY
 from tests.test_cli import LABEL_FLAGS, REPO, run_cli, write_jsonl
 from tests.test_job import many_rows
 from tests.test_refused_resume import stopped_after
@@ -20,7 +20,7 @@ from tests.test_refused_resume import stopped_after
 pytestmark = pytest.mark.slow
 KILLED_IN_THE_MERGE = """
 import os, signal, sys
-from score_batch.io_formats.parts import PartStore
+from score_batch.job.checkpoint.parts import PartStore
 PartStore.read = lambda self, window: os.kill(os.getpid(), signal.SIGKILL)  # the merge's first part read
 from score_batch.cli.main import run
 sys.argv = ["score-batch", *sys.argv[1:]]

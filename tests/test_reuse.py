@@ -360,7 +360,7 @@ def test_python_api_and_stdout(qwen3_causal, tmp_path):
 
 
 def test_reuse_refusals_are_one_line(qwen3_causal, tmp_path, monkeypatch):
-    import score_batch.job.local as local
+    import score_batch.job.runners.local as local
 
     base, yesterday, today, _ = nightly(tmp_path, qwen3_causal)
     monkeypatch.setattr(local, "load_engine", lambda *a, **k: pytest.fail("preflight loads no model"))
@@ -545,7 +545,7 @@ def test_chunk_settings_without_truncate_chunk_change_no_identity(tmp_path):
 
     from score_batch.engine.config import EngineConfig, ScoringConfig
     from score_batch.io_formats.schema import ColumnOverrides
-    from score_batch.job.identity import RunIdentity
+    from score_batch.job.checkpoint.identity import RunIdentity
     from score_batch.job.run_config import RunConfig
 
     model = tmp_path / "model"

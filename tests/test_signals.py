@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 
 from score_batch.io_formats.writers import CHECK_ROWS, SUCCESS, write_partitioned
-from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.report import RunReport
+from score_batch.job.runners.phase import ScoredWindow, ScoringPhase
 from score_batch.signals import Stopped, StopSignals
 from tests.test_cli import REPO, run_cli, write_jsonl
 from tests.test_phase import RecordingSink, config
@@ -290,8 +290,8 @@ from pathlib import Path
 from score_batch import job
 from score_batch.engine import EngineConfig, ScoringConfig
 from score_batch.io_formats.schema import ColumnOverrides
-from score_batch.job import local
-from score_batch.job.prefetch import Prefetch
+from score_batch.job.runners import local
+from score_batch.job.runners.prefetch import Prefetch
 from score_batch.job.run_config import RunConfig
 from score_batch.signals import Stopped
 

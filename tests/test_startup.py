@@ -76,7 +76,7 @@ def test_a_demo_run_does_not_load_the_batch_file_command(tmp_path):
         if line.startswith("import time:") and "|" in line
     }
     assert "torch" in modules and "tokenizers" in modules  # the import log was read
-    assert "score_batch.job.batch_file_run" not in modules
+    assert "score_batch.job.runners.batch_file_run" not in modules
 
 
 def _fresh(code: str) -> str:

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from score_batch.io_formats.cuts import LONGEST_WINDOW
-from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.readers import open_source, read_windows
 from score_batch.io_formats.schema import ColumnOverrides
+from score_batch.job.checkpoint.input_digest import InputDigest
 from tests.test_columnar_reader import assert_cut_at_groups
 
 

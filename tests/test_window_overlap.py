@@ -1,6 +1,6 @@
-"""Windows scored one behind another (job/window_runs): the next window's first batch is launched before the
-last one's part is written, and the output, pooled vectors and report counts are those of windows scored in
-turn (--no-pipeline), bit for bit, repeats of a window still in flight copied as in turn."""
+"""Windows scored one behind another (job/runners/window_runs): the next window's first batch is launched
+before the last one's part is written, and the output, pooled vectors and report counts are those of windows
+scored in turn (--no-pipeline), bit for bit, repeats of a window still in flight copied as in turn."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import json
 import pyarrow.parquet as pq
 
 from score_batch.engine.run import packed_runner
-from score_batch.io_formats import parts
-from score_batch.job import window_runs
+from score_batch.job.checkpoint import parts
+from score_batch.job.runners import window_runs
 from tests.test_cli import LABEL_FLAGS, run_cli, write_jsonl
 
 COUNTS = ("items", "items_scored", "items_failed", "duplicates", "packed_tokens", "batches", "rows_written")

@@ -1,8 +1,8 @@
 """Rankings of scored items (pure; no torch): rank 1 = highest score, ties by input order, failed items unranked.
 
 One rule, in ranked_order, for the Python API (`ranks`, `top_k_order`) and the job layer (its rankings and top-k
-over whole queries, job/query_ranking), so both order items the same way. A failed item has the score None or
-NaN: it gets no rank and is never in a top-k.
+over whole queries, job/outputs/query_ranking), so both order items the same way. A failed item has the score
+None or NaN: it gets no rank and is never in a top-k.
 """
 
 from __future__ import annotations

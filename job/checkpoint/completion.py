@@ -1,10 +1,10 @@
 """Idempotent reruns: what a finished output records about what produced it and what it published.
 
-The record (the run's identity, job/identity, with the input's content digest) sits in a Parquet output's
-schema metadata, beside its row count in the footer (another tool's rewrite drops it); a --resume run writing
-JSONL or a --partition-by dataset writes it to OUTPUT.done with the output's size and modification time (a
-dataset: every file's; trusted only with `_SUCCESS`). A --resume rerun reads the input again (no model) and
-exits 0 "already complete" when the records match and the output is unchanged; else it is refused.
+The record (the run's identity, job/checkpoint/identity, with the input's content digest) sits in a Parquet
+output's schema metadata, beside its row count in the footer (another tool's rewrite drops it); a --resume run
+writing JSONL or a --partition-by dataset writes it to OUTPUT.done with the output's size and modification
+time (a dataset: every file's; trusted only with `_SUCCESS`). A --resume rerun reads the input again (no
+model) and exits 0 "already complete" when the records match and the output is unchanged; else it is refused.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.writers import ROWS_KEY, SUCCESS, output_format
-from score_batch.job.identity import FINGERPRINTED, RunIdentity
-from score_batch.job.record_check import check_fingerprint, check_record, check_sidecar, parsed
+from score_batch.job.checkpoint.identity import FINGERPRINTED, RunIdentity
+from score_batch.job.checkpoint.input_digest import InputDigest
+from score_batch.job.checkpoint.record_check import check_fingerprint, check_record, check_sidecar, parsed
 from score_batch.job.run_config import RunConfig
 
 METADATA_KEY = b"score_batch.completion"
@@ -31,7 +31,8 @@ SIDECAR = ".done"  # JSONL and dataset outputs: OUTPUT.done
 
 
 def input_digest(config: RunConfig, source: InputSource) -> str:
-    """Read the whole input (no model) and digest its rows the way a run does (io_formats/digest.InputDigest)."""
+    """Read the whole input (no model) and digest its rows the way a run does
+    (job/checkpoint/input_digest.InputDigest)."""
     _, windows = read_windows(source, config.columns, config.window_rows)
     content = InputDigest()
     for window in windows:

@@ -13,8 +13,8 @@ import json
 from typing import TYPE_CHECKING
 
 from score_batch import __version__
-from score_batch.engine.model.source import model_identity
-from score_batch.io_formats.digest import InputDigest
+from score_batch.job.checkpoint.input_digest import InputDigest
+from score_batch.job.checkpoint.model_digest import model_identity
 from score_batch.machine import device_name
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class RunIdentity:
 
     @classmethod
     def of(cls, config: RunConfig) -> RunIdentity:
-        """A run's identity (the model's files are digested once, then cached: engine/model/digest)."""
+        """A run's identity (the model's files are digested once, then cached: model_digest.file_digests)."""
         settings = dataclasses.asdict(config)
         settings["engine"]["scoring"] = dataclasses.asdict(config.engine.scoring.deciding())
         for name in UNFINGERPRINTED:

@@ -1,5 +1,5 @@
-"""Overlap: the next window is prepared on a worker thread while this one runs (job/local.py chains three);
-finished windows are written on another (Writer)."""
+"""Overlap: the next window is prepared on a worker thread while this one runs (job/runners/local.py chains
+three); finished windows are written on another (Writer)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""Files by content: the SHA-256 of each file, cached by its (device, inode, size, mtime, ctime).
+"""A model's identity by content (model_identity): the SHA-256 of each file that decides a score, cached by
+the file's (device, inode, size, mtime, ctime).
 
-A model's identity (engine/model/source.model_identity) is the content of its files, so a model rewritten in
-place with its size and modification time restored (what `cp -p`, tar and reproducible deploys leave) is a
-new model. Hashing gigabytes on every run would cost seconds, so each digest is kept in a small cache file;
-the inode change time (ctime) is in its key because no copy or restore can set it back. The cache lives in
-`$SCORE_BATCH_CACHE_DIR`, else `$XDG_CACHE_HOME/score-batch`, else `~/.cache/score-batch`: one JSON file
-per (device, inode), replaced atomically, so concurrent runs never read half an entry; when it cannot be
-written (a read-only home) the files are simply read again next time. Reading runs on a few threads and
-stops within one chunk when the calling thread is interrupted (a SIGTERM while a run starts).
+A model's identity is the content of its files, so a model rewritten in place with its size and modification
+time restored (what `cp -p`, tar and reproducible deploys leave) is a new model. Hashing gigabytes on every
+run would cost seconds, so each digest is kept in a small cache file; the inode change time (ctime) is in its
+key because no copy or restore can set it back. The cache lives in `$SCORE_BATCH_CACHE_DIR`, else
+`$XDG_CACHE_HOME/score-batch`, else `~/.cache/score-batch`: one JSON file per (device, inode), replaced
+atomically, so concurrent runs never read half an entry; when it cannot be written (a read-only home) the
+files are simply read again next time. Reading runs on a few threads and stops within one chunk when the
+calling thread is interrupted (a SIGTERM while a run starts).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from score_batch.engine.errors import ScoringInputError
+from score_batch.engine.model.source import weight_files
 
 log = logging.getLogger(__name__)
 CACHE_VARIABLE = "SCORE_BATCH_CACHE_DIR"
@@ -113,3 +117,46 @@ def _read(file: Path, stop: threading.Event) -> str:
                 raise InterruptedError(f"reading {file} was stopped")
             digest.update(chunk)
     return digest.hexdigest()
+
+
+# The files besides the weights that decide a score: configs, tokenizer files, chat templates, remote code.
+MODEL_FILE_SUFFIXES = (".json", ".txt", ".model", ".tiktoken", ".jinja", ".py")
+
+
+def model_identity(model_dir: Path) -> list:
+    """[name, SHA-256 of its content] of every file of the model that decides a score: the weights
+    transformers loads, and the configs, tokenizer files, chat templates and code beside them and in the
+    folders of its sentence-transformers modules (read once, then cached by each file's inode and times:
+    file_digests)."""
+    model_dir = Path(model_dir)
+    files = {file.relative_to(model_dir).as_posix(): file for file in _scoring_files(model_dir)}
+    names = sorted(files)
+    return [[name, digest] for name, digest in zip(names, file_digests([files[n] for n in names]))]
+
+
+def _scoring_files(model_dir: Path) -> list[Path]:
+    """The model's weight files (none when it has none: loading says why) and the other files that decide a
+    score, at its top level and in the folders its modules.json names."""
+    try:
+        files = weight_files(model_dir)[1]
+    except ScoringInputError:
+        files = []
+    folders = [model_dir, *_module_folders(model_dir)]
+    for folder in folders:
+        files.extend(p for p in sorted(folder.iterdir()) if p.suffix in MODEL_FILE_SUFFIXES and p.is_file())
+    return files
+
+
+def _module_folders(model_dir: Path) -> list[Path]:
+    """The sub-folders a sentence-transformers modules.json names (a LogitScore module's config, …)."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+    except (OSError, ValueError):
+        return []
+    folders = []
+    for module in modules if isinstance(modules, list) else []:
+        name = module.get("path") if isinstance(module, dict) else None
+        folder = model_dir / name if isinstance(name, str) and name.strip("./") else None
+        if folder is not None and folder.resolve().is_relative_to(model_dir.resolve()) and folder.is_dir():
+            folders.append(folder)
+    return folders

@@ -15,7 +15,6 @@ import pyarrow as pa
 from score_batch.io_formats.columns import ERROR_FIELDS
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
-from score_batch.io_formats.parts import PartStore
 from score_batch.io_formats.writers import (
     STDOUT,
     StdoutJsonlWriter,
@@ -23,12 +22,13 @@ from score_batch.io_formats.writers import (
     output_format,
     write_partitioned,
 )
-from score_batch.job.completion import stamped
-from score_batch.job.contract import OutputContract
-from score_batch.job.identity import FINGERPRINTED, RunIdentity
-from score_batch.job.paths import RunPaths, normalized
-from score_batch.job.query_ranking import rank_parts
-from score_batch.job.record_check import DIGESTED, check_record
+from score_batch.job.checkpoint.completion import stamped
+from score_batch.job.checkpoint.identity import FINGERPRINTED, RunIdentity
+from score_batch.job.checkpoint.parts import PartStore
+from score_batch.job.checkpoint.record_check import DIGESTED, check_record
+from score_batch.job.outputs.query_ranking import rank_parts
+from score_batch.job.preflight.contract import OutputContract
+from score_batch.job.preflight.paths import RunPaths, normalized
 from score_batch.job.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -230,8 +230,9 @@ class PartsSink:
 
 
 def _shaped(record: dict | None) -> dict | None:
-    """A manifest's identity record when it has a record's shape (job/record_check), else None (unnamed); its
-    input left out (parts records hold none; an older version's held the files' sizes and times)."""
+    """A manifest's identity record when it has a record's shape (job/checkpoint/record_check), else None
+    (unnamed); its input left out (parts records hold none; an older version's held the files' sizes and
+    times)."""
     if isinstance(record, dict):
         record = {key: value for key, value in record.items() if key != "input"}
     try:

@@ -12,10 +12,10 @@ import logging
 from functools import partial
 
 from score_batch.errors import UserError
-from score_batch.job.phase import ScoredWindow, ScoringPhase
 from score_batch.job.policy import enforce_fail
-from score_batch.job.prefetch import Writer
-from score_batch.job.scoring import Prepared, WindowTools, planned, start, window_part
+from score_batch.job.runners.phase import ScoredWindow, ScoringPhase
+from score_batch.job.runners.prefetch import Writer
+from score_batch.job.runners.scoring import Prepared, WindowTools, planned, start, window_part
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from score_batch.errors import is_environment_error
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location, has_glob, parse_location
 from score_batch.io_formats.writers import STDOUT
-from score_batch.job.completion import Completion
+from score_batch.job.checkpoint.completion import Completion
 from score_batch.job.run_config import RunConfig
 from score_batch.signals import StopSignals
 

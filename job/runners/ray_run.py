@@ -5,7 +5,7 @@ Read units (Parquet row groups, whole JSONL files) are read in Ray tasks by io_f
 why) into windows, which travel as the input's own columns (io_formats/window.window_table: Arrow, nothing
 pickled); a sort-based shuffle gathers each query's rows from every unit into one row of lists. Actors read a
 batch back as a local run reads a batch (readers.table_window) and score it with the local run's scoring step
-(job/scoring.score_window), so scores and schema match it, plus `row_index`.
+(job/runners/scoring.score_window), so scores and schema match it, plus `row_index`.
 --reuse's joined earlier values wait in a file beside OUTPUT, read by the actors. Ray tasks write the scored
 blocks as Parquet into a StagedDirectorySink, named by their rows (a retried task rewrites its own file),
 published whole.
@@ -34,17 +34,18 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.readers import InputSource, ReadUnit, read_unit, read_units, reader, table_window
 from score_batch.io_formats.window import text_type, token_key, window_table
-from score_batch.job.contract import OutputContract
-from score_batch.job.identity import RunIdentity
-from score_batch.job.phase import ScoredWindow, ScoringPhase
-from score_batch.job.policy import Checked, enforce_fail, preflight, run_contract
-from score_batch.job.query_ranking import rank_parts
+from score_batch.job.checkpoint.identity import RunIdentity
+from score_batch.job.outputs.query_ranking import rank_parts
+from score_batch.job.outputs.sinks import ErrorsSink, StagedDirectorySink
+from score_batch.job.policy import enforce_fail
+from score_batch.job.preflight.checks import Checked, preflight, run_contract
+from score_batch.job.preflight.contract import OutputContract
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RayOptions, RunConfig
+from score_batch.job.runners.phase import ScoredWindow, ScoringPhase
+from score_batch.job.runners.scoring import WindowTools, planned, prepare, score_window
 from score_batch.job.score_stats import written_scores
-from score_batch.job.scoring import WindowTools, planned, prepare, score_window
-from score_batch.job.sinks import ErrorsSink, StagedDirectorySink
 from score_batch.job.windows import group_codes
 from score_batch.machine import tune_gc, tune_malloc
 

@@ -9,19 +9,20 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 
 from score_batch.engine.plan.planner import Planner
-from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource, read_windows
 from score_batch.io_formats.window import Window
-from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
-from score_batch.job.policy import KEEP_GOING, Checked, run_contract
-from score_batch.job.prefetch import Prefetch
+from score_batch.job.checkpoint.input_digest import InputDigest
+from score_batch.job.outputs.sinks import open_sink
+from score_batch.job.policy import KEEP_GOING
+from score_batch.job.preflight.checks import Checked, run_contract
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import EarlierScores, ScoredPairs, reused_schema
 from score_batch.job.run_config import RunConfig
-from score_batch.job.scoring import Prepared, WindowTools, prepare
-from score_batch.job.sinks import open_sink
-from score_batch.job.window_runs import WindowRuns
+from score_batch.job.runners.phase import ScoredWindow, ScoringPhase, load_engine
+from score_batch.job.runners.prefetch import Prefetch
+from score_batch.job.runners.scoring import Prepared, WindowTools, prepare
+from score_batch.job.runners.window_runs import WindowRuns
 from score_batch.job.windows import group_sizes
 
 
@@ -116,7 +117,7 @@ def _stages(ready: Future[WindowTools], listed: frozenset[int], content: InputDi
 
 def _score_windows(config, checked, report, sink, engine, mapping, prepared_windows, content, ready) -> None:
     """Score the prefetched windows into the sink and publish (see run_local): one behind another on the device
-    and the writer thread (job/window_runs; in turn under --no-pipeline)."""
+    and the writer thread (job/runners/window_runs; in turn under --no-pipeline)."""
     source, completion = checked.source, checked.paths.completion
     scorer, tools = engine[0], ready.result()
     sink.start(checked.identity)

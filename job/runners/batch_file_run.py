@@ -30,15 +30,15 @@ from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.readers import InputSource
 from score_batch.io_formats.schema import ColumnOverrides
 from score_batch.io_formats.window import Window, encode_queries
-from score_batch.job.contract import OutputContract
-from score_batch.job.paths import check_run_paths
-from score_batch.job.phase import ScoredWindow, ScoringPhase, load_engine
-from score_batch.job.policy import Checked, check_destination
+from score_batch.job.outputs.sinks import LinesSink
+from score_batch.job.preflight.checks import Checked, check_destination
+from score_batch.job.preflight.contract import OutputContract
+from score_batch.job.preflight.paths import check_run_paths
 from score_batch.job.report import RunReport
 from score_batch.job.reuse import ScoredPairs
 from score_batch.job.run_config import STDOUT, RunConfig
-from score_batch.job.scoring import Prepared, WindowTools, planned, prepare, score_window
-from score_batch.job.sinks import LinesSink
+from score_batch.job.runners.phase import ScoredWindow, ScoringPhase, load_engine
+from score_batch.job.runners.scoring import Prepared, WindowTools, planned, prepare, score_window
 
 log = logging.getLogger(__name__)
 LOGGED_FAILURES = 10  # failed requests named in the log; the rest are counted
@@ -77,8 +77,8 @@ def batch_preflight(config: RunConfig, source: InputSource) -> Checked:
 
 
 def run_batch_file(config: RunConfig, checked: Checked, report: RunReport) -> None:
-    """Every request (stdin: from the source's spool) → a window of pairs (_window) → job/scoring.py → one
-    response line each, published in one step."""
+    """Every request (stdin: from the source's spool) → a window of pairs (_window) → job/runners/scoring.py →
+    one response line each, published in one step."""
     batch, destination = readers.batch_reader(checked.source), checked.paths.output
     scorer, planner, _ = load_engine(config, report)
     tools = WindowTools(planner, PAIRS, None, None, ScoredPairs())  # no keys: nothing is copied

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from score_batch.engine.run.ranking import ranked_order
 from score_batch.io_formats.columns import QUERY_KEY, RANK, SCORE
-from score_batch.job.contract import OutputContract
+from score_batch.job.preflight.contract import OutputContract
 
 
 def rank_parts(parts: list[pa.Table], contract: OutputContract) -> tuple[pa.Table, pa.Table]:

@@ -70,7 +70,7 @@ class ScoringPhase:
 
     config: RunConfig
     report: RunReport
-    sink: object  # job/sinks.py: write, commit, abort(keep_checkpoints)
+    sink: object  # job/outputs/sinks.py: write, commit, abort(keep_checkpoints)
     total_items: int | None = None  # for the progress bar's ETA (None: unknown)
     show_progress: bool = True  # False where another progress display runs (Ray Data's bars)
     immediate_stop: bool = False  # a signal stops at once (Ray: the driver only waits, no safe points)

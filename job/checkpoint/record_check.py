@@ -9,8 +9,8 @@ import re
 from score_batch.io_formats.errors import InputError
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
-# the parts of an identity record (job/identity): the digested ones required (a checkpoint manifest's has no
-# input), none of another shape, no other key
+# the parts of an identity record (job/checkpoint/identity): the digested ones required (a checkpoint
+# manifest's has no input), none of another shape, no other key
 RECORD_FIELDS = ("settings", "model", "software", "input", "layout", "failed")
 DIGESTED = ("settings", "model", "software", "input")
 REMEDY = "drop --resume and pass --overwrite to score the output again"
@@ -42,8 +42,8 @@ def _unique(pairs: list[tuple[str, object]]) -> dict:
 
 
 def check_sidecar(value: object, where: str, dataset: bool) -> dict:
-    """OUTPUT.done as written (job/completion.Completion.published): fingerprint, record, and the published
-    output's [size, mtime] (a dataset: per file)."""
+    """OUTPUT.done as written (job/checkpoint/completion.Completion.published): fingerprint, record, and the
+    published output's [size, mtime] (a dataset: per file)."""
     published = "files" if dataset else "output"
     _object(value, where, "", required=("fingerprint", "record", published))
     check_fingerprint(value["fingerprint"], where, "fingerprint")
@@ -68,8 +68,8 @@ def check_fingerprint(value: object, where: str, field: str = "fingerprint") -> 
 
 
 def check_record(value: object, where: str, prefix: str = "", required: tuple = DIGESTED) -> dict:
-    """An identity record (job/identity.RunIdentity.record) of a completed output (required: the parts it must
-    have)."""
+    """An identity record (job/checkpoint/identity.RunIdentity.record) of a completed output (required: the
+    parts it must have)."""
     _object(value, where, prefix.rstrip("."), required=required, allowed=RECORD_FIELDS)
     if "settings" in value:
         _object(value["settings"], where, f"{prefix}settings")

@@ -13,9 +13,9 @@ from score_batch.engine.run.packed_runner import PlanRun
 from score_batch.engine.run.results import Finished, planned_results
 from score_batch.io_formats.columns import ERROR, SCORE
 from score_batch.io_formats.window import Window
-from score_batch.job.contract import OutputContract
-from score_batch.job.phase import ScoredWindow
+from score_batch.job.preflight.contract import OutputContract
 from score_batch.job.reuse import EarlierScores, JoinedScores, ScoredPairs
+from score_batch.job.runners.phase import ScoredWindow
 from score_batch.job.windows import (
     WindowGroups,
     empty_counts,
@@ -32,7 +32,7 @@ class WindowTools:
     """What scoring a window needs besides the window: made once the tokenizer is there."""
 
     planner: Planner
-    contract: OutputContract  # the run's output (job/policy.run_contract)
+    contract: OutputContract  # the run's output (job/preflight/checks.run_contract)
     score_key: bytes | None  # RunIdentity.score_key: what every pair's key is keyed with (None: no keys)
     earlier: EarlierScores | JoinedScores | None  # --reuse: the earlier outputs' values for this run's pairs
     pairs: ScoredPairs  # the values of pairs written by earlier windows (or batches) of this run
@@ -50,7 +50,9 @@ class Prepared:
     copies: dict  # window item index → values of the same pair in an earlier window of this run
     keys: list  # [items] each pair's score key
     plan: WorkPlan | None = None
-    digest: str = ""  # a local run's digest of its input up to this window (io_formats/digest): its check
+    digest: str = (
+        ""  # a local run's digest of its input up to this window (job/checkpoint/input_digest): its check
+    )
     reuse_incomplete: int = 0  # pairs an earlier output held without every value this run writes: scored
 
 

@@ -10,10 +10,10 @@ import logging
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from score_batch.io_formats.digest import InputDigest
 from score_batch.io_formats.errors import InputError
 from score_batch.io_formats.locations import Location
 from score_batch.io_formats.writers import dictionary_columns
+from score_batch.job.checkpoint.input_digest import InputDigest
 
 MANIFEST = "manifest.json"
 STORED_AS_BYTES = b"score_batch.stored_as_bytes"  # a part column's field metadata: its Arrow type, serialized
@@ -53,7 +53,7 @@ class PartStore:
 
     def start(self, fingerprint: str, keep: bool, record: dict | None = None) -> None:
         """Begin this run's manifest: keep the earlier run's listed parts (resume) or start empty; InputError
-        when they were checked with another input digest (io_formats/digest)."""
+        when they were checked with another input digest (job/checkpoint/input_digest)."""
         digest, earlier = InputDigest.VERSION.decode(), self._manifest.get("input_digest")
         if keep and self._manifest["parts"] and earlier != digest:
             raise InputError(
