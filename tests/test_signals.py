@@ -62,7 +62,7 @@ def test_a_stop_while_the_output_lock_is_taken_leaves_no_lock(tmp_path, monkeypa
     """A stop right after O_EXCL made the lock file (still empty), or as acquire returns into __enter__: the
     run's own lock file is removed, Stopped goes on, and the next run takes the lock."""
     from score_batch.io_formats.locations import Location, parse_location
-    from score_batch.job.paths import OutputLock
+    from score_batch.job.preflight.paths import OutputLock
 
     made, acquired = Location.create_exclusive, OutputLock.acquire
 
