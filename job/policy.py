@@ -71,4 +71,4 @@ def warn_failed_items(report: RunReport, config: RunConfig, errors: Location | N
     else:
         output = "the output" if config.output == STDOUT else config.output
         message = f"{count} failed; their rows in {output} carry the error"
-    logging.getLogger("score_batch.job.progress").warning("%s", message)  # its logger before the merge
+    logging.getLogger("score_batch.job.progress").warning("%s", message)  # fixed name: test_log_names

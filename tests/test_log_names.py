@@ -1,5 +1,5 @@
-"""The JSON log's `logger` field names each line's logger as before the job modules merged: a lock taken over
-from a dead run (score_batch.job.lock) and the failed items' warning (score_batch.job.progress)."""
+"""The JSON log's `logger` field keeps two fixed names, whichever module logs the line (users filter on them): a
+lock taken over from a dead run (score_batch.job.lock) and the failed items' warning (score_batch.job.progress)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from score_batch.job.run_config import RunConfig
 from score_batch.signals import StopSignals
 
 log = logging.getLogger(__name__)
-lock_log = logging.getLogger("score_batch.job.lock")  # the name its lines had before the merge
+lock_log = logging.getLogger("score_batch.job.lock")  # a fixed name (tests/test_log_names.py)
 
 
 def normalized(where) -> str:

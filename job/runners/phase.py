@@ -24,7 +24,7 @@ from score_batch.job.score_stats import ScoreStats
 from score_batch.signals import StopSignals
 
 log = logging.getLogger(__name__)
-progress_log = logging.getLogger("score_batch.job.progress")  # the name its lines had before the merge
+progress_log = logging.getLogger("score_batch.job.progress")  # a fixed name (tests/test_log_names.py)
 # counts a window adds to the report's field of the same name (and rows → rows_read, failed → items_failed)
 ADDED = (
     "items", "reused", "reuse_incomplete", "duplicates", "requests", "requests_failed", "empty_queries",
