@@ -54,17 +54,43 @@ REFUSED = {
 }
 
 
-def refuse_arguments(overrides: dict, model_kwargs: dict | None) -> None:
-    """Refuse, in one line naming what to use instead, a CrossEncoder argument the Scorer does not take."""
+def refuse_arguments(overrides: dict, model_kwargs: dict | None) -> int | None:
+    """Refuse, in one line naming what to use instead, a CrossEncoder argument the Scorer does not take (its
+    default value, which changes nothing, is taken); returns num_labels, checked against the head once loaded."""
+    for name in [name for name, value in overrides.items() if name in REFUSED and _unset(value)]:
+        del overrides[name]
+    num_labels = overrides.pop("num_labels", None)
+    if overrides.get("backend") == "torch":  # CrossEncoder's default: the model runs in torch here too
+        del overrides["backend"]
+    elif overrides.get("backend") in ("onnx", "openvino"):
+        raise ScoringInputError(
+            f"CrossEncoder's backend={overrides['backend']!r} is not taken: score-batch runs the model in torch "
+            "(backend=… names the attention backend: auto, flashinfer, flex, split, sdpa)"
+        )
     for name in overrides:
         if name in REFUSED:
             raise ScoringInputError(f"{name} is not taken: {REFUSED[name]}")
-    for key in model_kwargs or {}:
-        if key != "dtype":
+    given = model_kwargs or {}
+    if "torch_dtype" in given and given.get("dtype", given["torch_dtype"]) != given["torch_dtype"]:
+        raise ScoringInputError("model_kwargs' dtype and torch_dtype (its older name) differ: give one")
+    for key in given:
+        if key not in ("dtype", "torch_dtype"):
             raise ScoringInputError(
                 f"model_kwargs[{key!r}] is not taken: only its dtype is (EngineConfig.dtype); score-batch loads "
                 "and places the model itself (Scorer(..., backend=…, layers=…) choose how it runs)"
             )
+    return num_labels
+
+
+def check_num_labels(num_labels: int | None, scored: int) -> None:
+    """CrossEncoder's num_labels is taken when it is what predict returns per pair (Scorer.num_labels)."""
+    if num_labels is not None and num_labels != scored:
+        raise ScoringInputError(f"num_labels={num_labels} is not taken: {REFUSED['num_labels']}")
+
+
+def _unset(value) -> bool:
+    """CrossEncoder's default of an argument (None, False, an empty dict): nothing asked."""
+    return value is None or value is False or (isinstance(value, dict) and not value)
 
 
 def ce_engine_config(
@@ -83,7 +109,7 @@ def ce_engine_config(
         config = replace(config, device=str(device).removesuffix(":0"))
     if trust_remote_code is not None:
         config = replace(config, trust_remote_code=bool(trust_remote_code))
-    if (dtype := (model_kwargs or {}).get("dtype")) is not None:
+    if (dtype := (model_kwargs or {}).get("dtype", (model_kwargs or {}).get("torch_dtype"))) is not None:
         name = str(dtype).removeprefix("torch.")
         if name not in ("auto", "float32", "bfloat16", "float16"):
             raise SettingError("model_kwargs dtype", dtype, "is not one of float32, bfloat16, float16, auto")

@@ -10,7 +10,13 @@ from pathlib import Path
 import torch
 
 from score_batch.engine.activation import ResolvedActivation
-from score_batch.engine.ce_arguments import ce_engine_config, ce_scoring, ce_spec, refuse_arguments
+from score_batch.engine.ce_arguments import (
+    ce_engine_config,
+    ce_scoring,
+    ce_spec,
+    check_num_labels,
+    refuse_arguments,
+)
 from score_batch.engine.config import EngineConfig, ScoringConfig
 from score_batch.engine.crossencoder import CrossEncoderAPI
 from score_batch.engine.model.loading import ModelInfo, load_model, load_tokenizer, read_model_info
@@ -57,7 +63,7 @@ class Scorer(CrossEncoderAPI):
         default_prompt_name: str | None = None,
         **overrides,
     ) -> None:
-        refuse_arguments(overrides, model_kwargs)
+        num_labels = refuse_arguments(overrides, model_kwargs)
         # CrossEncoder's defaults (longest-first, a LogitScore, its pair tokens) unless an EngineConfig is given:
         # its ScoringConfig then holds the defaults (truncate "error", label tokens for a CausalLM).
         ce_defaults = config is None
@@ -85,6 +91,7 @@ class Scorer(CrossEncoderAPI):
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
         self._attach_crossencoder(spec if ce_defaults else None, activation_fn, spec)
+        check_num_labels(num_labels, self.num_labels)
 
     @classmethod
     def from_pretrained(

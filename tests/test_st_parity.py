@@ -512,35 +512,42 @@ def test_cross_encoder_constructor_arguments_are_accepted(zoo, tmp_path_factory)
     ("given", "use"),
     [
         (
-            {"num_labels": 1},
-            "num_labels is not taken: the model's own head is scored (Scorer(..., score_index=",
+            {"num_labels": 2},
+            "num_labels=2 is not taken: the model's own head is scored (Scorer(..., score_index=",
         ),
-        ({"config_kwargs": {}}, "config_kwargs is not taken: the model's config.json is used as saved"),
-        ({"processor_kwargs": {}}, "processor_kwargs is not taken: use Scorer(..., max_length=…)"),
-        ({"tokenizer_kwargs": {}}, "tokenizer_kwargs is not taken: use Scorer(..., max_length=…)"),
+        ({"config_kwargs": {"a": 1}}, "config_kwargs is not taken: the model's config.json is used as saved"),
+        ({"processor_kwargs": {"a": 1}}, "processor_kwargs is not taken: use Scorer(..., max_length=…)"),
+        ({"tokenizer_kwargs": {"a": 1}}, "tokenizer_kwargs is not taken: use Scorer(..., max_length=…)"),
         (
-            {"token": None},
+            {"token": "hf_x"},
             "token is not taken: score-batch reads a directory or the local Hugging Face cache",
         ),
         ({"modules": []}, "modules is not taken: give a model directory"),
-        ({"cache_dir": None}, "cache_dir is not taken: use Scorer(..., cache_folder=…)"),
-        ({"automodel_args": {}}, "automodel_args is not taken: use Scorer(..., model_kwargs={'dtype': …})"),
+        ({"cache_dir": "/tmp"}, "cache_dir is not taken: use Scorer(..., cache_folder=…)"),
         (
-            {"default_activation_function": None},
+            {"automodel_args": {"a": 1}},
+            "automodel_args is not taken: use Scorer(..., model_kwargs={'dtype': …})",
+        ),
+        (
+            {"default_activation_function": torch.nn.Sigmoid()},
             "default_activation_function is not taken: use Scorer(..., activ",
         ),
         (
-            {"keep_in_fp32_modules": None},
+            {"keep_in_fp32_modules": ["a"]},
             "keep_in_fp32_modules is not taken: use Scorer(..., dtype='float32')",
         ),
-        ({"model_card_data": None}, "model_card_data is not taken: score-batch writes no model card"),
+        ({"model_card_data": "card"}, "model_card_data is not taken: score-batch writes no model card"),
         (
             {"model_kwargs": {"attn_implementation": "eager"}},
             "model_kwargs['attn_implementation'] is not taken",
         ),
         (
-            {"model_kwargs": {"torch_dtype": "float32"}},
-            "model_kwargs['torch_dtype'] is not taken: only its dtype",
+            {"model_kwargs": {"dtype": "float32", "torch_dtype": "bfloat16"}},
+            "model_kwargs' dtype and torch_dtype (its older name) differ: give one",
+        ),
+        (
+            {"backend": "onnx"},
+            "CrossEncoder's backend='onnx' is not taken: score-batch runs the model in torch",
         ),
     ],
     ids=str,
@@ -551,9 +558,22 @@ def test_other_cross_encoder_arguments_are_refused_naming_the_setting_to_use(zoo
     assert str(caught.value).startswith(use) and "\n" not in str(caught.value)
 
 
-def test_cross_encoders_backend_names_are_refused_naming_the_attention_backends(zoo):
-    with pytest.raises(SettingError, match=r"EngineConfig.backend='torch' is not one of auto, "):
-        Scorer(str(zoo.get("bert", "classifier", num_labels=1)), device="cpu", backend="torch")
+def test_cross_encoders_defaults_of_the_arguments_it_refuses_change_nothing(zoo):
+    """What a wrapper forwarding CrossEncoder's whole signature passes: its defaults, backend="torch", the
+    head's own num_labels and model_kwargs' older torch_dtype name are taken; scores as without them."""
+    model_dir = str(zoo.get("bert", "classifier", num_labels=1))
+    plain = Scorer(model_dir, device="cpu").predict(LONG_PAIRS)
+    given = dict(token=None, cache_dir=None, tokenizer_kwargs={}, config_kwargs=None, model_card_data=None)
+    ours = Scorer(
+        model_dir,
+        device="cpu",
+        backend="torch",
+        num_labels=1,
+        model_kwargs={"torch_dtype": torch.float32},
+        **given,
+    )
+    assert ours.engine_config.dtype == "float32"
+    same(ours.predict(LONG_PAIRS), plain)
 
 
 def test_engine_settings_as_keywords_keep_cross_encoders_defaults(causal_dirs):
