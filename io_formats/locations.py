@@ -128,7 +128,7 @@ class Location:
             return None
 
     def missing_container(self) -> str | None:
-        """Why an object cannot be created where it is (no key, no bucket), else None (local: job.paths checks)."""
+        """Why an object cannot be created where it is (no key, no bucket), else None (local: job.preflight.paths checks)."""
         if self.local:
             return None
         bucket = self.path.split("/", 1)[0]

@@ -162,10 +162,19 @@ def test_truncated_json_file_is_named(qwen3_causal, copy_model, name):
         Scorer.from_pretrained(model_dir, CONFIG)
 
 
-def test_a_rope_type_transformers_cannot_build_is_named_by_the_cli(qwen3_causal, copy_model, tmp_path):
+@pytest.mark.parametrize("per_layer_type", [False, True], ids=["one", "per-layer-type"])
+def test_a_rope_type_transformers_cannot_build_is_named_by_the_cli(
+    qwen3_causal, copy_model, tmp_path, per_layer_type
+):
     model_dir = copy_model(qwen3_causal)
     config = json.loads((model_dir / "config.json").read_text())
     config["rope_parameters"] = {"rope_type": "bogus", "rope_theta": 10000.0, "factor": 2.0}
+    if per_layer_type:  # as Gemma 3's configs keep them
+        default = {"rope_type": "default", "rope_theta": 10000.0}
+        config["rope_parameters"] = {
+            "sliding_attention": default,
+            "full_attention": config["rope_parameters"],
+        }
     (model_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ScoringInputError, match="RoPE type 'bogus' is not one transformers knows"):
         Scorer.from_pretrained(model_dir, CONFIG)

@@ -90,6 +90,31 @@ def test_a_stop_while_the_output_lock_is_taken_leaves_no_lock(tmp_path, monkeypa
     assert not lock.exists()
 
 
+def test_the_output_lock_on_another_thread_takes_no_stop_of_the_main_threads(tmp_path):
+    """A stop the main thread received and handled earlier is not raised again by a lock taken on a worker."""
+    import threading
+
+    from score_batch.io_formats.locations import parse_location
+    from score_batch.job.preflight.paths import OutputLock
+
+    with pytest.raises(Stopped), StopSignals() as stops:
+        os.kill(os.getpid(), signal.SIGINT)
+        stops.check()
+    failures = []
+
+    def take() -> None:
+        try:
+            with OutputLock(parse_location(str(tmp_path / "out.parquet.lock"))):
+                pass
+        except BaseException as error:  # noqa: BLE001 - reported to the test's thread
+            failures.append(error)
+
+    worker = threading.Thread(target=take)
+    worker.start()
+    worker.join()
+    assert not failures and not (tmp_path / "out.parquet.lock").exists()
+
+
 def test_a_stop_inside_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch):
     """The module's code runs whole (the signal lands in its first line), then Stopped is raised; a scope
     entered by a module's own code is not held for the import that runs it."""

@@ -100,16 +100,21 @@ def _native_refusal(config, path: Path, architecture: str, trust_remote_code: bo
 
 
 def _check_rope_type(text_config, path: Path) -> None:
-    """A RoPE type transformers cannot build is the model directory's mistake, named before any weights load."""
+    """A RoPE type transformers cannot build is the model directory's mistake, named before any weights load
+    (per layer type where the config keeps one each, as Gemma 3's; a model's own code builds its own)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     rope = getattr(text_config, "rope_parameters", None) or getattr(text_config, "rope_scaling", None)
-    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
-    if kind not in (None, "default", *ROPE_INIT_FUNCTIONS):
-        known = ", ".join(sorted({"default", *ROPE_INIT_FUNCTIONS}))
-        raise ScoringInputError(
-            f"{path / 'config.json'}: RoPE type {kind!r} is not one transformers knows ({known})"
-        )
+    if not isinstance(rope, dict) or getattr(text_config, "auto_map", None):
+        return
+    nested = all(isinstance(value, dict) for value in rope.values()) and rope
+    for parameters in rope.values() if nested else [rope]:
+        kind = parameters.get("rope_type") or parameters.get("type")
+        if kind not in (None, "default", *ROPE_INIT_FUNCTIONS):
+            known = ", ".join(sorted({"default", *ROPE_INIT_FUNCTIONS}))
+            raise ScoringInputError(
+                f"{path / 'config.json'}: RoPE type {kind!r} is not one transformers knows ({known})"
+            )
 
 
 # RoPE scalings that extend a model's context past the max_position_embeddings it was trained with.

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,7 +279,8 @@ class OutputLock:
             try:
                 with StopSignals() as stops:  # a stop while it is made waits until `held` says whose it is
                     self.held = self.path.create_exclusive(record)
-                stops.check()
+                if threading.current_thread() is threading.main_thread():  # where the handlers were set
+                    stops.check()
             except BaseException:  # a stop once it is made: the file is this run's to remove
                 self.release()
                 raise
