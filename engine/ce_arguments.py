@@ -82,9 +82,10 @@ def refuse_arguments(overrides: dict, model_kwargs: dict | None) -> int | None:
     return num_labels
 
 
-def check_num_labels(num_labels: int | None, scored: int) -> None:
-    """CrossEncoder's num_labels is taken when it is what predict returns per pair (Scorer.num_labels)."""
-    if num_labels is not None and num_labels != scored:
+def check_num_labels(num_labels: int | None, info: ModelInfo) -> None:
+    """CrossEncoder's num_labels is taken when it is the head's own, or for a CausalLM (one LogitScore score
+    whatever it says, as CrossEncoder's); checked before any weights load."""
+    if num_labels is not None and info.kind != "causal" and num_labels != info.num_labels:
         raise ScoringInputError(f"num_labels={num_labels} is not taken: {REFUSED['num_labels']}")
 
 

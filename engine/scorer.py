@@ -71,6 +71,7 @@ class Scorer(CrossEncoderAPI):
         model_dir = resolve_model_dir(model_name_or_path, cache_dir=cache_folder, revision=revision)
         name = hub_id_of(model_dir) or str(model_name_or_path)  # an HF-cache snapshot: its hub id
         info = read_model_info(model_dir, config.trust_remote_code)
+        check_num_labels(num_labels, info)
         scoring, chosen = resolve_scoring(name, model_dir, config.scoring, profile, overrides)
         if chosen is not None:
             log.info("scoring profile: %s (%s)", chosen.name, chosen.source)
@@ -91,7 +92,6 @@ class Scorer(CrossEncoderAPI):
         self.engine_config = config
         self.profile: Profile | None = chosen  # the scoring profile applied, if any
         self._attach_crossencoder(spec if ce_defaults else None, activation_fn, spec)
-        check_num_labels(num_labels, self.num_labels)
 
     @classmethod
     def from_pretrained(
