@@ -131,14 +131,15 @@ def engine_room(module: str) -> str | None:
     return "api" if rest in ENGINE_API else rest
 
 
-def engine_climbs(edges: dict[str, set[str]]) -> list[str]:
-    """Imports from an engine room to a room above it, as 'importer → imported'."""
+def climbs(edges: dict[str, set[str]], room_of, rooms: tuple[str, ...]) -> list[str]:
+    """Imports from a room to a room above it in rooms (bottom first), as 'importer → imported'; room_of names a
+    module's room, None outside the package."""
     wrong = []
     for importer, targets in edges.items():
-        room = engine_room(importer)
+        room = room_of(importer)
         for target in targets:
-            other = engine_room(target)
-            if room and other and ENGINE_ROOMS.index(other) > ENGINE_ROOMS.index(room):
+            other = room_of(target)
+            if room is not None and other is not None and rooms.index(other) > rooms.index(room):
                 wrong.append(f"{importer} → {target}")
     return sorted(wrong)
 
@@ -146,7 +147,7 @@ def engine_climbs(edges: dict[str, set[str]]) -> list[str]:
 def test_engine_rooms_import_only_rooms_below():
     edges = graph()
     assert {engine_room(m) for m in edges} - {None} == set(ENGINE_ROOMS)  # every module is in a named room
-    assert engine_climbs(edges) == []
+    assert climbs(edges, engine_room, ENGINE_ROOMS) == []
 
 
 # job/'s rooms, bottom first: each imports only rooms below it (and itself); the top is run(config), job/__init__.py.
@@ -163,22 +164,10 @@ def job_room(module: str) -> str | None:
     return module.removeprefix("score_batch.job").lstrip(".").split(".")[0]
 
 
-def job_climbs(edges: dict[str, set[str]]) -> list[str]:
-    """Imports from a job room to a room above it, as 'importer → imported'."""
-    wrong = []
-    for importer, targets in edges.items():
-        room = job_room(importer)
-        for target in targets:
-            other = job_room(target)
-            if room is not None and other is not None and JOB_ROOMS.index(other) > JOB_ROOMS.index(room):
-                wrong.append(f"{importer} → {target}")
-    return sorted(wrong)
-
-
 def test_job_rooms_import_only_rooms_below():
     edges = graph()
     assert {job_room(m) for m in edges} - {None} == set(JOB_ROOMS)  # every module is in a named room
-    assert job_climbs(edges) == []
+    assert climbs(edges, job_room, JOB_ROOMS) == []
 
 
 def test_no_layer_imports_upward():
